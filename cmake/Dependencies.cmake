@@ -1,0 +1,36 @@
+# Third-party libraries, all from Debian 12 packages (scripts/install-deps.sh installs them).
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(MPI REQUIRED COMPONENTS C)
+find_package(HDF5 REQUIRED COMPONENTS C)
+find_package(yaml-cpp REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(pugixml REQUIRED)
+find_package(TIFF REQUIRED)
+find_package(JPEG REQUIRED)
+pkg_check_modules(OPENSLIDE REQUIRED IMPORTED_TARGET openslide)
+
+# Debian splits OpenCV into per-module -dev packages; the CMake config only ships with the
+# full meta package, so the three modules Tessera uses are located directly.
+find_path(OpenCV_INCLUDE_DIR opencv2/core.hpp PATH_SUFFIXES opencv4 REQUIRED)
+add_library(tessera_opencv INTERFACE)
+foreach(module core imgproc imgcodecs)
+  find_library(OpenCV_${module}_LIBRARY opencv_${module} REQUIRED)
+  target_link_libraries(tessera_opencv INTERFACE ${OpenCV_${module}_LIBRARY})
+endforeach()
+target_include_directories(tessera_opencv SYSTEM INTERFACE ${OpenCV_INCLUDE_DIR})
+
+add_library(tessera_hdf5 INTERFACE)
+target_include_directories(tessera_hdf5 SYSTEM INTERFACE ${HDF5_C_INCLUDE_DIRS} ${HDF5_INCLUDE_DIRS})
+target_link_libraries(tessera_hdf5 INTERFACE ${HDF5_C_LIBRARIES})
+target_compile_definitions(tessera_hdf5 INTERFACE ${HDF5_C_DEFINITIONS})
+
+# Debian's dnnl-config.cmake insists on OpenCL development files (its GPU runtime); Tessera uses the CPU
+# engine only, so the library and headers are located directly.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+add_library(tessera_dnnl INTERFACE)
+target_include_directories(tessera_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
+target_link_libraries(tessera_dnnl INTERFACE ${DNNL_LIBRARY})

@@ -1,0 +1,108 @@
+// Whole-slide image reader over OpenSlide.
+//
+// Coordinates are level-0 pixels (x, y) of a region's top-left corner, as everywhere in Tessera.
+// Pixels come back as 8-bit RGB cv::Mat (CV_8UC3, R-G-B channel order); transparent pixels (outside the
+// scanned area) become white background.
+//
+// Resolution: mpp() follows the chain of DESIGN.md — the `openslide.mpp-x` property, else the TIFF
+// resolution tags with their unit (`tiff.XResolution` + `tiff.ResolutionUnit`), else the caller's
+// `assume_mpp`; with none of those, open() throws an InputError naming the slide and the setting.
+// read_at_mpp() reads a region at a target µm/px from the best level at or above that resolution and
+// resamples with area averaging; pyramid downsamples are used as OpenSlide reports them (they need not be
+// powers of two).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+typedef struct _openslide openslide_t;
+
+namespace tessera::io {
+
+struct SlideLevel {
+  std::int64_t width = 0;
+  std::int64_t height = 0;
+  double downsample = 1.0;
+  std::int64_t tile_width = 0;  // 0 when the format does not report it
+  std::int64_t tile_height = 0;
+};
+
+enum class MppSource { openslide_property, tiff_resolution, assumed };
+const char* to_string(MppSource source);
+
+struct SlideOpenOptions {
+  // Used only when the slide itself carries no resolution. 0 = none (missing resolution is an error).
+  double assume_mpp = 0.0;
+};
+
+class Slide {
+ public:
+  // Throws FileNotFoundError (missing), InputError "unsupported format" (OpenSlide does not recognize it),
+  // InputError "corrupt slide: <openslide message>" (recognized but unreadable), InputError for a missing
+  // resolution (message names the `assume_mpp` setting).
+  static Slide open(const std::string& path, const SlideOpenOptions& options = {});
+
+  Slide(Slide&&) noexcept;
+  Slide& operator=(Slide&&) noexcept;
+  ~Slide();
+
+  const std::string& path() const { return path_; }
+  std::string id() const;  // file name without directory and extension
+  const std::string& vendor() const { return vendor_; }
+  int level_count() const { return static_cast<int>(levels_.size()); }
+  const SlideLevel& level(int i) const;
+  const std::vector<SlideLevel>& levels() const { return levels_; }
+  std::int64_t width() const { return levels_.front().width; }
+  std::int64_t height() const { return levels_.front().height; }
+
+  double mpp() const { return mpp_x_; }  // µm per level-0 pixel (x)
+  double mpp_y() const { return mpp_y_; }
+  MppSource mpp_source() const { return mpp_source_; }
+  std::optional<double> objective_power() const;
+
+  const std::map<std::string, std::string>& properties() const { return properties_; }
+  std::optional<std::string> property(const std::string& name) const;
+
+  struct AssociatedImage {
+    std::string name;
+    std::int64_t width = 0;
+    std::int64_t height = 0;
+  };
+  const std::vector<AssociatedImage>& associated_images() const { return associated_; }
+  cv::Mat read_associated_image(const std::string& name) const;
+
+  // Reads a `width`×`height` region of `level` whose top-left is (x, y) in level-0 coordinates.
+  // Regions may extend past the slide (that part is white). Errors carry file, level and region.
+  cv::Mat read_region(std::int64_t x, std::int64_t y, int level, std::int64_t width, std::int64_t height) const;
+
+  // The level to read for a target resolution: the coarsest level whose µm/px is ≤ target (within 1%).
+  int best_level_for_mpp(double target_mpp) const;
+  // Reads the region whose top-left is (x, y) (level 0) and which covers width×height pixels at
+  // `target_mpp`, resampled from best_level_for_mpp() with area averaging.
+  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                      double target_mpp) const;
+
+  // A whole-slide thumbnail whose longer side is at most `max_side` pixels, read from the smallest level
+  // that is still larger than needed.
+  cv::Mat thumbnail(int max_side) const;
+
+ private:
+  Slide() = default;
+  std::string path_;
+  std::string vendor_;
+  openslide_t* osr_ = nullptr;
+  std::vector<SlideLevel> levels_;
+  std::map<std::string, std::string> properties_;
+  std::vector<AssociatedImage> associated_;
+  double mpp_x_ = 0.0;
+  double mpp_y_ = 0.0;
+  MppSource mpp_source_ = MppSource::openslide_property;
+};
+
+}  // namespace tessera::io

@@ -1,0 +1,1 @@
+#include "io/tiff_writer.h"

@@ -1,0 +1,1 @@
+#include "preprocessing/stain.h"
