@@ -1,1 +1,104 @@
-int main() { return 0; }
+// tessera — one program, one verb per stage. See README.md for the verbs and the exit codes.
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "app/cli.h"
+#include "app/version.h"
+#include "io/comm.h"
+#include "io/config.h"
+#include "io/error.h"
+#include "io/log.h"
+
+namespace {
+
+using namespace tessera;
+
+// An unknown verb gets a suggestion instead of CLI11's generic "arguments were not expected".
+void check_verb(int argc, char** argv) {
+  if (argc < 2) return;
+  const std::string word = argv[1];
+  if (word.empty() || word.front() == '-') return;
+  std::vector<std::string> names;
+  for (const auto& verb : app::verbs()) {
+    if (word == verb.name) return;
+    names.emplace_back(verb.name);
+  }
+  std::string message = "unknown verb '" + word + "'";
+  const std::string suggestion = io::closest_match(word, names);
+  if (!suggestion.empty()) message += "; did you mean '" + suggestion + "'?";
+  message += " (run 'tessera --help' for the list)";
+  throw io::UsageError(message);
+}
+
+int run(int argc, char** argv) {
+  check_verb(argc, argv);
+
+  CLI::App cli{"Tessera: finds cancerous regions in whole-slide images, from one laptop to a cluster.", "tessera"};
+  cli.require_subcommand(1);
+  cli.fallthrough();
+  cli.set_version_flag("--version", app::version_text());
+  std::string log_level = "info";
+  cli.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  cli.footer(
+      "Exit codes: 0 success, 1 internal failure, 2 usage or configuration error, 3 bad input data\n"
+      "(also: a batch job in which some items failed). Run under mpirun/srun for many processes.");
+
+  std::vector<std::pair<CLI::App*, app::Action>> actions;
+  for (const auto& verb : app::verbs()) {
+    CLI::App* command = cli.add_subcommand(verb.name, verb.summary);
+    actions.emplace_back(command, verb.setup(*command));
+  }
+
+  const auto& world = io::Comm::world();
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" with exit code 0; print once, on rank 0.
+    if (world.is_root()) return cli.exit(e);
+    return e.get_exit_code() == 0 ? io::exit_ok : io::exit_usage;
+  }
+
+  io::init_logging(log_level, world.rank(), world.size());
+  for (auto& [command, action] : actions) {
+    if (command->parsed()) return action();
+  }
+  return io::exit_usage;  // unreachable: require_subcommand(1)
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<io::MpiSession> mpi;
+  try {
+    mpi.emplace(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::cerr << "tessera: cannot start MPI: " << e.what() << "\n";
+    return io::exit_internal;
+  }
+
+  int code = io::exit_ok;
+  std::string failure;
+  try {
+    code = run(argc, argv);
+  } catch (const io::Error& e) {
+    code = io::exit_code_for(e.kind());
+    failure = std::string(io::to_string(e.kind())) + ": " + e.what();
+  } catch (const std::exception& e) {
+    code = io::exit_internal;
+    failure = std::string("internal error: ") + e.what();
+  }
+
+  if (!failure.empty()) {
+    // One failing rank may leave the others waiting in a collective: take the whole job down, naming the rank.
+    if (io::Comm::world().size() > 1) io::abort_job(failure, code);
+    std::cerr << "tessera: " << failure << "\n";
+  }
+  mpi->finalize();
+  return code;
+}

@@ -1,6 +1,7 @@
 # Third-party libraries, all from Debian 12 packages (scripts/install-deps.sh installs them).
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(MPI REQUIRED COMPONENTS C)
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(yaml-cpp REQUIRED)

@@ -13,9 +13,22 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+// Checks the return code of an MPI call: on failure throws InternalError naming the call text, file:line,
+// the MPI error string and the world rank. For raw MPI calls outside the facade, on handles whose error
+// handler is MPI_ERRORS_RETURN (MPI_COMM_WORLD and everything the facade creates).
+#define TESSERA_MPI_CHECK(call) ::tessera::io::detail::check_mpi((call), #call, __FILE__, __LINE__)
+
 namespace tessera::io {
+
+namespace detail {
+[[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
+inline void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code != MPI_SUCCESS) throw_mpi_error(code, call, file, line);
+}
+}  // namespace detail
 
 // Initializes MPI for the life of main(). Threading level: MPI_THREAD_FUNNELED (only the main thread
 // calls MPI; loader threads never do).
@@ -66,6 +79,7 @@ class Comm {
   void broadcast(std::string& text, int root) const;
   template <typename T>
   void broadcast(std::vector<T>& values, int root) const {
+    static_assert(std::is_trivially_copyable_v<T>, "broadcast sends raw bytes");
     std::uint64_t n = values.size();
     broadcast(&n, sizeof n, root);
     values.resize(n);
@@ -79,7 +93,8 @@ class Comm {
 
   // Ranks that share memory (same node), keyed by world rank. Owns the new communicator.
   Comm split_node() const;
-  // General split; ranks with the same color land in one communicator, ordered by key.
+  // General split; ranks with the same color land in one communicator, ordered by key. A rank passing
+  // color MPI_UNDEFINED gets an empty Comm (handle() == MPI_COMM_NULL, size() == 0).
   Comm split(int color, int key) const;
 
   Comm(const Comm&) = delete;
@@ -97,7 +112,9 @@ class Comm {
 };
 
 // An MPI one-sided window (RAII: freed in the destructor, which is collective, so destroy windows in the
-// same order on every rank). Each rank exposes `bytes` of its own memory.
+// same order on every rank). Each rank exposes `bytes` of its own memory (0 is fine). Creation is
+// collective. A window destroyed during stack unwinding is not freed (MPI_Win_free synchronizes, and the
+// other ranks may never get there): the failing rank is expected to abort_job().
 class Window {
  public:
   enum class Kind { allocate, shared };  // shared: MPI_Win_allocate_shared, comm must be node-local
@@ -127,7 +144,8 @@ class Window {
   void get(void* data, std::size_t bytes, int rank, std::size_t offset) const;
   void accumulate_sum(const float* data, std::size_t count, int rank, std::size_t offset) const;
   void accumulate_sum(const std::int64_t* data, std::size_t count, int rank, std::size_t offset) const;
-  // Atomic fetch-and-add of one int64 at `offset`; returns the previous value.
+  // Atomic fetch-and-add of one int64 at `offset`; returns the previous value. Flushes `rank` to get the
+  // value, so call it inside a passive-target epoch (lock/lock_all), not between fences.
   std::int64_t fetch_add(std::int64_t value, int rank, std::size_t offset) const;
 
   MPI_Win handle() const { return win_; }
@@ -137,6 +155,9 @@ class Window {
   void* base_ = nullptr;
   std::size_t bytes_ = 0;
   int rank_ = 0;
+  int disp_unit_ = 1;
+  Kind kind_ = Kind::allocate;
+  int uncaught_at_creation_ = 0;  // std::uncaught_exceptions() when created: detects unwinding in ~Window
 };
 
 }  // namespace tessera::io

@@ -1,1 +1,548 @@
 #include "io/tiff_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include <opencv2/imgproc.hpp>
+#include <tiffio.h>
+
+#include "io/error.h"
+
+namespace tessera::io {
+namespace {
+
+constexpr double kMicronsPerCentimetre = 10000.0;
+// Aperio scanners store a thumbnail of about 1024 px on its longer side as the second directory.
+constexpr int kThumbnailMaxSide = 1024;
+// Stripped directories (thumbnail, label, macro): rows per strip, a multiple of 16 as JPEG with 2×2
+// chroma subsampling needs.
+constexpr std::uint32_t kAssociatedRowsPerStrip = 64;
+// Classic TIFF offsets are 32-bit. The estimate is the uncompressed size, so a slide that would come close
+// to 4 GiB even uncompressed (incompressible data, tile tables, directories) switches to BigTIFF early.
+constexpr std::uint64_t kClassicTiffLimit = (std::uint64_t{4} << 30) - (std::uint64_t{128} << 20);
+constexpr int kMaxLevelFactor = 8;
+constexpr int kTileAlignment = 16;
+constexpr const char* kAperioPrefix = "Aperio Image Library Tessera";
+constexpr const char* kSoftware = "Tessera";
+
+// libtiff reports problems through callbacks; each open file keeps its last message so the exception can say
+// why (disk full, bad tag) instead of libtiff printing to stderr.
+struct TiffFile {
+  std::string path;
+  std::string last_error;
+  TIFF* tif = nullptr;
+
+  TiffFile() = default;
+  TiffFile(const TiffFile&) = delete;
+  TiffFile& operator=(const TiffFile&) = delete;
+  ~TiffFile() { close(); }
+
+  void close() {
+    if (tif != nullptr) TIFFClose(tif);
+    tif = nullptr;
+  }
+};
+
+int on_tiff_error(TIFF*, void* user_data, const char* module, const char* fmt, va_list ap) {
+  std::array<char, 1024> buffer{};
+  std::vsnprintf(buffer.data(), buffer.size(), fmt, ap);
+  auto* file = static_cast<TiffFile*>(user_data);
+  file->last_error = module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data()
+                                                          : std::string(buffer.data());
+  return 1;  // handled: do not also print
+}
+
+int on_tiff_warning(TIFF*, void*, const char*, const char*, va_list) { return 1; }
+
+// Opens `file.path` with `mode`; the TiffFile must stay at its address while open (it receives messages).
+void open_tiff(TiffFile& file, const char* mode) {
+  TIFFOpenOptions* options = TIFFOpenOptionsAlloc();
+  TIFFOpenOptionsSetErrorHandlerExtR(options, on_tiff_error, &file);
+  TIFFOpenOptionsSetWarningHandlerExtR(options, on_tiff_warning, &file);
+  file.tif = TIFFOpenExt(file.path.c_str(), mode, options);
+  TIFFOpenOptionsFree(options);
+  if (file.tif == nullptr) {
+    InternalError error("libtiff cannot open the file" +
+                        (file.last_error.empty() ? std::string() : ": " + file.last_error));
+    error.add_context("file", file.path);
+    throw error;
+  }
+}
+
+[[noreturn]] void fail(const TiffFile& file, const std::string& what) {
+  InternalError error(what + (file.last_error.empty() ? std::string() : ": " + file.last_error));
+  error.add_context("file", file.path);
+  throw error;
+}
+
+template <typename... Args>
+void set_field(const TiffFile& file, std::uint32_t tag, Args... args) {
+  if (TIFFSetField(file.tif, tag, args...) != 1) fail(file, "cannot set TIFF tag " + std::to_string(tag));
+}
+
+// Shortest round-trip decimal, independent of the C locale (OpenSlide parses with g_ascii_strtod).
+std::string format_number(double value) {
+  std::array<char, 64> buffer{};
+  auto [end, ec] = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
+  return ec == std::errc() ? std::string(buffer.data(), end) : std::to_string(value);
+}
+
+std::string dims(std::int64_t w, std::int64_t h) { return std::to_string(w) + "x" + std::to_string(h); }
+
+// OpenSlide splits the Aperio description on '|' and takes the first word of the second line as an associated
+// image's name, so free text must not contain either separator.
+std::string sanitize_description(std::string text) {
+  for (char& c : text) {
+    if (c == '|' || c == '\r' || c == '\n') c = ' ';
+  }
+  return text;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+struct TiffWriter::Impl {
+  // One pyramid level: where its tiles go, the rows waiting to fill a row of tiles, and the rows waiting to be
+  // downsampled into the next level (fewer than level_factor).
+  struct Level {
+    std::int64_t width = 0;
+    std::int64_t height = 0;
+    TiffFile file;            // level 0: the output itself; others: a temporary TIFF beside it
+    cv::Mat tile_rows;        // tile_size × width, allocated on first use
+    int buffered = 0;         // rows in tile_rows
+    std::int64_t rows_in = 0;       // rows received so far
+    std::int64_t rows_encoded = 0;  // rows written as tiles
+    cv::Mat pending;          // rows not yet downsampled (< level_factor)
+  };
+
+  struct Associated {
+    std::string name;
+    cv::Mat image;
+  };
+
+  std::string path;
+  std::string temp_path;
+  TiffWriterOptions options;
+  bool bigtiff = false;
+  std::vector<std::unique_ptr<Level>> levels;
+  int thumbnail_level = -1;   // aperio: the level whose pixels the thumbnail is made from
+  cv::Mat thumbnail_source;   // that level, whole (at most about kThumbnailMaxSide² pixels)
+  cv::Mat tile;               // one tile, reused for every encode
+  std::vector<Associated> associated;
+  bool finished = false;
+
+  Impl(const std::string& output, std::int64_t width, std::int64_t height, const TiffWriterOptions& opts);
+  ~Impl();
+
+  [[noreturn]] void bad_call(const std::string& what) const {
+    InternalError error(what);
+    error.add_context("file", path);
+    throw error;
+  }
+
+  std::string compression_text() const {
+    return options.compression == TiffCompression::jpeg ? "JPEG/RGB Q=" + std::to_string(options.jpeg_quality)
+                                                        : std::string("Deflate/RGB");
+  }
+
+  std::string level_description(std::size_t k) const;
+  void set_image_tags(const TiffFile& file, std::int64_t width, std::int64_t height, bool tiled, bool encoding,
+                      double downsample_x, double downsample_y, std::uint32_t subfile_type,
+                      const std::string& description) const;
+  void push_rows(std::size_t k, const cv::Mat& rows);
+  void encode_rows(Level& level, const cv::Mat& rows);
+  void encode_tile_row(Level& level, const cv::Mat& rows);
+  void downsample_rows(std::size_t k, const cv::Mat& rows);
+  void flush(std::size_t k);
+  cv::Mat downsample_block(const cv::Mat& block) const;
+  void write_stripped(const TiffFile& out, const cv::Mat& image, const std::string& description);
+  void append_level(const TiffFile& out, std::size_t k);
+  void remove_temporaries() noexcept;
+};
+
+TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64_t height,
+                       const TiffWriterOptions& opts)
+    : path(output), temp_path(output + ".tmp-" + std::to_string(::getpid())), options(opts) {
+  const auto invalid = [&](const std::string& what) { bad_call("invalid TIFF writer setting: " + what); };
+  if (width <= 0 || height <= 0 || width > UINT32_MAX || height > UINT32_MAX) {
+    invalid("image size " + dims(width, height));
+  }
+  if (options.tile_size < kTileAlignment || options.tile_size % kTileAlignment != 0) {
+    invalid("tile_size " + std::to_string(options.tile_size) + " (a positive multiple of 16)");
+  }
+  if (options.level_factor < 2 || options.level_factor > kMaxLevelFactor) {
+    invalid("level_factor " + std::to_string(options.level_factor) + " (2..8)");
+  }
+  if (options.min_level_size < 1) invalid("min_level_size " + std::to_string(options.min_level_size));
+  if (!(options.mpp > 0.0) || !std::isfinite(options.mpp)) invalid("mpp " + format_number(options.mpp));
+  if (options.jpeg_quality < 1 || options.jpeg_quality > 100) {
+    invalid("jpeg_quality " + std::to_string(options.jpeg_quality) + " (1..100)");
+  }
+
+  // Pyramid geometry: each level is ceil(previous / factor) while either side is above min_level_size.
+  std::uint64_t estimated_bytes = 0;
+  std::int64_t w = width;
+  std::int64_t h = height;
+  for (;;) {
+    auto level = std::make_unique<Level>();
+    level->width = w;
+    level->height = h;
+    estimated_bytes += static_cast<std::uint64_t>(w) * static_cast<std::uint64_t>(h) * 3;
+    levels.push_back(std::move(level));
+    if (w <= options.min_level_size && h <= options.min_level_size) break;
+    w = ceil_div(w, options.level_factor);
+    h = ceil_div(h, options.level_factor);
+  }
+  bigtiff = estimated_bytes > kClassicTiffLimit;
+
+  if (options.flavor == TiffFlavor::aperio) {
+    thumbnail_level = static_cast<int>(levels.size()) - 1;
+    for (std::size_t k = 0; k < levels.size(); ++k) {
+      if (std::max(levels[k]->width, levels[k]->height) <= kThumbnailMaxSide) {
+        thumbnail_level = static_cast<int>(k);
+        break;
+      }
+    }
+    const Level& source = *levels[static_cast<std::size_t>(thumbnail_level)];
+    thumbnail_source.create(static_cast<int>(source.height), static_cast<int>(source.width), CV_8UC3);
+  }
+
+  tile.create(options.tile_size, options.tile_size, CV_8UC3);
+  const char* mode = bigtiff ? "w8" : "w";
+  try {
+    for (std::size_t k = 0; k < levels.size(); ++k) {
+      Level& level = *levels[k];
+      level.file.path = k == 0 ? temp_path : temp_path + ".level" + std::to_string(k);
+      open_tiff(level.file, mode);
+      const double ds_x = static_cast<double>(width) / static_cast<double>(level.width);
+      const double ds_y = static_cast<double>(height) / static_cast<double>(level.height);
+      set_image_tags(level.file, level.width, level.height, /*tiled=*/true, /*encoding=*/true, ds_x, ds_y,
+                     k == 0 ? 0 : FILETYPE_REDUCEDIMAGE, level_description(k));
+    }
+  } catch (...) {
+    remove_temporaries();
+    throw;
+  }
+}
+
+TiffWriter::Impl::~Impl() {
+  if (!finished) remove_temporaries();
+}
+
+void TiffWriter::Impl::remove_temporaries() noexcept {
+  std::error_code ec;
+  for (auto& level : levels) {
+    level->file.close();
+    if (!level->file.path.empty()) std::filesystem::remove(level->file.path, ec);
+  }
+  std::filesystem::remove(temp_path, ec);
+}
+
+std::string TiffWriter::Impl::level_description(std::size_t k) const {
+  const Level& base = *levels.front();
+  const Level& level = *levels[k];
+  if (options.flavor == TiffFlavor::generic) return k == 0 ? options.description : std::string();
+  // The layout of a real Aperio description; OpenSlide needs the "Aperio" prefix and parses the
+  // "key = value" fields after '|' into aperio.* properties (MPP → openslide.mpp-x, AppMag →
+  // openslide.objective-power).
+  std::string text = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " [0,0 " +
+                     dims(base.width, base.height) + "] (" + dims(options.tile_size, options.tile_size) + ")";
+  if (k > 0) text += " -> " + dims(level.width, level.height);
+  text += " " + compression_text();
+  if (k == 0) {
+    text += "|AppMag = " + format_number(options.objective_power) + "|MPP = " + format_number(options.mpp);
+    if (!options.description.empty()) text += "|Description = " + sanitize_description(options.description);
+  }
+  return text;
+}
+
+void TiffWriter::Impl::set_image_tags(const TiffFile& file, std::int64_t width, std::int64_t height, bool tiled,
+                                      bool encoding, double downsample_x, double downsample_y,
+                                      std::uint32_t subfile_type, const std::string& description) const {
+  set_field(file, TIFFTAG_SUBFILETYPE, subfile_type);
+  set_field(file, TIFFTAG_IMAGEWIDTH, static_cast<std::uint32_t>(width));
+  set_field(file, TIFFTAG_IMAGELENGTH, static_cast<std::uint32_t>(height));
+  set_field(file, TIFFTAG_BITSPERSAMPLE, 8);
+  set_field(file, TIFFTAG_SAMPLESPERPIXEL, 3);
+  set_field(file, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  if (tiled) {
+    set_field(file, TIFFTAG_TILEWIDTH, static_cast<std::uint32_t>(options.tile_size));
+    set_field(file, TIFFTAG_TILELENGTH, static_cast<std::uint32_t>(options.tile_size));
+  } else {
+    set_field(file, TIFFTAG_ROWSPERSTRIP, kAssociatedRowsPerStrip);
+  }
+  if (options.compression == TiffCompression::jpeg) {
+    set_field(file, TIFFTAG_COMPRESSION, COMPRESSION_JPEG);
+    set_field(file, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_YCBCR);
+    set_field(file, TIFFTAG_YCBCRSUBSAMPLING, 2, 2);
+    if (encoding) {
+      // libjpeg converts our RGB to YCbCr; pseudo-tags, not stored in the file.
+      set_field(file, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB);
+      set_field(file, TIFFTAG_JPEGQUALITY, options.jpeg_quality);
+    }
+  } else {
+    set_field(file, TIFFTAG_COMPRESSION, COMPRESSION_ADOBE_DEFLATE);
+    set_field(file, TIFFTAG_PHOTOMETRIC, PHOTOMETRIC_RGB);
+    set_field(file, TIFFTAG_PREDICTOR, PREDICTOR_HORIZONTAL);
+  }
+  if (downsample_x > 0.0 && downsample_y > 0.0) {
+    set_field(file, TIFFTAG_XRESOLUTION, kMicronsPerCentimetre / (options.mpp * downsample_x));
+    set_field(file, TIFFTAG_YRESOLUTION, kMicronsPerCentimetre / (options.mpp * downsample_y));
+    set_field(file, TIFFTAG_RESOLUTIONUNIT, RESUNIT_CENTIMETER);
+  }
+  set_field(file, TIFFTAG_SOFTWARE, kSoftware);
+  if (!description.empty()) set_field(file, TIFFTAG_IMAGEDESCRIPTION, description.c_str());
+}
+
+void TiffWriter::Impl::push_rows(std::size_t k, const cv::Mat& rows) {
+  Level& level = *levels[k];
+  if (static_cast<int>(k) == thumbnail_level) {
+    rows.copyTo(thumbnail_source.rowRange(static_cast<int>(level.rows_in), static_cast<int>(level.rows_in) + rows.rows));
+  }
+  level.rows_in += rows.rows;
+  encode_rows(level, rows);
+  if (k + 1 < levels.size()) downsample_rows(k, rows);
+}
+
+void TiffWriter::Impl::encode_rows(Level& level, const cv::Mat& rows) {
+  const int tile_size = options.tile_size;
+  // A whole row of tiles (always the case for level 0) is encoded straight from the caller's rows.
+  if (level.buffered == 0 && (rows.rows == tile_size || level.rows_encoded + rows.rows == level.height)) {
+    encode_tile_row(level, rows);
+    level.rows_encoded += rows.rows;
+    return;
+  }
+  if (level.tile_rows.empty()) level.tile_rows.create(tile_size, static_cast<int>(level.width), CV_8UC3);
+  int offset = 0;
+  while (offset < rows.rows) {
+    const int n = std::min(tile_size - level.buffered, rows.rows - offset);
+    rows.rowRange(offset, offset + n).copyTo(level.tile_rows.rowRange(level.buffered, level.buffered + n));
+    level.buffered += n;
+    offset += n;
+    if (level.buffered == tile_size || level.rows_encoded + level.buffered == level.height) {
+      encode_tile_row(level, level.tile_rows.rowRange(0, level.buffered));
+      level.rows_encoded += level.buffered;
+      level.buffered = 0;
+    }
+  }
+}
+
+void TiffWriter::Impl::encode_tile_row(Level& level, const cv::Mat& rows) {
+  const int tile_size = options.tile_size;
+  const auto tile_bytes = static_cast<tmsize_t>(tile.total() * tile.elemSize());
+  const auto y0 = static_cast<std::uint32_t>(level.rows_encoded);
+  for (int x0 = 0; x0 < rows.cols; x0 += tile_size) {
+    const int w = std::min(tile_size, rows.cols - x0);
+    const cv::Mat region = rows(cv::Rect(x0, 0, w, rows.rows));
+    if (w == tile_size && rows.rows == tile_size) {
+      region.copyTo(tile);
+    } else {
+      // Edge tiles are padded by replication: readers clip them, and a flat continuation compresses best
+      // and keeps JPEG's 8×8 blocks at the edge from ringing.
+      cv::copyMakeBorder(region, tile, 0, tile_size - rows.rows, 0, tile_size - w, cv::BORDER_REPLICATE);
+    }
+    const std::uint32_t index = TIFFComputeTile(level.file.tif, static_cast<std::uint32_t>(x0), y0, 0, 0);
+    if (TIFFWriteEncodedTile(level.file.tif, index, tile.data, tile_bytes) < 0) {
+      fail(level.file, "cannot write tile " + std::to_string(index));
+    }
+  }
+}
+
+cv::Mat TiffWriter::Impl::downsample_block(const cv::Mat& block) const {
+  const int factor = options.level_factor;
+  cv::Mat source = block;
+  const int pad_x = (factor - block.cols % factor) % factor;
+  if (pad_x != 0) cv::copyMakeBorder(block, source, 0, 0, 0, pad_x, cv::BORDER_REPLICATE);
+  cv::Mat result;
+  // Integer factor on a multiple of it: INTER_AREA is an exact box average.
+  cv::resize(source, result, cv::Size(source.cols / factor, source.rows / factor), 0, 0, cv::INTER_AREA);
+  return result;
+}
+
+void TiffWriter::Impl::downsample_rows(std::size_t k, const cv::Mat& rows) {
+  Level& level = *levels[k];
+  const int factor = options.level_factor;
+  cv::Mat input;
+  if (level.pending.empty()) {
+    input = rows;
+  } else {
+    cv::vconcat(level.pending, rows, input);
+  }
+  const int usable = input.rows / factor * factor;
+  cv::Mat rest = input.rowRange(usable, input.rows).clone();
+  if (usable > 0) push_rows(k + 1, downsample_block(input.rowRange(0, usable)));
+  level.pending = rest;
+}
+
+void TiffWriter::Impl::flush(std::size_t k) {
+  Level& level = *levels[k];
+  if (k + 1 < levels.size() && !level.pending.empty()) {
+    // The bottom edge: replicate the last row so the block is a multiple of the factor.
+    cv::Mat padded;
+    cv::copyMakeBorder(level.pending, padded, 0, options.level_factor - level.pending.rows, 0, 0,
+                       cv::BORDER_REPLICATE);
+    level.pending.release();
+    push_rows(k + 1, downsample_block(padded));
+  }
+  if (level.rows_encoded != level.height) {
+    bad_call("pyramid level " + std::to_string(k) + " got " + std::to_string(level.rows_encoded) + " of " +
+             std::to_string(level.height) + " rows");
+  }
+  if (k + 1 < levels.size()) flush(k + 1);
+}
+
+void TiffWriter::Impl::write_stripped(const TiffFile& out, const cv::Mat& image, const std::string& description) {
+  set_image_tags(out, image.cols, image.rows, /*tiled=*/false, /*encoding=*/true, 0.0, 0.0, FILETYPE_REDUCEDIMAGE,
+                 description);
+  cv::Mat contiguous = image.isContinuous() ? image : image.clone();
+  const auto row_bytes = static_cast<std::size_t>(contiguous.cols) * 3;
+  std::uint32_t strip = 0;
+  for (int y = 0; y < contiguous.rows; y += static_cast<int>(kAssociatedRowsPerStrip), ++strip) {
+    const int n = std::min(static_cast<int>(kAssociatedRowsPerStrip), contiguous.rows - y);
+    if (TIFFWriteEncodedStrip(out.tif, strip, contiguous.ptr(y), static_cast<tmsize_t>(row_bytes * n)) < 0) {
+      fail(out, "cannot write strip " + std::to_string(strip));
+    }
+  }
+  if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
+}
+
+void TiffWriter::Impl::append_level(const TiffFile& out, std::size_t k) {
+  Level& level = *levels[k];
+  // The level's own temporary file is complete; reopen it to copy its compressed tiles as they are.
+  if (TIFFWriteDirectory(level.file.tif) != 1) fail(level.file, "cannot write a TIFF directory");
+  level.file.close();
+  open_tiff(level.file, "r");
+  const Level& base = *levels.front();
+  set_image_tags(out, level.width, level.height, /*tiled=*/true, /*encoding=*/false,
+                 static_cast<double>(base.width) / static_cast<double>(level.width),
+                 static_cast<double>(base.height) / static_cast<double>(level.height), FILETYPE_REDUCEDIMAGE,
+                 level_description(k));
+  if (options.compression == TiffCompression::jpeg) {
+    // The tiles are abbreviated JPEG streams: they need the quantization and Huffman tables of the file
+    // they were encoded in, and the colour-range tag libjpeg's encoder set.
+    std::uint32_t table_bytes = 0;
+    void* tables = nullptr;
+    if (TIFFGetField(level.file.tif, TIFFTAG_JPEGTABLES, &table_bytes, &tables) == 1 && table_bytes > 0) {
+      set_field(out, TIFFTAG_JPEGTABLES, table_bytes, tables);
+    }
+    float* reference = nullptr;
+    if (TIFFGetField(level.file.tif, TIFFTAG_REFERENCEBLACKWHITE, &reference) == 1 && reference != nullptr) {
+      set_field(out, TIFFTAG_REFERENCEBLACKWHITE, reference);
+    }
+  }
+  std::vector<unsigned char> buffer;
+  const std::uint32_t tiles = TIFFNumberOfTiles(level.file.tif);
+  for (std::uint32_t t = 0; t < tiles; ++t) {
+    const std::uint64_t bytes = TIFFGetStrileByteCount(level.file.tif, t);
+    buffer.resize(static_cast<std::size_t>(bytes));
+    if (bytes == 0 || TIFFReadRawTile(level.file.tif, t, buffer.data(), static_cast<tmsize_t>(bytes)) !=
+                          static_cast<tmsize_t>(bytes)) {
+      fail(level.file, "cannot read back tile " + std::to_string(t));
+    }
+    if (TIFFWriteRawTile(out.tif, t, buffer.data(), static_cast<tmsize_t>(bytes)) != static_cast<tmsize_t>(bytes)) {
+      fail(out, "cannot copy tile " + std::to_string(t) + " of pyramid level " + std::to_string(k));
+    }
+  }
+  if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
+  level.file.close();
+  std::error_code ec;
+  std::filesystem::remove(level.file.path, ec);
+}
+
+TiffWriter::TiffWriter(const std::string& path, std::int64_t width, std::int64_t height,
+                       const TiffWriterOptions& options)
+    : impl_(std::make_unique<Impl>(path, width, height, options)) {}
+
+TiffWriter::~TiffWriter() = default;
+
+void TiffWriter::write_strip(const cv::Mat& strip) {
+  Impl& d = *impl_;
+  if (d.finished) d.bad_call("write_strip() after finish()");
+  const Impl::Level& base = *d.levels.front();
+  const std::int64_t expected_rows = std::min<std::int64_t>(d.options.tile_size, base.height - base.rows_in);
+  if (expected_rows <= 0) d.bad_call("write_strip(): all " + std::to_string(base.height) + " rows already written");
+  if (strip.type() != CV_8UC3 || strip.cols != base.width || strip.rows != expected_rows) {
+    d.bad_call("write_strip(): expected an RGB CV_8UC3 strip of " + dims(base.width, expected_rows) + " pixels, got " +
+               dims(strip.cols, strip.rows) + " with " + std::to_string(strip.channels()) + " channel(s) of depth " +
+               std::to_string(strip.depth()));
+  }
+  d.push_rows(0, strip);
+}
+
+void TiffWriter::add_associated_image(const std::string& name, const cv::Mat& image) {
+  Impl& d = *impl_;
+  if (d.finished) d.bad_call("add_associated_image() after finish()");
+  if (name.empty() || name.find_first_of(" \t\r\n|") != std::string::npos || name == "thumbnail") {
+    d.bad_call("invalid associated image name '" + name + "' (one word such as label or macro)");
+  }
+  if (image.type() != CV_8UC3 || image.empty()) d.bad_call("associated image '" + name + "' must be RGB CV_8UC3");
+  for (const auto& other : d.associated) {
+    if (other.name == name) d.bad_call("associated image '" + name + "' added twice");
+  }
+  d.associated.push_back({name, image.clone()});
+}
+
+void TiffWriter::finish() {
+  Impl& d = *impl_;
+  if (d.finished) d.bad_call("finish() called twice");
+  const Impl::Level& base = *d.levels.front();
+  if (base.rows_in != base.height) {
+    d.bad_call("finish() after " + std::to_string(base.rows_in) + " of " + std::to_string(base.height) + " rows");
+  }
+  d.flush(0);
+  const TiffFile& out = d.levels.front()->file;
+  if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
+
+  if (d.options.flavor == TiffFlavor::aperio) {
+    cv::Mat thumbnail = d.thumbnail_source;
+    const int longer = std::max(thumbnail.cols, thumbnail.rows);
+    if (longer > kThumbnailMaxSide) {
+      const double scale = static_cast<double>(kThumbnailMaxSide) / longer;
+      const cv::Size size(std::max(1, static_cast<int>(std::lround(thumbnail.cols * scale))),
+                          std::max(1, static_cast<int>(std::lround(thumbnail.rows * scale))));
+      cv::resize(d.thumbnail_source, thumbnail, size, 0, 0, cv::INTER_AREA);
+    }
+    const std::string description = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " -> " +
+                                    dims(thumbnail.cols, thumbnail.rows) + " " + d.compression_text();
+    d.write_stripped(out, thumbnail, description);
+    d.thumbnail_source.release();
+  }
+  for (std::size_t k = 1; k < d.levels.size(); ++k) d.append_level(out, k);
+  for (const auto& image : d.associated) {
+    // OpenSlide's aperio driver names a stripped directory after the first word of the description's second
+    // line; it splits lines on '\r' and '\n' separately, so a plain '\n' is needed here.
+    const std::string description =
+        d.options.flavor == TiffFlavor::aperio
+            ? std::string(kAperioPrefix) + "\n" + image.name + " " + dims(image.image.cols, image.image.rows)
+            : image.name;
+    d.write_stripped(out, image.image, description);
+  }
+  d.associated.clear();
+
+  TIFF* tif = d.levels.front()->file.tif;
+  d.levels.front()->file.tif = nullptr;
+  if (TIFFFlush(tif) != 1) {
+    TIFFClose(tif);
+    fail(out, "cannot flush the TIFF file");
+  }
+  TIFFClose(tif);
+  std::error_code ec;
+  std::filesystem::rename(d.temp_path, d.path, ec);
+  if (ec) d.bad_call("cannot rename " + d.temp_path + " into place: " + ec.message());
+  d.finished = true;
+}
+
+int TiffWriter::level_count() const { return static_cast<int>(impl_->levels.size()); }
+
+std::int64_t TiffWriter::rows_written() const { return impl_->levels.front()->rows_in; }
+
+}  // namespace tessera::io

@@ -1,0 +1,45 @@
+# Tessera — the two commands of the README, and a few more for developers.
+#   make demo    install what is missing, build, run the demo job on generated data
+#   make test    install what is missing, build, run every test through CTest
+SHELL := /bin/bash
+BUILD ?= build
+BUILD_ASAN ?= build-asan
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build test demo test-asan bench format lint clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) > /dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	@scripts/demo.sh $(BUILD)/app/tessera
+
+# The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this after `make test`).
+test-asan: deps
+	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_SANITIZE=ON -DTESSERA_WERROR=ON > /dev/null
+	@cmake --build $(BUILD_ASAN) -j $(JOBS)
+	@cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	@$(BUILD)/app/tessera bench peak
+
+format:
+	@git ls-files '*.cpp' '*.h' | xargs clang-format -i
+
+lint: configure
+	@git ls-files 'app/*.cpp' 'engine/*.cpp' 'io/*.cpp' 'preprocessing/*.cpp' | xargs clang-tidy -p $(BUILD) --quiet
+
+clean:
+	@rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,55 @@
+// tessera bench <what> — speed measurements. Every figure is taken in the same run as the reference it is
+// compared with (this machine is shared and noisy), and printed with what it was measured on.
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "app/cli.h"
+#include "engine/peak.h"
+#include "io/comm.h"
+#include "io/error.h"
+
+namespace tessera::app {
+namespace {
+
+struct PeakOptions {
+  int size = 2048;
+  int threads = 0;
+  double seconds = 2.0;
+};
+
+int run_peak(const PeakOptions& options) {
+  if (!io::Comm::world().is_root()) return io::exit_ok;
+  const int all = options.threads > 0 ? options.threads : engine::default_threads();
+  std::cout << fmt::format("oneDNN sgemm {0}x{0}x{0}, best of at least {1:g} s per row\n", options.size,
+                           options.seconds);
+  std::cout << fmt::format("{:>8}  {:>10}  {:>12}  {:>8}\n", "threads", "GFLOP/s", "ms/product", "repeats");
+  for (int threads : {1, all}) {
+    const auto r = engine::measure_sgemm_peak(options.size, threads, options.seconds);
+    std::cout << fmt::format("{:>8}  {:>10.1f}  {:>12.2f}  {:>8}\n", r.threads, r.gflops, r.seconds * 1e3, r.repeats)
+              << std::flush;
+    if (all == 1) break;
+  }
+  return io::exit_ok;
+}
+
+}  // namespace
+
+Action setup_bench(CLI::App& command) {
+  command.require_subcommand(1);
+  auto peak = std::make_shared<PeakOptions>();
+  CLI::App* peak_cmd = command.add_subcommand("peak", "The machine's compute peak: a large oneDNN sgemm, 1 thread and all");
+  peak_cmd->add_option("--size", peak->size, "Matrix size n (n x n x n product)")->check(CLI::Range(64, 16384))
+      ->capture_default_str();
+  peak_cmd->add_option("--threads", peak->threads, "Threads for the second row (0 = all cores)")
+      ->check(CLI::NonNegativeNumber);
+  peak_cmd->add_option("--seconds", peak->seconds, "Minimum measuring time per row")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  return [peak, peak_cmd]() -> int {
+    if (peak_cmd->parsed()) return run_peak(*peak);
+    return io::exit_usage;
+  };
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,46 @@
+#include "app/cli.h"
+
+#include <iostream>
+
+#include "io/comm.h"
+
+namespace tessera::app {
+
+const std::vector<Verb>& verbs() {
+  static const std::vector<Verb> list = {
+      {"synth", "Generate synthetic H&E whole-slide images with ground-truth tumour annotations", setup_synth},
+      {"info", "Show a slide's vendor, pyramid levels, resolution and associated images", setup_info},
+      {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
+  };
+  return list;
+}
+
+void add_job_options(CLI::App& command, JobOptions& options) {
+  command.add_option("job", options.file, "YAML job file (optional: every key has a default)")
+      ->check(CLI::ExistingFile);
+  command.add_option("--set", options.overrides, "Override a config key: --set section.key=value (repeatable)")
+      ->type_name("KEY=VALUE")
+      ->allow_extra_args(false);
+  command.add_flag("--print-config", options.print_config,
+                   "Print the full effective config (every key, its default and doc) and exit");
+}
+
+io::Config load_job(const io::Schema& schema, const JobOptions& options,
+                    const std::vector<std::string>& extra_overrides) {
+  std::vector<std::string> overrides = options.overrides;
+  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  if (options.file.empty()) {
+    io::Config config(schema);
+    for (const auto& assignment : overrides) config.set(assignment);
+    return config;
+  }
+  return io::Config::load(schema, options.file, overrides);
+}
+
+bool maybe_print_config(const io::Config& config, const JobOptions& options) {
+  if (!options.print_config) return false;
+  if (io::Comm::world().is_root()) std::cout << config.to_yaml() << std::flush;
+  return true;
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,135 @@
+// tessera info SLIDE... — what a pathologist or an HPC admin checks before a job: vendor, pyramid,
+// resolution and where it came from, objective power, associated images. Unreadable slides are listed at
+// the end and the rest are still shown.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "app/cli.h"
+#include "io/comm.h"
+#include "io/error.h"
+#include "io/slide.h"
+
+namespace tessera::app {
+namespace {
+
+struct InfoOptions {
+  std::vector<std::string> slides;
+  bool json = false;
+  double assume_mpp = 0.0;
+};
+
+std::string mpp_source_text(const io::Slide& slide) {
+  switch (slide.mpp_source()) {
+    case io::MppSource::openslide_property: return "from openslide.mpp-x";
+    case io::MppSource::tiff_resolution: return "from the TIFF resolution tags";
+    case io::MppSource::assumed: return "assumed (--assume-mpp), not in the slide";
+  }
+  return "";
+}
+
+std::string describe(const io::Slide& slide) {
+  std::ostringstream out;
+  const double mm_w = static_cast<double>(slide.width()) * slide.mpp() / 1000.0;
+  const double mm_h = static_cast<double>(slide.height()) * slide.mpp_y() / 1000.0;
+  out << fmt::format("{}\n", slide.path());
+  out << fmt::format("  vendor       {}\n", slide.vendor());
+  out << fmt::format("  size         {} x {} px ({:.2f} x {:.2f} mm)\n", slide.width(), slide.height(), mm_w, mm_h);
+  out << fmt::format("  resolution   {:.4f} x {:.4f} um/px, {}\n", slide.mpp(), slide.mpp_y(), mpp_source_text(slide));
+  const auto power = slide.objective_power();
+  out << fmt::format("  objective    {}\n", power ? fmt::format("{:g}x", *power) : std::string("not recorded"));
+  out << fmt::format("  levels       {}\n", slide.level_count());
+  out << fmt::format("    {:>5}  {:>8}  {:>8}  {:>10}  {:>9}  {:>9}\n", "level", "width", "height", "downsample",
+                     "um/px", "tile");
+  for (int i = 0; i < slide.level_count(); ++i) {
+    const auto& l = slide.level(i);
+    const std::string tile = l.tile_width > 0 ? fmt::format("{}x{}", l.tile_width, l.tile_height) : "-";
+    out << fmt::format("    {:>5}  {:>8}  {:>8}  {:>10.4f}  {:>9.4f}  {:>9}\n", i, l.width, l.height, l.downsample,
+                       slide.mpp() * l.downsample, tile);
+  }
+  if (slide.associated_images().empty()) {
+    out << "  associated   none\n";
+  } else {
+    std::string list;
+    for (const auto& a : slide.associated_images()) {
+      list += fmt::format("{}{} ({}x{})", list.empty() ? "" : ", ", a.name, a.width, a.height);
+    }
+    out << fmt::format("  associated   {}\n", list);
+  }
+  return out.str();
+}
+
+nlohmann::json to_json(const io::Slide& slide) {
+  nlohmann::json levels = nlohmann::json::array();
+  for (const auto& l : slide.levels()) {
+    levels.push_back({{"width", l.width},
+                      {"height", l.height},
+                      {"downsample", l.downsample},
+                      {"mpp", slide.mpp() * l.downsample},
+                      {"tile_width", l.tile_width},
+                      {"tile_height", l.tile_height}});
+  }
+  nlohmann::json associated = nlohmann::json::array();
+  for (const auto& a : slide.associated_images()) {
+    associated.push_back({{"name", a.name}, {"width", a.width}, {"height", a.height}});
+  }
+  const auto power = slide.objective_power();
+  return {{"path", slide.path()},
+          {"vendor", slide.vendor()},
+          {"width", slide.width()},
+          {"height", slide.height()},
+          {"mpp_x", slide.mpp()},
+          {"mpp_y", slide.mpp_y()},
+          {"mpp_source", io::to_string(slide.mpp_source())},
+          {"objective_power", power ? nlohmann::json(*power) : nlohmann::json(nullptr)},
+          {"levels", levels},
+          {"associated_images", associated}};
+}
+
+int run_info(const InfoOptions& options) {
+  // Reading a few headers needs no parallelism; under mpirun only rank 0 answers.
+  if (!io::Comm::world().is_root()) return io::exit_ok;
+  io::SlideOpenOptions open_options;
+  open_options.assume_mpp = options.assume_mpp;
+  nlohmann::json all = nlohmann::json::array();
+  std::vector<std::string> failures;
+  for (const auto& path : options.slides) {
+    try {
+      const auto slide = io::Slide::open(path, open_options);
+      if (options.json) {
+        all.push_back(to_json(slide));
+      } else {
+        std::cout << describe(slide) << std::flush;
+      }
+    } catch (const io::Error& e) {
+      if (e.kind() != io::ErrorKind::input) throw;
+      failures.push_back(e.what());
+      if (options.json) all.push_back({{"path", path}, {"error", e.what()}});
+    }
+  }
+  if (options.json) std::cout << all.dump(2) << "\n";
+  if (failures.empty()) return io::exit_ok;
+  std::cerr << fmt::format("tessera info: {} of {} slides could not be read:\n", failures.size(), options.slides.size());
+  for (const auto& f : failures) std::cerr << "  " << f << "\n";
+  return io::exit_input;
+}
+
+}  // namespace
+
+Action setup_info(CLI::App& command) {
+  auto options = std::make_shared<InfoOptions>();
+  command.add_option("slides", options->slides, "Slide files (.svs .tif .ndpi .mrxs ...)")->required();
+  command.add_flag("--json", options->json, "Print one JSON array instead of text");
+  command.add_option("--assume-mpp", options->assume_mpp,
+                     "Resolution (um/px) to use for slides that do not record one")
+      ->check(CLI::PositiveNumber);
+  return [options] { return run_info(*options); };
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,237 @@
+// tessera synth [job.yaml] — a set of synthetic H&E slides with ground truth, for demos, tests and
+// benchmarks on a machine that can download nothing. Under mpirun the slides are spread over ranks.
+//
+// Output folder:
+//   slides/<id>.svs|.tif       the slides (Aperio-style .svs or generic pyramidal .tif)
+//   slides/<id>.xml            ASAP annotations (group _0 tumour, _2 exclusion), level-0 px
+//   slides/<id>.geojson        the same as a QuPath FeatureCollection (class Tumor)
+//   dataset.csv                slide, label, annotation files, split, tumour regions and area
+//   synth.config.yaml          the effective job
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "app/cli.h"
+#include "io/annotations.h"
+#include "io/comm.h"
+#include "io/error.h"
+#include "io/progress.h"
+#include "preprocessing/synth.h"
+
+namespace tessera::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+const io::Schema& synth_schema() {
+  static const io::Schema schema = io::Schema()
+      .string("output", "data/synth", "Folder for slides/, dataset.csv and the effective config")
+      .integer("seed", 1, "Seed: the same seed gives byte-identical files", 0, 9.0e15)
+      .integer("slides.count", 8, "Number of slides", 1, 100000)
+      .number("slides.tumour_fraction", 0.5, "Fraction of slides that contain tumour (the rest are normal)", 0, 1)
+      .integer("slides.width", 16384, "Level-0 width in pixels", 512, 1 << 20)
+      .integer("slides.height", 16384, "Level-0 height in pixels", 512, 1 << 20)
+      .number("slides.mpp", 0.25, "Level-0 resolution in um/px", 0.05, 10)
+      .string("slides.flavour", "mixed", "File flavour: Aperio-style .svs, generic TIFF, or alternating",
+              {"aperio", "generic", "mixed"})
+      .string("slides.compression", "jpeg", "Tile compression", {"jpeg", "deflate"})
+      .integer("slides.jpeg_quality", 85, "JPEG quality of the tiles", 30, 100)
+      .integer("slides.tile_size", 256, "TIFF tile size in pixels", 64, 1024)
+      .integer("tumour.max_regions", 6, "Tumour slides get 1..max regions of widely varied size", 1, 64)
+      .boolean("tumour.exclusion_regions", true, "Add ASAP _2 (non-tumour) regions inside some large tumours")
+      .boolean("artefacts.blur", true, "Out-of-focus patches")
+      .boolean("artefacts.pen_marks", false, "Pen marks on the glass and tissue")
+      .boolean("artefacts.folds", false, "Tissue folds")
+      .number("split.train", 0.6, "Fraction of each class's slides in the train split", 0, 1)
+      .number("split.val", 0.2, "Fraction in the validation split (the rest is test)", 0, 1);
+  return schema;
+}
+
+struct PlannedSlide {
+  std::string id;
+  bool tumour = false;
+  std::string split;
+  prep::SynthSlideOptions options;
+  std::string extension;
+};
+
+// splitmix64: a per-slide seed that does not depend on the rank count or on the standard library.
+std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t index) {
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Splits `n` slides of one class into train/val/test by the configured fractions (train first), so that
+// every split of a large enough set has both classes.
+std::vector<std::string> split_names(int n, double train, double val) {
+  const int n_train = static_cast<int>(std::lround(n * train));
+  const int n_val = std::min(n - n_train, static_cast<int>(std::lround(n * val)));
+  std::vector<std::string> names;
+  for (int i = 0; i < n; ++i) names.emplace_back(i < n_train ? "train" : i < n_train + n_val ? "val" : "test");
+  return names;
+}
+
+std::vector<PlannedSlide> plan(const io::Config& config) {
+  const int count = static_cast<int>(config.get_int("slides.count"));
+  const int n_tumour = static_cast<int>(std::lround(count * config.get_number("slides.tumour_fraction")));
+  const int n_normal = count - n_tumour;
+  const double train = config.get_number("split.train");
+  const double val = config.get_number("split.val");
+  if (train + val > 1.0 + 1e-9) {
+    throw io::ConfigError(fmt::format("split.train + split.val must be at most 1, got {:g}", train + val),
+                          config.source(), 0, "split.val");
+  }
+  const auto tumour_splits = split_names(n_tumour, train, val);
+  const auto normal_splits = split_names(n_normal, train, val);
+  const auto seed = static_cast<std::uint64_t>(config.get_int("seed"));
+  const std::string flavour = config.get_string("slides.flavour");
+
+  std::vector<PlannedSlide> slides;
+  int tumour_index = 0;
+  int normal_index = 0;
+  for (int i = 0; i < count; ++i) {
+    // Interleave the classes so that any prefix of the set (and any rank's share) has both.
+    const bool tumour = (i % 2 == 0 && tumour_index < n_tumour) || normal_index >= n_normal;
+    PlannedSlide s;
+    s.tumour = tumour;
+    const int k = tumour ? tumour_index++ : normal_index++;
+    s.id = fmt::format("{}_{:03d}", tumour ? "tumor" : "normal", k + 1);
+    s.split = tumour ? tumour_splits[k] : normal_splits[k];
+    auto& o = s.options;
+    o.width = config.get_int("slides.width");
+    o.height = config.get_int("slides.height");
+    o.seed = mix_seed(seed, static_cast<std::uint64_t>(i));
+    o.tumour = tumour;
+    o.max_tumour_regions = static_cast<int>(config.get_int("tumour.max_regions"));
+    o.exclusion_regions = config.get_bool("tumour.exclusion_regions");
+    o.blur_patches = config.get_bool("artefacts.blur");
+    o.pen_marks = config.get_bool("artefacts.pen_marks");
+    o.folds = config.get_bool("artefacts.folds");
+    o.mpp = config.get_number("slides.mpp");
+    const bool aperio = flavour == "aperio" || (flavour == "mixed" && i % 2 == 0);
+    o.tiff.flavor = aperio ? io::TiffFlavor::aperio : io::TiffFlavor::generic;
+    o.tiff.compression =
+        config.get_string("slides.compression") == "jpeg" ? io::TiffCompression::jpeg : io::TiffCompression::deflate;
+    o.tiff.jpeg_quality = static_cast<int>(config.get_int("slides.jpeg_quality"));
+    o.tiff.tile_size = static_cast<int>(config.get_int("slides.tile_size"));
+    s.extension = aperio ? ".svs" : ".tif";
+    slides.push_back(std::move(s));
+  }
+  return slides;
+}
+
+// One dataset.csv row, produced by the rank that rendered the slide.
+std::string csv_row(const PlannedSlide& s, const prep::SynthGroundTruth& truth) {
+  return fmt::format("{},slides/{}{},{},slides/{}.xml,slides/{}.geojson,{},{},{:.4f},{:.4f}\n", s.id, s.id,
+                     s.extension, s.tumour ? "tumor" : "normal", s.id, s.id, s.split, truth.tumour.size(),
+                     truth.tumour_area_mm2, truth.tissue_area_mm2);
+}
+
+std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir) {
+  const auto slide_path = slides_dir / (s.id + s.extension);
+  const auto truth = prep::write_synthetic_slide(slide_path.string(), s.options);
+
+  std::vector<io::Annotation> annotations = truth.tumour;
+  annotations.insert(annotations.end(), truth.exclusion.begin(), truth.exclusion.end());
+  io::write_asap_xml((slides_dir / (s.id + ".xml")).string(), annotations,
+                     {{"_0", "#FF0000"}, {"_1", "#FF0000"}, {"_2", "#00FF00"}});
+  // QuPath: tumour as class Tumor; exclusion regions as holes are already cut from the tumour map, and
+  // are exported with QuPath's conventional "Ignore*" class so they are not mistaken for tumour.
+  std::vector<io::Annotation> qupath = truth.tumour;
+  for (auto a : truth.exclusion) {
+    a.group = "Ignore*";
+    qupath.push_back(std::move(a));
+  }
+  io::write_geojson((slides_dir / (s.id + ".geojson")).string(), qupath,
+                    {{"Tumor", "#C80000"}, {"Ignore*", "#B4B4B4"}});
+  spdlog::info("{}: {} tumour region(s), {:.2f} mm2 tumour, {:.1f} mm2 tissue", slide_path.string(),
+               truth.tumour.size(), truth.tumour_area_mm2, truth.tissue_area_mm2);
+  return csv_row(s, truth);
+}
+
+int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overrides) {
+  const auto config = load_job(synth_schema(), job, flag_overrides);
+  if (maybe_print_config(config, job)) return io::exit_ok;
+
+  const auto& world = io::Comm::world();
+  const fs::path out = config.get_string("output");
+  const fs::path slides_dir = out / "slides";
+  if (world.is_root()) {
+    std::error_code ec;
+    fs::create_directories(slides_dir, ec);
+    if (ec) throw io::InputError("cannot create the output folder: " + ec.message(), slides_dir.string());
+  }
+  world.barrier();
+
+  const auto slides = plan(config);
+  io::Progress progress(world, static_cast<std::int64_t>(slides.size()), {.label = "synth", .unit = "slides"});
+  std::string rows;
+  for (std::size_t i = static_cast<std::size_t>(world.rank()); i < slides.size();
+       i += static_cast<std::size_t>(world.size())) {
+    rows += render_slide(slides[i], slides_dir);
+    progress.advance();
+  }
+  progress.finish();
+
+  const auto gathered = world.gather_bytes(rows, 0);
+  if (world.is_root()) {
+    // Rows come back grouped by rank; sort them into the planned slide order.
+    std::vector<std::string> lines;
+    for (const auto& part : gathered) {
+      std::istringstream in(part);
+      for (std::string line; std::getline(in, line);) lines.push_back(line);
+    }
+    std::vector<std::string> ordered;
+    for (const auto& s : slides) {
+      for (const auto& line : lines) {
+        if (line.compare(0, s.id.size() + 1, s.id + ",") == 0) ordered.push_back(line);
+      }
+    }
+    std::string csv = "slide_id,slide,label,annotation_xml,annotation_geojson,split,tumour_regions,"
+                      "tumour_area_mm2,tissue_area_mm2\n";
+    for (const auto& line : ordered) csv += line + "\n";
+    io::write_file_atomic((out / "dataset.csv").string(), csv);
+    config.save((out / "synth.config.yaml").string());
+    spdlog::info("wrote {} slides, {} and {}", slides.size(), (out / "dataset.csv").string(),
+                 (out / "synth.config.yaml").string());
+  }
+  return io::exit_ok;
+}
+
+}  // namespace
+
+Action setup_synth(CLI::App& command) {
+  auto job = std::make_shared<JobOptions>();
+  auto out = std::make_shared<std::string>();
+  auto count = std::make_shared<int>(0);
+  auto size = std::make_shared<int>(0);
+  auto seed = std::make_shared<long long>(-1);
+  add_job_options(command, *job);
+  command.add_option("-o,--out", *out, "Output folder (same as --set output=...)");
+  command.add_option("-n,--slides", *count, "Number of slides (same as --set slides.count=...)");
+  command.add_option("--size", *size, "Level-0 width and height in pixels (slides.width/height)");
+  command.add_option("--seed", *seed, "Seed (same as --set seed=...)");
+  return [job, out, count, size, seed] {
+    std::vector<std::string> overrides;
+    if (!out->empty()) overrides.push_back("output=" + *out);
+    if (*count > 0) overrides.push_back(fmt::format("slides.count={}", *count));
+    if (*size > 0) {
+      overrides.push_back(fmt::format("slides.width={}", *size));
+      overrides.push_back(fmt::format("slides.height={}", *size));
+    }
+    if (*seed >= 0) overrides.push_back(fmt::format("seed={}", *seed));
+    return run_synth(*job, overrides);
+  };
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,61 @@
+// Annotation polygons and the two formats pathologists' tools use, both in level-0 pixel coordinates:
+//  - ASAP XML (CAMELYON16/17): <ASAP_Annotations><Annotations><Annotation Name Type PartOfGroup Color>
+//    <Coordinates><Coordinate Order X Y/>..., plus <AnnotationGroups>. Types Polygon, Spline (read as the
+//    polygon through its points), Rectangle, Dot and PointSet (points: no area).
+//  - QuPath GeoJSON: a FeatureCollection (or a bare array of features) whose features have Polygon or
+//    MultiPolygon geometry (rings: first outer, others holes) and properties.objectType /
+//    properties.classification.name / properties.measurements.
+// Readers reject broken files with an InputError naming the file and what is wrong (element, feature index).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+namespace tessera::io {
+
+using Ring = std::vector<cv::Point2d>;
+
+struct Annotation {
+  std::string name;
+  // ASAP group (e.g. "_0", "_2", "metastases") or QuPath classification name (e.g. "Tumor").
+  std::string group;
+  std::string type = "Polygon";          // ASAP type; GeoJSON features are "Polygon"
+  std::string object_type = "annotation";  // GeoJSON properties.objectType ("annotation", "detection", "tile")
+  Ring outer;                            // closed implicitly (first point not repeated)
+  std::vector<Ring> holes;               // GeoJSON interior rings; ASAP has none
+  std::string color;                     // "#RRGGBB" ("" = default for the group)
+  std::map<std::string, double> measurements;  // GeoJSON properties.measurements
+};
+
+// Signed-area-free geometry helpers.
+double ring_area(const Ring& ring);             // absolute area in px² (shoelace)
+double annotation_area(const Annotation& a);    // outer minus holes
+cv::Rect2d bounding_box(const Ring& ring);
+
+struct AsapGroup {
+  std::string name;
+  std::string color;
+};
+
+std::vector<Annotation> read_asap_xml(const std::string& path);
+// Writes atomically. Groups are written to <AnnotationGroups> in the order given; groups used by the
+// annotations but not listed are added with a default colour.
+void write_asap_xml(const std::string& path, const std::vector<Annotation>& annotations,
+                    const std::vector<AsapGroup>& groups = {});
+
+std::vector<Annotation> read_geojson(const std::string& path);
+// Writes a QuPath FeatureCollection atomically; classification colours are taken from `class_colors`
+// (name → "#RRGGBB") or a default per name.
+void write_geojson(const std::string& path, const std::vector<Annotation>& annotations,
+                   const std::map<std::string, std::string>& class_colors = {});
+
+// Reads either format, by extension (.xml → ASAP, .geojson/.json → QuPath).
+std::vector<Annotation> read_annotations(const std::string& path);
+
+// Writes `text` to `path` atomically: a temporary file beside it, then rename. InternalError on failure.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace tessera::io

@@ -1,0 +1,1 @@
+#include "preprocessing/synth.h"

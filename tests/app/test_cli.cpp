@@ -1,0 +1,205 @@
+// The `tessera` program as a user runs it: output, files and exit codes.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/testing/testing.h"
+
+namespace tessera {
+namespace {
+
+struct Run {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `prefix tessera args` in a shell; stdout and stderr captured separately.
+Run run_with(const std::string& prefix, const std::string& args) {
+  testing::TempDir tmp;
+  const std::string err_file = tmp.file("stderr.txt");
+  const std::string command = prefix + std::string(TESSERA_BIN) + " " + args + " 2>" + err_file;
+  Run r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buffer[4096];
+  for (std::size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) r.out.append(buffer, n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = read_text(err_file);
+  return r;
+}
+
+Run run(const std::string& args) { return run_with("", args); }
+
+Run run_mpi(int ranks, const std::string& args) {
+  return run_with(std::string(TESSERA_MPIEXEC) + " -n " + std::to_string(ranks) +
+                      " --oversubscribe --allow-run-as-root ",
+                  args);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Cli, VersionNamesTesseraAndItsLibraries) {
+  const auto r = run("--version");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "tessera 0.1.0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "OpenSlide 3.4")) << r.out;
+  EXPECT_TRUE(contains(r.out, "oneDNN 2.")) << r.out;
+}
+
+TEST(Cli, HelpListsOnlyTheVerbsThatExist) {
+  const auto r = run("--help");
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const char* verb : {"synth", "info", "bench"}) EXPECT_TRUE(contains(r.out, verb)) << verb << "\n" << r.out;
+  EXPECT_TRUE(contains(r.out, "Exit codes")) << r.out;
+}
+
+TEST(Cli, EveryVerbHasHelp) {
+  for (const char* verb : {"synth", "info", "bench", "bench peak"}) {
+    const auto r = run(std::string(verb) + " --help");
+    EXPECT_EQ(r.code, 0) << verb << ": " << r.err;
+    EXPECT_TRUE(contains(r.out, "Usage")) << verb << ": " << r.out;
+  }
+}
+
+TEST(Cli, UnknownVerbSuggestsTheClosestAndExitsWithUsageCode) {
+  const auto r = run("inf slide.svs");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "unknown verb 'inf'; did you mean 'info'?")) << r.err;
+  EXPECT_FALSE(contains(r.err, "terminate")) << r.err;
+}
+
+TEST(Cli, MissingArgumentIsAUsageError) {
+  const auto r = run("info");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "slides is required")) << r.err;
+}
+
+class CliInfo : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    io::TiffWriterOptions aperio;
+    aperio.flavor = io::TiffFlavor::aperio;
+    aperio.mpp = 0.25;
+    aperio.objective_power = 40;
+    aperio.level_factor = 4;
+    testing::write_pattern_slide(aperio_path_, 3000, 2100, aperio);
+    io::TiffWriterOptions generic;
+    generic.mpp = 0.5;
+    generic.level_factor = 2;
+    testing::write_pattern_slide(generic_path_, 1500, 1100, generic);
+  }
+  testing::TempDir dir_;
+  std::string aperio_path_ = dir_.file("aperio.svs");
+  std::string generic_path_ = dir_.file("generic.tif");
+};
+
+TEST_F(CliInfo, DescribesBothFlavours) {
+  const auto r = run(aperio_path_ + " " + generic_path_);  // verb missing on purpose: usage error
+  EXPECT_EQ(r.code, 2);
+
+  const auto a = run("info " + aperio_path_);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_TRUE(contains(a.out, "vendor       aperio")) << a.out;
+  EXPECT_TRUE(contains(a.out, "3000 x 2100 px")) << a.out;
+  EXPECT_TRUE(contains(a.out, "0.2500 x 0.2500 um/px, from openslide.mpp-x")) << a.out;
+  EXPECT_TRUE(contains(a.out, "objective    40x")) << a.out;
+  EXPECT_TRUE(contains(a.out, "thumbnail")) << a.out;
+
+  const auto g = run("info " + generic_path_);
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_TRUE(contains(g.out, "vendor       generic-tiff")) << g.out;
+  EXPECT_TRUE(contains(g.out, "0.5000 x 0.5000 um/px, from the TIFF resolution tags")) << g.out;
+  EXPECT_TRUE(contains(g.out, "objective    not recorded")) << g.out;
+}
+
+TEST_F(CliInfo, JsonListsLevelsWithDownsamples) {
+  const auto r = run("info --json " + aperio_path_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doc.size(), 1u);
+  const auto& levels = doc[0]["levels"];
+  // 3000x2100, then /4 = 750x525 (a side still above min_level_size 512), then 188x132.
+  ASSERT_EQ(levels.size(), 3u) << r.out;
+  EXPECT_EQ(levels[0]["width"], 3000);
+  EXPECT_EQ(levels[1]["width"], 750);
+  EXPECT_EQ(levels[2]["width"], 188);
+  EXPECT_EQ(levels[2]["height"], 132);
+  EXPECT_NEAR(levels[1]["downsample"].get<double>(), 4.0, 0.01);
+  EXPECT_NEAR(levels[2]["downsample"].get<double>(), 3000.0 / 188.0, 0.05);
+  EXPECT_EQ(doc[0]["mpp_source"], "openslide_property");
+}
+
+TEST_F(CliInfo, BadSlidesFailAloneAndAreListedAtTheEnd) {
+  const std::string missing = dir_.file("nope.svs");
+  const std::string text = dir_.file("notes.svs");
+  std::ofstream(text) << "not a slide";
+  const auto r = run("info " + missing + " " + aperio_path_ + " " + text);
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(contains(r.out, "vendor       aperio")) << r.out;  // the good slide is still described
+  EXPECT_TRUE(contains(r.err, "2 of 3 slides could not be read")) << r.err;
+  EXPECT_TRUE(contains(r.err, "nope.svs': file not found")) << r.err;
+  EXPECT_TRUE(contains(r.err, "notes.svs")) << r.err;
+  EXPECT_FALSE(contains(r.err, "terminate")) << r.err;
+}
+
+TEST(CliConfig, PrintConfigShowsEveryKeyWithItsDoc) {
+  const auto r = run("synth --print-config --set slides.count=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "slides:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "# Number of slides")) << r.out;
+  EXPECT_TRUE(contains(r.out, "count: 3")) << r.out;
+  EXPECT_TRUE(contains(r.out, "jpeg_quality: 85")) << r.out;
+}
+
+TEST(CliConfig, UnknownKeyNamesFileLineAndSuggestion) {
+  testing::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  std::ofstream(job) << "output: out\nslides:\n  cont: 4\n";
+  const auto r = run("synth " + job);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "job.yaml', line 3, key 'slides.cont'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'slides.count'?")) << r.err;
+}
+
+TEST(CliConfig, OutOfRangeOverrideIsRejected) {
+  const auto r = run("synth --set slides.count=0 --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--set")) << r.err;
+  EXPECT_TRUE(contains(r.err, "slides.count")) << r.err;
+}
+
+TEST(CliConfig, WrongTypeIsRejected) {
+  testing::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  std::ofstream(job) << "seed: many\n";
+  const auto r = run("synth " + job);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "line 1, key 'seed'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "expected an integer")) << r.err;
+}
+
+TEST(CliBench, PeakPrintsGflopsForOneThreadAndAll) {
+  const auto r = run("bench peak --size 256 --seconds 0.05");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "GFLOP/s")) << r.out;
+  // Two rows (1 thread and all cores) unless the machine has one core.
+  EXPECT_TRUE(contains(r.out, "\n       1  ")) << r.out;
+}
+
+}  // namespace
+}  // namespace tessera
