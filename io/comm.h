@@ -8,6 +8,7 @@
 //   that may run during stack unwinding.
 #pragma once
 
+// C API only: tessera_io defines OMPI_SKIP_MPICXX for every includer (io/CMakeLists.txt).
 #include <mpi.h>
 
 #include <cstddef>

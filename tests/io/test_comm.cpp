@@ -560,6 +560,10 @@ int main(int argc, char** argv) {
       const int result = RUN_ALL_TESTS();
       // Every rank returns the same status: a failure on any rank fails the job.
       failed = static_cast<int>(world.allreduce_value<std::int64_t>(result != 0 ? 1 : 0, ReduceOp::max));
+      if (world.is_root() && failed && result == 0) {
+        std::printf("[  FAILED  ] on other ranks: see the [rank N] lines\n");
+        std::fflush(stdout);
+      }
     }
     session.finalize();
     return failed;
