@@ -63,10 +63,11 @@ std::vector<std::string> known_paths(const Schema& schema) {
 // closer one wins, the full path on a tie.
 std::string suggest_key(const Schema& schema, const std::string& path) {
   const std::vector<std::string> paths = known_paths(schema);
-  const std::string by_path = closest_match(path, paths);
+  std::string by_path = closest_match(path, paths);
 
   const std::string name = last_component(path);
   std::vector<std::string> names;
+  names.reserve(paths.size());
   for (const std::string& candidate : paths) names.push_back(last_component(candidate));
   const std::string by_name = closest_match(name, names);
   if (by_name.empty()) return by_path;
@@ -88,11 +89,16 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
 
 const char* with_article(ValueType type) {
   switch (type) {
-    case ValueType::boolean: return "a boolean (true or false)";
-    case ValueType::integer: return "an integer";
-    case ValueType::number: return "a number";
-    case ValueType::string: return "a string";
-    case ValueType::string_list: return "a list of strings";
+    case ValueType::boolean:
+      return "a boolean (true or false)";
+    case ValueType::integer:
+      return "an integer";
+    case ValueType::number:
+      return "a number";
+    case ValueType::string:
+      return "a string";
+    case ValueType::string_list:
+      return "a list of strings";
   }
   return "a value";
 }
@@ -100,19 +106,32 @@ const char* with_article(ValueType type) {
 // How a YAML node reads in "got ..." messages.
 std::string describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar: return "'" + node.Scalar() + "'";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a section";
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a section";
     case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: break;
+    case YAML::NodeType::Undefined:
+      break;
   }
   return "no value";
 }
 
-// Shortest text that reads back as exactly `value` (std::to_chars guarantees the round trip).
+// Shortest text that reads back as exactly `value` (std::to_chars guarantees the round trip), in plain
+// notation for everyday magnitudes ("0.0001" rather than "1e-04") and scientific beyond them, as Python does.
 std::string shortest(double value) {
-  char buffer[64];
-  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  constexpr int min_plain_exponent = -5;
+  constexpr int max_plain_exponent = 16;
+  char buffer[64];  // enough: plain notation is only used for exponents in [-5, 16)
+  auto result = std::to_chars(buffer, buffer + sizeof buffer, value, std::chars_format::scientific);
+  std::string scientific(buffer, result.ptr);
+  const auto e = scientific.find('e');
+  if (e == std::string::npos) return scientific;  // inf or nan
+  const int exponent = std::stoi(scientific.substr(e + 1));
+  if (value != 0.0 && (exponent < min_plain_exponent || exponent >= max_plain_exponent)) return scientific;
+  result = std::to_chars(buffer, buffer + sizeof buffer, value, std::chars_format::fixed);
   return std::string(buffer, result.ptr);
 }
 
@@ -270,8 +289,7 @@ class Reader {
   }
 
   std::string duplicate_message(int first_line) const {
-    return first_line > 0 ? "duplicate key (first given on line " + std::to_string(first_line) + ")"
-                          : "duplicate key";
+    return first_line > 0 ? "duplicate key (first given on line " + std::to_string(first_line) + ")" : "duplicate key";
   }
 
   Value read_value(const KeySpec& spec, const YAML::Node& key, const YAML::Node& node) const {
@@ -318,8 +336,7 @@ class Reader {
         return *value;
       }
       case ValueType::string: {
-        if (!spec.allowed.empty() &&
-            std::find(spec.allowed.begin(), spec.allowed.end(), text) == spec.allowed.end()) {
+        if (!spec.allowed.empty() && std::find(spec.allowed.begin(), spec.allowed.end(), text) == spec.allowed.end()) {
           std::string message = "expected one of: " + join(spec.allowed, ", ") + ", got '" + text + "'";
           if (const std::string suggestion = closest_match(text, spec.allowed); !suggestion.empty()) {
             message += "; did you mean '" + suggestion + "'?";
@@ -328,7 +345,8 @@ class Reader {
         }
         return text;
       }
-      case ValueType::string_list: break;  // handled above
+      case ValueType::string_list:
+        break;  // handled above
     }
     fail("unsupported value type", where, spec.path);
   }
@@ -403,20 +421,24 @@ Assignments read_override(const Schema& schema, const std::string& assignment) {
 }
 
 bool valid_name(const std::string& name) {
-  return !name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
-    return std::isalnum(c) != 0 || c == '_' || c == '-';
-  });
+  return !name.empty() && std::all_of(name.begin(), name.end(),
+                                      [](unsigned char c) { return std::isalnum(c) != 0 || c == '_' || c == '-'; });
 }
 
 }  // namespace
 
 const char* to_string(ValueType type) {
   switch (type) {
-    case ValueType::boolean: return "boolean";
-    case ValueType::integer: return "integer";
-    case ValueType::number: return "number";
-    case ValueType::string: return "string";
-    case ValueType::string_list: return "string list";
+    case ValueType::boolean:
+      return "boolean";
+    case ValueType::integer:
+      return "integer";
+    case ValueType::number:
+      return "number";
+    case ValueType::string:
+      return "string";
+    case ValueType::string_list:
+      return "string list";
   }
   return "unknown";
 }
