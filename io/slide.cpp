@@ -1,1 +1,383 @@
 #include "io/slide.h"
+
+#include <fmt/format.h>
+
+#include <openslide/openslide.h>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+#include <utility>
+
+#include <opencv2/imgproc.hpp>
+#include <tiffio.h>
+
+#include "io/error.h"
+
+namespace tessera::io {
+namespace {
+
+constexpr double kMicronsPerCentimetre = 10000.0;
+constexpr double kMicronsPerInch = 25400.0;
+// A pyramid level whose µm/px is within 1% of the target counts as "at or above" the target resolution, so
+// rounding in reported downsamples (e.g. 1.998 for a 2× level of an odd-sized slide) does not skip it.
+constexpr double kLevelMppTolerance = 1.01;
+
+std::optional<double> parse_double(const std::string& text) {
+  // Property values are C-locale decimals; from_chars does not depend on the process locale.
+  const char* begin = text.data();
+  const char* end = text.data() + text.size();
+  while (begin < end && *begin == ' ') ++begin;
+  double value = 0.0;
+  auto [ptr, ec] = std::from_chars(begin, end, value);
+  if (ec != std::errc() || ptr == begin) return std::nullopt;
+  return value;
+}
+
+bool usable_mpp(std::optional<double> mpp) { return mpp && std::isfinite(*mpp) && *mpp > 0.0; }
+
+std::string region_text(std::int64_t x, std::int64_t y, std::int64_t w, std::int64_t h) {
+  return fmt::format("({}, {}, {}x{})", x, y, w, h);
+}
+
+// Many image tools write 72 or 96 dpi by default: taken at face value that is 265–353 µm/px, which no
+// slide scanner produces. Such tags are not a resolution; the job's assume_mpp decides instead.
+bool plausible_tiff_mpp(double mpp) { return mpp >= 0.01 && mpp <= 50.0; }
+
+// Premultiplied ARGB (OpenSlide) composited over white: out = colour + (255 - alpha) per channel.
+cv::Mat argb_to_rgb(const std::vector<std::uint32_t>& argb, std::int64_t width, std::int64_t height) {
+  cv::Mat rgb(static_cast<int>(height), static_cast<int>(width), CV_8UC3);
+  for (int r = 0; r < rgb.rows; ++r) {
+    const std::uint32_t* src = argb.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(width);
+    auto* dst = rgb.ptr<cv::Vec3b>(r);
+    for (int c = 0; c < rgb.cols; ++c) {
+      const std::uint32_t p = src[c];
+      const std::uint32_t white = 255 - (p >> 24);
+      dst[c] = cv::Vec3b(static_cast<unsigned char>(((p >> 16) & 0xff) + white),
+                         static_cast<unsigned char>(((p >> 8) & 0xff) + white),
+                         static_cast<unsigned char>((p & 0xff) + white));
+    }
+  }
+  return rgb;
+}
+
+bool has_tiff_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::array<char, 4> magic{};
+  if (!in.read(magic.data(), magic.size())) return false;
+  const std::string m(magic.data(), magic.size());
+  return m == std::string("II*\0", 4) || m == std::string("MM\0*", 4) || m == std::string("II+\0", 4) ||
+         m == std::string("MM\0+", 4);
+}
+
+int keep_tiff_error(TIFF*, void* user_data, const char* module, const char* fmt, va_list ap) {
+  std::array<char, 1024> buffer{};
+  std::vsnprintf(buffer.data(), buffer.size(), fmt, ap);
+  auto* message = static_cast<std::string*>(user_data);
+  if (message->empty()) {
+    *message = module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data()
+                                                    : std::string(buffer.data());
+  }
+  return 1;
+}
+
+int ignore_tiff_warning(TIFF*, void*, const char*, const char*, va_list) { return 1; }
+
+// OpenSlide does not say why it rejects a file. For a file that claims to be a TIFF, libtiff's own reading
+// tells a damaged file (truncated, garbage directories) from a valid TIFF that is simply not a slide.
+std::optional<std::string> tiff_damage(const std::string& path) {
+  std::string message;
+  TIFFOpenOptions* options = TIFFOpenOptionsAlloc();
+  TIFFOpenOptionsSetErrorHandlerExtR(options, keep_tiff_error, &message);
+  TIFFOpenOptionsSetWarningHandlerExtR(options, ignore_tiff_warning, nullptr);
+  TIFF* tif = TIFFOpenExt(path.c_str(), "r", options);
+  TIFFOpenOptionsFree(options);
+  if (tif == nullptr) return message.empty() ? std::string("not a readable TIFF file") : message;
+  // Walk every directory: a truncated file can have a readable first one.
+  while (TIFFReadDirectory(tif) == 1) {
+  }
+  TIFFClose(tif);
+  if (!message.empty()) return message;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* to_string(MppSource source) {
+  switch (source) {
+    case MppSource::openslide_property: return "openslide property";
+    case MppSource::tiff_resolution: return "TIFF resolution";
+    case MppSource::assumed: return "assumed";
+  }
+  return "unknown";
+}
+
+Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw FileNotFoundError(path);
+  if (!std::filesystem::is_regular_file(path, ec)) throw InputError("not a regular file", path);
+
+  const char* vendor = openslide_detect_vendor(path.c_str());
+  openslide_t* osr = vendor != nullptr ? openslide_open(path.c_str()) : nullptr;
+  if (osr == nullptr) {
+    if (has_tiff_magic(path)) {
+      if (auto damage = tiff_damage(path)) throw InputError("corrupt slide: damaged TIFF (" + *damage + ")", path);
+      throw InputError("unsupported slide format (a TIFF file, but not a tiled, pyramidal slide)", path);
+    }
+    throw InputError("unsupported slide format", path);
+  }
+  if (const char* error = openslide_get_error(osr)) {
+    std::string message = error;
+    openslide_close(osr);
+    throw InputError("corrupt slide: " + message, path);
+  }
+
+  Slide slide;
+  slide.path_ = path;
+  slide.vendor_ = vendor;
+  slide.osr_ = osr;
+
+  for (const char* const* name = openslide_get_property_names(osr); name != nullptr && *name != nullptr; ++name) {
+    const char* value = openslide_get_property_value(osr, *name);
+    slide.properties_[*name] = value != nullptr ? value : "";
+  }
+
+  const int32_t count = openslide_get_level_count(osr);
+  if (count < 1) {
+    const char* error = openslide_get_error(osr);
+    throw InputError(std::string("corrupt slide: ") + (error != nullptr ? error : "no pyramid levels"), path);
+  }
+  for (int32_t i = 0; i < count; ++i) {
+    SlideLevel level;
+    openslide_get_level_dimensions(osr, i, &level.width, &level.height);
+    level.downsample = openslide_get_level_downsample(osr, i);
+    const std::string prefix = "openslide.level[" + std::to_string(i) + "].";
+    const auto tile_side = [&](const std::string& name) -> std::int64_t {
+      auto value = slide.property(prefix + name);
+      return value ? static_cast<std::int64_t>(parse_double(*value).value_or(0.0)) : 0;
+    };
+    level.tile_width = tile_side("tile-width");
+    level.tile_height = tile_side("tile-height");
+    if (level.width <= 0 || level.height <= 0 || !(level.downsample > 0.0)) {
+      InputError error("corrupt slide: invalid pyramid level", path);
+      error.add_context("level", i);
+      throw error;
+    }
+    slide.levels_.push_back(level);
+  }
+
+  for (const char* const* name = openslide_get_associated_image_names(osr); name != nullptr && *name != nullptr;
+       ++name) {
+    AssociatedImage image;
+    image.name = *name;
+    openslide_get_associated_image_dimensions(osr, *name, &image.width, &image.height);
+    slide.associated_.push_back(image);
+  }
+  if (const char* error = openslide_get_error(osr)) throw InputError(std::string("corrupt slide: ") + error, path);
+
+  // Resolution chain of DESIGN.md: OpenSlide's mpp, else the TIFF resolution tags, else the job's assumption.
+  const auto number = [&](const std::string& name) -> std::optional<double> {
+    auto value = slide.property(name);
+    return value ? parse_double(*value) : std::nullopt;
+  };
+  const auto mpp_x = number("openslide.mpp-x");
+  const auto mpp_y = number("openslide.mpp-y");
+  const auto resolution_x = number("tiff.XResolution");
+  const auto resolution_y = number("tiff.YResolution");
+  const auto unit = slide.property("tiff.ResolutionUnit");
+  const double microns_per_unit = unit == "centimeter" ? kMicronsPerCentimetre
+                                  : unit == "inch"     ? kMicronsPerInch
+                                                       : 0.0;
+  if (usable_mpp(mpp_x)) {
+    slide.mpp_x_ = *mpp_x;
+    slide.mpp_y_ = usable_mpp(mpp_y) ? *mpp_y : *mpp_x;
+    slide.mpp_source_ = MppSource::openslide_property;
+  } else if (microns_per_unit > 0.0 && resolution_x && *resolution_x > 0.0 && std::isfinite(*resolution_x) &&
+             plausible_tiff_mpp(microns_per_unit / *resolution_x)) {
+    slide.mpp_x_ = microns_per_unit / *resolution_x;
+    const bool has_y = resolution_y && *resolution_y > 0.0 && std::isfinite(*resolution_y);
+    slide.mpp_y_ = has_y ? microns_per_unit / *resolution_y : slide.mpp_x_;
+    slide.mpp_source_ = MppSource::tiff_resolution;
+  } else if (options.assume_mpp > 0.0) {
+    slide.mpp_x_ = options.assume_mpp;
+    slide.mpp_y_ = options.assume_mpp;
+    slide.mpp_source_ = MppSource::assumed;
+  } else {
+    const std::string why =
+        resolution_x && microns_per_unit > 0.0
+            ? fmt::format("the TIFF resolution tags say {:.1f} µm/px, a screen default rather than a scan resolution",
+                          microns_per_unit / *resolution_x)
+            : std::string("no resolution (µm/px) in the slide");
+    throw InputError(fmt::format("{}; set assume_mpp in the job", why), path);
+  }
+  return slide;
+}
+
+Slide::Slide(Slide&& other) noexcept
+    : path_(std::move(other.path_)),
+      vendor_(std::move(other.vendor_)),
+      osr_(std::exchange(other.osr_, nullptr)),
+      levels_(std::move(other.levels_)),
+      properties_(std::move(other.properties_)),
+      associated_(std::move(other.associated_)),
+      mpp_x_(other.mpp_x_),
+      mpp_y_(other.mpp_y_),
+      mpp_source_(other.mpp_source_) {}
+
+Slide& Slide::operator=(Slide&& other) noexcept {
+  if (this != &other) {
+    if (osr_ != nullptr) openslide_close(osr_);
+    path_ = std::move(other.path_);
+    vendor_ = std::move(other.vendor_);
+    osr_ = std::exchange(other.osr_, nullptr);
+    levels_ = std::move(other.levels_);
+    properties_ = std::move(other.properties_);
+    associated_ = std::move(other.associated_);
+    mpp_x_ = other.mpp_x_;
+    mpp_y_ = other.mpp_y_;
+    mpp_source_ = other.mpp_source_;
+  }
+  return *this;
+}
+
+Slide::~Slide() {
+  if (osr_ != nullptr) openslide_close(osr_);
+}
+
+std::string Slide::id() const { return std::filesystem::path(path_).stem().string(); }
+
+const SlideLevel& Slide::level(int i) const {
+  if (i < 0 || i >= level_count()) {
+    InternalError error("pyramid level " + std::to_string(i) + " out of range (the slide has " +
+                        std::to_string(level_count()) + ")");
+    error.add_context("file", path_);
+    throw error;
+  }
+  return levels_[static_cast<std::size_t>(i)];
+}
+
+std::optional<double> Slide::objective_power() const {
+  auto value = property("openslide.objective-power");
+  if (!value) return std::nullopt;
+  auto power = parse_double(*value);
+  return usable_mpp(power) ? power : std::nullopt;
+}
+
+std::optional<std::string> Slide::property(const std::string& name) const {
+  auto it = properties_.find(name);
+  if (it == properties_.end()) return std::nullopt;
+  return it->second;
+}
+
+cv::Mat Slide::read_associated_image(const std::string& name) const {
+  auto it = std::find_if(associated_.begin(), associated_.end(), [&](const auto& a) { return a.name == name; });
+  if (it == associated_.end()) {
+    std::string known;
+    for (const auto& a : associated_) known += (known.empty() ? "" : ", ") + a.name;
+    throw InputError("no associated image '" + name + "' (the slide has: " + (known.empty() ? "none" : known) + ")",
+                     path_);
+  }
+  std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
+  openslide_read_associated_image(osr_, name.c_str(), argb.data());
+  if (const char* error = openslide_get_error(osr_)) {
+    InputError e(std::string("openslide: ") + error, path_);
+    e.add_context("associated image", name);
+    throw e;
+  }
+  return argb_to_rgb(argb, it->width, it->height);
+}
+
+cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std::int64_t width,
+                           std::int64_t height) const {
+  const auto fail = [&](const std::string& message) {
+    InputError error(message, path_);
+    error.add_context("region", region_text(x, y, width, height));
+    error.add_context("level", level_index);
+    return error;
+  };
+  if (level_index < 0 || level_index >= level_count()) throw fail("no pyramid level " + std::to_string(level_index));
+  if (width <= 0 || height <= 0 || width > INT32_MAX || height > INT32_MAX ||
+      width * height > static_cast<std::int64_t>(INT32_MAX)) {
+    throw fail("invalid region size");
+  }
+  std::vector<std::uint32_t> argb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height));
+  openslide_read_region(osr_, argb.data(), x, y, level_index, width, height);
+  if (const char* error = openslide_get_error(osr_)) throw fail(std::string("openslide: ") + error);
+  return argb_to_rgb(argb, width, height);
+}
+
+int Slide::best_level_for_mpp(double target_mpp) const {
+  int best = 0;
+  for (int i = 0; i < level_count(); ++i) {
+    if (mpp_x_ * levels_[static_cast<std::size_t>(i)].downsample <= target_mpp * kLevelMppTolerance) best = i;
+  }
+  return best;
+}
+
+cv::Mat Slide::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                           double target_mpp) const {
+  if (!(target_mpp > 0.0) || width <= 0 || height <= 0) {
+    InputError error("invalid read at " + std::to_string(target_mpp) + " µm/px", path_);
+    error.add_context("region", region_text(x, y, width, height));
+    throw error;
+  }
+  const int level_index = best_level_for_mpp(target_mpp);
+  const double ds = levels_[static_cast<std::size_t>(level_index)].downsample;
+  if (std::abs(mpp_x_ * ds - target_mpp) <= target_mpp * (kLevelMppTolerance - 1.0) &&
+      std::abs(mpp_y_ * ds - target_mpp) <= target_mpp * (kLevelMppTolerance - 1.0)) {
+    // The level is at the target resolution (its downsample is only off by rounding, as for odd-sized
+    // slides): its pixels are the answer, no resampling.
+    const auto lx = static_cast<std::int64_t>(std::floor(static_cast<double>(x) / ds));
+    const auto ly = static_cast<std::int64_t>(std::floor(static_cast<double>(y) / ds));
+    return read_region(std::llround(static_cast<double>(lx) * ds), std::llround(static_cast<double>(ly) * ds),
+                       level_index, width, height);
+  }
+  // The level-0 footprint of the requested pixels, in level pixels, rounded outward.
+  const double x0 = static_cast<double>(x) / ds;
+  const double y0 = static_cast<double>(y) / ds;
+  const double x1 = (static_cast<double>(x) + static_cast<double>(width) * target_mpp / mpp_x_) / ds;
+  const double y1 = (static_cast<double>(y) + static_cast<double>(height) * target_mpp / mpp_y_) / ds;
+  const auto lx0 = static_cast<std::int64_t>(std::floor(x0));
+  const auto ly0 = static_cast<std::int64_t>(std::floor(y0));
+  // Tolerate floating error so an exact fit does not pick up an extra pixel.
+  constexpr double kEpsilon = 1e-6;
+  const std::int64_t lw = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(x1 - kEpsilon)) - lx0);
+  const std::int64_t lh = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(y1 - kEpsilon)) - ly0);
+  // Level-0 coordinates of the level pixel (lx0, ly0), so OpenSlide reads on the level's pixel grid.
+  const auto read_x = static_cast<std::int64_t>(std::llround(static_cast<double>(lx0) * ds));
+  const auto read_y = static_cast<std::int64_t>(std::llround(static_cast<double>(ly0) * ds));
+  cv::Mat region = read_region(read_x, read_y, level_index, lw, lh);
+  if (region.cols == width && region.rows == height) return region;
+  cv::Mat resized;
+  cv::resize(region, resized, cv::Size(static_cast<int>(width), static_cast<int>(height)), 0, 0, cv::INTER_AREA);
+  return resized;
+}
+
+cv::Mat Slide::thumbnail(int max_side) const {
+  if (max_side <= 0) {
+    throw InputError("invalid thumbnail size " + std::to_string(max_side), path_);
+  }
+  const double scale = static_cast<double>(max_side) / static_cast<double>(std::max(width(), height()));
+  const double used_scale = std::min(1.0, scale);
+  const int tw = std::max(1, static_cast<int>(std::lround(static_cast<double>(width()) * used_scale)));
+  const int th = std::max(1, static_cast<int>(std::lround(static_cast<double>(height()) * used_scale)));
+  int level_index = 0;
+  for (int i = 0; i < level_count(); ++i) {
+    const SlideLevel& l = levels_[static_cast<std::size_t>(i)];
+    if (l.width >= tw && l.height >= th) level_index = i;
+  }
+  const SlideLevel& l = levels_[static_cast<std::size_t>(level_index)];
+  cv::Mat region = read_region(0, 0, level_index, l.width, l.height);
+  if (region.cols == tw && region.rows == th) return region;
+  cv::Mat resized;
+  cv::resize(region, resized, cv::Size(tw, th), 0, 0, cv::INTER_AREA);
+  return resized;
+}
+
+}  // namespace tessera::io

@@ -116,12 +116,15 @@ struct TiffWriter::Impl {
   struct Level {
     std::int64_t width = 0;
     std::int64_t height = 0;
+    int tile_width = 0;       // tile_size, or less for a level smaller than a tile (see the constructor)
+    int tile_height = 0;
     TiffFile file;            // level 0: the output itself; others: a temporary TIFF beside it
-    cv::Mat tile_rows;        // tile_size × width, allocated on first use
+    cv::Mat tile_rows;        // tile_height × width, allocated on first use
     int buffered = 0;         // rows in tile_rows
     std::int64_t rows_in = 0;       // rows received so far
     std::int64_t rows_encoded = 0;  // rows written as tiles
     cv::Mat pending;          // rows not yet downsampled (< level_factor)
+    cv::Mat tile;             // one tile, reused for every encode
   };
 
   struct Associated {
@@ -136,7 +139,6 @@ struct TiffWriter::Impl {
   std::vector<std::unique_ptr<Level>> levels;
   int thumbnail_level = -1;   // aperio: the level whose pixels the thumbnail is made from
   cv::Mat thumbnail_source;   // that level, whole (at most about kThumbnailMaxSide² pixels)
-  cv::Mat tile;               // one tile, reused for every encode
   std::vector<Associated> associated;
   bool finished = false;
 
@@ -155,8 +157,9 @@ struct TiffWriter::Impl {
   }
 
   std::string level_description(std::size_t k) const;
-  void set_image_tags(const TiffFile& file, std::int64_t width, std::int64_t height, bool tiled, bool encoding,
-                      double downsample_x, double downsample_y, std::uint32_t subfile_type,
+  // tile_width 0 = stripped; downsample 0 = no resolution tags; encoding = set libjpeg's pseudo-tags.
+  void set_image_tags(const TiffFile& file, std::int64_t width, std::int64_t height, int tile_width, int tile_height,
+                      bool encoding, double downsample_x, double downsample_y, std::uint32_t subfile_type,
                       const std::string& description) const;
   void push_rows(std::size_t k, const cv::Mat& rows);
   void encode_rows(Level& level, const cv::Mat& rows);
@@ -196,6 +199,16 @@ TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64
     auto level = std::make_unique<Level>();
     level->width = w;
     level->height = h;
+    // OpenSlide 3.4.1 decodes non-JPEG tiles with TIFFRGBAImageGet() at the full tile size, and libtiff 4.5
+    // shrinks that raster to the image when the image is smaller than a tile, which garbles the level
+    // (rows skewed, content shifted down). A level smaller than a tile therefore gets the largest tile (a
+    // multiple of 16) that fits; JPEG is decoded differently but gets the same layout for simplicity.
+    const auto fitting = [&](std::int64_t side) {
+      const std::int64_t largest = std::max<std::int64_t>(kTileAlignment, side / kTileAlignment * kTileAlignment);
+      return static_cast<int>(std::min<std::int64_t>(options.tile_size, largest));
+    };
+    level->tile_width = fitting(w);
+    level->tile_height = fitting(h);
     estimated_bytes += static_cast<std::uint64_t>(w) * static_cast<std::uint64_t>(h) * 3;
     levels.push_back(std::move(level));
     if (w <= options.min_level_size && h <= options.min_level_size) break;
@@ -216,7 +229,6 @@ TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64
     thumbnail_source.create(static_cast<int>(source.height), static_cast<int>(source.width), CV_8UC3);
   }
 
-  tile.create(options.tile_size, options.tile_size, CV_8UC3);
   const char* mode = bigtiff ? "w8" : "w";
   try {
     for (std::size_t k = 0; k < levels.size(); ++k) {
@@ -225,8 +237,8 @@ TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64
       open_tiff(level.file, mode);
       const double ds_x = static_cast<double>(width) / static_cast<double>(level.width);
       const double ds_y = static_cast<double>(height) / static_cast<double>(level.height);
-      set_image_tags(level.file, level.width, level.height, /*tiled=*/true, /*encoding=*/true, ds_x, ds_y,
-                     k == 0 ? 0 : FILETYPE_REDUCEDIMAGE, level_description(k));
+      set_image_tags(level.file, level.width, level.height, level.tile_width, level.tile_height,
+                     /*encoding=*/true, ds_x, ds_y, k == 0 ? 0 : FILETYPE_REDUCEDIMAGE, level_description(k));
     }
   } catch (...) {
     remove_temporaries();
@@ -255,7 +267,7 @@ std::string TiffWriter::Impl::level_description(std::size_t k) const {
   // "key = value" fields after '|' into aperio.* properties (MPP → openslide.mpp-x, AppMag →
   // openslide.objective-power).
   std::string text = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " [0,0 " +
-                     dims(base.width, base.height) + "] (" + dims(options.tile_size, options.tile_size) + ")";
+                     dims(base.width, base.height) + "] (" + dims(base.tile_width, base.tile_height) + ")";
   if (k > 0) text += " -> " + dims(level.width, level.height);
   text += " " + compression_text();
   if (k == 0) {
@@ -265,8 +277,8 @@ std::string TiffWriter::Impl::level_description(std::size_t k) const {
   return text;
 }
 
-void TiffWriter::Impl::set_image_tags(const TiffFile& file, std::int64_t width, std::int64_t height, bool tiled,
-                                      bool encoding, double downsample_x, double downsample_y,
+void TiffWriter::Impl::set_image_tags(const TiffFile& file, std::int64_t width, std::int64_t height, int tile_width,
+                                      int tile_height, bool encoding, double downsample_x, double downsample_y,
                                       std::uint32_t subfile_type, const std::string& description) const {
   set_field(file, TIFFTAG_SUBFILETYPE, subfile_type);
   set_field(file, TIFFTAG_IMAGEWIDTH, static_cast<std::uint32_t>(width));
@@ -274,9 +286,9 @@ void TiffWriter::Impl::set_image_tags(const TiffFile& file, std::int64_t width, 
   set_field(file, TIFFTAG_BITSPERSAMPLE, 8);
   set_field(file, TIFFTAG_SAMPLESPERPIXEL, 3);
   set_field(file, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
-  if (tiled) {
-    set_field(file, TIFFTAG_TILEWIDTH, static_cast<std::uint32_t>(options.tile_size));
-    set_field(file, TIFFTAG_TILELENGTH, static_cast<std::uint32_t>(options.tile_size));
+  if (tile_width > 0) {
+    set_field(file, TIFFTAG_TILEWIDTH, static_cast<std::uint32_t>(tile_width));
+    set_field(file, TIFFTAG_TILELENGTH, static_cast<std::uint32_t>(tile_height));
   } else {
     set_field(file, TIFFTAG_ROWSPERSTRIP, kAssociatedRowsPerStrip);
   }
@@ -306,7 +318,8 @@ void TiffWriter::Impl::set_image_tags(const TiffFile& file, std::int64_t width, 
 void TiffWriter::Impl::push_rows(std::size_t k, const cv::Mat& rows) {
   Level& level = *levels[k];
   if (static_cast<int>(k) == thumbnail_level) {
-    rows.copyTo(thumbnail_source.rowRange(static_cast<int>(level.rows_in), static_cast<int>(level.rows_in) + rows.rows));
+    const int first = static_cast<int>(level.rows_in);
+    rows.copyTo(thumbnail_source.rowRange(first, first + rows.rows));
   }
   level.rows_in += rows.rows;
   encode_rows(level, rows);
@@ -314,21 +327,22 @@ void TiffWriter::Impl::push_rows(std::size_t k, const cv::Mat& rows) {
 }
 
 void TiffWriter::Impl::encode_rows(Level& level, const cv::Mat& rows) {
-  const int tile_size = options.tile_size;
-  // A whole row of tiles (always the case for level 0) is encoded straight from the caller's rows.
-  if (level.buffered == 0 && (rows.rows == tile_size || level.rows_encoded + rows.rows == level.height)) {
+  const int tile_height = level.tile_height;
+  // A whole row of tiles (the usual case for level 0) is encoded straight from the caller's rows.
+  if (level.buffered == 0 &&
+      (rows.rows == tile_height || (rows.rows < tile_height && level.rows_encoded + rows.rows == level.height))) {
     encode_tile_row(level, rows);
     level.rows_encoded += rows.rows;
     return;
   }
-  if (level.tile_rows.empty()) level.tile_rows.create(tile_size, static_cast<int>(level.width), CV_8UC3);
+  if (level.tile_rows.empty()) level.tile_rows.create(tile_height, static_cast<int>(level.width), CV_8UC3);
   int offset = 0;
   while (offset < rows.rows) {
-    const int n = std::min(tile_size - level.buffered, rows.rows - offset);
+    const int n = std::min(tile_height - level.buffered, rows.rows - offset);
     rows.rowRange(offset, offset + n).copyTo(level.tile_rows.rowRange(level.buffered, level.buffered + n));
     level.buffered += n;
     offset += n;
-    if (level.buffered == tile_size || level.rows_encoded + level.buffered == level.height) {
+    if (level.buffered == tile_height || level.rows_encoded + level.buffered == level.height) {
       encode_tile_row(level, level.tile_rows.rowRange(0, level.buffered));
       level.rows_encoded += level.buffered;
       level.buffered = 0;
@@ -337,18 +351,23 @@ void TiffWriter::Impl::encode_rows(Level& level, const cv::Mat& rows) {
 }
 
 void TiffWriter::Impl::encode_tile_row(Level& level, const cv::Mat& rows) {
-  const int tile_size = options.tile_size;
+  const int tile_height = level.tile_height;
+  const int tile_width = level.tile_width;
+  cv::Mat& tile = level.tile;
+  if (tile.empty()) tile.create(tile_height, tile_width, CV_8UC3);
   const auto tile_bytes = static_cast<tmsize_t>(tile.total() * tile.elemSize());
   const auto y0 = static_cast<std::uint32_t>(level.rows_encoded);
-  for (int x0 = 0; x0 < rows.cols; x0 += tile_size) {
-    const int w = std::min(tile_size, rows.cols - x0);
+  for (int x0 = 0; x0 < rows.cols; x0 += tile_width) {
+    const int w = std::min(tile_width, rows.cols - x0);
     const cv::Mat region = rows(cv::Rect(x0, 0, w, rows.rows));
-    if (w == tile_size && rows.rows == tile_size) {
+    if (w == tile_width && rows.rows == tile_height) {
       region.copyTo(tile);
     } else {
       // Edge tiles are padded by replication: readers clip them, and a flat continuation compresses best
-      // and keeps JPEG's 8×8 blocks at the edge from ringing.
-      cv::copyMakeBorder(region, tile, 0, tile_size - rows.rows, 0, tile_size - w, cv::BORDER_REPLICATE);
+      // and keeps JPEG's 8×8 blocks at the edge from ringing. ISOLATED: `region` is a view into a larger
+      // buffer whose other rows are stale, and OpenCV would otherwise take the border from them.
+      cv::copyMakeBorder(region, tile, 0, tile_height - rows.rows, 0, tile_width - w,
+                         cv::BORDER_REPLICATE | cv::BORDER_ISOLATED);
     }
     const std::uint32_t index = TIFFComputeTile(level.file.tif, static_cast<std::uint32_t>(x0), y0, 0, 0);
     if (TIFFWriteEncodedTile(level.file.tif, index, tile.data, tile_bytes) < 0) {
@@ -361,7 +380,9 @@ cv::Mat TiffWriter::Impl::downsample_block(const cv::Mat& block) const {
   const int factor = options.level_factor;
   cv::Mat source = block;
   const int pad_x = (factor - block.cols % factor) % factor;
-  if (pad_x != 0) cv::copyMakeBorder(block, source, 0, 0, 0, pad_x, cv::BORDER_REPLICATE);
+  if (pad_x != 0) {
+    cv::copyMakeBorder(block, source, 0, 0, 0, pad_x, cv::BORDER_REPLICATE | cv::BORDER_ISOLATED);
+  }
   cv::Mat result;
   // Integer factor on a multiple of it: INTER_AREA is an exact box average.
   cv::resize(source, result, cv::Size(source.cols / factor, source.rows / factor), 0, 0, cv::INTER_AREA);
@@ -389,7 +410,7 @@ void TiffWriter::Impl::flush(std::size_t k) {
     // The bottom edge: replicate the last row so the block is a multiple of the factor.
     cv::Mat padded;
     cv::copyMakeBorder(level.pending, padded, 0, options.level_factor - level.pending.rows, 0, 0,
-                       cv::BORDER_REPLICATE);
+                       cv::BORDER_REPLICATE | cv::BORDER_ISOLATED);
     level.pending.release();
     push_rows(k + 1, downsample_block(padded));
   }
@@ -401,8 +422,8 @@ void TiffWriter::Impl::flush(std::size_t k) {
 }
 
 void TiffWriter::Impl::write_stripped(const TiffFile& out, const cv::Mat& image, const std::string& description) {
-  set_image_tags(out, image.cols, image.rows, /*tiled=*/false, /*encoding=*/true, 0.0, 0.0, FILETYPE_REDUCEDIMAGE,
-                 description);
+  set_image_tags(out, image.cols, image.rows, /*tile_width=*/0, /*tile_height=*/0, /*encoding=*/true, 0.0, 0.0,
+                 FILETYPE_REDUCEDIMAGE, description);
   cv::Mat contiguous = image.isContinuous() ? image : image.clone();
   const auto row_bytes = static_cast<std::size_t>(contiguous.cols) * 3;
   std::uint32_t strip = 0;
@@ -422,7 +443,7 @@ void TiffWriter::Impl::append_level(const TiffFile& out, std::size_t k) {
   level.file.close();
   open_tiff(level.file, "r");
   const Level& base = *levels.front();
-  set_image_tags(out, level.width, level.height, /*tiled=*/true, /*encoding=*/false,
+  set_image_tags(out, level.width, level.height, level.tile_width, level.tile_height, /*encoding=*/false,
                  static_cast<double>(base.width) / static_cast<double>(level.width),
                  static_cast<double>(base.height) / static_cast<double>(level.height), FILETYPE_REDUCEDIMAGE,
                  level_description(k));
