@@ -65,6 +65,15 @@ std::string describe(const io::Slide& slide) {
   return out.str();
 }
 
+const char* mpp_source_id(io::MppSource source) {
+  switch (source) {
+    case io::MppSource::openslide_property: return "openslide_property";
+    case io::MppSource::tiff_resolution: return "tiff_resolution";
+    case io::MppSource::assumed: return "assumed";
+  }
+  return "";
+}
+
 nlohmann::json to_json(const io::Slide& slide) {
   nlohmann::json levels = nlohmann::json::array();
   for (const auto& l : slide.levels()) {
@@ -86,7 +95,7 @@ nlohmann::json to_json(const io::Slide& slide) {
           {"height", slide.height()},
           {"mpp_x", slide.mpp()},
           {"mpp_y", slide.mpp_y()},
-          {"mpp_source", io::to_string(slide.mpp_source())},
+          {"mpp_source", mpp_source_id(slide.mpp_source())},
           {"objective_power", power ? nlohmann::json(*power) : nlohmann::json(nullptr)},
           {"levels", levels},
           {"associated_images", associated}};

@@ -60,7 +60,7 @@ int run(int argc, char** argv) {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" with exit code 0; print once, on rank 0.
-    if (world.is_root()) return cli.exit(e);
+    if (world.is_root()) cli.exit(e);
     return e.get_exit_code() == 0 ? io::exit_ok : io::exit_usage;
   }
 
