@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "app/bench.h"
 #include "app/cli.h"
 #include "engine/peak.h"
 #include "io/comm.h"
@@ -20,7 +21,6 @@ struct PeakOptions {
 };
 
 int run_peak(const PeakOptions& options) {
-  if (!io::Comm::world().is_root()) return io::exit_ok;
   const int all = options.threads > 0 ? options.threads : engine::default_threads();
   std::cout << fmt::format("oneDNN sgemm {0}x{0}x{0}, best of at least {1:g} s per row\n", options.size,
                            options.seconds);
@@ -46,8 +46,24 @@ Action setup_bench(CLI::App& command) {
       ->check(CLI::NonNegativeNumber);
   peak_cmd->add_option("--seconds", peak->seconds, "Minimum measuring time per row")->check(CLI::PositiveNumber)
       ->capture_default_str();
-  return [peak, peak_cmd]() -> int {
+
+  auto tile = std::make_shared<TileBenchOptions>();
+  CLI::App* tile_cmd = command.add_subcommand(
+      "tile", "Tiling speed: tiles/s with 1 and 2 ranks vs raw JPEG decode and a Python per-tile loop; shard reads");
+  tile_cmd->add_option("--slides", tile->slides, "Synthetic slides to tile")->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  tile_cmd->add_option("--size", tile->size, "Level-0 side of each slide in pixels")->check(CLI::Range(1024, 200000))
+      ->capture_default_str();
+  tile_cmd->add_option("--tile", tile->tile_size, "Tile size in pixels")->check(CLI::Range(16, 1024))
+      ->capture_default_str();
+  tile_cmd->add_option("--mpp", tile->mpp, "Tile resolution in um/px")->check(CLI::Range(0.25, 16.0))
+      ->capture_default_str();
+  tile_cmd->add_option("--workdir", tile->workdir, "Folder for slides, shards and the log")->capture_default_str();
+
+  return [peak, peak_cmd, tile, tile_cmd]() -> int {
+    if (!io::Comm::world().is_root()) return io::exit_ok;
     if (peak_cmd->parsed()) return run_peak(*peak);
+    if (tile_cmd->parsed()) return run_bench_tile(*tile);
     return io::exit_usage;
   };
 }

@@ -9,6 +9,8 @@ namespace tessera::app {
 const std::vector<Verb>& verbs() {
   static const std::vector<Verb> list = {
       {"synth", "Generate synthetic H&E whole-slide images with ground-truth tumour annotations", setup_synth},
+      {"tile", "Tile slides with tumour annotations into contiguous HDF5 shards of labelled tiles (parallel)",
+       setup_tile},
       {"info", "Show a slide's vendor, pyramid levels, resolution and associated images", setup_info},
       {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
   };

@@ -44,6 +44,7 @@ bool maybe_print_config(const io::Config& config, const JobOptions& options);
 // Verb entry points (one file each under app/).
 Action setup_info(CLI::App& command);
 Action setup_synth(CLI::App& command);
+Action setup_tile(CLI::App& command);
 Action setup_bench(CLI::App& command);
 
 }  // namespace tessera::app

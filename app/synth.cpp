@@ -5,6 +5,7 @@
 //   slides/<id>.svs|.tif       the slides (Aperio-style .svs or generic pyramidal .tif)
 //   slides/<id>.xml            ASAP annotations (group _0 tumour, _2 exclusion), level-0 px
 //   slides/<id>.geojson        the same as a QuPath FeatureCollection (class Tumor)
+//   previews/<id>.png          thumbnail with the ground truth outlined and a scale bar
 //   dataset.csv                slide, label, annotation files, split, tumour regions and area
 //   synth.config.yaml          the effective job
 #include <algorithm>
@@ -23,7 +24,10 @@
 #include "io/annotations.h"
 #include "io/comm.h"
 #include "io/error.h"
+#include "io/image.h"
+#include "io/slide.h"
 #include "io/progress.h"
+#include "preprocessing/overlay.h"
 #include "preprocessing/synth.h"
 
 namespace tessera::app {
@@ -51,7 +55,9 @@ const io::Schema& synth_schema() {
       .boolean("artefacts.pen_marks", false, "Pen marks on the glass and tissue")
       .boolean("artefacts.folds", false, "Tissue folds")
       .number("split.train", 0.6, "Fraction of each class's slides in the train split", 0, 1)
-      .number("split.val", 0.2, "Fraction in the validation split (the rest is test)", 0, 1);
+      .number("split.val", 0.2, "Fraction in the validation split (the rest is test)", 0, 1)
+      .boolean("preview.enabled", true, "Write previews/<slide>.png: thumbnail with the ground truth outlined")
+      .integer("preview.size", 1024, "Longer side of the preview in pixels", 128, 8192);
   return schema;
 }
 
@@ -137,7 +143,21 @@ std::string csv_row(const PlannedSlide& s, const prep::SynthGroundTruth& truth) 
                      truth.tumour_area_mm2, truth.tissue_area_mm2);
 }
 
-std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir) {
+// The slide as a person checks it: thumbnail read back through OpenSlide, tumour outlined in green,
+// exclusion regions in blue, a scale bar.
+void write_preview(const fs::path& slide_path, const prep::SynthGroundTruth& truth, const fs::path& png,
+                   int max_side) {
+  const auto slide = io::Slide::open(slide_path.string());
+  cv::Mat thumbnail = slide.thumbnail(max_side);
+  const double scale = static_cast<double>(slide.width()) / thumbnail.cols;
+  prep::draw_outlines(thumbnail, truth.tumour, scale, cv::Scalar(0, 170, 0), std::max(2, max_side / 400));
+  prep::draw_outlines(thumbnail, truth.exclusion, scale, cv::Scalar(30, 80, 230), std::max(1, max_side / 600));
+  prep::draw_scale_bar(thumbnail, slide.mpp() * scale);
+  io::write_png(png.string(), thumbnail);
+}
+
+std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, const fs::path& previews_dir,
+                         int preview_size) {
   const auto slide_path = slides_dir / (s.id + s.extension);
   const auto truth = prep::write_synthetic_slide(slide_path.string(), s.options);
 
@@ -148,12 +168,14 @@ std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir) {
   // QuPath: tumour as class Tumor; exclusion regions as holes are already cut from the tumour map, and
   // are exported with QuPath's conventional "Ignore*" class so they are not mistaken for tumour.
   std::vector<io::Annotation> qupath = truth.tumour;
+  for (auto& a : qupath) a.group = "Tumor";
   for (auto a : truth.exclusion) {
     a.group = "Ignore*";
     qupath.push_back(std::move(a));
   }
   io::write_geojson((slides_dir / (s.id + ".geojson")).string(), qupath,
                     {{"Tumor", "#C80000"}, {"Ignore*", "#B4B4B4"}});
+  if (preview_size > 0) write_preview(slide_path, truth, previews_dir / (s.id + ".png"), preview_size);
   spdlog::info("{}: {} tumour region(s), {:.2f} mm2 tumour, {:.1f} mm2 tissue", slide_path.string(),
                truth.tumour.size(), truth.tumour_area_mm2, truth.tissue_area_mm2);
   return csv_row(s, truth);
@@ -166,10 +188,14 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
   const auto& world = io::Comm::world();
   const fs::path out = config.get_string("output");
   const fs::path slides_dir = out / "slides";
+  const fs::path previews_dir = out / "previews";
+  const int preview_size = config.get_bool("preview.enabled") ? static_cast<int>(config.get_int("preview.size")) : 0;
   if (world.is_root()) {
-    std::error_code ec;
-    fs::create_directories(slides_dir, ec);
-    if (ec) throw io::InputError("cannot create the output folder: " + ec.message(), slides_dir.string());
+    for (const auto& dir : {slides_dir, previews_dir}) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) throw io::InputError("cannot create the output folder: " + ec.message(), dir.string());
+    }
   }
   world.barrier();
 
@@ -178,7 +204,7 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
   std::string rows;
   for (std::size_t i = static_cast<std::size_t>(world.rank()); i < slides.size();
        i += static_cast<std::size_t>(world.size())) {
-    rows += render_slide(slides[i], slides_dir);
+    rows += render_slide(slides[i], slides_dir, previews_dir, preview_size);
     progress.advance();
   }
   progress.finish();

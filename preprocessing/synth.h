@@ -14,8 +14,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <opencv2/core.hpp>
 
 #include "io/annotations.h"
 #include "io/tiff_writer.h"
@@ -45,5 +48,16 @@ struct SynthGroundTruth {
 
 // Renders one slide to `path` (a pyramidal TIFF) and returns its ground truth. Does not write annotation files.
 SynthGroundTruth write_synthetic_slide(const std::string& path, const SynthSlideOptions& options);
+
+// The renderer behind write_synthetic_slide, for tests and tools that want the pixels without a TIFF: calls
+// `sink(y0, strip)` for every level-0 strip from top to bottom (RGB CV_8UC3, full width, options.tiff.tile_size
+// rows, the last one shorter when the height is not a multiple) and returns the ground truth. The strips are
+// exactly what write_synthetic_slide hands to the TIFF writer. Bad options throw a ConfigError naming the option.
+// The ground truth of the slide `options` describe, without rendering any pixel: only the 1/16-scale plan is
+// made, so this is fast whatever the slide size. Identical to what the renderers return.
+SynthGroundTruth synthetic_ground_truth(const SynthSlideOptions& options);
+
+using SynthStripSink = std::function<void(std::int64_t y0, const cv::Mat& strip)>;
+SynthGroundTruth render_synthetic_slide(const SynthSlideOptions& options, const SynthStripSink& sink);
 
 }  // namespace tessera::prep

@@ -15,6 +15,11 @@ packages=(
   libtiff-dev libjpeg-dev
 )
 
+# `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then

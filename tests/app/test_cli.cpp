@@ -1,6 +1,4 @@
 // The `tessera` program as a user runs it: output, files and exit codes.
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -9,49 +7,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/app/run.h"
 #include "tests/testing/testing.h"
 
 namespace tessera {
 namespace {
 
-struct Run {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs `prefix tessera args` in a shell; stdout and stderr captured separately.
-Run run_with(const std::string& prefix, const std::string& args) {
-  testing::TempDir tmp;
-  const std::string err_file = tmp.file("stderr.txt");
-  const std::string command = prefix + std::string(TESSERA_BIN) + " " + args + " 2>" + err_file;
-  Run r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buffer[4096];
-  for (std::size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) r.out.append(buffer, n);
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = read_text(err_file);
-  return r;
-}
-
-Run run(const std::string& args) { return run_with("", args); }
-
-Run run_mpi(int ranks, const std::string& args) {
-  return run_with(std::string(TESSERA_MPIEXEC) + " -n " + std::to_string(ranks) +
-                      " --oversubscribe --allow-run-as-root ",
-                  args);
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using testing::contains;
+using testing::run;
+using testing::run_mpi;
 
 TEST(Cli, VersionNamesTesseraAndItsLibraries) {
   const auto r = run("--version");

@@ -1,0 +1,737 @@
+// tessera tile [job.yaml] — slides + tumour annotations → contiguous HDF5 shards of labelled tiles.
+//
+// 1. Inputs: a glob list or a CSV (slide, label, annotation, split, optional mpp), resolved identically on
+//    every rank.
+// 2. Plan, parallel over slides: tissue mask at low resolution, tile grid at the target µm/px, labels from
+//    the annotation polygons, caps. Every rank then holds every slide's plan (allgather).
+// 3. Extract, parallel over tiles: the job's tiles in slide order are cut into equal contiguous parts, one
+//    per rank; each rank reads its part (best level + area resampling, stain normalization) into its own
+//    shards. Shards are written under temporary names; a shard touched by a slide that failed anywhere is
+//    rewritten without that slide's tiles; rank 0 writes manifest.json last.
+// Resume: the job's hash (config + slide files) is kept in `.tessera-tile-state.json`; a rerun with the same
+// hash keeps every finished shard and writes only the missing ones; `--force` starts over.
+#include <fnmatch.h>
+#include <glob.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "app/cli.h"
+#include "io/annotations.h"
+#include "io/comm.h"
+#include "io/error.h"
+#include "io/image.h"
+#include "io/progress.h"
+#include "io/shard.h"
+#include "io/slide.h"
+#include "preprocessing/stain_norm.h"
+#include "preprocessing/tiling.h"
+#include "preprocessing/tissue.h"
+
+namespace tessera::app {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const io::Schema& tile_schema() {
+  static const io::Schema schema = io::Schema()
+      .string_list("input.slides", {}, "Slide files or globs (e.g. data/demo/slides/*.svs); or use input.csv")
+      .string("input.csv", "", "CSV with columns slide, label, annotation (or annotation_xml/_geojson), split, mpp")
+      .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
+      .string("output", "data/shards", "Folder for manifest.json and shard-NNNNN.h5")
+      .integer("tile.size", 256, "Tile side in pixels at tile.mpp", 16, 4096)
+      .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05, 64)
+      .integer("tile.stride", 0, "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)",
+               0, 4096)
+      .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a kept tile", 0, 1)
+      .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
+      .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
+      .number("labels.tumour_threshold", 0.5, "A tile is tumour when its annotated tumour fraction is at least this",
+              0.0001, 1)
+      .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
+              {"drop", "keep"})
+      .string_list("labels.tumour_classes", {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"},
+                   "ASAP groups / QuPath classes that mark tumour ('*' at the end matches any suffix)")
+      .string_list("labels.exclusion_classes", {"_2", "Exclusion", "Ignore*"},
+                   "Groups/classes that mark non-tumour areas inside tumour annotations")
+      .integer("sampling.max_tiles_per_slide", 0, "Keep at most this many tiles per slide (0 = all)", 0, 1e9)
+      .number("sampling.max_normal_per_tumour", 0.0,
+              "On slides with tumour, keep at most this many normal tiles per tumour tile (0 = all)", 0, 1e6)
+      .integer("sampling.seed", 1, "Seed of the tile sampling", 0, 9.0e15)
+      .string("stain.method", "none", "Stain normalization", {"none", "reinhard", "macenko"})
+      .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+      .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
+      .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
+      .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
+      .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
+  return schema;
+}
+
+struct SlideInput {
+  std::string id;
+  std::string path;
+  std::string label;  // "tumor", "normal", ""
+  std::string split;
+  std::string annotation;  // "" = none
+  double mpp = 0.0;        // per-slide override (0 = from the slide)
+};
+
+std::string slide_id_of(const std::string& path) { return fs::path(path).stem().string(); }
+
+// The annotation file next to a slide: <stem>.xml, else <stem>.geojson, else none.
+std::string sibling_annotation(const std::string& slide_path) {
+  for (const char* ext : {".xml", ".geojson", ".json"}) {
+    fs::path candidate = fs::path(slide_path).replace_extension(ext);
+    if (fs::exists(candidate)) return candidate.string();
+  }
+  return "";
+}
+
+std::vector<std::string> split_csv_line(const std::string& line) {
+  // Plain CSV: fields separated by commas, optionally "quoted" (with "" for a quote).
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        fields.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else if (c != '\r') {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
+
+std::vector<SlideInput> read_csv_inputs(const std::string& csv_path) {
+  std::ifstream in(csv_path);
+  if (!fs::exists(csv_path)) throw io::FileNotFoundError(csv_path);
+  if (!in) throw io::InputError("cannot read the slide list", csv_path);
+  std::string line;
+  if (!std::getline(in, line)) throw io::InputError("empty slide list (no header line)", csv_path);
+  const auto header = split_csv_line(line);
+  std::map<std::string, std::size_t> column;
+  for (std::size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
+  if (!column.contains("slide")) {
+    throw io::InputError("the slide list needs a 'slide' column (found: " + line + ")", csv_path);
+  }
+  const fs::path base = fs::path(csv_path).parent_path();
+  auto resolve = [&](const std::string& p) { return p.empty() || fs::path(p).is_absolute() ? p : (base / p).string(); };
+
+  std::vector<SlideInput> inputs;
+  for (int row = 2; std::getline(in, line); ++row) {
+    if (line.empty() || line == "\r") continue;
+    const auto fields = split_csv_line(line);
+    auto field = [&](const char* name) -> std::string {
+      auto it = column.find(name);
+      return it != column.end() && it->second < fields.size() ? fields[it->second] : std::string();
+    };
+    SlideInput s;
+    s.path = resolve(field("slide"));
+    if (s.path.empty()) throw io::InputError(fmt::format("row {}: empty 'slide' field", row), csv_path);
+    s.id = field("slide_id").empty() ? slide_id_of(s.path) : field("slide_id");
+    s.label = field("label");
+    s.split = field("split");
+    for (const char* name : {"annotation", "annotation_xml", "annotation_geojson"}) {
+      if (s.annotation.empty()) s.annotation = resolve(field(name));
+    }
+    if (const auto mpp = field("mpp"); !mpp.empty()) {
+      try {
+        s.mpp = std::stod(mpp);
+      } catch (const std::exception&) {
+        throw io::InputError(fmt::format("row {}: mpp '{}' is not a number", row, mpp), csv_path);
+      }
+    }
+    inputs.push_back(std::move(s));
+  }
+  return inputs;
+}
+
+std::vector<SlideInput> resolve_inputs(const io::Config& config) {
+  std::vector<SlideInput> inputs;
+  const auto& csv = config.get_string("input.csv");
+  const auto& patterns = config.get_string_list("input.slides");
+  if (csv.empty() == patterns.empty()) {
+    throw io::ConfigError("give the slides either as input.slides (files or globs) or as input.csv, not both or none",
+                          config.source(), 0, "input.slides");
+  }
+  if (!csv.empty()) {
+    inputs = read_csv_inputs(csv);
+  } else {
+    for (const auto& pattern : patterns) {
+      glob_t matches{};
+      const int rc = ::glob(pattern.c_str(), 0, nullptr, &matches);
+      std::vector<std::string> files(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+      globfree(&matches);
+      if (rc == GLOB_NOMATCH || files.empty()) {
+        // A plain path that does not exist is reported per slide later; a glob matching nothing is a mistake.
+        if (pattern.find_first_of("*?[") != std::string::npos) {
+          throw io::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "input.slides");
+        }
+        files = {pattern};
+      }
+      std::sort(files.begin(), files.end());
+      for (const auto& f : files) {
+        inputs.push_back({slide_id_of(f), f, "", "", sibling_annotation(f), 0.0});
+      }
+    }
+  }
+  std::set<std::string> ids;
+  for (const auto& s : inputs) {
+    if (!ids.insert(s.id).second) {
+      throw io::ConfigError("two slides share the id '" + s.id + "' (ids are file names without extension)",
+                            config.source(), 0, csv.empty() ? "input.slides" : "input.csv");
+    }
+  }
+  if (inputs.empty()) throw io::ConfigError("no slides to tile", config.source(), 0, "input.slides");
+  return inputs;
+}
+
+// 64-bit FNV-1a: a stable hash (unlike std::hash, the same on every platform and library version).
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+// FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
+// same hash may keep what is finished.
+std::string job_hash(const io::Config& config, const std::vector<SlideInput>& inputs) {
+  std::string text = config.to_yaml();
+  for (const auto& s : inputs) {
+    struct stat st {};
+    const bool ok = ::stat(s.path.c_str(), &st) == 0;
+    text += fmt::format("\n{}|{}|{}|{}|{}", s.path, ok ? st.st_size : -1, ok ? st.st_mtim.tv_sec : 0,
+                        s.annotation, s.mpp);
+    if (!s.annotation.empty() && ::stat(s.annotation.c_str(), &st) == 0) {
+      text += fmt::format("|{}|{}", st.st_size, st.st_mtim.tv_sec);
+    }
+  }
+  return fmt::format("{:016x}", fnv1a(text));
+}
+
+struct TileSettings {
+  prep::GridOptions grid;
+  prep::TissueOptions tissue;
+  prep::AnnotationClasses classes;
+  std::int64_t max_tiles = 0;
+  double max_normal_per_tumour = 0.0;
+  std::uint64_t seed = 1;
+  double assume_mpp = 0.0;
+  int preview_size = 0;
+  fs::path previews;
+};
+
+// One slide's plan as every rank needs it for extraction.
+struct PlanResult {
+  SlideInput input;
+  std::string error;  // non-empty: the slide failed in planning
+  double footprint = 0.0;
+  double slide_mpp = 0.0;
+  double assume_mpp = 0.0;  // the mpp to open the slide with (override or job default)
+  std::vector<prep::PlannedTile> tiles;
+};
+
+std::string serialize(const PlanResult& p) {
+  json j = {{"id", p.input.id},     {"path", p.input.path},   {"label", p.input.label},
+            {"split", p.input.split}, {"annotation", p.input.annotation}, {"mpp", p.input.mpp},
+            {"error", p.error},     {"footprint", p.footprint}, {"slide_mpp", p.slide_mpp},
+            {"assume_mpp", p.assume_mpp}};
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
+  j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(prep::PlannedTile)));
+  const auto packed = json::to_cbor(j);
+  return std::string(packed.begin(), packed.end());
+}
+
+std::vector<PlanResult> deserialize(const std::string& bytes) {
+  std::vector<PlanResult> out;
+  std::size_t pos = 0;
+  while (pos < bytes.size()) {
+    // Each rank's buffer is a sequence of [u64 length][cbor] records.
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + pos, sizeof n);
+    pos += sizeof n;
+    const json j = json::from_cbor(bytes.begin() + static_cast<std::ptrdiff_t>(pos),
+                                   bytes.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+    PlanResult p;
+    p.input = {j["id"], j["path"], j["label"], j["split"], j["annotation"], j["mpp"]};
+    p.error = j["error"];
+    p.footprint = j["footprint"];
+    p.slide_mpp = j["slide_mpp"];
+    p.assume_mpp = j["assume_mpp"];
+    const auto& blob = j["tiles"].get_binary();
+    p.tiles.resize(blob.size() / sizeof(prep::PlannedTile));
+    std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(prep::PlannedTile));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void append_record(std::string& buffer, const std::string& record) {
+  const std::uint64_t n = record.size();
+  buffer.append(reinterpret_cast<const char*>(&n), sizeof n);
+  buffer += record;
+}
+
+PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
+  PlanResult result;
+  result.input = input;
+  result.assume_mpp = input.mpp > 0 ? input.mpp : settings.assume_mpp;
+  try {
+    io::SlideOpenOptions open_options;
+    open_options.assume_mpp = result.assume_mpp;
+    const auto slide = io::Slide::open(input.path, open_options);
+    std::vector<io::Annotation> annotations;
+    if (!input.annotation.empty()) {
+      annotations = io::read_annotations(input.annotation);
+    } else if (input.label == "tumor" || input.label == "tumour") {
+      throw io::InputError("the slide is labelled tumour but has no annotation file", input.path);
+    }
+    const auto tissue = prep::detect_tissue(slide, settings.tissue);
+    auto plan = prep::plan_slide(slide, tissue, annotations, settings.classes, settings.grid);
+    prep::cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour,
+                    settings.seed ^ fnv1a(input.id));
+    if (plan.tiles.empty()) {
+      spdlog::warn("{}: no tiles ({:.2f} mm2 of tissue at min fraction {:g}); the slide is skipped", input.path,
+                   tissue.tissue_area_mm2(), settings.grid.min_tissue);
+    }
+    if (settings.preview_size > 0) {
+      std::vector<io::Annotation> tumour, exclusion;
+      prep::split_annotations(annotations, settings.classes, tumour, exclusion);
+      io::write_png((settings.previews / (input.id + ".png")).string(),
+                    prep::render_plan_preview(slide, tissue, plan, tumour, settings.preview_size));
+    }
+    result.footprint = plan.footprint;
+    result.slide_mpp = plan.slide_mpp;
+    result.tiles = std::move(plan.tiles);
+  } catch (const io::Error& e) {
+    if (e.kind() != io::ErrorKind::input) throw;
+    result.error = e.what();
+    result.tiles.clear();
+    spdlog::error("{}", e.what());
+  }
+  return result;
+}
+
+// A tile of the job, in slide order.
+struct JobTile {
+  std::uint32_t slide = 0;  // index into the plans
+  std::uint32_t tile = 0;   // index into that plan's tiles
+};
+
+// Rank r's tiles are [begin(r), begin(r+1)) of the job's tile list: equal shares, remainder to the first ranks.
+std::int64_t part_begin(std::int64_t total, int ranks, int r) {
+  const std::int64_t base = total / ranks;
+  const std::int64_t extra = total % ranks;
+  return r * base + std::min<std::int64_t>(r, extra);
+}
+
+std::string shard_name(std::int64_t index) { return fmt::format("shard-{:05d}.h5", index); }
+
+struct ShardSpan {
+  std::int64_t index = 0;  // global shard number
+  std::int64_t first = 0;  // first job tile
+  std::int64_t count = 0;
+};
+
+// Every rank's shards: each rank's part is cut into shards of at most tiles_per_shard, numbered rank by rank.
+std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks, std::int64_t per_shard) {
+  std::vector<std::vector<ShardSpan>> spans(static_cast<std::size_t>(ranks));
+  std::int64_t index = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::int64_t begin = part_begin(total, ranks, r);
+    const std::int64_t end = part_begin(total, ranks, r + 1);
+    for (std::int64_t first = begin; first < end; first += per_shard) {
+      spans[static_cast<std::size_t>(r)].push_back({index++, first, std::min(per_shard, end - first)});
+    }
+  }
+  return spans;
+}
+
+class Extractor {
+ public:
+  Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
+            const prep::StainNormalizer* normalizer, int write_batch)
+      : plans_(plans), attributes_(attributes), normalizer_(normalizer), write_batch_(write_batch) {}
+
+  // Writes one shard of `tiles` to `path`; slides whose tiles cannot be read are added to `failed` (their
+  // tiles are left blank here; the caller rewrites the shard without them).
+  void write_shard(const std::string& path, const std::vector<JobTile>& tiles, std::map<std::string, std::string>& failed,
+                   io::Progress& progress) {
+    std::vector<std::string> slide_ids;
+    std::map<std::uint32_t, std::uint32_t> local_index;
+    for (const auto& t : tiles) {
+      if (local_index.emplace(t.slide, static_cast<std::uint32_t>(slide_ids.size())).second) {
+        slide_ids.push_back(plans_[t.slide].input.id);
+      }
+    }
+    io::ShardWriter writer(path, attributes_, static_cast<std::int64_t>(tiles.size()), slide_ids);
+    const int t_size = attributes_.tile_size;
+    const std::size_t tile_bytes = static_cast<std::size_t>(t_size) * t_size * 3;
+    std::vector<io::ShardTileRecord> records;
+    std::vector<std::uint8_t> images;
+    std::int64_t batch_first = 0;
+    auto flush = [&] {
+      if (records.empty()) return;
+      writer.write(batch_first, records, images.data());
+      progress.advance(static_cast<std::int64_t>(records.size()));
+      batch_first += static_cast<std::int64_t>(records.size());
+      records.clear();
+      images.clear();
+    };
+    for (const auto& t : tiles) {
+      const auto& plan = plans_[t.slide];
+      const auto& planned = plan.tiles[t.tile];
+      records.push_back({planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide]});
+      images.resize(images.size() + tile_bytes, 255);
+      if (!failed.contains(plan.input.id)) {
+        try {
+          cv::Mat rgb = slide(t.slide).read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp);
+          if (normalizer_ != nullptr) normalizer_->apply(rgb);
+          if (!rgb.isContinuous()) rgb = rgb.clone();
+          std::memcpy(images.data() + images.size() - tile_bytes, rgb.data, tile_bytes);
+        } catch (const io::Error& e) {
+          if (e.kind() != io::ErrorKind::input) throw;
+          failed[plan.input.id] = e.what();
+          spdlog::error("{}", e.what());
+          close_slide();
+        }
+      }
+      if (static_cast<int>(records.size()) >= write_batch_) flush();
+    }
+    flush();
+    writer.finish();
+  }
+
+ private:
+  // One open slide at a time: tiles come in slide order, so each slide is opened once per shard.
+  const io::Slide& slide(std::uint32_t index) {
+    if (!open_ || open_index_ != index) {
+      close_slide();
+      io::SlideOpenOptions options;
+      options.assume_mpp = plans_[index].assume_mpp;
+      open_.emplace(io::Slide::open(plans_[index].input.path, options));
+      open_index_ = index;
+    }
+    return *open_;
+  }
+  void close_slide() { open_.reset(); }
+
+  const std::vector<PlanResult>& plans_;
+  io::ShardAttributes attributes_;
+  const prep::StainNormalizer* normalizer_;
+  int write_batch_;
+  std::optional<io::Slide> open_;
+  std::uint32_t open_index_ = 0;
+};
+
+// Rewrites the shard at `from` into `to` without the tiles of `failed` slides; returns the tiles kept.
+std::int64_t rewrite_without(const std::string& from, const std::string& to, const std::set<std::string>& failed) {
+  const auto shard = io::ShardFile::open(from);
+  std::vector<std::string> slides;
+  std::map<std::uint32_t, std::uint32_t> remap;
+  for (std::uint32_t i = 0; i < shard.slides().size(); ++i) {
+    if (!failed.contains(shard.slides()[i])) {
+      remap[i] = static_cast<std::uint32_t>(slides.size());
+      slides.push_back(shard.slides()[i]);
+    }
+  }
+  std::vector<std::int64_t> keep;
+  for (std::int64_t i = 0; i < shard.size(); ++i) {
+    if (remap.contains(shard.slide_indices()[static_cast<std::size_t>(i)])) keep.push_back(i);
+  }
+  if (keep.empty()) return 0;
+  io::ShardWriter writer(to, shard.attributes(), static_cast<std::int64_t>(keep.size()), slides);
+  std::vector<std::uint8_t> image(shard.tile_bytes());
+  for (std::size_t k = 0; k < keep.size(); ++k) {
+    const auto i = static_cast<std::size_t>(keep[k]);
+    shard.read_images(keep[k], 1, image.data());
+    const io::ShardTileRecord record{shard.labels()[i], shard.tumor_fractions()[i], shard.coords()[2 * i],
+                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]]};
+    writer.write(static_cast<std::int64_t>(k), {record}, image.data());
+  }
+  writer.finish();
+  return static_cast<std::int64_t>(keep.size());
+}
+
+struct TileOptions {
+  JobOptions job;
+  bool force = false;
+  bool preview = false;
+  std::string out;
+};
+
+int run_tile(const TileOptions& options) {
+  std::vector<std::string> extra;
+  if (!options.out.empty()) extra.push_back("output=" + options.out);
+  if (options.preview) extra.emplace_back("preview.enabled=true");
+  const auto config = load_job(tile_schema(), options.job, extra);
+  if (maybe_print_config(config, options.job)) return io::exit_ok;
+
+  const auto& world = io::Comm::world();
+  const fs::path out = config.get_string("output");
+  const auto inputs = resolve_inputs(config);
+
+  TileSettings settings;
+  settings.grid.tile_size = static_cast<int>(config.get_int("tile.size"));
+  settings.grid.mpp = config.get_number("tile.mpp");
+  settings.grid.stride = static_cast<int>(config.get_int("tile.stride"));
+  settings.grid.min_tissue = config.get_number("tissue.min_fraction");
+  settings.grid.tumour_threshold = config.get_number("labels.tumour_threshold");
+  settings.grid.keep_ambiguous = config.get_string("labels.ambiguous") == "keep";
+  settings.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
+  settings.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
+  settings.classes.tumour = config.get_string_list("labels.tumour_classes");
+  settings.classes.exclusion = config.get_string_list("labels.exclusion_classes");
+  settings.max_tiles = config.get_int("sampling.max_tiles_per_slide");
+  settings.max_normal_per_tumour = config.get_number("sampling.max_normal_per_tumour");
+  settings.seed = static_cast<std::uint64_t>(config.get_int("sampling.seed"));
+  settings.assume_mpp = config.get_number("input.assume_mpp");
+  settings.preview_size = config.get_bool("preview.enabled") ? static_cast<int>(config.get_int("preview.size")) : 0;
+  settings.previews = out / "previews";
+  const bool preview_only = options.preview;
+
+  // Stain target: fitted once (rank 0 reads the reference; every rank fits the same numbers from it).
+  const auto method = prep::parse_stain_method(config.get_string("stain.method"));
+  std::unique_ptr<prep::StainNormalizer> normalizer;
+  if (method != prep::StainMethod::none) {
+    const auto& reference = config.get_string("stain.reference");
+    normalizer = reference.empty() ? prep::make_stain_normalizer(method)
+                                   : prep::make_stain_normalizer(method, io::read_rgb_image(reference), reference);
+  }
+
+  // Resume: same hash → keep finished shards; otherwise (or --force) start over.
+  const std::string hash = job_hash(config, inputs);
+  const fs::path state_path = out / ".tessera-tile-state.json";
+  const fs::path manifest_path = out / "manifest.json";
+  int up_to_date = 0;
+  if (world.is_root()) {
+    fs::create_directories(out);
+    if (settings.preview_size > 0) fs::create_directories(settings.previews);
+    bool same_job = false;
+    if (!options.force && fs::exists(state_path)) {
+      try {
+        std::ifstream in(state_path);
+        same_job = json::parse(in).value("hash", "") == hash;
+      } catch (const std::exception&) {
+        same_job = false;  // an unreadable state file means: start over
+      }
+    }
+    if (same_job && !preview_only && fs::exists(manifest_path)) {
+      up_to_date = 1;
+    } else if (!same_job && !preview_only) {
+      // A different job (or --force): nothing of the old one may be mistaken for this one's output.
+      for (const auto& entry : fs::directory_iterator(out)) {
+        const auto name = entry.path().filename().string();
+        if (name.rfind("shard-", 0) == 0 || name == "manifest.json") fs::remove(entry.path());
+      }
+      io::write_file_atomic(state_path.string(), json({{"hash", hash}}).dump() + "\n");
+    }
+    // Leftovers of a killed run are never complete: remove them.
+    for (const auto& entry : fs::directory_iterator(out)) {
+      const auto name = entry.path().filename().string();
+      if (name.find(".tmp-") != std::string::npos || name.ends_with(".unchecked")) fs::remove(entry.path());
+    }
+  }
+  world.broadcast(&up_to_date, sizeof up_to_date, 0);
+  if (up_to_date) {
+    if (world.is_root()) {
+      spdlog::info("{} is up to date for this job (same config and slides); use --force to rebuild",
+                   manifest_path.string());
+    }
+    return io::exit_ok;
+  }
+  world.barrier();
+
+  // Phase 1: plan, slides spread over ranks.
+  std::string mine;
+  {
+    io::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
+    for (std::size_t i = static_cast<std::size_t>(world.rank()); i < inputs.size();
+         i += static_cast<std::size_t>(world.size())) {
+      append_record(mine, serialize(plan_one(inputs[i], settings)));
+      progress.advance();
+    }
+    progress.finish();
+  }
+  std::vector<PlanResult> plans;
+  for (const auto& part : world.allgather_bytes(mine)) {
+    for (auto& p : deserialize(part)) plans.push_back(std::move(p));
+  }
+  // Back to input order, so the job's tile order (and so the shards) do not depend on the rank count.
+  std::map<std::string, std::size_t> order;
+  for (std::size_t i = 0; i < inputs.size(); ++i) order[inputs[i].id] = i;
+  std::sort(plans.begin(), plans.end(),
+            [&](const PlanResult& a, const PlanResult& b) { return order[a.input.id] < order[b.input.id]; });
+
+  std::map<std::string, std::string> failed;
+  for (const auto& p : plans) {
+    if (!p.error.empty()) failed[p.input.id] = p.error;
+  }
+  if (preview_only) {
+    if (world.is_root()) {
+      spdlog::info("previews written to {}", settings.previews.string());
+      for (const auto& p : plans) {
+        if (p.error.empty()) {
+          spdlog::info("{}: {} tiles ({} tumour)", p.input.id, p.tiles.size(),
+                       std::count_if(p.tiles.begin(), p.tiles.end(), [](const auto& t) { return t.label == 1; }));
+        }
+      }
+    }
+    return failed.empty() ? io::exit_ok : io::exit_input;
+  }
+
+  // Phase 2: extract, equal shares of the job's tiles per rank, each in slide order.
+  std::vector<JobTile> job;
+  for (std::uint32_t s = 0; s < plans.size(); ++s) {
+    for (std::uint32_t t = 0; t < plans[s].tiles.size(); ++t) job.push_back({s, t});
+  }
+  const auto total = static_cast<std::int64_t>(job.size());
+  const auto spans = assign_shards(total, world.size(), config.get_int("shards.tiles_per_shard"));
+
+  io::ShardAttributes attributes;
+  attributes.tile_size = settings.grid.tile_size;
+  attributes.mpp = settings.grid.mpp;
+  attributes.stain_normalization = normalizer ? normalizer->describe() : "none";
+
+  Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")));
+  std::map<std::string, std::string> extract_failed;
+  std::vector<ShardSpan> written;  // shards this rank wrote now (not kept from an earlier run)
+  {
+    io::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
+    for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
+      const fs::path final_path = out / shard_name(span.index);
+      if (fs::exists(final_path)) {  // finished by an earlier run of this same job
+        progress.advance(span.count);
+        continue;
+      }
+      const std::vector<JobTile> tiles(job.begin() + span.first, job.begin() + span.first + span.count);
+      extractor.write_shard(final_path.string() + ".unchecked", tiles, extract_failed, progress);
+      written.push_back(span);
+    }
+    progress.finish();
+  }
+
+  // Slides that failed on any rank are dropped everywhere; then shards are checked and put in place.
+  std::string failures_text;
+  for (const auto& [id, error] : extract_failed) append_record(failures_text, json({id, error}).dump());
+  for (const auto& part : world.allgather_bytes(failures_text)) {
+    std::size_t pos = 0;
+    while (pos < part.size()) {
+      std::uint64_t n = 0;
+      std::memcpy(&n, part.data() + pos, sizeof n);
+      const auto entry = json::parse(part.substr(pos + sizeof n, n));
+      failed.emplace(entry[0].get<std::string>(), entry[1].get<std::string>());
+      pos += sizeof n + n;
+    }
+  }
+  std::set<std::string> failed_ids;
+  for (const auto& [id, error] : failed) failed_ids.insert(id);
+  for (const auto& span : written) {
+    const fs::path final_path = out / shard_name(span.index);
+    const std::string unchecked = final_path.string() + ".unchecked";
+    bool touched = false;
+    for (std::int64_t k = span.first; k < span.first + span.count; ++k) {
+      touched = touched || failed_ids.contains(plans[job[static_cast<std::size_t>(k)].slide].input.id);
+    }
+    if (touched) {
+      rewrite_without(unchecked, final_path.string(), failed_ids);
+      fs::remove(unchecked);
+    } else {
+      fs::rename(unchecked, final_path);
+    }
+  }
+  world.barrier();
+
+  // Manifest (rank 0), from the shards as they are on disk.
+  int code = failed.empty() ? io::exit_ok : io::exit_input;
+  if (world.is_root()) {
+    io::Manifest manifest;
+    manifest.config_hash = hash;
+    manifest.config_yaml = config.to_yaml();
+    manifest.attributes = attributes;
+    std::map<std::string, io::ManifestSlide> slides;
+    for (const auto& p : plans) {
+      if (!p.error.empty() || failed_ids.contains(p.input.id)) continue;
+      slides[p.input.id] = {p.input.id, p.input.path, p.input.label, p.input.split, 0, 0, 0};
+    }
+    std::int64_t shard_count = 0;
+    for (const auto& rank_spans : spans) shard_count += static_cast<std::int64_t>(rank_spans.size());
+    for (std::int64_t index = 0; index < shard_count; ++index) {
+      const fs::path path = out / shard_name(index);
+      if (!fs::exists(path)) continue;  // every tile of it belonged to failed slides
+      const auto shard = io::ShardFile::open(path.string());
+      io::ManifestShard entry{path.filename().string(), shard.size(), 0, 0, shard.slides()};
+      for (std::int64_t i = 0; i < shard.size(); ++i) {
+        const auto label = shard.labels()[static_cast<std::size_t>(i)];
+        auto& slide = slides[shard.slides()[shard.slide_indices()[static_cast<std::size_t>(i)]]];
+        ++slide.tiles;
+        (label == 1 ? entry.tumour : entry.normal) += 1;
+        (label == 1 ? slide.tumour : slide.normal) += 1;
+      }
+      manifest.shards.push_back(std::move(entry));
+    }
+    for (const auto& p : plans) {
+      if (slides.contains(p.input.id)) manifest.slides.push_back(slides[p.input.id]);
+    }
+    for (const auto& [id, error] : failed) manifest.failures.push_back({id, error});
+    io::write_manifest(manifest_path.string(), manifest);
+    config.save((out / "tile.config.yaml").string());
+
+    std::int64_t tumour = 0;
+    for (const auto& s : manifest.shards) tumour += s.tumour;
+    spdlog::info("{} tiles ({} tumour, {} normal) from {} slides in {} shards; manifest {}", manifest.total_tiles(),
+                 tumour, manifest.total_tiles() - tumour, manifest.slides.size(), manifest.shards.size(),
+                 manifest_path.string());
+    if (!failed.empty()) {
+      std::fprintf(stderr, "tessera tile: %zu of %zu slides failed and were left out:\n", failed.size(), inputs.size());
+      for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
+    }
+  }
+  return code;
+}
+
+}  // namespace
+
+Action setup_tile(CLI::App& command) {
+  auto options = std::make_shared<TileOptions>();
+  add_job_options(command, options->job);
+  command.add_option("-o,--out", options->out, "Output folder (same as --set output=...)");
+  command.add_flag("--force", options->force, "Rebuild everything even if the output is up to date");
+  command.add_flag("--preview", options->preview,
+                   "Only plan and write previews/<slide>.png (tissue mask, tile grid by label); no shards");
+  return [options] { return run_tile(*options); };
+}
+
+}  // namespace tessera::app

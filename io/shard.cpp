@@ -1,0 +1,973 @@
+#include "io/shard.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "io/annotations.h"
+#include "io/error.h"
+
+namespace tessera::io {
+namespace {
+
+constexpr const char* shard_format_name = "tessera-shard";
+constexpr const char* manifest_format_name = "tessera-shards";
+constexpr int manifest_format_version = 1;
+constexpr int rgb_channels = 3;
+
+// ---------------------------------------------------------------------------------------------------------
+// HDF5 plumbing: RAII ids, a quiet error stack, and checks that turn failures into Tessera errors.
+
+// HDF5 prints its error stack to stderr by default; while one of these lives, the current thread's printing
+// is off (the library is built thread-safe, so the setting is per thread) and failures become exceptions.
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  QuietHdf5(const QuietHdf5&) = delete;
+  QuietHdf5& operator=(const QuietHdf5&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// One HDF5 id with its close function. The destructor ignores errors (it runs while an exception unwinds);
+// the success path calls close() and checks the result.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  ~Handle() { close(); }
+  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), closer_(other.closer_) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      close();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+      closer_ = other.closer_;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  herr_t close() {
+    herr_t result = 0;
+    if (id_ >= 0 && closer_ != nullptr) result = closer_(id_);
+    id_ = H5I_INVALID_HID;
+    return result;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+// What HDF5's error stack says about the last failure of this thread.
+struct Hdf5Failure {
+  std::string api;        // outermost description (the API call)
+  std::string detail;     // innermost description (where the problem was found)
+  std::string truncated;  // the description of an H5E_TRUNCATED entry, if any
+  std::string text() const {
+    if (api.empty()) return detail;
+    if (detail.empty() || detail == api) return api;
+    return api + " (" + detail + ")";
+  }
+};
+
+herr_t collect_error(unsigned depth, const H5E_error2_t* entry, void* data) {
+  auto* failure = static_cast<Hdf5Failure*>(data);
+  const std::string desc = entry->desc != nullptr ? entry->desc : "";
+  if (depth == 0) failure->api = desc;
+  if (!desc.empty()) failure->detail = desc;
+  // The _g variable, not the H5E_TRUNCATED macro: the macro calls H5open(), an API call inside the walk.
+  if (entry->min_num == H5E_TRUNCATED_g) failure->truncated = desc;
+  return 0;
+}
+
+// Must run right after the failing call: the next HDF5 API call clears the stack.
+Hdf5Failure last_hdf5_failure() {
+  Hdf5Failure failure;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &failure);
+  return failure;
+}
+
+// Turns a failing HDF5 call into the right error: an InputError naming the file when reading someone's shard,
+// an InternalError (with the file as context) when writing ours fails.
+class Hdf5Checker {
+ public:
+  Hdf5Checker(std::string file, ErrorKind kind) : file_(std::move(file)), kind_(kind) {}
+
+  template <typename T>
+  T check(T result, const std::string& what) const {
+    if (result < 0) fail(what, last_hdf5_failure().text());
+    return result;
+  }
+  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
+  void close(Handle& handle, const std::string& what) const { check(handle.close(), what); }
+
+  [[noreturn]] void fail(const std::string& what, const std::string& hdf5 = {}) const {
+    std::string message = what;
+    if (!hdf5.empty()) message.append(": HDF5: ").append(hdf5);
+    if (kind_ == ErrorKind::input) throw InputError(message, file_);
+    InternalError error(message);
+    error.add_context("file", file_);
+    throw error;
+  }
+
+ private:
+  std::string file_;
+  ErrorKind kind_;
+};
+
+Handle make_file_access(const Hdf5Checker& h5) {
+  Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
+#if H5_VERSION_GE(1, 10, 7)
+  // Keep HDF5's lock, but do not fail on file systems that have none (some cluster file systems).
+  h5.check(H5Pset_file_locking(fapl.get(), true, true), "cannot set file locking");
+#endif
+  return fapl;
+}
+
+Handle make_utf8_string_type(const Hdf5Checker& h5) {
+  Handle type = h5.own(H5Tcopy(H5T_C_S1), H5Tclose, "cannot create a string type");
+  h5.check(H5Tset_size(type.get(), H5T_VARIABLE), "cannot make a variable-length string type");
+  h5.check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "cannot set UTF-8 on a string type");
+  return type;
+}
+
+Handle make_space(const Hdf5Checker& h5, std::initializer_list<hsize_t> dims) {
+  const std::vector<hsize_t> d(dims);
+  return h5.own(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), H5Sclose, "cannot create a dataspace");
+}
+
+void write_string_attribute(const Hdf5Checker& h5, hid_t object, const char* name, const std::string& value) {
+  const std::string what = std::string("cannot write attribute '") + name + "'";
+  Handle type = make_utf8_string_type(h5);
+  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
+  Handle attribute =
+      h5.own(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
+  const char* data = value.c_str();
+  h5.check(H5Awrite(attribute.get(), type.get(), &data), what);
+  h5.close(attribute, what);
+}
+
+void write_numeric_attribute(const Hdf5Checker& h5, hid_t object, const char* name, hid_t file_type, hid_t memory_type,
+                             const void* value) {
+  const std::string what = std::string("cannot write attribute '") + name + "'";
+  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
+  Handle attribute = h5.own(H5Acreate2(object, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
+  h5.check(H5Awrite(attribute.get(), memory_type, value), what);
+  h5.close(attribute, what);
+}
+
+Handle create_dataset(const Hdf5Checker& h5, hid_t file, const char* name, hid_t type, const Handle& space,
+                      hid_t dcpl = H5P_DEFAULT) {
+  return h5.own(H5Dcreate2(file, name, type, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose,
+                std::string("cannot create dataset '") + name + "'");
+}
+
+std::string describe_dims(const std::vector<hsize_t>& dims) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(dims[i]);
+  }
+  return text + "]";
+}
+
+std::int64_t file_size(int fd) {
+  struct stat info {};
+  return ::fstat(fd, &info) == 0 ? static_cast<std::int64_t>(info.st_size) : -1;
+}
+
+std::string truncated_message(std::uint64_t expected, std::int64_t actual) {
+  return "truncated: expected at least " + std::to_string(expected) + " bytes, file has " + std::to_string(actual);
+}
+
+// HDF5 refuses a file shorter than the end address its superblock records with
+// "truncated file: eof = <size>, sblock->base_addr = <b>, stored_eof = <expected>".
+std::string hdf5_truncated_message(const std::string& desc, std::int64_t actual) {
+  const auto at = desc.find("stored_eof = ");
+  if (at != std::string::npos) {
+    char* end = nullptr;
+    const unsigned long long expected = std::strtoull(desc.c_str() + at + std::strlen("stored_eof = "), &end, 10);
+    if (end != nullptr && end != desc.c_str() + at + std::strlen("stored_eof = ")) {
+      return truncated_message(expected, actual);
+    }
+  }
+  return "truncated: file has " + std::to_string(actual) + " bytes (HDF5: " + desc + ")";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Reading helpers (every failure is an InputError naming the shard).
+
+Handle open_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
+  const htri_t exists = h5.check(H5Aexists(object, name), std::string("cannot look up attribute '") + name + "'");
+  if (exists == 0) {
+    if (std::strcmp(name, "format") == 0) h5.fail("not a Tessera shard (no 'format' attribute)");
+    h5.fail(std::string("missing attribute '") + name + "'");
+  }
+  Handle attribute =
+      h5.own(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("cannot open attribute '") + name + "'");
+  Handle space = h5.own(H5Aget_space(attribute.get()), H5Sclose, std::string("cannot read attribute '") + name + "'");
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) {
+    h5.fail(std::string("attribute '") + name + "' must be a single value");
+  }
+  return attribute;
+}
+
+H5T_class_t attribute_class(const Hdf5Checker& h5, const Handle& attribute, const char* name, Handle& type) {
+  type = h5.own(H5Aget_type(attribute.get()), H5Tclose, std::string("cannot read attribute '") + name + "'");
+  return h5.check(H5Tget_class(type.get()), std::string("cannot read attribute '") + name + "'");
+}
+
+std::string read_string_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
+  const std::string what = std::string("cannot read attribute '") + name + "'";
+  Handle attribute = open_attribute(h5, object, name);
+  Handle type;
+  if (attribute_class(h5, attribute, name, type) != H5T_STRING) {
+    h5.fail(std::string("attribute '") + name + "' must be a string");
+  }
+  const htri_t variable = h5.check(H5Tis_variable_str(type.get()), what);
+  if (variable > 0) {
+    char* data = nullptr;
+    h5.check(H5Aread(attribute.get(), type.get(), &data), what);
+    std::string value = data != nullptr ? data : "";
+    H5free_memory(data);
+    return value;
+  }
+  const std::size_t size = H5Tget_size(type.get());
+  if (size == 0) h5.fail(what);
+  std::vector<char> buffer(size + 1, '\0');
+  h5.check(H5Aread(attribute.get(), type.get(), buffer.data()), what);
+  return std::string(buffer.data(), strnlen(buffer.data(), size));
+}
+
+long long read_integer_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
+  Handle attribute = open_attribute(h5, object, name);
+  Handle type;
+  if (attribute_class(h5, attribute, name, type) != H5T_INTEGER) {
+    h5.fail(std::string("attribute '") + name + "' must be an integer");
+  }
+  long long value = 0;
+  h5.check(H5Aread(attribute.get(), H5T_NATIVE_LLONG, &value), std::string("cannot read attribute '") + name + "'");
+  return value;
+}
+
+double read_number_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
+  Handle attribute = open_attribute(h5, object, name);
+  Handle type;
+  const H5T_class_t type_class = attribute_class(h5, attribute, name, type);
+  if (type_class != H5T_FLOAT && type_class != H5T_INTEGER) {
+    h5.fail(std::string("attribute '") + name + "' must be a number");
+  }
+  double value = 0.0;
+  h5.check(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), std::string("cannot read attribute '") + name + "'");
+  return value;
+}
+
+struct OpenDataset {
+  Handle dataset;
+  Handle type;
+  H5T_class_t type_class = H5T_NO_CLASS;
+  std::vector<hsize_t> dims;
+};
+
+OpenDataset open_dataset(const Hdf5Checker& h5, hid_t file, const char* name) {
+  const std::string what = std::string("cannot open dataset '") + name + "'";
+  const htri_t exists = h5.check(H5Lexists(file, name, H5P_DEFAULT), what);
+  if (exists == 0) h5.fail(std::string("missing dataset '") + name + "'");
+  OpenDataset result;
+  result.dataset = h5.own(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose, what);
+  result.type = h5.own(H5Dget_type(result.dataset.get()), H5Tclose, what);
+  result.type_class = h5.check(H5Tget_class(result.type.get()), what);
+  Handle space = h5.own(H5Dget_space(result.dataset.get()), H5Sclose, what);
+  const int rank = h5.check(H5Sget_simple_extent_ndims(space.get()), what);
+  result.dims.resize(static_cast<std::size_t>(rank));
+  if (rank > 0) h5.check(H5Sget_simple_extent_dims(space.get(), result.dims.data(), nullptr), what);
+  return result;
+}
+
+void expect_shape(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset,
+                  const std::vector<hsize_t>& expected) {
+  if (dataset.dims != expected) {
+    h5.fail(std::string("dataset '") + name + "' has shape " + describe_dims(dataset.dims) + ", expected " +
+            describe_dims(expected));
+  }
+}
+
+void expect_class(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset, H5T_class_t expected,
+                  const char* described) {
+  if (dataset.type_class != expected) h5.fail(std::string("dataset '") + name + "' must hold " + described);
+}
+
+template <typename T>
+void read_all(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset, hid_t memory_type,
+              std::vector<T>& out) {
+  if (out.empty()) return;
+  h5.check(H5Dread(dataset.dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
+           std::string("cannot read dataset '") + name + "'");
+}
+
+std::vector<std::string> read_strings(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset) {
+  const std::string what = std::string("cannot read dataset '") + name + "'";
+  const std::size_t count = dataset.dims.empty() ? 0 : static_cast<std::size_t>(dataset.dims[0]);
+  std::vector<std::string> values;
+  if (count == 0) return values;
+  values.reserve(count);
+  const htri_t variable = h5.check(H5Tis_variable_str(dataset.type.get()), what);
+  if (variable > 0) {
+    std::vector<char*> data(count, nullptr);
+    h5.check(H5Dread(dataset.dataset.get(), dataset.type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), what);
+    for (char* s : data) values.emplace_back(s != nullptr ? s : "");
+    Handle space = h5.own(H5Dget_space(dataset.dataset.get()), H5Sclose, what);
+    h5.check(H5Dvlen_reclaim(dataset.type.get(), space.get(), H5P_DEFAULT, data.data()), what);
+    return values;
+  }
+  const std::size_t size = H5Tget_size(dataset.type.get());
+  if (size == 0) h5.fail(what);
+  std::vector<char> data(count * size, '\0');
+  h5.check(H5Dread(dataset.dataset.get(), dataset.type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), what);
+  for (std::size_t i = 0; i < count; ++i) {
+    const char* s = data.data() + i * size;
+    values.emplace_back(s, strnlen(s, size));
+  }
+  return values;
+}
+
+}  // namespace
+
+// =========================================================================================================
+// ShardWriter
+
+struct ShardWriter::Impl {
+  std::string path;
+  std::string temporary;
+  ShardAttributes attributes;
+  std::int64_t tile_count = 0;
+  std::size_t slide_count = 0;
+  std::size_t tile_bytes = 0;
+
+  // Declaration order is destruction order in reverse: datasets close before the file.
+  Handle file;
+  Handle images;
+  Handle labels;
+  Handle fractions;
+  Handle coords;
+  Handle slide_index;
+
+  // The small per-tile datasets are kept in memory and written once by finish().
+  std::vector<std::uint8_t> label_values;
+  std::vector<float> fraction_values;
+  std::vector<std::int64_t> coord_values;
+  std::vector<std::uint32_t> slide_values;
+  std::vector<bool> written;
+  std::int64_t written_count = 0;
+  bool finished = false;
+
+  void close_quietly() {
+    slide_index.close();
+    coords.close();
+    fractions.close();
+    labels.close();
+    images.close();
+    file.close();
+  }
+};
+
+ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attributes, std::int64_t tile_count,
+                         const std::vector<std::string>& slides)
+    : impl_(std::make_unique<Impl>()) {
+  if (attributes.tile_size <= 0) throw InternalError("ShardWriter: tile size must be positive");
+  if (!(attributes.mpp > 0.0) || !std::isfinite(attributes.mpp)) {
+    throw InternalError("ShardWriter: mpp must be a positive number");
+  }
+  if (tile_count < 0) throw InternalError("ShardWriter: negative tile count");
+  auto& impl = *impl_;
+  impl.path = path;
+  impl.temporary = path + ".tmp-" + std::to_string(::getpid());
+  impl.attributes = attributes;
+  impl.tile_count = tile_count;
+  impl.slide_count = slides.size();
+  const auto t = static_cast<hsize_t>(attributes.tile_size);
+  impl.tile_bytes = static_cast<std::size_t>(t * t * rgb_channels);
+  const auto n = static_cast<std::size_t>(tile_count);
+  impl.label_values.assign(n, 0);
+  impl.fraction_values.assign(n, 0.0f);
+  impl.coord_values.assign(2 * n, 0);
+  impl.slide_values.assign(n, 0);
+  impl.written.assign(n, false);
+
+  QuietHdf5 quiet;
+  // Errors name the shard being written; HDF5's own text names the temporary file.
+  const Hdf5Checker h5(impl.path, ErrorKind::internal);
+  try {
+    Handle fapl = make_file_access(h5);
+    impl.file = h5.own(H5Fcreate(impl.temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
+                       "cannot create the shard");
+    const hid_t file = impl.file.get();
+
+    // images: contiguous and allocated now, so the file offset exists from the start and tiles can later be
+    // read with one pread per block; never pre-filled (every tile is written, finish() checks).
+    Handle dcpl = h5.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "cannot create a dataset property list");
+    h5.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "cannot set contiguous layout");
+    h5.check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "cannot set early allocation");
+    h5.check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "cannot disable fill values");
+    const auto hn = static_cast<hsize_t>(tile_count);
+    Handle image_space = make_space(h5, {hn, t, t, static_cast<hsize_t>(rgb_channels)});
+    impl.images = create_dataset(h5, file, "images", H5T_STD_U8LE, image_space, dcpl.get());
+
+    Handle one_d = make_space(h5, {hn});
+    Handle pairs = make_space(h5, {hn, 2});
+    impl.labels = create_dataset(h5, file, "labels", H5T_STD_U8LE, one_d);
+    impl.fractions = create_dataset(h5, file, "tumor_fraction", H5T_IEEE_F32LE, one_d);
+    impl.coords = create_dataset(h5, file, "coords", H5T_STD_I64LE, pairs);
+    impl.slide_index = create_dataset(h5, file, "slide_index", H5T_STD_U32LE, one_d);
+
+    Handle string_type = make_utf8_string_type(h5);
+    Handle slide_space = make_space(h5, {static_cast<hsize_t>(slides.size())});
+    Handle slide_ids = create_dataset(h5, file, "slides", string_type.get(), slide_space);
+    if (!slides.empty()) {
+      std::vector<const char*> ids;
+      ids.reserve(slides.size());
+      for (const auto& s : slides) ids.push_back(s.c_str());
+      h5.check(H5Dwrite(slide_ids.get(), string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ids.data()),
+               "cannot write dataset 'slides'");
+    }
+    h5.close(slide_ids, "cannot close dataset 'slides'");
+
+    write_string_attribute(h5, file, "format", shard_format_name);
+    const int version = shard_format_version;
+    write_numeric_attribute(h5, file, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version);
+    write_numeric_attribute(h5, file, "tile_size", H5T_STD_I32LE, H5T_NATIVE_INT, &attributes.tile_size);
+    write_numeric_attribute(h5, file, "mpp", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &attributes.mpp);
+    write_string_attribute(h5, file, "stain_normalization", attributes.stain_normalization);
+  } catch (...) {
+    impl.close_quietly();
+    std::remove(impl.temporary.c_str());
+    throw;
+  }
+}
+
+ShardWriter::~ShardWriter() {
+  if (!impl_ || impl_->finished) return;
+  QuietHdf5 quiet;
+  impl_->close_quietly();
+  std::remove(impl_->temporary.c_str());
+}
+
+void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& records, const std::uint8_t* images) {
+  auto& impl = *impl_;
+  if (impl.finished) throw InternalError("ShardWriter: write after finish() for '" + impl.path + "'");
+  const auto count = static_cast<std::int64_t>(records.size());
+  if (first < 0 || first > impl.tile_count - count) {
+    throw InternalError("ShardWriter: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                        ") outside the shard's " + std::to_string(impl.tile_count) + " tiles ('" + impl.path + "')");
+  }
+  for (const auto& r : records) {
+    if (r.slide_index >= impl.slide_count) {
+      throw InternalError("ShardWriter: slide index " + std::to_string(r.slide_index) + " but the shard has " +
+                          std::to_string(impl.slide_count) + " slides ('" + impl.path + "')");
+    }
+  }
+  if (count == 0) return;
+  if (images == nullptr) throw InternalError("ShardWriter: no image data");
+
+  QuietHdf5 quiet;
+  const Hdf5Checker h5(impl.path, ErrorKind::internal);
+  const auto t = static_cast<hsize_t>(impl.attributes.tile_size);
+  const hsize_t start[4] = {static_cast<hsize_t>(first), 0, 0, 0};
+  const hsize_t extent[4] = {static_cast<hsize_t>(count), t, t, static_cast<hsize_t>(rgb_channels)};
+  Handle file_space = h5.own(H5Dget_space(impl.images.get()), H5Sclose, "cannot write tiles");
+  h5.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+           "cannot select tiles");
+  Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
+  h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
+           "cannot write tiles " + std::to_string(first) + ".." + std::to_string(first + count - 1));
+
+  for (std::int64_t k = 0; k < count; ++k) {
+    const auto i = static_cast<std::size_t>(first + k);
+    const auto& r = records[static_cast<std::size_t>(k)];
+    impl.label_values[i] = r.label;
+    impl.fraction_values[i] = r.tumor_fraction;
+    impl.coord_values[2 * i] = r.x;
+    impl.coord_values[2 * i + 1] = r.y;
+    impl.slide_values[i] = r.slide_index;
+    if (!impl.written[i]) {
+      impl.written[i] = true;
+      ++impl.written_count;
+    }
+  }
+}
+
+void ShardWriter::write(std::int64_t index, const ShardTileRecord& record, const cv::Mat& rgb) {
+  const int t = impl_->attributes.tile_size;
+  if (rgb.type() != CV_8UC3 || rgb.rows != t || rgb.cols != t) {
+    throw InternalError("ShardWriter: tile must be a " + std::to_string(t) + "x" + std::to_string(t) +
+                        " CV_8UC3 image ('" + impl_->path + "')");
+  }
+  const cv::Mat continuous = rgb.isContinuous() ? rgb : rgb.clone();
+  write(index, std::vector<ShardTileRecord>{record}, continuous.ptr<std::uint8_t>());
+}
+
+void ShardWriter::finish() {
+  auto& impl = *impl_;
+  if (impl.finished) throw InternalError("ShardWriter: finish() called twice for '" + impl.path + "'");
+  if (impl.written_count != impl.tile_count) {
+    const auto missing = std::find(impl.written.begin(), impl.written.end(), false) - impl.written.begin();
+    throw InternalError("ShardWriter: " + std::to_string(impl.tile_count - impl.written_count) + " of " +
+                        std::to_string(impl.tile_count) + " tiles of '" + impl.path +
+                        "' were never written (first: " + std::to_string(missing) + ")");
+  }
+  {
+    QuietHdf5 quiet;
+    const Hdf5Checker h5(impl.path, ErrorKind::internal);
+    if (impl.tile_count > 0) {
+      auto write_all = [&](const Handle& dataset, hid_t type, const void* data, const char* name) {
+        h5.check(H5Dwrite(dataset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+                 std::string("cannot write dataset '") + name + "'");
+      };
+      write_all(impl.labels, H5T_NATIVE_UINT8, impl.label_values.data(), "labels");
+      write_all(impl.fractions, H5T_NATIVE_FLOAT, impl.fraction_values.data(), "tumor_fraction");
+      write_all(impl.coords, H5T_NATIVE_INT64, impl.coord_values.data(), "coords");
+      write_all(impl.slide_index, H5T_NATIVE_UINT32, impl.slide_values.data(), "slide_index");
+    }
+    h5.close(impl.slide_index, "cannot close dataset 'slide_index'");
+    h5.close(impl.coords, "cannot close dataset 'coords'");
+    h5.close(impl.fractions, "cannot close dataset 'tumor_fraction'");
+    h5.close(impl.labels, "cannot close dataset 'labels'");
+    h5.close(impl.images, "cannot close dataset 'images'");
+    h5.close(impl.file, "cannot close the shard");
+  }
+  // HDF5 does not sync on close; make the data durable before the rename publishes it.
+  const int fd = ::open(impl.temporary.c_str(), O_RDONLY | O_CLOEXEC);
+  check_errno(fd >= 0, "cannot reopen '" + impl.temporary + "'");
+  const bool synced = ::fsync(fd) == 0;
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  check_errno(synced, "cannot sync '" + impl.temporary + "'");
+  check_errno(std::rename(impl.temporary.c_str(), impl.path.c_str()) == 0,
+              "cannot rename '" + impl.temporary + "' to '" + impl.path + "'");
+  impl.finished = true;
+}
+
+// =========================================================================================================
+// ShardFile
+
+std::size_t ShardFile::tile_bytes() const {
+  const auto t = static_cast<std::size_t>(attributes_.tile_size);
+  return t * t * rgb_channels;
+}
+
+ShardFile ShardFile::open(const std::string& path) {
+  ShardFile shard;
+  shard.path_ = path;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) throw FileNotFoundError(path);
+    throw InputError(std::string("cannot open: ") + std::strerror(errno), path);
+  }
+  shard.fd_ = std::shared_ptr<int>(new int(fd), [](int* p) {
+    ::close(*p);
+    delete p;
+  });
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) throw InputError("not a regular file", path);
+
+  {
+    QuietHdf5 quiet;
+    const Hdf5Checker h5(path, ErrorKind::input);
+    Handle fapl = make_file_access(h5);
+    const hid_t file_id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
+    if (file_id < 0) {
+      const Hdf5Failure failure = last_hdf5_failure();
+      if (!failure.truncated.empty()) throw InputError(hdf5_truncated_message(failure.truncated, file_size(fd)), path);
+      h5.fail("not a readable HDF5 shard", failure.text());
+    }
+    Handle file(file_id, H5Fclose);
+
+    // Attributes first: a foreign HDF5 file is named as such before any dataset is looked at.
+    const std::string format = read_string_attribute(h5, file.get(), "format");
+    if (format != shard_format_name) {
+      h5.fail("not a Tessera shard (format attribute is '" + format + "', expected '" + shard_format_name + "')");
+    }
+    const long long version = read_integer_attribute(h5, file.get(), "version");
+    if (version < 1) h5.fail("invalid shard format version " + std::to_string(version));
+    if (version > shard_format_version) {
+      h5.fail("shard format version " + std::to_string(version) + " is newer than this Tessera reads (" +
+              std::to_string(shard_format_version) + ")");
+    }
+    const long long tile_size = read_integer_attribute(h5, file.get(), "tile_size");
+    if (tile_size <= 0 || tile_size > std::numeric_limits<int>::max() / 4) {
+      h5.fail("invalid tile_size attribute " + std::to_string(tile_size));
+    }
+    shard.attributes_.tile_size = static_cast<int>(tile_size);
+    shard.attributes_.mpp = read_number_attribute(h5, file.get(), "mpp");
+    if (!(shard.attributes_.mpp > 0.0) || !std::isfinite(shard.attributes_.mpp)) {
+      h5.fail("invalid mpp attribute " + std::to_string(shard.attributes_.mpp));
+    }
+    shard.attributes_.stain_normalization = read_string_attribute(h5, file.get(), "stain_normalization");
+
+    OpenDataset images = open_dataset(h5, file.get(), "images");
+    OpenDataset labels = open_dataset(h5, file.get(), "labels");
+    OpenDataset fractions = open_dataset(h5, file.get(), "tumor_fraction");
+    OpenDataset coords = open_dataset(h5, file.get(), "coords");
+    OpenDataset slide_index = open_dataset(h5, file.get(), "slide_index");
+    OpenDataset slides = open_dataset(h5, file.get(), "slides");
+
+    if (images.type_class != H5T_INTEGER || H5Tget_size(images.type.get()) != 1 ||
+        H5Tget_sign(images.type.get()) != H5T_SGN_NONE) {
+      h5.fail("dataset 'images' must hold uint8");
+    }
+    expect_class(h5, "labels", labels, H5T_INTEGER, "integers");
+    expect_class(h5, "tumor_fraction", fractions, H5T_FLOAT, "floating-point numbers");
+    expect_class(h5, "coords", coords, H5T_INTEGER, "integers");
+    expect_class(h5, "slide_index", slide_index, H5T_INTEGER, "integers");
+    expect_class(h5, "slides", slides, H5T_STRING, "strings");
+
+    const auto t = static_cast<hsize_t>(tile_size);
+    if (images.dims.size() != 4) {
+      h5.fail("dataset 'images' has shape " + describe_dims(images.dims) + ", expected [N, " + std::to_string(t) +
+              ", " + std::to_string(t) + ", 3]");
+    }
+    const hsize_t n = images.dims[0];
+    expect_shape(h5, "images", images, {n, t, t, static_cast<hsize_t>(rgb_channels)});
+    expect_shape(h5, "labels", labels, {n});
+    expect_shape(h5, "tumor_fraction", fractions, {n});
+    expect_shape(h5, "coords", coords, {n, 2});
+    expect_shape(h5, "slide_index", slide_index, {n});
+    if (slides.dims.size() != 1) {
+      h5.fail("dataset 'slides' has shape " + describe_dims(slides.dims) + ", expected [S]");
+    }
+
+    // Tiles are read with pread at the dataset's file offset, which only exists for contiguous storage.
+    Handle dcpl = h5.own(H5Dget_create_plist(images.dataset.get()), H5Pclose, "cannot read the layout of 'images'");
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    if (layout != H5D_CONTIGUOUS) {
+      const char* name = layout == H5D_CHUNKED ? "chunked" : layout == H5D_COMPACT ? "compact" : "virtual";
+      h5.fail(std::string("dataset 'images' is not stored contiguously (layout: ") + name +
+              "); write shards with contiguous layout");
+    }
+    const haddr_t offset = H5Dget_offset(images.dataset.get());
+    if (n > 0 && offset == HADDR_UNDEF) {
+      h5.fail("dataset 'images' has no contiguous storage in the file (unwritten or external)");
+    }
+    shard.images_offset_ = n > 0 ? static_cast<std::uint64_t>(offset) : 0;
+
+    const auto count = static_cast<std::size_t>(n);
+    shard.labels_.resize(count);
+    shard.fractions_.resize(count);
+    shard.coords_.resize(2 * count);
+    shard.slide_index_.resize(count);
+    read_all(h5, "labels", labels, H5T_NATIVE_UINT8, shard.labels_);
+    read_all(h5, "tumor_fraction", fractions, H5T_NATIVE_FLOAT, shard.fractions_);
+    read_all(h5, "coords", coords, H5T_NATIVE_INT64, shard.coords_);
+    read_all(h5, "slide_index", slide_index, H5T_NATIVE_UINT32, shard.slide_index_);
+    shard.slides_ = read_strings(h5, "slides", slides);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (shard.slide_index_[i] >= shard.slides_.size()) {
+        h5.fail("slide_index[" + std::to_string(i) + "] = " + std::to_string(shard.slide_index_[i]) +
+                " is out of range (" + std::to_string(shard.slides_.size()) + " slides)");
+      }
+    }
+
+    for (OpenDataset* d : {&images, &labels, &fractions, &coords, &slide_index, &slides}) {
+      h5.close(d->type, "cannot close a datatype");
+      h5.close(d->dataset, "cannot close a dataset");
+    }
+    h5.close(dcpl, "cannot close a property list");
+    h5.close(file, "cannot close the file");
+  }
+
+  const std::uint64_t expected = shard.images_offset_ + static_cast<std::uint64_t>(shard.size()) * shard.tile_bytes();
+  const std::int64_t actual = file_size(fd);
+  if (actual < 0 || static_cast<std::uint64_t>(actual) < expected)
+    throw InputError(truncated_message(expected, actual), path);
+  return shard;
+}
+
+void ShardFile::read_images(std::int64_t first, std::int64_t count, std::uint8_t* out) const {
+  if (first < 0 || count < 0 || first > size() - count) {
+    throw InternalError("ShardFile: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                        ") outside the shard's " + std::to_string(size()) + " tiles ('" + path_ + "')");
+  }
+  if (!fd_) throw InternalError("ShardFile: read from a shard that was never opened");
+  const std::size_t bytes = static_cast<std::size_t>(count) * tile_bytes();
+  const auto start = static_cast<std::uint64_t>(images_offset_ + static_cast<std::uint64_t>(first) * tile_bytes());
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = ::pread(*fd_, out + done, bytes - done, static_cast<off_t>(start + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw InputError(std::string("cannot read tiles: ") + std::strerror(errno), path_);
+    }
+    if (got == 0) {
+      const std::uint64_t expected = images_offset_ + static_cast<std::uint64_t>(size()) * tile_bytes();
+      throw InputError(truncated_message(expected, file_size(*fd_)), path_);
+    }
+    done += static_cast<std::size_t>(got);
+  }
+}
+
+cv::Mat ShardFile::read_image(std::int64_t index) const {
+  cv::Mat rgb(tile_size(), tile_size(), CV_8UC3);
+  read_images(index, 1, rgb.ptr<std::uint8_t>());
+  return rgb;
+}
+
+// =========================================================================================================
+// Manifest
+
+std::int64_t Manifest::total_tiles() const {
+  std::int64_t total = 0;
+  for (const auto& s : shards) total += s.tiles;
+  return total;
+}
+
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// Reads manifest fields with errors that name the file and the field ("shards[2].tiles").
+class ManifestFields {
+ public:
+  explicit ManifestFields(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
+    throw InputError("field '" + field + "': " + problem, file_);
+  }
+
+  const json* find(const json& object, const std::string& field, const char* key, bool required) const {
+    const auto it = object.find(key);
+    if (it == object.end() || it->is_null()) {
+      if (required) throw InputError("missing required field '" + join(field, key) + "'", file_);
+      return nullptr;
+    }
+    return &*it;
+  }
+
+  std::string string(const json& object, const std::string& field, const char* key, bool required,
+                     const std::string& fallback = {}) const {
+    const json* value = find(object, field, key, required);
+    if (value == nullptr) return fallback;
+    if (!value->is_string()) fail(join(field, key), std::string("expected a string, got ") + value->type_name());
+    return value->get<std::string>();
+  }
+
+  std::int64_t count(const json& object, const std::string& field, const char* key, bool required) const {
+    const json* value = find(object, field, key, required);
+    if (value == nullptr) return 0;
+    if (!value->is_number_integer()) {
+      fail(join(field, key), std::string("expected a non-negative integer, got ") + describe(*value));
+    }
+    if (value->is_number_unsigned()) {
+      const auto v = value->get<std::uint64_t>();
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        fail(join(field, key), "value " + std::to_string(v) + " is too large");
+      }
+      return static_cast<std::int64_t>(v);
+    }
+    const auto v = value->get<std::int64_t>();
+    if (v < 0) fail(join(field, key), "expected a non-negative integer, got " + std::to_string(v));
+    return v;
+  }
+
+  double number(const json& object, const std::string& field, const char* key) const {
+    const json* value = find(object, field, key, true);
+    if (!value->is_number()) fail(join(field, key), std::string("expected a number, got ") + value->type_name());
+    return value->get<double>();
+  }
+
+  const json& array(const json& object, const std::string& field, const char* key, bool required) const {
+    static const json empty = json::array();
+    const json* value = find(object, field, key, required);
+    if (value == nullptr) return empty;
+    if (!value->is_array()) fail(join(field, key), std::string("expected an array, got ") + value->type_name());
+    return *value;
+  }
+
+  const json& object_at(const json& array, const std::string& field, std::size_t index) const {
+    const json& value = array[index];
+    if (!value.is_object()) fail(element(field, index), std::string("expected an object, got ") + value.type_name());
+    return value;
+  }
+
+  std::vector<std::string> strings(const json& object, const std::string& field, const char* key) const {
+    const json& values = array(object, field, key, false);
+    std::vector<std::string> result;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (!values[i].is_string()) {
+        fail(element(join(field, key), i), std::string("expected a string, got ") + values[i].type_name());
+      }
+      result.push_back(values[i].get<std::string>());
+    }
+    return result;
+  }
+
+  static std::string join(const std::string& field, const char* key) {
+    return field.empty() ? std::string(key) : field + "." + key;
+  }
+  static std::string element(const std::string& field, std::size_t index) {
+    return field + "[" + std::to_string(index) + "]";
+  }
+
+ private:
+  static std::string describe(const json& value) {
+    return value.is_number() ? "number " + value.dump() : std::string(value.type_name());
+  }
+  std::string file_;
+};
+
+}  // namespace
+
+Manifest read_manifest(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw FileNotFoundError(path);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(std::string("cannot open: ") + std::strerror(errno), path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError("cannot read", path);
+
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    // Drop nlohmann's "[json.exception.parse_error.101] " tag; the rest says line, column and what is wrong.
+    std::string detail = e.what();
+    if (const auto tag = detail.find("] "); detail.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
+      detail.erase(0, tag + 2);
+    }
+    throw InputError("invalid JSON at byte " + std::to_string(e.byte) + ": " + detail, path);
+  }
+  if (!doc.is_object()) throw InputError(std::string("manifest must be a JSON object, got ") + doc.type_name(), path);
+
+  const ManifestFields f(path);
+  const std::string format = f.string(doc, "", "format", true);
+  if (format != manifest_format_name) {
+    f.fail("format", "expected '" + std::string(manifest_format_name) + "', got '" + format + "'");
+  }
+  const std::int64_t version = f.count(doc, "", "version", true);
+  if (version < 1 || version > manifest_format_version) {
+    f.fail("version", "manifest version " + std::to_string(version) + " is not supported (this Tessera reads " +
+                          std::to_string(manifest_format_version) + ")");
+  }
+
+  Manifest manifest;
+  manifest.config_hash = f.string(doc, "", "config_hash", false);
+  manifest.config_yaml = f.string(doc, "", "config_yaml", false);
+
+  const json* attributes = f.find(doc, "", "attributes", true);
+  if (!attributes->is_object()) f.fail("attributes", std::string("expected an object, got ") + attributes->type_name());
+  const std::int64_t tile_size = f.count(*attributes, "attributes", "tile_size", true);
+  if (tile_size <= 0 || tile_size > std::numeric_limits<int>::max() / 4) {
+    f.fail("attributes.tile_size", "invalid tile size " + std::to_string(tile_size));
+  }
+  manifest.attributes.tile_size = static_cast<int>(tile_size);
+  manifest.attributes.mpp = f.number(*attributes, "attributes", "mpp");
+  if (!(manifest.attributes.mpp > 0.0)) f.fail("attributes.mpp", "must be positive");
+  manifest.attributes.stain_normalization =
+      f.string(*attributes, "attributes", "stain_normalization", false, ShardAttributes{}.stain_normalization);
+
+  const json& shards = f.array(doc, "", "shards", true);
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    const std::string field = ManifestFields::element("shards", i);
+    const json& s = f.object_at(shards, "shards", i);
+    ManifestShard shard;
+    shard.file = f.string(s, field, "file", true);
+    if (shard.file.empty()) f.fail(field + ".file", "empty file name");
+    shard.tiles = f.count(s, field, "tiles", true);
+    shard.normal = f.count(s, field, "normal", false);
+    shard.tumour = f.count(s, field, "tumour", false);
+    shard.slides = f.strings(s, field, "slides");
+    manifest.shards.push_back(std::move(shard));
+  }
+
+  const json& slides = f.array(doc, "", "slides", false);
+  for (std::size_t i = 0; i < slides.size(); ++i) {
+    const std::string field = ManifestFields::element("slides", i);
+    const json& s = f.object_at(slides, "slides", i);
+    ManifestSlide slide;
+    slide.id = f.string(s, field, "id", true);
+    slide.path = f.string(s, field, "path", false);
+    slide.label = f.string(s, field, "label", false);
+    slide.split = f.string(s, field, "split", false);
+    slide.tiles = f.count(s, field, "tiles", false);
+    slide.normal = f.count(s, field, "normal", false);
+    slide.tumour = f.count(s, field, "tumour", false);
+    manifest.slides.push_back(std::move(slide));
+  }
+
+  const json& failures = f.array(doc, "", "failures", false);
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    const std::string field = ManifestFields::element("failures", i);
+    const json& s = f.object_at(failures, "failures", i);
+    manifest.failures.push_back({f.string(s, field, "slide", true), f.string(s, field, "error", true)});
+  }
+  return manifest;
+}
+
+void write_manifest(const std::string& path, const Manifest& manifest) {
+  ordered_json doc;
+  doc["format"] = manifest_format_name;
+  doc["version"] = manifest_format_version;
+  doc["config_hash"] = manifest.config_hash;
+  doc["attributes"] = {{"tile_size", manifest.attributes.tile_size},
+                       {"mpp", manifest.attributes.mpp},
+                       {"stain_normalization", manifest.attributes.stain_normalization}};
+  doc["shards"] = ordered_json::array();
+  for (const auto& s : manifest.shards) {
+    doc["shards"].push_back(
+        {{"file", s.file}, {"tiles", s.tiles}, {"normal", s.normal}, {"tumour", s.tumour}, {"slides", s.slides}});
+  }
+  doc["slides"] = ordered_json::array();
+  for (const auto& s : manifest.slides) {
+    doc["slides"].push_back({{"id", s.id},
+                             {"path", s.path},
+                             {"label", s.label},
+                             {"split", s.split},
+                             {"tiles", s.tiles},
+                             {"normal", s.normal},
+                             {"tumour", s.tumour}});
+  }
+  doc["failures"] = ordered_json::array();
+  for (const auto& failure : manifest.failures) {
+    doc["failures"].push_back({{"slide", failure.slide}, {"error", failure.error}});
+  }
+  doc["config_yaml"] = manifest.config_yaml;  // last: long, and the least interesting to a reader of the file
+  std::string text;
+  try {
+    text = doc.dump(2) + "\n";
+  } catch (const ordered_json::type_error& e) {
+    InternalError error(std::string("cannot write the manifest: ") + e.what());
+    error.add_context("file", path);
+    throw error;
+  }
+  write_file_atomic(path, text);
+}
+
+}  // namespace tessera::io

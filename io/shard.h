@@ -1,0 +1,139 @@
+// HDF5 shards of labelled tiles (`tessera tile` → `tessera train`), layout fixed in DESIGN.md:
+//
+//   images          uint8   [N, T, T, 3]  RGB tiles, CONTIGUOUS layout (one read per block of tiles)
+//   labels          uint8   [N]           0 normal, 1 tumour
+//   tumor_fraction  float32 [N]
+//   coords          int64   [N, 2]        level-0 (x, y) of each tile's top-left
+//   slide_index     uint32  [N]           row in `slides`
+//   slides          string  [S]           slide ids (variable-length UTF-8)
+//   attributes: format = "tessera-shard", version, tile_size, mpp, stain_normalization
+//
+// A shard is written under a temporary name and renamed when complete, so no reader ever sees a
+// half-written shard. Readers validate the layout and the file size and refuse a truncated or foreign file
+// with an InputError naming the file and the first problem.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+namespace tessera::io {
+
+inline constexpr int shard_format_version = 1;
+
+struct ShardAttributes {
+  int tile_size = 0;
+  double mpp = 0.0;
+  std::string stain_normalization = "none";
+};
+
+struct ShardTileRecord {
+  std::uint8_t label = 0;
+  float tumor_fraction = 0.0f;
+  std::int64_t x = 0;
+  std::int64_t y = 0;
+  std::uint32_t slide_index = 0;
+};
+
+class ShardWriter {
+ public:
+  // Creates `<path>.tmp-<pid>` with datasets sized for exactly `tile_count` tiles of `slides`.
+  ShardWriter(const std::string& path, const ShardAttributes& attributes, std::int64_t tile_count,
+              const std::vector<std::string>& slides);
+  ~ShardWriter();  // without finish(): closes and deletes the temporary file
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // Writes tiles [first, first + records.size()): `images` holds records.size() RGB tiles back to back
+  // (T·T·3 bytes each, C-order [n][y][x][c]).
+  void write(std::int64_t first, const std::vector<ShardTileRecord>& records, const std::uint8_t* images);
+  // Convenience for one tile from a CV_8UC3 T×T RGB image.
+  void write(std::int64_t index, const ShardTileRecord& record, const cv::Mat& rgb);
+  // Checks that every tile was written, flushes, closes and renames into place.
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Read access to one shard. Metadata (labels, fractions, coords, slide ids) is loaded at open; image blocks
+// are read on demand with one contiguous read each, straight from the file offset of the contiguous
+// dataset (so reading needs no HDF5 call and is safe from several threads).
+class ShardFile {
+ public:
+  static ShardFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const ShardAttributes& attributes() const { return attributes_; }
+  std::int64_t size() const { return static_cast<std::int64_t>(labels_.size()); }
+  int tile_size() const { return attributes_.tile_size; }
+  std::size_t tile_bytes() const;
+
+  const std::vector<std::uint8_t>& labels() const { return labels_; }
+  const std::vector<float>& tumor_fractions() const { return fractions_; }
+  const std::vector<std::int64_t>& coords() const { return coords_; }  // x0, y0, x1, y1, ...
+  const std::vector<std::uint32_t>& slide_indices() const { return slide_index_; }
+  const std::vector<std::string>& slides() const { return slides_; }
+
+  // Reads tiles [first, first + count) into `out` (count · tile_bytes() bytes): one pread.
+  void read_images(std::int64_t first, std::int64_t count, std::uint8_t* out) const;
+  cv::Mat read_image(std::int64_t index) const;  // one tile as CV_8UC3 RGB
+
+  // Byte offset of the images dataset in the file (for benchmarks and layout tests).
+  std::uint64_t images_offset() const { return images_offset_; }
+
+ private:
+  std::string path_;
+  ShardAttributes attributes_;
+  std::vector<std::uint8_t> labels_;
+  std::vector<float> fractions_;
+  std::vector<std::int64_t> coords_;
+  std::vector<std::uint32_t> slide_index_;
+  std::vector<std::string> slides_;
+  std::uint64_t images_offset_ = 0;
+  std::shared_ptr<int> fd_;  // shared file descriptor, closed with the last copy
+};
+
+// manifest.json of a shard folder.
+struct ManifestShard {
+  std::string file;  // relative to the manifest's folder
+  std::int64_t tiles = 0;
+  std::int64_t normal = 0;
+  std::int64_t tumour = 0;
+  std::vector<std::string> slides;
+};
+
+struct ManifestSlide {
+  std::string id;
+  std::string path;
+  std::string label;  // "tumor", "normal" or "" when unknown
+  std::string split;  // "train", "val", "test" or ""
+  std::int64_t tiles = 0;
+  std::int64_t normal = 0;
+  std::int64_t tumour = 0;
+};
+
+struct ManifestFailure {
+  std::string slide;
+  std::string error;
+};
+
+struct Manifest {
+  std::string config_hash;   // of the settings that decide the tiles (resume skips when equal)
+  std::string config_yaml;   // the effective job
+  ShardAttributes attributes;
+  std::vector<ManifestShard> shards;
+  std::vector<ManifestSlide> slides;
+  std::vector<ManifestFailure> failures;
+  std::int64_t total_tiles() const;
+};
+
+Manifest read_manifest(const std::string& path);             // InputError naming the file on any problem
+void write_manifest(const std::string& path, const Manifest& manifest);  // atomic
+
+}  // namespace tessera::io

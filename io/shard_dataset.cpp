@@ -1,0 +1,363 @@
+#include "io/shard_dataset.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <utility>
+
+#include "io/error.h"
+
+// Epoch layout, for one (seed, epoch):
+//   1. blocks (≤ block_size consecutive tiles of one selected slide in one shard) in shard order;
+//   2. shuffle=true: permuted by a Fisher–Yates shuffle seeded from (seed, epoch) only, so every rank sees
+//      the same permutation;
+//   3. the concatenated tile sequence is cut into world_size parts. Shuffled: floor(total / W) tiles each,
+//      the last total % W tiles of the sequence are left out this epoch (a different set every epoch).
+//      Not shuffled: part r is [r·total/W, (r+1)·total/W), so every tile is used and parts differ by at most
+//      one tile;
+//   4. rank r reads its part block by block (a block may be split at a part boundary) through a shuffle
+//      buffer seeded from (seed, epoch, rank) and cuts it into batches.
+// Batches per epoch: drop_last → floor(floor(total / W) / batch_size) on every rank (a rank whose unshuffled
+// part has one tile more drops it with the last incomplete batch); otherwise ceil(part / batch_size), which is
+// equal on every rank when shuffled, and may differ by one between ranks when not shuffled (validation and
+// prediction, where every tile counts).
+//
+// Random numbers come from std::mt19937_64, whose output the standard fixes, through our own bounded draw and
+// Fisher–Yates: std::uniform_int_distribution and std::shuffle differ between standard libraries, which would
+// break "same seed, same batches" across builds.
+
+namespace tessera::io {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Independent streams per (seed, epoch, stream); stream 0 is the block order shared by all ranks.
+std::uint64_t stream_seed(std::uint64_t seed, std::int64_t epoch, std::uint64_t stream) {
+  return splitmix64(splitmix64(splitmix64(seed) ^ static_cast<std::uint64_t>(epoch)) ^ stream);
+}
+
+// Uniform in [0, n), n ≥ 1, without bias: draws below 2^64 mod n are rejected.
+std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t n) {
+  const std::uint64_t limit = (0 - n) % n;
+  for (;;) {
+    const std::uint64_t r = rng();
+    if (r >= limit) return r % n;
+  }
+}
+
+template <typename T>
+void fisher_yates(std::vector<T>& values, std::mt19937_64& rng) {
+  for (std::size_t i = values.size(); i > 1; --i) {
+    const auto j = static_cast<std::size_t>(uniform_below(rng, i));
+    std::swap(values[i - 1], values[j]);
+  }
+}
+
+// A run of tiles read with one read_images call.
+struct Block {
+  std::uint32_t shard = 0;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+};
+
+bool same_mpp(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); }
+
+}  // namespace
+
+struct ShardDataset::Impl {
+  ShardDatasetOptions options;
+  Manifest manifest;
+  std::vector<ShardFile> shards;
+  int tile_size = 0;
+  std::size_t tile_bytes = 0;
+  std::vector<Block> blocks;  // shard order
+  std::int64_t total = 0;     // selected tiles
+  std::int64_t part_begin = 0;
+  std::int64_t part_size = 0;
+  std::int64_t batches = 0;
+
+  // Prefetch: the worker fills `queue` up to prefetch_batches; next() drains it.
+  std::mutex mutex;
+  std::condition_variable not_empty;
+  std::condition_variable not_full;
+  std::deque<Batch> queue;
+  bool producer_done = false;
+  bool cancel = false;
+  std::exception_ptr error;
+  bool started = false;
+  std::thread worker;
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      cancel = true;
+    }
+    not_full.notify_all();
+    not_empty.notify_all();
+    if (worker.joinable()) worker.join();
+    std::lock_guard<std::mutex> lock(mutex);
+    queue.clear();
+    error = nullptr;
+    producer_done = false;
+    cancel = false;
+  }
+
+  // This rank's reads for `epoch`, in order.
+  std::vector<Block> plan(std::int64_t epoch) const {
+    std::vector<std::uint32_t> order(blocks.size());
+    std::iota(order.begin(), order.end(), 0U);
+    if (options.shuffle) {
+      std::mt19937_64 rng(stream_seed(options.seed, epoch, 0));
+      fisher_yates(order, rng);
+    }
+    std::vector<Block> reads;
+    const std::int64_t part_end = part_begin + part_size;
+    std::int64_t position = 0;
+    for (const auto index : order) {
+      if (position >= part_end) break;
+      const Block& b = blocks[index];
+      const std::int64_t lo = std::max(position, part_begin);
+      const std::int64_t hi = std::min(position + b.count, part_end);
+      if (lo < hi) reads.push_back({b.shard, b.first + (lo - position), hi - lo});
+      position += b.count;
+    }
+    return reads;
+  }
+
+  // False when cancelled.
+  bool push(Batch&& batch) {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto capacity = static_cast<std::size_t>(std::max(1, options.prefetch_batches));
+    not_full.wait(lock, [&] { return cancel || queue.size() < capacity; });
+    if (cancel) return false;
+    queue.push_back(std::move(batch));
+    lock.unlock();
+    not_empty.notify_one();
+    return true;
+  }
+
+  bool cancelled() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return cancel;
+  }
+
+  void produce(const std::vector<Block>& reads, std::uint64_t buffer_seed) {
+    const std::size_t batch_size = static_cast<std::size_t>(options.batch_size);
+    const bool buffered = options.shuffle && options.shuffle_buffer > 1;
+    const std::size_t capacity = buffered ? static_cast<std::size_t>(options.shuffle_buffer) : 0;
+    std::mt19937_64 rng(buffer_seed);
+
+    // The shuffle buffer: `capacity` tile slots, each with the (shard, tile) it holds.
+    std::vector<std::uint8_t> slots(capacity * tile_bytes);
+    std::vector<std::pair<std::uint32_t, std::int64_t>> slot_tiles(capacity);
+    std::size_t used = 0;
+
+    std::int64_t emitted = 0;
+    Batch batch;
+    auto fresh = [&] {
+      batch = Batch{};
+      batch.tile_size = tile_size;
+      batch.images.reserve(batch_size * tile_bytes);
+      batch.labels.reserve(batch_size);
+      batch.tumor_fractions.reserve(batch_size);
+      batch.coords.reserve(2 * batch_size);
+      batch.slide_ids.reserve(batch_size);
+    };
+    fresh();
+    // Appends one tile; false once the epoch's batches are all out or the epoch was cancelled.
+    auto emit = [&](const std::uint8_t* pixels, std::uint32_t shard_index, std::int64_t tile) {
+      if (emitted >= batches) return false;
+      const ShardFile& shard = shards[shard_index];
+      const auto i = static_cast<std::size_t>(tile);
+      batch.images.insert(batch.images.end(), pixels, pixels + tile_bytes);
+      batch.labels.push_back(shard.labels()[i]);
+      batch.tumor_fractions.push_back(shard.tumor_fractions()[i]);
+      batch.coords.push_back(shard.coords()[2 * i]);
+      batch.coords.push_back(shard.coords()[2 * i + 1]);
+      batch.slide_ids.push_back(shard.slides()[shard.slide_indices()[i]]);
+      ++batch.size;
+      if (static_cast<std::size_t>(batch.size) == batch_size) {
+        if (!push(std::move(batch))) return false;
+        ++emitted;
+        fresh();
+      }
+      return true;
+    };
+
+    std::vector<std::uint8_t> block;
+    for (const Block& read : reads) {
+      if (cancelled()) return;
+      block.resize(static_cast<std::size_t>(read.count) * tile_bytes);
+      shards[read.shard].read_images(read.first, read.count, block.data());
+      for (std::int64_t k = 0; k < read.count; ++k) {
+        const std::uint8_t* pixels = block.data() + static_cast<std::size_t>(k) * tile_bytes;
+        const std::int64_t tile = read.first + k;
+        if (!buffered) {
+          if (!emit(pixels, read.shard, tile)) return;
+        } else if (used < capacity) {
+          std::memcpy(slots.data() + used * tile_bytes, pixels, tile_bytes);
+          slot_tiles[used++] = {read.shard, tile};
+        } else {
+          // Full: a random tile leaves the buffer and the incoming one takes its slot.
+          const auto j = static_cast<std::size_t>(uniform_below(rng, capacity));
+          std::uint8_t* slot = slots.data() + j * tile_bytes;
+          if (!emit(slot, slot_tiles[j].first, slot_tiles[j].second)) return;
+          std::memcpy(slot, pixels, tile_bytes);
+          slot_tiles[j] = {read.shard, tile};
+        }
+      }
+    }
+    while (used > 0) {
+      const auto j = static_cast<std::size_t>(uniform_below(rng, used));
+      std::uint8_t* slot = slots.data() + j * tile_bytes;
+      if (!emit(slot, slot_tiles[j].first, slot_tiles[j].second)) return;
+      --used;
+      if (j != used) {
+        std::memcpy(slot, slots.data() + used * tile_bytes, tile_bytes);
+        slot_tiles[j] = slot_tiles[used];
+      }
+    }
+    if (batch.size > 0 && emitted < batches) push(std::move(batch));
+  }
+
+  void run(std::vector<Block> reads, std::uint64_t buffer_seed) {
+    try {
+      produce(reads, buffer_seed);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      producer_done = true;
+    }
+    not_empty.notify_all();
+  }
+};
+
+ShardDataset::ShardDataset(const std::string& folder, const ShardDatasetOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  auto& impl = *impl_;
+  if (options.batch_size < 1) throw InternalError("ShardDataset: batch_size must be at least 1");
+  if (options.block_size < 1) throw InternalError("ShardDataset: block_size must be at least 1");
+  if (options.shuffle_buffer < 0) throw InternalError("ShardDataset: shuffle_buffer must not be negative");
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw InternalError("ShardDataset: rank " + std::to_string(options.rank) + " outside world size " +
+                        std::to_string(options.world_size));
+  }
+  impl.options = options;
+
+  const std::filesystem::path root(folder);
+  impl.manifest = read_manifest((root / "manifest.json").string());
+  impl.tile_size = impl.manifest.attributes.tile_size;
+  double mpp = impl.manifest.attributes.mpp;
+  std::string reference = (root / "manifest.json").string();
+  for (const auto& entry : impl.manifest.shards) {
+    const std::string path = (root / entry.file).string();
+    ShardFile shard = ShardFile::open(path);
+    if (shard.tile_size() != impl.tile_size) {
+      throw InputError("tile size " + std::to_string(shard.tile_size()) + " differs from " +
+                           std::to_string(impl.tile_size) + " in '" + reference + "'",
+                       path);
+    }
+    if (!same_mpp(shard.attributes().mpp, mpp)) {
+      throw InputError("mpp " + std::to_string(shard.attributes().mpp) + " differs from " + std::to_string(mpp) +
+                           " in '" + reference + "'",
+                       path);
+    }
+    if (shard.size() != entry.tiles) {
+      throw InputError("the manifest lists " + std::to_string(entry.tiles) + " tiles for this shard, it holds " +
+                           std::to_string(shard.size()),
+                       path);
+    }
+    if (impl.shards.empty()) reference = path;
+    impl.shards.push_back(std::move(shard));
+  }
+  impl.tile_bytes = static_cast<std::size_t>(impl.tile_size) * static_cast<std::size_t>(impl.tile_size) * 3;
+
+  const auto block_size = static_cast<std::int64_t>(options.block_size);
+  for (std::uint32_t s = 0; s < impl.shards.size(); ++s) {
+    const ShardFile& shard = impl.shards[s];
+    std::vector<bool> selected(shard.slides().size(), true);
+    if (!options.slides.empty()) {
+      for (std::size_t k = 0; k < selected.size(); ++k) selected[k] = options.slides.contains(shard.slides()[k]);
+    }
+    const auto& slide_of = shard.slide_indices();
+    for (std::int64_t i = 0; i < shard.size();) {
+      const std::uint32_t slide = slide_of[static_cast<std::size_t>(i)];
+      std::int64_t end = i + 1;
+      while (end < shard.size() && end - i < block_size && slide_of[static_cast<std::size_t>(end)] == slide) ++end;
+      if (selected[slide]) {
+        impl.blocks.push_back({s, i, end - i});
+        impl.total += end - i;
+      }
+      i = end;
+    }
+  }
+
+  const auto world = static_cast<std::int64_t>(options.world_size);
+  const auto rank = static_cast<std::int64_t>(options.rank);
+  const std::int64_t smallest_part = impl.total / world;
+  if (options.shuffle) {
+    impl.part_begin = rank * smallest_part;
+    impl.part_size = smallest_part;
+  } else {
+    impl.part_begin = rank * impl.total / world;
+    impl.part_size = (rank + 1) * impl.total / world - impl.part_begin;
+  }
+  const auto batch = static_cast<std::int64_t>(options.batch_size);
+  impl.batches = options.drop_last ? smallest_part / batch : (impl.part_size + batch - 1) / batch;
+}
+
+ShardDataset::~ShardDataset() {
+  if (impl_) impl_->stop();
+}
+
+const Manifest& ShardDataset::manifest() const { return impl_->manifest; }
+int ShardDataset::tile_size() const { return impl_->tile_size; }
+std::int64_t ShardDataset::total_tiles() const { return impl_->total; }
+std::int64_t ShardDataset::tiles_per_rank() const { return impl_->part_size; }
+std::int64_t ShardDataset::batches_per_epoch() const { return impl_->batches; }
+
+void ShardDataset::start_epoch(std::int64_t epoch) {
+  auto& impl = *impl_;
+  impl.stop();
+  std::vector<Block> reads = impl.plan(epoch);
+  const std::uint64_t buffer_seed =
+      stream_seed(impl.options.seed, epoch, 1 + static_cast<std::uint64_t>(impl.options.rank));
+  impl.started = true;
+  impl.worker = std::thread(
+      [&impl, reads = std::move(reads), buffer_seed]() mutable { impl.run(std::move(reads), buffer_seed); });
+}
+
+bool ShardDataset::next(Batch& batch) {
+  auto& impl = *impl_;
+  if (!impl.started) throw InternalError("ShardDataset: next() before start_epoch()");
+  std::unique_lock<std::mutex> lock(impl.mutex);
+  impl.not_empty.wait(lock, [&] { return !impl.queue.empty() || impl.producer_done; });
+  if (!impl.queue.empty()) {
+    batch = std::move(impl.queue.front());
+    impl.queue.pop_front();
+    lock.unlock();
+    impl.not_full.notify_one();
+    return true;
+  }
+  // Batches read before a failure are delivered first; then the failure, on every call until start_epoch.
+  if (impl.error) std::rethrow_exception(impl.error);
+  return false;
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,39 @@
+// Stain normalization: make tiles from different labs and scanners look alike before training and
+// inference.
+//  - Reinhard: match the per-channel mean and standard deviation in CIE L*a*b* (tissue pixels only).
+//  - Macenko: estimate the slide's/tile's H and E stain vectors from the optical density of tissue pixels
+//    (plane of the two largest singular vectors, robust angle percentiles), express each pixel as H and E
+//    concentrations, rescale the concentrations to the target's 99th percentiles and recompose with the
+//    target's stain vectors.
+// The target is fitted on a reference image, or is the built-in H&E reference (Tessera's own constants).
+// A normalizer is fitted once and then applied to many tiles; apply() is const and thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <opencv2/core.hpp>
+
+namespace tessera::prep {
+
+enum class StainMethod { none, reinhard, macenko };
+StainMethod parse_stain_method(const std::string& name);  // "none", "reinhard", "macenko"; else InternalError
+const char* to_string(StainMethod method);
+
+class StainNormalizer {
+ public:
+  virtual ~StainNormalizer() = default;
+  virtual StainMethod method() const = 0;
+  // Normalizes an RGB CV_8UC3 image in place. Background (near-white) pixels are left near-white.
+  virtual void apply(cv::Mat& rgb) const = 0;
+  // A short text of the fitted target (stored with shards and checkpoints so inference matches training).
+  virtual std::string describe() const = 0;
+};
+
+// The built-in H&E target for `method`; nullptr for StainMethod::none.
+std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method);
+// Fitted on a reference image (RGB CV_8UC3). InputError if it holds too little tissue to fit.
+std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const cv::Mat& reference,
+                                                       const std::string& reference_name);
+
+}  // namespace tessera::prep

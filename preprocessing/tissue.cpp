@@ -1,0 +1,272 @@
+#include "preprocessing/tissue.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <opencv2/imgproc.hpp>
+
+#include "io/error.h"
+
+namespace tessera::prep {
+namespace {
+
+// Reads are split into horizontal bands of at most this many level pixels, so that even a slide without a
+// pyramid never needs a level-0-sized buffer.
+constexpr std::int64_t kMaxBandPixels = std::int64_t{1} << 24;
+
+// Otsu on a slide with no tissue splits the glass's own faint tint in two. When the two classes' mean
+// saturations are closer than this, the image is one population: glass when its mean saturation is below
+// kUnimodalTissueSaturation, otherwise all tissue (a view entirely inside a section).
+constexpr double kMinOtsuSeparation = 0.10;
+constexpr double kUnimodalTissueSaturation = 0.20;
+
+// Morphology on the mask: opening removes isolated noisy pixels, closing joins tissue across small gaps.
+constexpr int kOpenKernel = 3;
+constexpr int kCloseKernel = 5;
+constexpr int kPenDilateKernel = 5;
+
+// Marker ink versus H&E. Haematoxylin and eosin absorb green at least as much as red, so stained tissue has
+// red ≥ green: its hue lies in the red–magenta–violet range (about 240°..360° and 0°..40°). Green and blue
+// marker ink absorbs red most (red < green), so its hue lies between yellow-green and blue; black ink is
+// dark and nearly neutral, while dark tissue (dense nuclei, folds) stays saturated purple.
+constexpr double kInkHueMin = 60.0;   // degrees
+constexpr double kInkHueMax = 236.0;  // degrees; haematoxylin sits at ≥ 240°
+constexpr double kInkMinSaturation = 0.20;
+constexpr double kBlackMaxValue = 0.30;  // max channel / 255
+constexpr double kBlackMaxSaturation = 0.45;
+
+cv::Mat elliptic(int size) { return cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(size, size)); }
+
+// Per pixel: HSV saturation (max − min) / max in 0..1, and the Euclidean RGB distance from white.
+void saturation_and_distance(const cv::Mat& rgb, cv::Mat1f& saturation, cv::Mat1f& white_distance) {
+  saturation.create(rgb.size());
+  white_distance.create(rgb.size());
+  for (int r = 0; r < rgb.rows; ++r) {
+    const auto* in = rgb.ptr<cv::Vec3b>(r);
+    auto* s = saturation.ptr<float>(r);
+    auto* d = white_distance.ptr<float>(r);
+    for (int c = 0; c < rgb.cols; ++c) {
+      const int red = in[c][0];
+      const int green = in[c][1];
+      const int blue = in[c][2];
+      const int mx = std::max({red, green, blue});
+      const int mn = std::min({red, green, blue});
+      s[c] = mx == 0 ? 0.0f : static_cast<float>(mx - mn) / static_cast<float>(mx);
+      const int dr = 255 - red;
+      const int dg = 255 - green;
+      const int db = 255 - blue;
+      d[c] = std::sqrt(static_cast<float>(dr * dr + dg * dg + db * db));
+    }
+  }
+}
+
+// The saturation threshold: Otsu on the 8-bit saturation histogram, floored at `min_saturation`; +∞ (no
+// tissue) for an image that is one population of glass.
+double saturation_threshold(const cv::Mat1f& saturation, double min_saturation) {
+  cv::Mat1b s8;
+  saturation.convertTo(s8, CV_8U, 255.0);
+  cv::Mat ignored;
+  const double otsu = cv::threshold(s8, ignored, 0, 255, cv::THRESH_BINARY | cv::THRESH_OTSU);
+  // Class means on either side of the Otsu threshold (cv::threshold puts values > otsu in the upper class).
+  std::array<double, 256> histogram{};
+  for (int r = 0; r < s8.rows; ++r) {
+    const auto* p = s8.ptr<std::uint8_t>(r);
+    for (int c = 0; c < s8.cols; ++c) histogram[p[c]] += 1.0;
+  }
+  double n_low = 0, sum_low = 0, n_high = 0, sum_high = 0;
+  for (int v = 0; v < 256; ++v) {
+    if (v > otsu) {
+      n_high += histogram[static_cast<std::size_t>(v)];
+      sum_high += v * histogram[static_cast<std::size_t>(v)];
+    } else {
+      n_low += histogram[static_cast<std::size_t>(v)];
+      sum_low += v * histogram[static_cast<std::size_t>(v)];
+    }
+  }
+  const double mean_all = (sum_low + sum_high) / (n_low + n_high) / 255.0;
+  const bool split = n_low > 0 && n_high > 0 && (sum_high / n_high - sum_low / n_low) / 255.0 >= kMinOtsuSeparation;
+  if (!split) {
+    return mean_all < kUnimodalTissueSaturation ? std::numeric_limits<double>::infinity() : min_saturation;
+  }
+  // Saturations were rounded to 8 bits: the upper class (> otsu) starts half a level above the threshold.
+  return std::max(min_saturation, (otsu + 0.5) / 255.0);
+}
+
+bool looks_like_ink(const cv::Vec3b& rgb) {
+  const double red = rgb[0];
+  const double green = rgb[1];
+  const double blue = rgb[2];
+  const double mx = std::max({red, green, blue});
+  const double mn = std::min({red, green, blue});
+  if (mx <= 0.0) return true;  // pure black
+  const double saturation = (mx - mn) / mx;
+  const double value = mx / 255.0;
+  if (value < kBlackMaxValue && saturation < kBlackMaxSaturation) return true;
+  if (saturation < kInkMinSaturation || mx == mn) return false;
+  double hue = 0.0;  // degrees
+  if (mx == red) {
+    hue = 60.0 * (green - blue) / (mx - mn);
+  } else if (mx == green) {
+    hue = 60.0 * (blue - red) / (mx - mn) + 120.0;
+  } else {
+    hue = 60.0 * (red - green) / (mx - mn) + 240.0;
+  }
+  if (hue < 0.0) hue += 360.0;
+  return hue >= kInkHueMin && hue < kInkHueMax;
+}
+
+// Removes 8-connected foreground components smaller than `min_area` pixels.
+void remove_small_objects(cv::Mat1b& mask, double min_area) {
+  if (min_area <= 1.0) return;
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  for (int i = 1; i < n; ++i) keep[static_cast<std::size_t>(i)] = stats.at<int>(i, cv::CC_STAT_AREA) >= min_area;
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (m[c] != 0 && keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
+    }
+  }
+}
+
+// Fills holes (4-connected background components that do not touch the border) smaller than `max_area`.
+void fill_small_holes(cv::Mat1b& mask, double max_area) {
+  if (max_area <= 0.0) return;
+  cv::Mat1b background = 255 - mask;
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(background, labels, stats, centroids, 4, CV_32S);
+  std::vector<std::uint8_t> fill(static_cast<std::size_t>(n), 0);
+  for (int i = 1; i < n; ++i) {
+    const int x = stats.at<int>(i, cv::CC_STAT_LEFT);
+    const int y = stats.at<int>(i, cv::CC_STAT_TOP);
+    const int w = stats.at<int>(i, cv::CC_STAT_WIDTH);
+    const int h = stats.at<int>(i, cv::CC_STAT_HEIGHT);
+    const bool touches_border = x == 0 || y == 0 || x + w == mask.cols || y + h == mask.rows;
+    fill[static_cast<std::size_t>(i)] = !touches_border && stats.at<int>(i, cv::CC_STAT_AREA) < max_area;
+  }
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (fill[static_cast<std::size_t>(l[c])] != 0) m[c] = 255;
+    }
+  }
+}
+
+// The whole slide as a cols×rows RGB image, area-averaged from `level`, read in bands of bounded size.
+cv::Mat read_whole_slide(const io::Slide& slide, int level, int cols, int rows) {
+  const io::SlideLevel& l = slide.level(level);
+  const std::int64_t lw = l.width;
+  const std::int64_t lh = l.height;
+  const cv::Size size(cols, rows);
+  if (lw * lh <= kMaxBandPixels) {
+    cv::Mat region = slide.read_region(0, 0, level, lw, lh);
+    if (region.size() == size) return region;
+    cv::Mat resized;
+    cv::resize(region, resized, size, 0, 0, cv::INTER_AREA);
+    return resized;
+  }
+  // Bands of whole mask rows; each band reads the level rows under it (rounded outward).
+  const double level_rows_per_row = static_cast<double>(lh) / rows;
+  const int band_rows = std::max(
+      1, static_cast<int>(static_cast<double>(kMaxBandPixels) / (static_cast<double>(lw) * level_rows_per_row)));
+  cv::Mat out(size, CV_8UC3);
+  for (int r0 = 0; r0 < rows; r0 += band_rows) {
+    const int r1 = std::min(rows, r0 + band_rows);
+    const auto ly0 = static_cast<std::int64_t>(std::floor(r0 * level_rows_per_row));
+    const auto ly1 = std::min<std::int64_t>(lh, static_cast<std::int64_t>(std::ceil(r1 * level_rows_per_row)));
+    cv::Mat region = slide.read_region(0, std::llround(static_cast<double>(ly0) * l.downsample), level, lw,
+                                       std::max<std::int64_t>(1, ly1 - ly0));
+    cv::Mat band = out.rowRange(r0, r1);
+    cv::resize(region, band, cv::Size(cols, r1 - r0), 0, 0, cv::INTER_AREA);
+  }
+  return out;
+}
+
+}  // namespace
+
+double TissueMask::tissue_fraction() const {
+  if (mask.empty()) return 0.0;
+  return static_cast<double>(cv::countNonZero(mask)) / static_cast<double>(mask.total());
+}
+
+double TissueMask::tissue_area_mm2() const {
+  if (mask.empty()) return 0.0;
+  const double mm_per_pixel = mpp / 1000.0;
+  return static_cast<double>(cv::countNonZero(mask)) * mm_per_pixel * mm_per_pixel;
+}
+
+TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, const TissueOptions& options) {
+  if (!rgb.empty() && rgb.type() != CV_8UC3) throw io::InternalError("detect_tissue needs an RGB CV_8UC3 image");
+  if (!(downsample > 0.0) || !(mpp > 0.0)) {
+    throw io::InternalError("detect_tissue needs a positive downsample and µm/px");
+  }
+  TissueMask result;
+  result.downsample = downsample;
+  result.mpp = mpp;
+  result.mask = cv::Mat1b::zeros(rgb.size());
+  if (rgb.empty()) return result;
+
+  cv::Mat1f saturation, white_distance;
+  saturation_and_distance(rgb, saturation, white_distance);
+  const double threshold = saturation_threshold(saturation, options.min_saturation);
+  if (!std::isfinite(threshold)) return result;
+
+  cv::Mat1b mask = (saturation >= threshold) & (white_distance >= options.min_white_distance);
+
+  cv::Mat1b pen;
+  if (options.reject_pen_marks) {
+    pen = cv::Mat1b::zeros(rgb.size());
+    for (int r = 0; r < rgb.rows; ++r) {
+      const auto* in = rgb.ptr<cv::Vec3b>(r);
+      const auto* d = white_distance.ptr<float>(r);
+      auto* p = pen.ptr<std::uint8_t>(r);
+      for (int c = 0; c < rgb.cols; ++c) {
+        // Black ink may be too neutral to pass the saturation test, so every non-white pixel is judged.
+        if (d[c] >= options.min_white_distance && looks_like_ink(in[c])) p[c] = 255;
+      }
+    }
+    // The blurred rim of a stroke is paler than its core; dilation takes it too.
+    cv::dilate(pen, pen, elliptic(kPenDilateKernel));
+    mask.setTo(0, pen);
+  }
+
+  cv::morphologyEx(mask, mask, cv::MORPH_OPEN, elliptic(kOpenKernel));
+  cv::morphologyEx(mask, mask, cv::MORPH_CLOSE, elliptic(kCloseKernel));
+  const double um2_per_pixel = mpp * mpp;
+  fill_small_holes(mask, options.max_hole_um2 / um2_per_pixel);
+  // Closing and hole filling must not bring ink back.
+  if (!pen.empty()) mask.setTo(0, pen);
+  remove_small_objects(mask, options.min_object_um2 / um2_per_pixel);
+  result.mask = mask;
+  return result;
+}
+
+TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
+  if (!(options.mask_mpp > 0.0)) throw io::ConfigError("mask_mpp must be positive", "", 0, "mask_mpp");
+  // A mask finer than the slide itself would only repeat level-0 pixels.
+  const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
+  constexpr double kEpsilon = 1e-9;
+  const double scale = slide.mpp() / mask_mpp;  // mask pixels per level-0 pixel
+  const auto cols = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(slide.width() * scale - kEpsilon)));
+  const auto rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(slide.height() * scale - kEpsilon)));
+  if (cols > INT32_MAX / 4 || rows > INT32_MAX / 4) {
+    throw io::InputError(
+        "tissue mask of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is too large; raise mask_mpp",
+        slide.path());
+  }
+  // The downsample follows from the mask size actually chosen, so mask pixel i covers level-0
+  // [i·downsample, (i+1)·downsample) exactly along x.
+  const double downsample = static_cast<double>(slide.width()) / static_cast<double>(cols);
+  const int level = slide.best_level_for_mpp(mask_mpp);
+  const cv::Mat rgb = read_whole_slide(slide, level, static_cast<int>(cols), static_cast<int>(rows));
+  return detect_tissue(rgb, downsample, slide.mpp() * downsample, options);
+}
+
+}  // namespace tessera::prep

@@ -1,0 +1,38 @@
+// Tissue detection on a low-resolution view of a slide.
+//
+// The mask is computed at about `mask_mpp` µm/px (a thumbnail-scale read, never level 0): a pixel is tissue
+// when its HSV saturation is above an Otsu threshold (floored at `min_saturation`) AND it is far enough from
+// white (`min_white_distance` in RGB units); then morphological opening/closing, removal of objects
+// smaller than `min_object_um2`, and filling of holes smaller than `max_hole_um2`. Optionally pen marks
+// (strongly saturated green, blue, black ink) are rejected.
+#pragma once
+
+#include <opencv2/core.hpp>
+
+#include "io/slide.h"
+
+namespace tessera::prep {
+
+struct TissueOptions {
+  double mask_mpp = 8.0;              // resolution of the mask in µm/px
+  double min_saturation = 0.05;       // floor for the Otsu threshold on saturation (0..1)
+  double min_white_distance = 30.0;   // Euclidean RGB distance from (255,255,255)
+  double min_object_um2 = 20000.0;    // smaller tissue specks are removed (≈ 140 µm square)
+  double max_hole_um2 = 40000.0;      // smaller holes are filled
+  bool reject_pen_marks = true;
+};
+
+struct TissueMask {
+  cv::Mat mask;             // CV_8U, 255 = tissue
+  double downsample = 1.0;  // level-0 pixels per mask pixel (same in x and y)
+  double mpp = 0.0;         // µm per mask pixel
+  double tissue_fraction() const;  // share of mask pixels that are tissue
+  double tissue_area_mm2() const;
+};
+
+// Reads the slide at about options.mask_mpp (from the best pyramid level) and detects tissue.
+TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options);
+// The same on an RGB image whose pixels are `downsample` level-0 pixels wide at `mpp` µm/px.
+TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, const TissueOptions& options);
+
+}  // namespace tessera::prep

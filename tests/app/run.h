@@ -1,0 +1,21 @@
+// Running the `tessera` program from tests, as a user would: output, exit code.
+#pragma once
+
+#include <string>
+
+namespace tessera::testing {
+
+struct Run {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// `tessera args` through the shell; stdout and stderr captured separately.
+Run run(const std::string& args);
+// The same under `mpirun -n ranks --oversubscribe`.
+Run run_mpi(int ranks, const std::string& args);
+
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace tessera::testing

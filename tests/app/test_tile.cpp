@@ -1,0 +1,321 @@
+// `tessera tile` end to end on synthetic slides: shards, manifest, ranks, resume and bad input.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <nlohmann/json.hpp>
+
+#include "io/annotations.h"
+#include "io/shard.h"
+#include "preprocessing/tiling.h"
+#include "tests/app/run.h"
+#include "tests/testing/testing.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::contains;
+using testing::run;
+using testing::run_mpi;
+
+// Four small synthetic slides (two tumour, two normal), made once for the whole suite.
+class Tile : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    const auto r = run("synth --out " + dir_->file("synth") +
+                       " --slides 4 --size 2048 --seed 7 --set preview.enabled=false --set tumour.max_regions=3");
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  // A job over the synthetic set with small tiles so that every slide has a few hundred candidates.
+  std::string job(const std::string& name, const std::string& extra = "") {
+    const std::string path = dir_->file(name + ".yaml");
+    std::ofstream(path) << "input:\n  csv: " << dir_->file("synth/dataset.csv") << "\n"
+                        << "output: " << dir_->file(name) << "\n"
+                        << "tile:\n  size: 32\n  mpp: 1.0\n"
+                        << "tissue:\n  min_fraction: 0.3\n"
+                        << "shards:\n  tiles_per_shard: 100\n"
+                        << extra;
+    return path;
+  }
+
+  static testing::TempDir* dir_;
+};
+testing::TempDir* Tile::dir_ = nullptr;
+
+using TileKey = std::tuple<std::string, std::int64_t, std::int64_t, int>;  // slide, x, y, label
+
+// Every tile of a shard folder, with a checksum of its pixels.
+std::map<TileKey, std::uint64_t> read_all(const std::string& folder) {
+  const auto manifest = io::read_manifest(folder + "/manifest.json");
+  std::map<TileKey, std::uint64_t> tiles;
+  for (const auto& s : manifest.shards) {
+    const auto shard = io::ShardFile::open(folder + "/" + s.file);
+    std::vector<std::uint8_t> pixels(shard.tile_bytes());
+    for (std::int64_t i = 0; i < shard.size(); ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      shard.read_images(i, 1, pixels.data());
+      std::uint64_t sum = 1469598103934665603ULL;
+      for (auto b : pixels) sum = (sum ^ b) * 1099511628211ULL;
+      const TileKey key{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k], shard.coords()[2 * k + 1],
+                        shard.labels()[k]};
+      EXPECT_TRUE(tiles.emplace(key, sum).second) << "tile twice: " << std::get<0>(key);
+    }
+  }
+  return tiles;
+}
+
+TEST_F(Tile, WritesShardsAndAManifestThatAgree) {
+  const auto r = run("tile " + job("basic"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string out = dir_->file("basic");
+  const auto manifest = io::read_manifest(out + "/manifest.json");
+  ASSERT_GT(manifest.total_tiles(), 200);
+  EXPECT_EQ(manifest.slides.size(), 4u);
+  EXPECT_TRUE(manifest.failures.empty());
+  EXPECT_EQ(manifest.attributes.tile_size, 32);
+  EXPECT_DOUBLE_EQ(manifest.attributes.mpp, 1.0);
+  std::int64_t tumour = 0;
+  for (const auto& s : manifest.shards) {
+    EXPECT_LE(s.tiles, 100);
+    tumour += s.tumour;
+  }
+  EXPECT_GT(tumour, 0);
+  for (const auto& s : manifest.slides) {
+    if (s.label == "normal") {
+      EXPECT_EQ(s.tumour, 0) << s.id;  // normal slides have no tumour tiles
+    }
+  }
+  EXPECT_TRUE(fs::exists(out + "/tile.config.yaml"));
+  // Only finished files are left: no temporaries.
+  for (const auto& e : fs::directory_iterator(out)) {
+    EXPECT_FALSE(contains(e.path().string(), ".tmp-")) << e.path();
+    EXPECT_FALSE(contains(e.path().string(), ".unchecked")) << e.path();
+  }
+}
+
+TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {
+  const auto r = run("tile " + job("labels"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string out = dir_->file("labels");
+  const auto manifest = io::read_manifest(out + "/manifest.json");
+  prep::AnnotationClasses classes;
+  std::map<std::string, std::pair<std::vector<io::Annotation>, std::vector<io::Annotation>>> truth;
+  for (const auto& s : manifest.slides) {
+    const auto annotations = io::read_asap_xml(dir_->file("synth/slides/" + s.id + ".xml"));
+    prep::split_annotations(annotations, classes, truth[s.id].first, truth[s.id].second);
+  }
+  int checked = 0;
+  for (const auto& entry : manifest.shards) {
+    const auto shard = io::ShardFile::open(out + "/" + entry.file);
+    for (std::int64_t i = 0; i < shard.size(); i += 3) {
+      const auto k = static_cast<std::size_t>(i);
+      const auto& [tumour, exclusion] = truth[shard.slides()[shard.slide_indices()[k]]];
+      // 1.0 µm/px from 0.25 µm/px slides: a tile covers 128 level-0 pixels.
+      const double expected = prep::tumour_fraction(tumour, exclusion, static_cast<double>(shard.coords()[2 * k]),
+                                                    static_cast<double>(shard.coords()[2 * k + 1]), 128.0, 32);
+      EXPECT_NEAR(shard.tumor_fractions()[k], expected, 1e-6);
+      EXPECT_EQ(shard.labels()[k], expected >= 0.5 ? 1 : 0);
+      EXPECT_TRUE(expected == 0.0 || expected >= 0.5) << "ambiguous tiles are dropped by default";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50);
+}
+
+TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
+  ASSERT_EQ(run("tile " + job("one")).code, 0);
+  const auto r = run_mpi(2, "tile " + job("two"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto one = read_all(dir_->file("one"));
+  const auto two = read_all(dir_->file("two"));
+  EXPECT_EQ(one.size(), two.size());
+  EXPECT_TRUE(one == two) << "the same tiles with the same pixels, whatever the rank count";
+}
+
+TEST_F(Tile, RerunSkipsFinishedWorkAndResumesAfterACrash) {
+  const std::string path = job("resume");
+  ASSERT_EQ(run("tile " + path).code, 0);
+  const std::string out = dir_->file("resume");
+  const auto before = read_all(out);
+
+  auto again = run("tile " + path);
+  EXPECT_EQ(again.code, 0);
+  EXPECT_TRUE(contains(again.err, "up to date")) << again.err;
+
+  // Simulate a run killed during extraction: no manifest, one shard missing, a half-written temporary.
+  fs::remove(out + "/manifest.json");
+  fs::remove(out + "/shard-00001.h5");
+  std::ofstream(out + "/shard-00002.h5.tmp-12345") << "half";
+  const auto kept_time = fs::last_write_time(out + "/shard-00000.h5");
+  const auto resumed = run("tile " + path);
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_EQ(fs::last_write_time(out + "/shard-00000.h5"), kept_time) << "finished shards are kept";
+  EXPECT_FALSE(fs::exists(out + "/shard-00002.h5.tmp-12345"));
+  EXPECT_TRUE(read_all(out) == before);
+
+  // --force rebuilds everything.
+  const auto forced = run("tile --force " + path);
+  ASSERT_EQ(forced.code, 0) << forced.err;
+  EXPECT_NE(fs::last_write_time(out + "/shard-00000.h5"), kept_time);
+}
+
+TEST_F(Tile, BadSlidesFailAloneAndAreListed) {
+  // A copy of the set with a truncated slide, a broken annotation, a slide without resolution and a blank one.
+  const fs::path src = dir_->file("synth/slides");
+  const fs::path bad = dir_->file("bad");
+  fs::create_directories(bad);
+  std::ofstream csv(bad / "list.csv");
+  csv << "slide,label,annotation\n";
+  // Good: the first two slides as they are.
+  int good = 0;
+  for (const auto& e : fs::directory_iterator(src)) {
+    const auto ext = e.path().extension();
+    if ((ext == ".svs" || ext == ".tif") && good < 2) {
+      const auto xml = fs::path(e.path()).replace_extension(".xml");
+      csv << e.path().string() << ",," << xml.string() << "\n";
+      ++good;
+    }
+  }
+  // Truncated slide.
+  fs::path any_slide;
+  for (const auto& e : fs::directory_iterator(src)) {
+    if (e.path().extension() == ".svs") any_slide = e.path();
+  }
+  fs::copy_file(any_slide, bad / "truncated.svs");
+  fs::resize_file(bad / "truncated.svs", fs::file_size(bad / "truncated.svs") / 3);
+  csv << (bad / "truncated.svs").string() << ",normal,\n";
+  // Broken annotation XML next to a good slide copy.
+  fs::copy_file(any_slide, bad / "brokenxml.svs");
+  std::ofstream(bad / "brokenxml.xml") << "<ASAP_Annotations><Annotations><Annotation";
+  csv << (bad / "brokenxml.svs").string() << ",tumor," << (bad / "brokenxml.xml").string() << "\n";
+  // Broken GeoJSON.
+  fs::copy_file(any_slide, bad / "brokenjson.svs");
+  std::ofstream(bad / "brokenjson.geojson") << "{\"type\": \"FeatureCollection\", \"features\": [{\"type\": ";
+  csv << (bad / "brokenjson.svs").string() << ",tumor," << (bad / "brokenjson.geojson").string() << "\n";
+  // No resolution anywhere (a pattern TIFF without resolution tags is generic-tiff with mpp from tags: use a
+  // slide with tags removed is not possible here; instead a tumour-labelled slide with no annotation).
+  fs::copy_file(any_slide, bad / "noannotation.svs");
+  csv << (bad / "noannotation.svs").string() << ",tumor,\n";
+  // Blank slide: only glass.
+  {
+    io::TiffWriterOptions options;
+    options.mpp = 0.25;
+    io::TiffWriter writer((bad / "blank.tif").string(), 1024, 1024, options);
+    for (int y = 0; y < 1024; y += options.tile_size) {
+      writer.write_strip(cv::Mat(options.tile_size, 1024, CV_8UC3, cv::Scalar(245, 245, 245)));
+    }
+    writer.finish();
+  }
+  csv << (bad / "blank.tif").string() << ",normal,\n";
+  csv.close();
+
+  const std::string path = dir_->file("bad.yaml");
+  std::ofstream(path) << "input:\n  csv: " << (bad / "list.csv").string() << "\noutput: " << dir_->file("bad-out")
+                      << "\ntile:\n  size: 32\n  mpp: 1.0\n";
+  const auto r = run("tile " + path);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "4 of 7 slides failed")) << r.err;
+  EXPECT_TRUE(contains(r.err, "truncated.svs")) << r.err;
+  EXPECT_TRUE(contains(r.err, "brokenxml.xml")) << r.err;
+  EXPECT_TRUE(contains(r.err, "brokenjson.geojson")) << r.err;
+  EXPECT_TRUE(contains(r.err, "labelled tumour but has no annotation file")) << r.err;
+  EXPECT_TRUE(contains(r.err, "blank")) << "the empty slide is reported: " << r.err;
+  const auto manifest = io::read_manifest(dir_->file("bad-out") + "/manifest.json");
+  EXPECT_EQ(manifest.failures.size(), 4u);
+  ASSERT_EQ(manifest.slides.size(), 3u) << "the two good slides and the blank one";
+  for (const auto& s : manifest.slides) {
+    if (s.id == "blank") {
+      EXPECT_EQ(s.tiles, 0) << "the blank slide is listed with no tiles";
+    } else {
+      EXPECT_GT(s.tiles, 0) << s.id;
+    }
+  }
+  EXPECT_GT(manifest.total_tiles(), 0);
+}
+
+TEST_F(Tile, MissingResolutionNamesTheSetting) {
+  // A slide whose TIFF has no resolution tags: written by hand with libtiff through the pattern writer is not
+  // possible (it always writes them), so use a CSV mpp override of 0 on a generic slide with 72 dpi tags.
+  testing::TempDir dir;
+  const std::string slide = dir.file("nores.tif");
+  {
+    io::TiffWriterOptions options;
+    options.mpp = 352.77;  // what 72 dpi means: not a scan resolution, so Tessera treats it as missing
+    testing::write_pattern_slide(slide, 600, 600, options);
+  }
+  const std::string path = dir.file("job.yaml");
+  std::ofstream(path) << "input:\n  slides: [" << slide << "]\noutput: " << dir.file("out") << "\n";
+  const auto r = run("tile " + path);
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(contains(r.err, "assume_mpp")) << r.err;
+  EXPECT_TRUE(contains(r.err, "nores.tif")) << r.err;
+}
+
+TEST_F(Tile, ShardsOpenWithThePlainHdf5ApiAndAreContiguous) {
+  ASSERT_EQ(run("tile " + job("plain")).code, 0);
+  const auto manifest = io::read_manifest(dir_->file("plain") + "/manifest.json");
+  const std::string file = dir_->file("plain") + "/" + manifest.shards.front().file;
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t images = H5Dopen2(f, "images", H5P_DEFAULT);
+  ASSERT_GE(images, 0);
+  const hid_t plist = H5Dget_create_plist(images);
+  EXPECT_EQ(H5Pget_layout(plist), H5D_CONTIGUOUS);
+  const hid_t space = H5Dget_space(images);
+  hsize_t dims[4] = {};
+  ASSERT_EQ(H5Sget_simple_extent_ndims(space), 4);
+  H5Sget_simple_extent_dims(space, dims, nullptr);
+  EXPECT_EQ(dims[0], static_cast<hsize_t>(manifest.shards.front().tiles));
+  EXPECT_EQ(dims[1], 32u);
+  EXPECT_EQ(dims[2], 32u);
+  EXPECT_EQ(dims[3], 3u);
+  for (const char* name : {"labels", "tumor_fraction", "coords", "slide_index", "slides"}) {
+    EXPECT_GT(H5Lexists(f, name, H5P_DEFAULT), 0) << name;
+  }
+  H5Sclose(space);
+  H5Pclose(plist);
+  H5Dclose(images);
+  H5Fclose(f);
+}
+
+TEST_F(Tile, PreviewWritesPicturesAndNoShards) {
+  const auto r = run("tile --preview " + job("preview"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string out = dir_->file("preview");
+  EXPECT_FALSE(fs::exists(out + "/manifest.json"));
+  int pngs = 0;
+  for (const auto& e : fs::directory_iterator(out + "/previews")) pngs += e.path().extension() == ".png";
+  EXPECT_EQ(pngs, 4);
+}
+
+TEST_F(Tile, ConfigMistakesStopBeforeAnyWork) {
+  const std::string path = dir_->file("typo.yaml");
+  std::ofstream(path) << "input:\n  csv: x.csv\ntile:\n  szie: 64\n";
+  const auto r = run("tile " + path);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "line 4, key 'tile.szie'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'tile.size'?")) << r.err;
+  const auto none = run("tile --set output=" + dir_->file("none"));
+  EXPECT_EQ(none.code, 2);
+  EXPECT_TRUE(contains(none.err, "input.slides")) << none.err;
+}
+
+}  // namespace
+}  // namespace tessera
