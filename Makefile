@@ -32,8 +32,11 @@ test-asan: deps
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
 	@cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS)
 
+# The benchmarks, with the Python tools they compare against (scripts/install-deps.sh --bench).
 bench: build
+	@scripts/install-deps.sh --bench
 	@$(BUILD)/app/tessera bench peak
+	@$(BUILD)/app/tessera bench tile
 
 format:
 	@git ls-files '*.cpp' '*.h' | xargs clang-format -i

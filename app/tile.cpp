@@ -417,7 +417,7 @@ class Extractor {
       images.resize(images.size() + tile_bytes, 255);
       if (!failed.contains(plan.input.id)) {
         try {
-          cv::Mat rgb = slide(t.slide).read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp);
+          cv::Mat rgb = read_tile(t.slide, planned.x, planned.y);
           if (normalizer_ != nullptr) normalizer_->apply(rgb);
           if (!rgb.isContinuous()) rgb = rgb.clone();
           std::memcpy(images.data() + images.size() - tile_bytes, rgb.data, tile_bytes);
@@ -446,7 +446,30 @@ class Extractor {
     }
     return *open_;
   }
-  void close_slide() { open_.reset(); }
+  void close_slide() {
+    window_.reset();
+    open_.reset();
+  }
+
+  // Tiles come in grid order: one OpenSlide read covers the next kWindowTiles tiles of a row, and the tiles
+  // are cut from it (exactly the pixels a per-tile read gives; OpenSlide's per-call cost dominates small tiles).
+  cv::Mat read_tile(std::uint32_t index, std::int64_t x, std::int64_t y) {
+    constexpr int kWindowTiles = 32;
+    const auto& s = slide(index);
+    const int t_size = attributes_.tile_size;
+    const double mpp = attributes_.mpp;
+    if (!window_ || !window_->contains(x, y, t_size, t_size, mpp)) {
+      window_.reset();
+      const auto side0 = static_cast<std::int64_t>(std::ceil(t_size * mpp / s.mpp()));
+      const auto width0 = std::min<std::int64_t>(side0 * kWindowTiles, std::max<std::int64_t>(side0, s.width() - x));
+      window_.emplace(s, x, y, width0, side0, mpp);
+      if (!window_->contains(x, y, t_size, t_size, mpp)) {  // rounding at odd resolutions: read this tile alone
+        window_.reset();
+        return s.read_at_mpp(x, y, t_size, t_size, mpp);
+      }
+    }
+    return window_->read_at_mpp(x, y, t_size, t_size, mpp);
+  }
 
   const std::vector<PlanResult>& plans_;
   io::ShardAttributes attributes_;
@@ -454,6 +477,7 @@ class Extractor {
   int write_batch_;
   std::optional<io::Slide> open_;
   std::uint32_t open_index_ = 0;
+  std::optional<io::SlideWindow> window_;
 };
 
 // Rewrites the shard at `from` into `to` without the tiles of `failed` slides; returns the tiles kept.

@@ -320,43 +320,92 @@ int Slide::best_level_for_mpp(double target_mpp) const {
   return best;
 }
 
-cv::Mat Slide::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
-                           double target_mpp) const {
+Slide::LevelRead Slide::plan_read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                                         double target_mpp) const {
   if (!(target_mpp > 0.0) || width <= 0 || height <= 0) {
     InputError error("invalid read at " + std::to_string(target_mpp) + " µm/px", path_);
     error.add_context("region", region_text(x, y, width, height));
     throw error;
   }
-  const int level_index = best_level_for_mpp(target_mpp);
-  const double ds = levels_[static_cast<std::size_t>(level_index)].downsample;
+  LevelRead r;
+  r.level = best_level_for_mpp(target_mpp);
+  r.width = width;
+  r.height = height;
+  const double ds = levels_[static_cast<std::size_t>(r.level)].downsample;
   if (std::abs(mpp_x_ * ds - target_mpp) <= target_mpp * (kLevelMppTolerance - 1.0) &&
       std::abs(mpp_y_ * ds - target_mpp) <= target_mpp * (kLevelMppTolerance - 1.0)) {
     // The level is at the target resolution (its downsample is only off by rounding, as for odd-sized
     // slides): its pixels are the answer, no resampling.
-    const auto lx = static_cast<std::int64_t>(std::floor(static_cast<double>(x) / ds));
-    const auto ly = static_cast<std::int64_t>(std::floor(static_cast<double>(y) / ds));
-    return read_region(std::llround(static_cast<double>(lx) * ds), std::llround(static_cast<double>(ly) * ds),
-                       level_index, width, height);
+    r.lx = static_cast<std::int64_t>(std::floor(static_cast<double>(x) / ds));
+    r.ly = static_cast<std::int64_t>(std::floor(static_cast<double>(y) / ds));
+    r.lw = width;
+    r.lh = height;
+    return r;
   }
   // The level-0 footprint of the requested pixels, in level pixels, rounded outward.
   const double x0 = static_cast<double>(x) / ds;
   const double y0 = static_cast<double>(y) / ds;
   const double x1 = (static_cast<double>(x) + static_cast<double>(width) * target_mpp / mpp_x_) / ds;
   const double y1 = (static_cast<double>(y) + static_cast<double>(height) * target_mpp / mpp_y_) / ds;
-  const auto lx0 = static_cast<std::int64_t>(std::floor(x0));
-  const auto ly0 = static_cast<std::int64_t>(std::floor(y0));
+  r.lx = static_cast<std::int64_t>(std::floor(x0));
+  r.ly = static_cast<std::int64_t>(std::floor(y0));
   // Tolerate floating error so an exact fit does not pick up an extra pixel.
   constexpr double kEpsilon = 1e-6;
-  const std::int64_t lw = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(x1 - kEpsilon)) - lx0);
-  const std::int64_t lh = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(y1 - kEpsilon)) - ly0);
-  // Level-0 coordinates of the level pixel (lx0, ly0), so OpenSlide reads on the level's pixel grid.
-  const auto read_x = static_cast<std::int64_t>(std::llround(static_cast<double>(lx0) * ds));
-  const auto read_y = static_cast<std::int64_t>(std::llround(static_cast<double>(ly0) * ds));
-  cv::Mat region = read_region(read_x, read_y, level_index, lw, lh);
-  if (region.cols == width && region.rows == height) return region;
+  r.lw = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(x1 - kEpsilon)) - r.lx);
+  r.lh = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(y1 - kEpsilon)) - r.ly);
+  return r;
+}
+
+cv::Mat Slide::read_level_window(const LevelRead& r) const {
+  // Level-0 coordinates of the level pixel (lx, ly), so OpenSlide reads on the level's pixel grid.
+  const double ds = levels_[static_cast<std::size_t>(r.level)].downsample;
+  return read_region(std::llround(static_cast<double>(r.lx) * ds), std::llround(static_cast<double>(r.ly) * ds),
+                     r.level, r.lw, r.lh);
+}
+
+namespace {
+cv::Mat resample(const cv::Mat& region, const Slide::LevelRead& r) {
+  if (region.cols == r.width && region.rows == r.height) return region;
   cv::Mat resized;
-  cv::resize(region, resized, cv::Size(static_cast<int>(width), static_cast<int>(height)), 0, 0, cv::INTER_AREA);
+  cv::resize(region, resized, cv::Size(static_cast<int>(r.width), static_cast<int>(r.height)), 0, 0, cv::INTER_AREA);
   return resized;
+}
+}  // namespace
+
+cv::Mat Slide::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                           double target_mpp) const {
+  const auto r = plan_read_at_mpp(x, y, width, height, target_mpp);
+  return resample(read_level_window(r), r);
+}
+
+SlideWindow::SlideWindow(const Slide& slide, std::int64_t x, std::int64_t y, std::int64_t width0,
+                         std::int64_t height0, double target_mpp)
+    : slide_(&slide) {
+  // The window's size at the target resolution, rounded up, so that its level footprint covers the rectangle.
+  const auto w = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(std::ceil(static_cast<double>(width0) * slide.mpp() / target_mpp)));
+  const auto h = std::max<std::int64_t>(
+      1, static_cast<std::int64_t>(std::ceil(static_cast<double>(height0) * slide.mpp_y() / target_mpp)));
+  window_ = slide.plan_read_at_mpp(x, y, w, h, target_mpp);
+  pixels_ = slide.read_level_window(window_);
+}
+
+bool SlideWindow::contains(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                           double target_mpp) const {
+  const auto r = slide_->plan_read_at_mpp(x, y, width, height, target_mpp);
+  return r.level == window_.level && r.lx >= window_.lx && r.ly >= window_.ly &&
+         r.lx + r.lw <= window_.lx + window_.lw && r.ly + r.lh <= window_.ly + window_.lh;
+}
+
+cv::Mat SlideWindow::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                                 double target_mpp) const {
+  const auto r = slide_->plan_read_at_mpp(x, y, width, height, target_mpp);
+  if (!contains(x, y, width, height, target_mpp)) {
+    throw InternalError("slide window: request outside the window");
+  }
+  const cv::Rect roi(static_cast<int>(r.lx - window_.lx), static_cast<int>(r.ly - window_.ly),
+                     static_cast<int>(r.lw), static_cast<int>(r.lh));
+  return resample(pixels_(roi).clone(), r);
 }
 
 cv::Mat Slide::thumbnail(int max_side) const {

@@ -88,11 +88,24 @@ class Slide {
   cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
                       double target_mpp) const;
 
+  // Where read_at_mpp() gets its pixels: a window of one level, in level pixels, and the size to resample it
+  // to. Exposed so that SlideWindow can serve many reads from one OpenSlide call with identical results.
+  struct LevelRead {
+    int level = 0;
+    std::int64_t lx = 0, ly = 0;  // top-left in level pixels
+    std::int64_t lw = 0, lh = 0;  // size in level pixels
+    std::int64_t width = 0, height = 0;  // output size (== lw, lh when no resampling is needed)
+  };
+  LevelRead plan_read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                             double target_mpp) const;
+
   // A whole-slide thumbnail whose longer side is at most `max_side` pixels, read from the smallest level
   // that is still larger than needed.
   cv::Mat thumbnail(int max_side) const;
 
  private:
+  friend class SlideWindow;
+  cv::Mat read_level_window(const LevelRead& r) const;
   Slide() = default;
   std::string path_;
   std::string vendor_;
@@ -103,6 +116,26 @@ class Slide {
   double mpp_x_ = 0.0;
   double mpp_y_ = 0.0;
   MppSource mpp_source_ = MppSource::openslide_property;
+};
+
+// One read of a level window kept in memory, from which read_at_mpp() requests that fall inside it are served
+// with exactly the pixels Slide::read_at_mpp() would return — one OpenSlide call for a whole row of tiles
+// instead of one per tile (OpenSlide's per-call overhead dominates small tiles). Holds a reference to the slide.
+class SlideWindow {
+ public:
+  // The window covering the level-0 rectangle (x, y, width0, height0) at `target_mpp`'s level.
+  SlideWindow(const Slide& slide, std::int64_t x, std::int64_t y, std::int64_t width0, std::int64_t height0,
+              double target_mpp);
+  // Whether a read_at_mpp() request lies inside the window.
+  bool contains(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp) const;
+  // Same result as slide.read_at_mpp(); requires contains().
+  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
+                      double target_mpp) const;
+
+ private:
+  const Slide* slide_;
+  Slide::LevelRead window_;
+  cv::Mat pixels_;
 };
 
 }  // namespace tessera::io

@@ -14,5 +14,12 @@ echo "== 2. what is in a slide (tessera info)"
 "$tessera" info data/demo/slides/tumor_001.svs data/demo/slides/normal_001.tif
 
 echo
-echo "Demo done. Slides, ASAP XML and QuPath GeoJSON annotations: data/demo/slides/"
-echo "Slide list with labels and splits: data/demo/dataset.csv; previews: data/demo/previews/"
+echo "== 3. labelled training tiles in HDF5 shards (tessera tile, ${ranks} ranks)"
+mpirun -n "$ranks" --oversubscribe "$tessera" tile configs/tile-demo.yaml
+
+echo
+echo "Demo done."
+echo "  slides, ASAP XML and QuPath GeoJSON annotations: data/demo/slides/"
+echo "  slide list with labels and splits:               data/demo/dataset.csv"
+echo "  slide previews with the ground truth outlined:    data/demo/previews/"
+echo "  training shards and their manifest:              data/demo/shards/ (tiling previews in shards/previews/)"

@@ -17,7 +17,7 @@ packages=(
 
 # `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
 if [ "${1:-}" = "--bench" ]; then
-  packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil)
+  packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch)
 fi
 
 missing=()

@@ -384,6 +384,30 @@ TEST_F(SlideResolution, ReadAtAThreeTimesLevel) {
   expect_matches_pattern(coarse, 201, 99, 1.5, kJpegTolerance);
 }
 
+TEST_F(SlideResolution, WindowServesTheSamePixelsAsSingleReads) {
+  for (const char* name : {"slide.svs", "x3.tif"}) {
+    const Slide slide = Slide::open(dir_->file(name));
+    for (double mpp : {0.25, 0.5, 0.6, 0.75, 1.5}) {
+      const int side = 37;
+      const auto side0 = static_cast<std::int64_t>(std::ceil(side * mpp / slide.mpp()));
+      const SlideWindow window(slide, 101, 57, side0 * 6, side0, mpp);
+      int served = 0;
+      for (int i = 0; i < 6; ++i) {
+        const std::int64_t x = 101 + i * side0;
+        if (!window.contains(x, 57, side, side, mpp)) continue;
+        ++served;
+        const cv::Mat a = window.read_at_mpp(x, 57, side, side, mpp);
+        const cv::Mat b = slide.read_at_mpp(x, 57, side, side, mpp);
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(cv::countNonZero(cv::Mat(a != b).reshape(1)), 0) << name << " at " << mpp << " um/px, tile " << i;
+      }
+      EXPECT_GE(served, 5) << name << " at " << mpp << " um/px: the window covers its row of tiles";
+      EXPECT_FALSE(window.contains(101, 57 + side0, side, side, mpp)) << "the next row is outside";
+      EXPECT_THROW(window.read_at_mpp(101, 57 + side0, side, side, mpp), InternalError);
+    }
+  }
+}
+
 TEST_F(SlideResolution, ThumbnailFitsTheRequestedSide) {
   const Slide slide = Slide::open(dir_->file("slide.svs"));
   const cv::Mat thumbnail = slide.thumbnail(300);
