@@ -40,6 +40,7 @@ std::string describe(const io::Slide& slide) {
   const double mm_h = static_cast<double>(slide.height()) * slide.mpp_y() / 1000.0;
   out << fmt::format("{}\n", slide.path());
   out << fmt::format("  vendor       {}\n", slide.vendor());
+  out << fmt::format("  reader       {}\n", slide.reader());
   out << fmt::format("  size         {} x {} px ({:.2f} x {:.2f} mm)\n", slide.width(), slide.height(), mm_w, mm_h);
   out << fmt::format("  resolution   {:.4f} x {:.4f} um/px, {}\n", slide.mpp(), slide.mpp_y(), mpp_source_text(slide));
   const auto power = slide.objective_power();
@@ -91,6 +92,7 @@ nlohmann::json to_json(const io::Slide& slide) {
   const auto power = slide.objective_power();
   return {{"path", slide.path()},
           {"vendor", slide.vendor()},
+          {"reader", slide.reader()},
           {"width", slide.width()},
           {"height", slide.height()},
           {"mpp_x", slide.mpp()},

@@ -19,6 +19,7 @@
 #include <tiffio.h>
 
 #include "io/error.h"
+#include "io/tiff_reader.h"
 
 namespace tessera::io {
 namespace {
@@ -28,6 +29,8 @@ constexpr double kMicronsPerInch = 25400.0;
 // A pyramid level whose µm/px is within 1% of the target counts as "at or above" the target resolution, so
 // rounding in reported downsamples (e.g. 1.998 for a 2× level of an odd-sized slide) does not skip it.
 constexpr double kLevelMppTolerance = 1.01;
+// Level coordinates beyond this are far outside any slide; clamping keeps llround() and lx + width in range.
+constexpr double kMaxLevelCoordinate = 1e15;
 
 std::optional<double> parse_double(const std::string& text) {
   // Property values are C-locale decimals; from_chars does not depend on the process locale.
@@ -39,6 +42,9 @@ std::optional<double> parse_double(const std::string& text) {
   if (ec != std::errc() || ptr == begin) return std::nullopt;
   return value;
 }
+
+// OpenSlide vendors whose pyramid levels are plain tiled TIFF directories, which TiffTileReader can decode.
+bool tiled_tiff_vendor(const std::string& vendor) { return vendor == "generic-tiff" || vendor == "aperio"; }
 
 bool usable_mpp(std::optional<double> mpp) { return mpp && std::isfinite(*mpp) && *mpp > 0.0; }
 
@@ -216,6 +222,20 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
             : std::string("no resolution (µm/px) in the slide");
     throw InputError(fmt::format("{}; set assume_mpp in the job", why), path);
   }
+
+  if (tiled_tiff_vendor(slide.vendor_)) {
+    if (options.direct_tiff) {
+      std::vector<TiffLevelSize> sizes;
+      for (const SlideLevel& level : slide.levels_) sizes.push_back({level.width, level.height});
+      std::string why_not;
+      // Aperio scanners leave some tiles empty and OpenSlide's aperio driver shows them blank.
+      slide.tiff_ = TiffTileReader::open(path, sizes, slide.vendor_ == "aperio", why_not);
+      slide.reader_ = slide.tiff_ != nullptr ? "direct TIFF (" + slide.tiff_->description() + ")"
+                                             : "OpenSlide (direct TIFF not used: " + why_not + ")";
+    } else {
+      slide.reader_ = "OpenSlide (direct TIFF disabled)";
+    }
+  }
   return slide;
 }
 
@@ -223,6 +243,8 @@ Slide::Slide(Slide&& other) noexcept
     : path_(std::move(other.path_)),
       vendor_(std::move(other.vendor_)),
       osr_(std::exchange(other.osr_, nullptr)),
+      tiff_(std::move(other.tiff_)),
+      reader_(std::move(other.reader_)),
       levels_(std::move(other.levels_)),
       properties_(std::move(other.properties_)),
       associated_(std::move(other.associated_)),
@@ -236,6 +258,8 @@ Slide& Slide::operator=(Slide&& other) noexcept {
     path_ = std::move(other.path_);
     vendor_ = std::move(other.vendor_);
     osr_ = std::exchange(other.osr_, nullptr);
+    tiff_ = std::move(other.tiff_);
+    reader_ = std::move(other.reader_);
     levels_ = std::move(other.levels_);
     properties_ = std::move(other.properties_);
     associated_ = std::move(other.associated_);
@@ -305,6 +329,22 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
   if (width <= 0 || height <= 0 || width > INT32_MAX || height > INT32_MAX ||
       width * height > static_cast<std::int64_t>(INT32_MAX)) {
     throw fail("invalid region size");
+  }
+  if (tiff_ != nullptr) {
+    // The level pixel nearest to (x, y): read_level_window() asks for llround(lx·downsample), which maps back
+    // to lx exactly for any downsample ≥ 1.
+    const double ds = levels_[static_cast<std::size_t>(level_index)].downsample;
+    const auto level_coordinate = [&](std::int64_t v) {
+      return std::llround(std::clamp(static_cast<double>(v) / ds, -kMaxLevelCoordinate, kMaxLevelCoordinate));
+    };
+    try {
+      return tiff_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
+                         static_cast<int>(height));
+    } catch (Error& e) {
+      e.add_context("region", region_text(x, y, width, height));
+      e.add_context("level", level_index);
+      throw;
+    }
   }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height));
   openslide_read_region(osr_, argb.data(), x, y, level_index, width, height);

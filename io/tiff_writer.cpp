@@ -268,7 +268,10 @@ std::string TiffWriter::Impl::level_description(std::size_t k) const {
   // openslide.objective-power).
   std::string text = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " [0,0 " +
                      dims(base.width, base.height) + "] (" + dims(base.tile_width, base.tile_height) + ")";
-  if (k > 0) text += " -> " + dims(level.width, level.height);
+  if (k > 0) {
+    text += " -> ";
+    text += dims(level.width, level.height);
+  }
   text += " " + compression_text();
   if (k == 0) {
     text += "|AppMag = " + format_number(options.objective_power) + "|MPP = " + format_number(options.mpp);

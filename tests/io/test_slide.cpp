@@ -591,15 +591,23 @@ TEST(SlideRead, DamagedTileFailsWithLevelAndRegion) {
     const std::string garbage(64, '\x5a');  // overwrites the JPEG start-of-image marker
     file.write(garbage.data(), static_cast<std::streamsize>(garbage.size()));
   }
-  const Slide slide = Slide::open(path);  // directories are intact
-  try {
-    slide.read_region(10, 20, 0, 30, 40);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
-    EXPECT_EQ(e.file(), path);
-    EXPECT_EQ(e.context("level"), "0");
-    EXPECT_EQ(e.context("region"), "(10, 20, 30x40)");
-    EXPECT_NE(std::string(e.what()).find("openslide"), std::string::npos) << e.what();
+  // Both read paths: the direct TIFF decoder (the default for this slide) and OpenSlide.
+  for (const bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "direct TIFF" : "OpenSlide");
+    SlideOpenOptions options;
+    options.direct_tiff = direct;
+    const Slide slide = Slide::open(path, options);  // directories are intact
+    ASSERT_EQ(slide.reads_tiff_directly(), direct);
+    try {
+      slide.read_region(10, 20, 0, 30, 40);
+      FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+      EXPECT_EQ(e.file(), path);
+      EXPECT_EQ(e.context("level"), "0");
+      EXPECT_EQ(e.context("region"), "(10, 20, 30x40)");
+      const std::string cause = direct ? "cannot decode tile 0 (column 0, row 0) of TIFF directory 0" : "openslide";
+      EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -1,0 +1,1162 @@
+#include "io/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <type_traits>
+#include <utility>
+
+#include "io/error.h"
+
+namespace tessera::io {
+namespace {
+
+constexpr const char* checkpoint_format_name = "tessera-checkpoint";
+constexpr const char* params_group = "params";
+constexpr const char* buffers_group = "buffers";
+constexpr const char* meta_group = "meta";
+constexpr const char* optimizer_group = "optimizer";
+constexpr const char* easgd_group = "easgd";
+constexpr const char* easgd_center_group = "center";
+constexpr const char* state_group = "state";
+
+// No tensor of a real model comes near this; a larger declared size is a corrupt header, refused before any
+// allocation is attempted.
+constexpr std::int64_t max_tensor_elements = std::int64_t{1} << 34;
+
+// ---------------------------------------------------------------------------------------------------------
+// HDF5 plumbing: a quiet error stack, RAII ids, and the text of the last failure.
+
+// HDF5 prints its error stack to stderr by default; while one of these lives, the current thread's printing
+// is off and failures are reported as exceptions instead.
+class QuietHdf5 {
+ public:
+  QuietHdf5() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  QuietHdf5(const QuietHdf5&) = delete;
+  QuietHdf5& operator=(const QuietHdf5&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// One HDF5 id and its close function. The destructor ignores errors (it may run while an exception unwinds);
+// the success path calls close() and checks the result.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  ~Handle() { close(); }
+  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), closer_(other.closer_) {}
+  Handle& operator=(Handle&& other) noexcept {
+    if (this != &other) {
+      close();
+      id_ = std::exchange(other.id_, H5I_INVALID_HID);
+      closer_ = other.closer_;
+    }
+    return *this;
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  hid_t get() const { return id_; }
+  herr_t close() {
+    herr_t result = 0;
+    if (id_ >= 0 && closer_ != nullptr) result = closer_(id_);
+    id_ = H5I_INVALID_HID;
+    return result;
+  }
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+struct Hdf5Failure {
+  std::string api;        // outermost description (the API call)
+  std::string detail;     // innermost description (where the problem was found)
+  std::string truncated;  // the description of an H5E_TRUNCATED entry, if any
+  std::string text() const {
+    if (api.empty()) return detail;
+    if (detail.empty() || detail == api) return api;
+    return api + " (" + detail + ")";
+  }
+};
+
+herr_t collect_error(unsigned depth, const H5E_error2_t* entry, void* data) {
+  auto* failure = static_cast<Hdf5Failure*>(data);
+  const std::string desc = entry->desc != nullptr ? entry->desc : "";
+  if (depth == 0) failure->api = desc;
+  if (!desc.empty()) failure->detail = desc;
+  // The _g variable, not the H5E_TRUNCATED macro: the macro calls H5open(), an API call inside the walk.
+  if (entry->min_num == H5E_TRUNCATED_g) failure->truncated = desc;
+  return 0;
+}
+
+// Must run right after the failing call: the next HDF5 API call clears the stack.
+Hdf5Failure last_hdf5_failure() {
+  Hdf5Failure failure;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &failure);
+  return failure;
+}
+
+std::string join_dims(const std::vector<hsize_t>& dims) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(dims[i]);
+  }
+  return text + "]";
+}
+
+Handle make_string_type() {
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  if (type.get() < 0) return type;
+  if (H5Tset_size(type.get(), H5T_VARIABLE) < 0 || H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) return Handle();
+  return type;
+}
+
+// "tensor 'conv1.weight' in /params"
+std::string tensor_label(const std::string& group, const std::string& name) {
+  return "tensor '" + name + "' in /" + group;
+}
+
+// =========================================================================================================
+// Writing
+
+// Failures while writing are ours (or the system's), not the user's data: InternalError with the file.
+class WriteChecker {
+ public:
+  explicit WriteChecker(std::string file) : file_(std::move(file)) {}
+
+  template <typename T>
+  T check(T result, const std::string& what) const {
+    if (result < 0) fail(what, last_hdf5_failure().text());
+    return result;
+  }
+  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
+  void close(Handle& handle, const std::string& what) const { check(handle.close(), what); }
+
+  [[noreturn]] void fail(const std::string& what, const std::string& hdf5 = {}) const {
+    std::string message = what;
+    if (!hdf5.empty()) message.append(": HDF5: ").append(hdf5);
+    InternalError error(message);
+    error.add_context("file", file_);
+    throw error;
+  }
+
+ private:
+  std::string file_;
+};
+
+void check_name(const WriteChecker& h5, const std::string& where, const std::string& name) {
+  if (name.empty() || name == "." || name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    h5.fail("invalid name '" + name + "' in " + where + " (names must be non-empty and contain no '/')");
+  }
+}
+
+std::int64_t checked_numel(const WriteChecker& h5, const std::string& label, const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) {
+    if (d < 0) h5.fail(label + " has a negative dimension in shape " + describe_shape(shape));
+    if (d != 0 && n > max_tensor_elements / d) h5.fail(label + " is too large: shape " + describe_shape(shape));
+    n *= d;
+  }
+  return n;
+}
+
+void validate_tensors(const WriteChecker& h5, const std::string& group, const TensorMap& tensors) {
+  for (const auto& [name, tensor] : tensors) {
+    check_name(h5, "/" + group, name);
+    const std::string label = tensor_label(group, name);
+    const std::int64_t n = checked_numel(h5, label, tensor.shape);
+    if (static_cast<std::int64_t>(tensor.data.size()) != n) {
+      h5.fail(label + " has " + std::to_string(tensor.data.size()) + " values but shape " +
+              describe_shape(tensor.shape) + " needs " + std::to_string(n));
+    }
+  }
+}
+
+// Every argument mistake is found before the temporary file is created.
+void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
+  if (c.meta.architecture.empty()) h5.fail("checkpoint meta: architecture is empty");
+  if (c.meta.input_size <= 0) h5.fail("checkpoint meta: input_size must be positive");
+  if (c.meta.num_classes <= 0) h5.fail("checkpoint meta: num_classes must be positive");
+  if (!c.meta.class_names.empty() && static_cast<std::int64_t>(c.meta.class_names.size()) != c.meta.num_classes) {
+    h5.fail("checkpoint meta: " + std::to_string(c.meta.class_names.size()) + " class names for " +
+            std::to_string(c.meta.num_classes) + " classes");
+  }
+  if (!(c.meta.mpp >= 0.0) || !std::isfinite(c.meta.mpp)) h5.fail("checkpoint meta: mpp must be a finite number >= 0");
+  validate_tensors(h5, params_group, c.params);
+  validate_tensors(h5, buffers_group, c.buffers);
+  if (c.optimizer.name.empty() && !c.optimizer.slots.empty()) h5.fail("optimizer state without an optimizer name");
+  for (const auto& [slot, tensors] : c.optimizer.slots) {
+    check_name(h5, "/optimizer", slot);
+    validate_tensors(h5, std::string(optimizer_group) + "/" + slot, tensors);
+  }
+  validate_tensors(h5, "easgd/center", c.easgd_center);
+  for (const auto& entry : c.state) check_name(h5, "/state", entry.first);
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm parts{};
+  gmtime_r(&now, &parts);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &parts);
+  return text;
+}
+
+// No modification times in object headers (the same checkpoint gives the same bytes, `created` aside), and
+// links listed in creation order.
+void set_group_properties(const WriteChecker& h5, hid_t plist, const std::string& what) {
+  h5.check(H5Pset_obj_track_times(plist, false), what);
+  h5.check(H5Pset_link_creation_order(plist, H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED), what);
+}
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const WriteChecker& h5, hid_t file) : h5_(h5), file_(file) {}
+
+  // Groups track link creation order, so tools list tensors in the model's order rather than by name.
+  Handle create_group(hid_t parent, const char* name, const std::string& label) {
+    const std::string what = "cannot create group '" + label + "'";
+    Handle gcpl = h5_.own(H5Pcreate(H5P_GROUP_CREATE), H5Pclose, what);
+    set_group_properties(h5_, gcpl.get(), what);
+    Handle group = h5_.own(H5Gcreate2(parent, name, H5P_DEFAULT, gcpl.get(), H5P_DEFAULT), H5Gclose, what);
+    h5_.close(gcpl, what);
+    return group;
+  }
+
+  // Creates the dataset now and queues its data for write_data(): contiguous storage is allocated at the
+  // first write, so every piece of metadata lands before every tensor's data. A file cut short then keeps
+  // the names and shapes of all tensors, and the reader can name the first one whose data is gone.
+  void create_tensor(hid_t group, const std::string& group_path, const std::string& name,
+                     const CheckpointTensor& tensor) {
+    const std::string label = tensor_label(group_path, name);
+    const std::string what = "cannot create " + label;
+    Handle space;
+    if (tensor.shape.empty()) {
+      space = h5_.own(H5Screate(H5S_SCALAR), H5Sclose, what);
+    } else {
+      const std::vector<hsize_t> dims(tensor.shape.begin(), tensor.shape.end());
+      space = h5_.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose, what);
+    }
+    // Contiguous little-endian float32: what h5py and numpy read directly, and what torch.from_numpy takes.
+    Handle dcpl = h5_.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, what);
+    h5_.check(H5Pset_obj_track_times(dcpl.get(), false), what);
+    h5_.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), what);
+    h5_.check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_LATE), what);
+    Handle dataset =
+        h5_.own(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                H5Dclose, what);
+    pending_.push_back({std::move(dataset), &tensor, label});
+  }
+
+  void create_tensors(hid_t parent, const char* name, const std::string& group_path, const TensorMap& tensors) {
+    Handle group = create_group(parent, name, "/" + group_path);
+    for (const auto& [tensor_name, tensor] : tensors) create_tensor(group.get(), group_path, tensor_name, tensor);
+    h5_.close(group, "cannot close group '/" + group_path + "'");
+  }
+
+  void write_data() {
+    for (auto& p : pending_) {
+      const std::string what = "cannot write " + p.label;
+      if (!p.tensor->data.empty()) {
+        h5_.check(H5Dwrite(p.dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.tensor->data.data()),
+                  what);
+      }
+      h5_.close(p.dataset, what);
+    }
+    pending_.clear();
+  }
+
+  void write_string(hid_t object, const std::string& name, const std::string& value) {
+    const std::string what = "cannot write attribute '" + name + "'";
+    Handle type = make_string_type();
+    h5_.check(type.get(), what);
+    Handle space = h5_.own(H5Screate(H5S_SCALAR), H5Sclose, what);
+    Handle attribute =
+        h5_.own(H5Acreate2(object, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
+    const char* data = value.c_str();
+    h5_.check(H5Awrite(attribute.get(), type.get(), &data), what);
+    h5_.close(attribute, what);
+  }
+
+  void write_strings(hid_t object, const std::string& name, const std::vector<std::string>& values) {
+    const std::string what = "cannot write attribute '" + name + "'";
+    Handle type = make_string_type();
+    h5_.check(type.get(), what);
+    const hsize_t count = values.size();
+    Handle space = h5_.own(H5Screate_simple(1, &count, nullptr), H5Sclose, what);
+    Handle attribute =
+        h5_.own(H5Acreate2(object, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
+    std::vector<const char*> data;
+    data.reserve(values.size());
+    for (const auto& v : values) data.push_back(v.c_str());
+    if (!data.empty()) h5_.check(H5Awrite(attribute.get(), type.get(), data.data()), what);
+    h5_.close(attribute, what);
+  }
+
+  // A scalar (`count` < 0) or a one-dimensional array of `count` numbers.
+  void write_numbers(hid_t object, const std::string& name, hid_t file_type, hid_t memory_type, const void* data,
+                     std::int64_t count) {
+    const std::string what = "cannot write attribute '" + name + "'";
+    Handle space;
+    if (count < 0) {
+      space = h5_.own(H5Screate(H5S_SCALAR), H5Sclose, what);
+    } else {
+      const auto n = static_cast<hsize_t>(count);
+      space = h5_.own(H5Screate_simple(1, &n, nullptr), H5Sclose, what);
+    }
+    Handle attribute =
+        h5_.own(H5Acreate2(object, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
+    if (count != 0) h5_.check(H5Awrite(attribute.get(), memory_type, data), what);
+    h5_.close(attribute, what);
+  }
+  void write_int(hid_t object, const std::string& name, std::int64_t value) {
+    write_numbers(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, -1);
+  }
+  void write_double(hid_t object, const std::string& name, double value) {
+    write_numbers(object, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, -1);
+  }
+
+  void write_meta(const CheckpointMeta& meta) {
+    Handle group = create_group(file_, meta_group, "/meta");
+    const hid_t g = group.get();
+    write_string(g, "format", checkpoint_format_name);
+    write_int(g, "version", checkpoint_format_version);
+    write_string(g, "architecture", meta.architecture);
+    write_int(g, "input_size", meta.input_size);
+    write_int(g, "num_classes", meta.num_classes);
+    if (!meta.class_names.empty()) write_strings(g, "class_names", meta.class_names);
+    write_double(g, "mpp", meta.mpp);
+    write_string(g, "stain_normalization", meta.stain_normalization);
+    write_string(g, "stain_target", meta.stain_target);
+    write_string(g, "config_yaml", meta.config_yaml);
+    write_int(g, "step", meta.step);
+    write_int(g, "epoch", meta.epoch);
+    write_string(g, "created", meta.created.empty() ? utc_now() : meta.created);
+    if (!meta.tessera_version.empty()) write_string(g, "tessera_version", meta.tessera_version);
+    h5_.close(group, "cannot close group '/meta'");
+  }
+
+  void create_optimizer(const OptimizerState& optimizer) {
+    Handle group = create_group(file_, optimizer_group, "/optimizer");
+    write_string(group.get(), "name", optimizer.name);
+    write_int(group.get(), "step", optimizer.step);
+    for (const auto& [slot, tensors] : optimizer.slots) {
+      create_tensors(group.get(), slot.c_str(), std::string(optimizer_group) + "/" + slot, tensors);
+    }
+    h5_.close(group, "cannot close group '/optimizer'");
+  }
+
+  void create_easgd(const TensorMap& center) {
+    Handle group = create_group(file_, easgd_group, "/easgd");
+    create_tensors(group.get(), easgd_center_group, "easgd/center", center);
+    h5_.close(group, "cannot close group '/easgd'");
+  }
+
+  void write_state(const StateMap& state) {
+    Handle group = create_group(file_, state_group, "/state");
+    const hid_t g = group.get();
+    for (const auto& [name, value] : state) {
+      std::visit(
+          [&](const auto& v) {
+            using T = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<T, std::int64_t>) {
+              write_numbers(g, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v, -1);
+            } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+              write_numbers(g, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &v, -1);
+            } else if constexpr (std::is_same_v<T, double>) {
+              write_numbers(g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v, -1);
+            } else if constexpr (std::is_same_v<T, std::string>) {
+              write_string(g, name, v);
+            } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+              write_numbers(g, name, H5T_STD_I64LE, H5T_NATIVE_INT64, v.data(), static_cast<std::int64_t>(v.size()));
+            } else if constexpr (std::is_same_v<T, std::vector<std::uint64_t>>) {
+              write_numbers(g, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, v.data(), static_cast<std::int64_t>(v.size()));
+            } else {
+              static_assert(std::is_same_v<T, std::vector<double>>);
+              write_numbers(g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v.data(), static_cast<std::int64_t>(v.size()));
+            }
+          },
+          value);
+    }
+    h5_.close(group, "cannot close group '/state'");
+  }
+
+ private:
+  struct PendingWrite {
+    Handle dataset;
+    const CheckpointTensor* tensor;
+    std::string label;
+  };
+
+  const WriteChecker& h5_;
+  hid_t file_;
+  std::vector<PendingWrite> pending_;  // in creation order
+};
+
+// Builds the whole file in memory (HDF5's core driver without a backing store) and returns its bytes. HDF5
+// never touches the disk: a failing disk write is then a plain write(2) error of ours, and no HDF5 file is
+// ever left half-closed (HDF5 1.10 keeps a file id alive, and crashes at exit, when the flush of H5Fclose fails).
+std::vector<char> build_image(const WriteChecker& h5, const std::string& name, const Checkpoint& c) {
+  QuietHdf5 quiet;
+  std::size_t data_bytes = 0;
+  auto add = [&data_bytes](const TensorMap& tensors) {
+    for (const auto& entry : tensors) data_bytes += entry.second.data.size() * sizeof(float);
+  };
+  add(c.params);
+  add(c.buffers);
+  for (const auto& slot : c.optimizer.slots) add(slot.second);
+  add(c.easgd_center);
+  constexpr std::size_t metadata_allowance = std::size_t{1} << 20;
+
+  Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
+  // One growth step of the in-memory file holds the data and typical metadata: no reallocation on the way.
+  h5.check(H5Pset_fapl_core(fapl.get(), data_bytes + metadata_allowance, false), "cannot set the in-memory driver");
+  // Objects may use the 1.8 format where they need it (groups that track creation order, whose headers then
+  // hold attributes over 64 KiB such as a long job YAML); every HDF5 since 1.8 and h5py read it. The
+  // superblock stays version 0: HDF5 1.10 returns a version-2 superblock with a stale checksum from
+  // H5Fget_file_image.
+  h5.check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_EARLIEST, H5F_LIBVER_V18), "cannot set the file format version");
+  Handle fcpl = h5.own(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "cannot create a file creation list");
+  set_group_properties(h5, fcpl.get(), "cannot set the root group's properties");
+  Handle file = h5.own(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), H5Fclose,
+                       "cannot create the in-memory file");
+  CheckpointWriter writer(h5, file.get());
+  writer.write_meta(c.meta);
+  writer.create_tensors(file.get(), params_group, params_group, c.params);
+  writer.create_tensors(file.get(), buffers_group, buffers_group, c.buffers);
+  if (!c.optimizer.empty()) writer.create_optimizer(c.optimizer);
+  if (!c.easgd_center.empty()) writer.create_easgd(c.easgd_center);
+  if (!c.state.empty()) writer.write_state(c.state);
+  // Metadata that HDF5 holds in temporary file space gets its real address at a flush: flushing before the
+  // data keeps all of it ahead of the tensors.
+  h5.check(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "cannot flush the file");
+  writer.write_data();
+  // H5Fget_file_image copies the driver's bytes: the metadata cache must be written into them first.
+  h5.check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "cannot flush the file");
+
+  const ssize_t size = h5.check(H5Fget_file_image(file.get(), nullptr, 0), "cannot get the file image");
+  std::vector<char> image(static_cast<std::size_t>(size));
+  h5.check(H5Fget_file_image(file.get(), image.data(), image.size()), "cannot get the file image");
+  h5.close(file, "cannot close the in-memory file");
+  h5.close(fcpl, "cannot close a property list");
+  h5.close(fapl, "cannot close a property list");
+  return image;
+}
+
+// Writes `bytes` to a new file `path` and syncs it (the rename that publishes it must not overtake the data).
+void write_file(const WriteChecker& h5, const std::string& path, const std::vector<char>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) h5.fail("cannot create '" + path + "': " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) {
+      const int saved = errno;
+      ::close(fd);
+      h5.fail("cannot write '" + path + "' (" + std::to_string(done) + " of " + std::to_string(bytes.size()) +
+              " bytes written): " + std::strerror(wrote < 0 ? saved : ENOSPC));
+    }
+    done += static_cast<std::size_t>(wrote);
+  }
+  if (::fsync(fd) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    h5.fail("cannot sync '" + path + "': " + std::strerror(saved));
+  }
+  if (::close(fd) != 0) h5.fail("cannot close '" + path + "': " + std::strerror(errno));
+}
+
+// =========================================================================================================
+// Reading: every failure is an InputError naming the checkpoint.
+
+struct Dataset {
+  Handle dataset;
+  std::vector<hsize_t> dims;
+};
+
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string path) : path_(std::move(path)) { open(); }
+
+  // Every refusal goes through here. A truncated file is said to be so whatever else went wrong: naming the
+  // first tensor whose data is gone is the most useful thing to say, and otherwise the truncation is the news
+  // and what HDF5 tripped over in the missing part is detail.
+  [[noreturn]] void fail(const std::string& message) const {
+    if (!truncated()) throw InputError(message, path_);
+    if (message.rfind("tensor '", 0) == 0) {
+      throw InputError(message + " (the file is truncated: " + truncation_sizes() + ")", path_);
+    }
+    throw InputError("truncated: " + truncation_sizes() + " (" + message + ")", path_);
+  }
+  template <typename T>
+  T check(T result, const std::string& what) const {
+    if (result < 0) {
+      const std::string hdf5 = last_hdf5_failure().text();
+      fail(hdf5.empty() ? what : what + ": HDF5: " + hdf5);
+    }
+    return result;
+  }
+  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
+
+  bool truncated() const { return stored_eof_ > 0; }
+
+  // A truncated file is only probed, never read: the tensors are visited in the order a read would visit
+  // them (`expected`: the model's order for params and buffers) and the first whose stored data reaches past
+  // the real end of the file is named. Attributes and data are not read, so HDF5 is never asked to decode
+  // the zero padding as strings or heaps (where a damaged global heap can make it loop).
+  [[noreturn]] void diagnose_truncation(const CheckpointLayout* expected) const {
+    probe_tensors(file(), params_group, params_group, expected != nullptr ? &expected->params : nullptr);
+    probe_tensors(file(), buffers_group, buffers_group, expected != nullptr ? &expected->buffers : nullptr);
+    Handle optimizer = open_group(file(), optimizer_group, "/optimizer", false);
+    if (optimizer.get() >= 0) {
+      for (const auto& slot : list(optimizer.get(), "/optimizer")) {
+        probe_tensors(optimizer.get(), slot.c_str(), std::string(optimizer_group) + "/" + slot,
+                      expected != nullptr ? &expected->params : nullptr);
+      }
+    }
+    Handle easgd = open_group(file(), easgd_group, "/easgd", false);
+    if (easgd.get() >= 0) {
+      probe_tensors(easgd.get(), easgd_center_group, "easgd/center", expected != nullptr ? &expected->params : nullptr);
+    }
+    // The missing part held no tensor data (free space, or metadata no probe reached).
+    throw InputError("truncated: " + truncation_sizes(), path_);
+  }
+
+  hid_t file() const { return file_.get(); }
+
+  bool has_link(hid_t parent, const std::string& name, const std::string& label) const {
+    return check(H5Lexists(parent, name.c_str(), H5P_DEFAULT), "cannot look up '" + label + "'") > 0;
+  }
+
+  H5O_type_t object_type(hid_t parent, const std::string& name, const std::string& what) const {
+    H5O_info_t info{};
+    check(H5Oget_info_by_name2(parent, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT), what);
+    return info.type;
+  }
+
+  // The group `path` ("params", "optimizer/momentum_buffer"), or an invalid handle when it does not exist.
+  Handle open_group(hid_t parent, const std::string& name, const std::string& label, bool required) const {
+    if (!has_link(parent, name, label)) {
+      if (required) fail("missing group '" + label + "'");
+      return Handle();
+    }
+    if (object_type(parent, name, "cannot open '" + label + "'") != H5O_TYPE_GROUP) {
+      fail("'" + label + "' is not a group");
+    }
+    return own(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose, "cannot open group '" + label + "'");
+  }
+
+  // Link names in the group's creation order when it tracks one (Tessera's and h5py's track_order files), else
+  // in name order.
+  std::vector<std::string> list(hid_t group, const std::string& label) const {
+    const std::string what = "cannot list '" + label + "'";
+    Handle gcpl = own(H5Gget_create_plist(group), H5Pclose, what);
+    unsigned flags = 0;
+    check(H5Pget_link_creation_order(gcpl.get(), &flags), what);
+    const H5_index_t index = (flags & H5P_CRT_ORDER_INDEXED) != 0 ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
+    std::vector<std::string> names;
+    auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
+      static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+      return 0;
+    };
+    check(H5Literate(group, index, H5_ITER_INC, nullptr, collect, &names), what);
+    return names;
+  }
+
+  CheckpointMeta read_meta() const {
+    if (!has_link(file(), meta_group, "/meta")) fail("not a Tessera checkpoint (no /meta group)");
+    Handle meta = open_group(file(), meta_group, "/meta", true);
+    const hid_t g = meta.get();
+    if (!has_attribute(g, "format")) fail("not a Tessera checkpoint (no 'format' attribute in /meta)");
+    const std::string format = read_string(g, "format");
+    if (format != checkpoint_format_name) {
+      fail("not a Tessera checkpoint (format attribute is '" + format + "', expected '" + checkpoint_format_name +
+           "')");
+    }
+    CheckpointMeta m;
+    m.version = read_int(g, "version");
+    if (m.version < 1) fail("invalid checkpoint format version " + std::to_string(m.version));
+    if (m.version > checkpoint_format_version) {
+      fail("checkpoint format version " + std::to_string(m.version) + " is newer than this Tessera reads (" +
+           std::to_string(checkpoint_format_version) + ")");
+    }
+    m.architecture = read_string(g, "architecture");
+    if (m.architecture.empty()) fail("attribute 'architecture' in /meta is empty");
+    m.input_size = read_int(g, "input_size");
+    if (m.input_size <= 0) {
+      fail("attribute 'input_size' in /meta must be positive, got " + std::to_string(m.input_size));
+    }
+    m.num_classes = read_int(g, "num_classes");
+    if (m.num_classes <= 0) {
+      fail("attribute 'num_classes' in /meta must be positive, got " + std::to_string(m.num_classes));
+    }
+    if (has_attribute(g, "class_names")) {
+      m.class_names = read_strings(g, "class_names");
+      if (static_cast<std::int64_t>(m.class_names.size()) != m.num_classes) {
+        fail("attribute 'class_names' in /meta has " + std::to_string(m.class_names.size()) + " names for " +
+             std::to_string(m.num_classes) + " classes");
+      }
+    }
+    if (has_attribute(g, "mpp")) m.mpp = read_double(g, "mpp");
+    if (!(m.mpp >= 0.0) || !std::isfinite(m.mpp)) fail("attribute 'mpp' in /meta must be a finite number >= 0");
+    auto optional_string = [&](const char* name, std::string& out) {
+      if (has_attribute(g, name)) out = read_string(g, name);
+    };
+    auto optional_int = [&](const char* name, std::int64_t& out) {
+      if (has_attribute(g, name)) out = read_int(g, name);
+    };
+    optional_string("stain_normalization", m.stain_normalization);
+    optional_string("stain_target", m.stain_target);
+    optional_string("config_yaml", m.config_yaml);
+    optional_int("step", m.step);
+    optional_int("epoch", m.epoch);
+    optional_string("created", m.created);
+    optional_string("tessera_version", m.tessera_version);
+    return m;
+  }
+
+  // The usual way to get the layout wrong: one group per dot of the PyTorch name.
+  void check_not_group(hid_t group, const std::string& group_path, const std::string& name) const {
+    if (object_type(group, name, tensor_label(group_path, name) + ": cannot open") == H5O_TYPE_GROUP) {
+      fail("'/" + group_path + "/" + name +
+           "' is a group, not a tensor: tensor names keep their dots inside one dataset name "
+           "(e.g. 'layer1.0.conv1.weight')");
+    }
+  }
+
+  // Opens one tensor and checks that it is a dataset of float32 with a plausible shape.
+  Dataset open_tensor(hid_t group, const std::string& group_path, const std::string& name) const {
+    const std::string label = tensor_label(group_path, name);
+    check_not_group(group, group_path, name);
+    Dataset d;
+    d.dataset = own(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, label + ": cannot open");
+    const hid_t id = d.dataset.get();
+    Handle type = own(H5Dget_type(id), H5Tclose, label + ": cannot read its type");
+    const std::string type_name = describe_type(type.get());
+    if (type_name != "float32") fail(label + " has type " + type_name + ", expected float32");
+    Handle space = own(H5Dget_space(id), H5Sclose, label + ": cannot read its shape");
+    const int rank = check(H5Sget_simple_extent_ndims(space.get()), label + ": cannot read its shape");
+    d.dims.resize(static_cast<std::size_t>(rank));
+    if (rank > 0) {
+      check(H5Sget_simple_extent_dims(space.get(), d.dims.data(), nullptr), label + ": cannot read its shape");
+    }
+    std::uint64_t n = 1;
+    for (const hsize_t dim : d.dims) {
+      if (dim != 0 && n > static_cast<std::uint64_t>(max_tensor_elements) / dim) {
+        fail(label + " has an implausible shape " + join_dims(d.dims));
+      }
+      n *= dim;
+    }
+    return d;
+  }
+
+  // Reads the whole tensor after checking that its stored data lies inside the file and covers the shape.
+  CheckpointTensor read_tensor(const Dataset& d, const std::string& label) const {
+    CheckpointTensor tensor;
+    tensor.shape.assign(d.dims.begin(), d.dims.end());
+    const std::int64_t n = tensor.numel();
+    if (n == 0) return tensor;
+    check_storage(d, label, n);
+    tensor.data.resize(static_cast<std::size_t>(n));
+    check(H5Dread(d.dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.data.data()),
+          label + ": cannot read its data");
+    return tensor;
+  }
+
+  // Opens each tensor of the group (in `order` first, when given) and checks where its data is stored.
+  void probe_tensors(hid_t parent, const char* name, const std::string& group_path,
+                     const std::vector<TensorSpec>* order) const {
+    Handle group = open_group(parent, name, "/" + group_path, false);
+    if (group.get() < 0) return;
+    std::vector<std::string> names = list(group.get(), "/" + group_path);
+    if (order != nullptr) {
+      // HDF5 can list a group whose link messages were cut off without an error, just without those links:
+      // a tensor the model expects and the listing lacks is the first bad one. (Optimizer state may cover
+      // only some parameters, so it is not held to this.)
+      const bool complete = group_path.rfind(std::string(optimizer_group) + "/", 0) != 0;
+      std::vector<std::string> ordered;
+      for (const auto& spec : *order) {
+        if (std::find(names.begin(), names.end(), spec.name) != names.end()) {
+          ordered.push_back(spec.name);
+        } else if (complete) {
+          fail("tensor '" + spec.name + "' is missing from /" + group_path);
+        }
+      }
+      for (const auto& n : names) {
+        if (std::find(ordered.begin(), ordered.end(), n) == ordered.end()) ordered.push_back(n);
+      }
+      names = std::move(ordered);
+    }
+    for (const auto& tensor_name : names) {
+      // A header cut by the truncation may still decode (zeros are valid values for many fields), so its
+      // position is checked before anything it says is believed.
+      const std::string label = tensor_label(group_path, tensor_name);
+      H5O_info_t info{};
+      check(H5Oget_info_by_name2(group.get(), tensor_name.c_str(), &info, H5O_INFO_BASIC | H5O_INFO_HDR, H5P_DEFAULT),
+            label + ": cannot read its header");
+      const auto limit = static_cast<std::uint64_t>(actual_size_);
+      if (info.addr > limit || info.hdr.space.total > limit - info.addr) {
+        fail(label + ": its header (bytes " + std::to_string(info.addr) + ".." +
+             std::to_string(info.addr + info.hdr.space.total) + ") lies beyond the end of the file");
+      }
+      const Dataset d = open_tensor(group.get(), group_path, tensor_name);
+      std::int64_t n = 1;
+      for (const hsize_t dim : d.dims) n *= static_cast<std::int64_t>(dim);
+      if (n > 0) check_storage(d, label, n);
+    }
+  }
+
+  TensorMap read_all_tensors(hid_t parent, const char* name, const std::string& group_path) const {
+    TensorMap tensors;
+    Handle group = open_group(parent, name, "/" + group_path, false);
+    if (group.get() < 0) return tensors;
+    for (const auto& tensor_name : list(group.get(), "/" + group_path)) {
+      const Dataset d = open_tensor(group.get(), group_path, tensor_name);
+      tensors.emplace(tensor_name, read_tensor(d, tensor_label(group_path, tensor_name)));
+    }
+    return tensors;
+  }
+
+  // The tensors of one group, checked against the model: in the model's order, each present with its shape;
+  // then nothing else. With `subset`, tensors may be absent (optimizer state) but not foreign.
+  TensorMap read_checked_tensors(hid_t parent, const char* name, const std::string& group_path,
+                                 const std::vector<TensorSpec>& expected, bool subset) const {
+    TensorMap tensors;
+    Handle group = open_group(parent, name, "/" + group_path, false);
+    const std::vector<std::string> names =
+        group.get() >= 0 ? list(group.get(), "/" + group_path) : std::vector<std::string>{};
+    const std::set<std::string> present(names.begin(), names.end());
+    std::set<std::string> known;
+    for (const auto& spec : expected) {
+      known.insert(spec.name);
+      const std::string label = tensor_label(group_path, spec.name);
+      if (present.count(spec.name) == 0) {
+        if (subset) continue;
+        fail("tensor '" + spec.name + "' is missing from /" + group_path);
+      }
+      const Dataset d = open_tensor(group.get(), group_path, spec.name);
+      const std::vector<std::int64_t> shape(d.dims.begin(), d.dims.end());
+      if (shape != spec.shape) {
+        fail(label + " has shape " + describe_shape(shape) + ", the model expects " + describe_shape(spec.shape));
+      }
+      tensors.emplace(spec.name, read_tensor(d, label));
+    }
+    for (const auto& tensor_name : names) {
+      if (known.count(tensor_name) == 0) {
+        check_not_group(group.get(), group_path, tensor_name);
+        fail(tensor_label(group_path, tensor_name) + " is not part of the model (" +
+             (subset ? "no such parameter" : "unexpected tensor") + ")");
+      }
+    }
+    return tensors;
+  }
+
+  // Optimizer state: name and step attributes, one subgroup per state. `params` checks the tensors against
+  // the model's parameters (nullptr: free-form).
+  OptimizerState read_optimizer(const std::vector<TensorSpec>* params) const {
+    OptimizerState state;
+    Handle group = open_group(file(), optimizer_group, "/optimizer", false);
+    if (group.get() < 0) return state;
+    state.name = read_string(group.get(), "name", "/optimizer");
+    if (state.name.empty()) fail("attribute 'name' in /optimizer is empty");
+    state.step = has_attribute(group.get(), "step") ? read_int(group.get(), "step", "/optimizer") : 0;
+    for (const auto& slot : list(group.get(), "/optimizer")) {
+      const std::string path = std::string(optimizer_group) + "/" + slot;
+      if (object_type(group.get(), slot, "cannot open '/" + path + "'") != H5O_TYPE_GROUP) {
+        fail("'/" + path + "' is not a group of per-parameter optimizer state (/optimizer/<state>/<parameter>)");
+      }
+      state.slots.emplace(slot, params != nullptr ? read_checked_tensors(group.get(), slot.c_str(), path, *params, true)
+                                                  : read_all_tensors(group.get(), slot.c_str(), path));
+    }
+    return state;
+  }
+
+  TensorMap read_easgd(const std::vector<TensorSpec>* params) const {
+    Handle group = open_group(file(), easgd_group, "/easgd", false);
+    if (group.get() < 0) return {};
+    if (!has_link(group.get(), easgd_center_group, "/easgd/center")) fail("missing group '/easgd/center'");
+    return params != nullptr ? read_checked_tensors(group.get(), easgd_center_group, "easgd/center", *params, false)
+                             : read_all_tensors(group.get(), easgd_center_group, "easgd/center");
+  }
+
+  StateMap read_state() const {
+    StateMap state;
+    Handle group = open_group(file(), state_group, "/state", false);
+    if (group.get() < 0) return state;
+    std::vector<std::string> names;
+    auto collect = [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
+      static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+      return 0;
+    };
+    check(H5Aiterate2(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), "cannot list /state");
+    for (const auto& name : names) state.emplace(name, read_state_value(group.get(), name));
+    return state;
+  }
+
+ private:
+  std::string truncation_sizes() const {
+    return "expected at least " + std::to_string(stored_eof_) + " bytes, the file has " + std::to_string(actual_size_);
+  }
+
+  void open() {
+    struct stat info {};
+    if (::stat(path_.c_str(), &info) != 0) {
+      if (errno == ENOENT) throw FileNotFoundError(path_);
+      throw InputError(std::string("cannot open: ") + std::strerror(errno), path_);
+    }
+    if (!S_ISREG(info.st_mode)) throw InputError("not a regular file", path_);
+    actual_size_ = static_cast<std::int64_t>(info.st_size);
+    if (actual_size_ == 0) throw InputError("empty file (0 bytes), not a checkpoint", path_);
+
+    Handle fapl = own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
+#if H5_VERSION_GE(1, 10, 7)
+    check(H5Pset_file_locking(fapl.get(), true, true), "cannot set file locking");
+#endif
+    const hid_t id = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get());
+    if (id >= 0) {
+      file_ = Handle(id, H5Fclose);
+      return;
+    }
+    const Hdf5Failure failure = last_hdf5_failure();
+    if (failure.truncated.empty()) fail("not a readable HDF5 checkpoint: HDF5: " + failure.text());
+    open_truncated(failure.truncated);
+  }
+
+  // HDF5 refuses a file shorter than the end address its superblock records ("truncated file: eof = <size>,
+  // sblock->base_addr = <b>, stored_eof = <expected>") before any object can be named. To name the first
+  // tensor whose data is gone, the file is opened from memory, padded with zeros to the recorded size; every
+  // tensor's storage is then checked against the real size before it is read.
+  void open_truncated(const std::string& desc) {
+    const std::string key = "stored_eof = ";
+    const auto at = desc.find(key);
+    const unsigned long long expected =
+        at == std::string::npos ? 0 : std::strtoull(desc.c_str() + at + key.size(), nullptr, 10);
+    // Beyond a sane factor of the real size the recorded end is itself garbage: do not allocate it.
+    constexpr std::int64_t max_padding = std::int64_t{1} << 31;
+    if (expected == 0 || static_cast<std::int64_t>(expected) <= actual_size_ ||
+        static_cast<std::int64_t>(expected) > actual_size_ + max_padding) {
+      throw InputError("truncated: the file has " + std::to_string(actual_size_) + " bytes (HDF5: " + desc + ")",
+                       path_);
+    }
+    stored_eof_ = static_cast<std::int64_t>(expected);
+
+    std::vector<char> image(static_cast<std::size_t>(stored_eof_), '\0');
+    std::ifstream in(path_, std::ios::binary);
+    if (!in.read(image.data(), actual_size_)) fail("cannot read the file");
+
+    Handle fapl = own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
+    constexpr std::size_t core_increment = std::size_t{1} << 20;
+    check(H5Pset_fapl_core(fapl.get(), core_increment, false), "cannot set the in-memory driver");
+    check(H5Pset_file_image(fapl.get(), image.data(), image.size()), "cannot set the file image");
+    // The in-memory driver refuses a name that exists on disk when given an image: use one that does not.
+    const std::string image_name = path_ + ".padded-image-" + std::to_string(::getpid());
+    file_ = own(H5Fopen(image_name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "not a readable HDF5 checkpoint");
+  }
+
+  // Data past the real end of the file would read as the zero padding (or, for a damaged file, fail deep inside
+  // HDF5): check each piece of storage explicitly.
+  void check_storage(const Dataset& d, const std::string& label, std::int64_t n) const {
+    const hid_t id = d.dataset.get();
+    Handle dcpl = own(H5Dget_create_plist(id), H5Pclose, label + ": cannot read its layout");
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    const auto limit = static_cast<std::uint64_t>(actual_size_);
+    auto past_end = [&](std::uint64_t offset, std::uint64_t size) {
+      fail(label + ": its data (bytes " + std::to_string(offset) + ".." + std::to_string(offset + size) +
+           ") lies beyond the end of the file");
+    };
+    if (layout == H5D_CONTIGUOUS) {
+      if (check(H5Pget_external_count(dcpl.get()), label + ": cannot read its layout") > 0) {
+        fail(label + " is stored in an external file; checkpoints must be self-contained");
+      }
+      const haddr_t offset = H5Dget_offset(id);
+      if (offset == HADDR_UNDEF) fail(label + " has no data in the file (never written)");
+      const std::uint64_t bytes = H5Dget_storage_size(id);
+      if (bytes != static_cast<std::uint64_t>(n) * sizeof(float)) {
+        fail(label + " stores " + std::to_string(bytes) + " bytes, its shape needs " +
+             std::to_string(static_cast<std::uint64_t>(n) * sizeof(float)));
+      }
+      if (offset > limit || bytes > limit - offset) past_end(offset, bytes);
+    } else if (layout == H5D_CHUNKED) {
+      const int rank = static_cast<int>(d.dims.size());
+      std::vector<hsize_t> chunk(d.dims.size());
+      check(H5Pget_chunk(dcpl.get(), rank, chunk.data()), label + ": cannot read its chunking");
+      std::uint64_t expected = 1;
+      for (std::size_t i = 0; i < chunk.size(); ++i) expected *= (d.dims[i] + chunk[i] - 1) / chunk[i];
+      Handle space = own(H5Dget_space(id), H5Sclose, label + ": cannot read its shape");
+      hsize_t count = 0;
+      check(H5Dget_num_chunks(id, space.get(), &count), label + ": cannot count its chunks");
+      if (count != expected) {
+        fail(label + " has " + std::to_string(count) + " of its " + std::to_string(expected) +
+             " chunks in the file (partly never written)");
+      }
+      for (hsize_t i = 0; i < count; ++i) {
+        haddr_t address = HADDR_UNDEF;
+        hsize_t size = 0;
+        unsigned filters = 0;
+        check(H5Dget_chunk_info(id, space.get(), i, nullptr, &filters, &address, &size),
+              label + ": cannot locate its chunks");
+        if (address == HADDR_UNDEF || address > limit || size > limit - address) past_end(address, size);
+      }
+    } else if (layout != H5D_COMPACT) {  // compact data lives in the object header, which was just read
+      fail(label + " uses a virtual dataset layout; checkpoints must hold their data");
+    }
+  }
+
+  static std::string describe_type(hid_t type) {
+    const H5T_class_t type_class = H5Tget_class(type);
+    const std::size_t bits = H5Tget_size(type) * 8;
+    switch (type_class) {
+      case H5T_FLOAT:
+        return "float" + std::to_string(bits);
+      case H5T_INTEGER:
+        return (H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(bits);
+      case H5T_STRING:
+        return "string";
+      case H5T_COMPOUND:
+        return "compound";
+      case H5T_ENUM:
+        return "enum";
+      default:
+        return "a non-numeric type";
+    }
+  }
+
+  bool has_attribute(hid_t object, const char* name) const {
+    return check(H5Aexists(object, name), std::string("cannot look up attribute '") + name + "'") > 0;
+  }
+
+  struct Attribute {
+    Handle attribute;
+    Handle type;
+    H5T_class_t type_class = H5T_NO_CLASS;
+    H5S_class_t space_class = H5S_NO_CLASS;
+    std::vector<hsize_t> dims;
+    std::string label;  // "attribute 'x' in /meta"
+  };
+
+  Attribute open_attribute(hid_t object, const std::string& name, const std::string& where) const {
+    Attribute a;
+    a.label = "attribute '" + name + "' in " + where;
+    if (!has_attribute(object, name.c_str())) fail("missing " + a.label);
+    const std::string what = "cannot read " + a.label;
+    a.attribute = own(H5Aopen(object, name.c_str(), H5P_DEFAULT), H5Aclose, what);
+    a.type = own(H5Aget_type(a.attribute.get()), H5Tclose, what);
+    a.type_class = check(H5Tget_class(a.type.get()), what);
+    Handle space = own(H5Aget_space(a.attribute.get()), H5Sclose, what);
+    a.space_class = check(H5Sget_simple_extent_type(space.get()), what);
+    const int rank = check(H5Sget_simple_extent_ndims(space.get()), what);
+    a.dims.resize(static_cast<std::size_t>(rank));
+    if (rank > 0) check(H5Sget_simple_extent_dims(space.get(), a.dims.data(), nullptr), what);
+    return a;
+  }
+
+  static std::size_t count_of(const Attribute& a) {
+    std::size_t n = 1;
+    for (const hsize_t d : a.dims) n *= static_cast<std::size_t>(d);
+    return n;
+  }
+
+  std::string read_string(hid_t object, const char* name, const std::string& where = "/meta") const {
+    const Attribute a = open_attribute(object, name, where);
+    if (a.type_class != H5T_STRING || count_of(a) != 1) fail(a.label + " must be a string");
+    return read_string_values(a).front();
+  }
+
+  std::vector<std::string> read_strings(hid_t object, const char* name, const std::string& where = "/meta") const {
+    const Attribute a = open_attribute(object, name, where);
+    if (a.type_class != H5T_STRING || a.dims.size() > 1) fail(a.label + " must be a list of strings");
+    return read_string_values(a);
+  }
+
+  std::vector<std::string> read_string_values(const Attribute& a) const {
+    const std::string what = "cannot read " + a.label;
+    const std::size_t count = count_of(a);
+    std::vector<std::string> values;
+    if (count == 0) return values;
+    values.reserve(count);
+    if (check(H5Tis_variable_str(a.type.get()), what) > 0) {
+      // Read through a native-order copy of the file type so ASCII and UTF-8 strings both convert.
+      Handle memory = own(H5Tcopy(a.type.get()), H5Tclose, what);
+      std::vector<char*> data(count, nullptr);
+      check(H5Aread(a.attribute.get(), memory.get(), data.data()), what);
+      for (char* s : data) values.emplace_back(s != nullptr ? s : "");
+      Handle space = own(H5Aget_space(a.attribute.get()), H5Sclose, what);
+      check(H5Dvlen_reclaim(memory.get(), space.get(), H5P_DEFAULT, data.data()), what);
+      return values;
+    }
+    const std::size_t size = H5Tget_size(a.type.get());
+    if (size == 0) fail(what);
+    std::vector<char> data(count * size, '\0');
+    check(H5Aread(a.attribute.get(), a.type.get(), data.data()), what);
+    for (std::size_t i = 0; i < count; ++i) {
+      const char* s = data.data() + i * size;
+      values.emplace_back(s, strnlen(s, size));
+    }
+    return values;
+  }
+
+  std::int64_t read_int(hid_t object, const char* name, const std::string& where = "/meta") const {
+    const Attribute a = open_attribute(object, name, where);
+    if (a.type_class != H5T_INTEGER || count_of(a) != 1) fail(a.label + " must be an integer");
+    std::int64_t value = 0;
+    check(H5Aread(a.attribute.get(), H5T_NATIVE_INT64, &value), "cannot read " + a.label);
+    return value;
+  }
+
+  double read_double(hid_t object, const char* name, const std::string& where = "/meta") const {
+    const Attribute a = open_attribute(object, name, where);
+    if ((a.type_class != H5T_FLOAT && a.type_class != H5T_INTEGER) || count_of(a) != 1) {
+      fail(a.label + " must be a number");
+    }
+    double value = 0.0;
+    check(H5Aread(a.attribute.get(), H5T_NATIVE_DOUBLE, &value), "cannot read " + a.label);
+    return value;
+  }
+
+  template <typename T>
+  std::vector<T> read_numbers(const Attribute& a, hid_t memory_type) const {
+    std::vector<T> values(count_of(a));
+    if (!values.empty()) check(H5Aread(a.attribute.get(), memory_type, values.data()), "cannot read " + a.label);
+    return values;
+  }
+
+  StateValue read_state_value(hid_t group, const std::string& name) const {
+    const Attribute a = open_attribute(group, name, "/state");
+    const bool scalar = a.space_class == H5S_SCALAR;
+    if (!scalar && (a.space_class != H5S_SIMPLE || a.dims.size() != 1)) {
+      fail(a.label + " must be a scalar or a one-dimensional array");
+    }
+    switch (a.type_class) {
+      case H5T_INTEGER: {
+        const bool is_unsigned = H5Tget_sign(a.type.get()) == H5T_SGN_NONE;
+        if (is_unsigned) {
+          auto values = read_numbers<std::uint64_t>(a, H5T_NATIVE_UINT64);
+          if (scalar) return values.front();
+          return values;
+        }
+        auto values = read_numbers<std::int64_t>(a, H5T_NATIVE_INT64);
+        if (scalar) return values.front();
+        return values;
+      }
+      case H5T_FLOAT: {
+        auto values = read_numbers<double>(a, H5T_NATIVE_DOUBLE);
+        if (scalar) return values.front();
+        return values;
+      }
+      case H5T_STRING:
+        if (!scalar) fail(a.label + ": string arrays are not supported in /state");
+        return read_string_values(a).front();
+      default:
+        fail(a.label + " must hold integers, floating-point numbers or a string");
+    }
+  }
+
+  std::string path_;
+  std::int64_t actual_size_ = 0;
+  std::int64_t stored_eof_ = 0;  // > 0: the file is truncated and was opened from a padded image
+  Handle file_;
+};
+
+}  // namespace
+
+// =========================================================================================================
+
+std::int64_t CheckpointTensor::numel() const {
+  std::int64_t n = 1;
+  for (const auto d : shape) n *= d;
+  return n;
+}
+
+std::string describe_shape(const std::vector<std::int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
+  const WriteChecker h5(path);
+  validate_checkpoint(h5, checkpoint);
+  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
+  const std::vector<char> image = build_image(h5, temporary, checkpoint);
+  try {
+    write_file(h5, temporary, image);
+    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+      h5.fail("cannot rename '" + temporary + "' to '" + path + "': " + std::strerror(errno));
+    }
+  } catch (...) {
+    std::remove(temporary.c_str());
+    throw;
+  }
+  // The rename itself is durable once the folder is synced. Best effort: some file systems cannot sync a
+  // folder, and the checkpoint is complete and in place either way.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  QuietHdf5 quiet;
+  const CheckpointReader r(path);
+  if (r.truncated()) r.diagnose_truncation(nullptr);
+  Checkpoint c;
+  c.meta = r.read_meta();
+  c.params = r.read_all_tensors(r.file(), params_group, params_group);
+  c.buffers = r.read_all_tensors(r.file(), buffers_group, buffers_group);
+  c.optimizer = r.read_optimizer(nullptr);
+  c.easgd_center = r.read_easgd(nullptr);
+  c.state = r.read_state();
+  return c;
+}
+
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected) {
+  QuietHdf5 quiet;
+  const CheckpointReader r(path);
+  if (r.truncated()) r.diagnose_truncation(&expected);
+  Checkpoint c;
+  c.meta = r.read_meta();
+  c.params = r.read_checked_tensors(r.file(), params_group, params_group, expected.params, false);
+  c.buffers = r.read_checked_tensors(r.file(), buffers_group, buffers_group, expected.buffers, false);
+  c.optimizer = r.read_optimizer(&expected.params);
+  c.easgd_center = r.read_easgd(&expected.params);
+  c.state = r.read_state();
+  return c;
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  QuietHdf5 quiet;
+  const CheckpointReader r(path);
+  if (r.truncated()) r.diagnose_truncation(nullptr);
+  return r.read_meta();
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,134 @@
+// Model checkpoints (`tessera train` → `tessera infer`, `predict`, resumed training), layout fixed in DESIGN.md:
+//
+//   /params/<name>            float32  learnable parameters, PyTorch names and shapes: conv weights O×I×kH×kW,
+//                                      linear weights [out, in], biases and batch-norm gamma/beta [C]
+//   /buffers/<name>           float32  persistent buffers (batch-norm running_mean / running_var [C])
+//   /meta                     attributes: format = "tessera-checkpoint", version, architecture, input_size (tile
+//                                      px), num_classes, class_names, mpp, stain_normalization, stain_target,
+//                                      config_yaml, step, epoch, created (ISO 8601 UTC), tessera_version
+//   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
+//                                      parameter; attributes name, step
+//   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
+//   /state                    attributes the trainer keeps for resuming (RNG words, data-loader position, ...)
+//
+// Tensor names keep their dots inside one dataset name ("layer1.0.conv1.weight" is a dataset directly in
+// /params, not nested groups), so `{k: f["params"][k][()] for k in f["params"]}` in h5py is a torchvision
+// state_dict minus `num_batches_tracked` (scripts/torch_checkpoint.py converts both ways).
+//
+// A checkpoint is written under a temporary name beside the target and renamed when complete: a reader never
+// sees a half-written checkpoint, and a failed write leaves the previous file untouched. All metadata is
+// written before all tensor data, so a checkpoint cut short still names its tensors. Readers check the
+// format, every tensor's type (float32) and shape, that its data lies inside the file, and read all of it; a
+// broken file is refused with one InputError naming the file and the first bad tensor, e.g.
+//   "file 'x.h5': tensor 'layer1.0.conv1.weight' in /params has shape [64, 3, 3, 3], the model expects
+//    [64, 64, 3, 3]"
+//   "file 'x.h5': tensor 'fc.weight' in /params: its data (bytes 10552..10584) lies beyond the end of the
+//    file (the file is truncated: expected at least 10624 bytes, the file has 10568)".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace tessera::io {
+
+inline constexpr int checkpoint_format_version = 1;
+
+// One float32 tensor in C order (row-major over `shape`); an empty shape is a scalar (one value).
+struct CheckpointTensor {
+  std::vector<std::int64_t> shape;
+  std::vector<float> data;  // size = product of shape
+
+  std::int64_t numel() const;
+  bool operator==(const CheckpointTensor&) const = default;  // float ==: NaN never equal, -0 equals 0
+};
+
+using TensorMap = std::map<std::string, CheckpointTensor>;  // tensor name → tensor
+
+// What inference needs besides the weights, so that preprocessing travels with the model.
+struct CheckpointMeta {
+  std::string architecture;                  // e.g. "resnet18", "tiny_cnn" (required)
+  std::int64_t input_size = 0;               // tile edge in pixels (required, > 0)
+  std::int64_t num_classes = 0;              // (required, > 0)
+  std::vector<std::string> class_names;      // empty, or num_classes names
+  double mpp = 0.0;                          // µm/px the tiles were made at; 0 = unknown
+  std::string stain_normalization = "none";  // "none", "reinhard", "macenko"
+  std::string stain_target;                  // the fitted target's text (StainNormalizer::describe())
+  std::string config_yaml;                   // the effective job
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::string created;                               // ISO 8601 UTC; the writer fills in the current time when empty
+  std::string tessera_version;                       // "" = not recorded
+  std::int64_t version = checkpoint_format_version;  // format version; set by the reader, ignored by the writer
+
+  bool operator==(const CheckpointMeta&) const = default;
+};
+
+// Per-parameter optimizer state: state name (e.g. "momentum_buffer") → parameter name → tensor of the
+// parameter's shape. A state may cover only some parameters (PyTorch creates momentum lazily).
+struct OptimizerState {
+  std::string name;  // e.g. "sgd", "lars"; empty = no optimizer state in the checkpoint
+  std::int64_t step = 0;
+  std::map<std::string, TensorMap> slots;
+
+  bool empty() const { return name.empty() && slots.empty(); }
+  bool operator==(const OptimizerState&) const = default;
+};
+
+// One attribute under /state. Scalars and one-dimensional arrays are told apart (a 1-element array stays an
+// array), so a value reads back with the type it was written with.
+using StateValue = std::variant<std::int64_t, std::uint64_t, double, std::string, std::vector<std::int64_t>,
+                                std::vector<std::uint64_t>, std::vector<double>>;
+using StateMap = std::map<std::string, StateValue>;
+
+struct Checkpoint {
+  CheckpointMeta meta;
+  TensorMap params;
+  TensorMap buffers;
+  OptimizerState optimizer;  // empty() = none
+  TensorMap easgd_center;    // empty = none
+  StateMap state;
+
+  bool operator==(const Checkpoint&) const = default;
+};
+
+// A tensor the model expects: name and PyTorch shape.
+struct TensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+
+// Every parameter and buffer of a model, in the model's order (the order decides which bad tensor an error
+// names first).
+struct CheckpointLayout {
+  std::vector<TensorSpec> params;
+  std::vector<TensorSpec> buffers;
+};
+
+// Writes atomically (temporary file beside `path`, fsync, rename). Argument mistakes (data size not matching
+// the shape, a name with '/', missing architecture) and failing writes throw InternalError naming the file; the
+// temporary file is removed and an existing `path` is left as it was. The file is built in memory first and
+// written with plain write(2) calls (so a full disk is an ordinary error), which costs its size in RAM once more
+// while writing.
+void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
+
+// Free-form read: everything in the file, after checking the format, the meta attributes, and that every
+// tensor is float32 and fully readable. InputError naming the file (and the first bad tensor) otherwise;
+// FileNotFoundError when there is no file.
+Checkpoint read_checkpoint(const std::string& path);
+
+// Checked read against the model: the params and buffers must be exactly `expected` (same names, same shapes;
+// a missing or extra tensor is an error), optimizer state and the EASGD centre, when present, must name
+// parameters of the model with their shapes (the centre: all of them).
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected);
+
+// Only the /meta attributes (format checked): enough to build the model before reading its weights. A
+// truncated file is refused here already, naming the first tensor whose data is gone.
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+// "[64, 3, 3, 3]" ("[]" for a scalar).
+std::string describe_shape(const std::vector<std::int64_t>& shape);
+
+}  // namespace tessera::io

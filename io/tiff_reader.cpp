@@ -1,0 +1,416 @@
+#include "io/tiff_reader.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdarg>
+#include <cstdio>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+#include <tiffio.h>
+
+#include "io/error.h"
+
+namespace tessera::io {
+namespace {
+
+// A tile side above this is not a slide tile (those are 240–1024 px); refusing it bounds a decode buffer that a
+// damaged directory could otherwise make huge.
+constexpr std::uint32_t kMaxTileSide = 8192;
+constexpr int kChannels = 3;
+constexpr std::uint16_t kJpeg2000Aperio = 33003;     // YCbCr JPEG 2000 in Aperio files
+constexpr std::uint16_t kJpeg2000AperioRgb = 33005;  // RGB JPEG 2000 in Aperio files
+const cv::Scalar kWhite(255, 255, 255);
+
+// One libtiff handle with its own last error message (libtiff reports through callbacks) and the directory it
+// is set to. Lives at a fixed address while open: libtiff holds a pointer to it.
+struct Handle {
+  TIFF* tif = nullptr;
+  std::string last_error;
+  std::optional<tdir_t> directory;
+
+  Handle() = default;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() {
+    if (tif != nullptr) TIFFClose(tif);
+  }
+};
+
+int keep_error(TIFF*, void* user_data, const char* module, const char* fmt, va_list ap) {
+  std::array<char, 1024> buffer{};
+  std::vsnprintf(buffer.data(), buffer.size(), fmt, ap);
+  auto* handle = static_cast<Handle*>(user_data);
+  // The first message is the cause; later ones ("cannot read tile") only repeat it.
+  if (handle->last_error.empty()) {
+    handle->last_error =
+        module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data() : std::string(buffer.data());
+  }
+  return 1;  // handled: libtiff must not print
+}
+
+int ignore_warning(TIFF*, void*, const char*, const char*, va_list) { return 1; }
+
+// Opens `path` for reading; nullptr (with handle->last_error) when libtiff cannot.
+std::unique_ptr<Handle> open_handle(const std::string& path) {
+  auto handle = std::make_unique<Handle>();
+  TIFFOpenOptions* options = TIFFOpenOptionsAlloc();
+  TIFFOpenOptionsSetErrorHandlerExtR(options, keep_error, handle.get());
+  TIFFOpenOptionsSetWarningHandlerExtR(options, ignore_warning, nullptr);
+  handle->tif = TIFFOpenExt(path.c_str(), "r", options);
+  TIFFOpenOptionsFree(options);
+  return handle;
+}
+
+std::string compression_name(std::uint16_t compression) {
+  switch (compression) {
+    case COMPRESSION_NONE:
+      return "uncompressed";
+    case COMPRESSION_JPEG:
+      return "JPEG";
+    case COMPRESSION_ADOBE_DEFLATE:
+    case COMPRESSION_DEFLATE:
+      return "deflate";
+    case COMPRESSION_LZW:
+      return "LZW";
+    case kJpeg2000Aperio:
+    case kJpeg2000AperioRgb:
+      return "JPEG 2000";
+    default:
+      return "compression " + std::to_string(compression);
+  }
+}
+
+// Key of a decoded tile in the cache: level and tile index.
+std::uint64_t tile_key(int level, std::uint32_t tile) {
+  return (static_cast<std::uint64_t>(level) << 32) | static_cast<std::uint64_t>(tile);
+}
+
+// Decoded tiles, least recently used first out once their bytes pass the capacity. cv::Mat shares its pixels by
+// reference count, so a tile handed out stays valid after eviction.
+class TileCache {
+ public:
+  explicit TileCache(std::size_t capacity) : capacity_(capacity) {}
+
+  std::size_t bytes() {
+    const std::lock_guard lock(mutex_);
+    return bytes_;
+  }
+
+  std::optional<cv::Mat> find(std::uint64_t key) {
+    const std::lock_guard lock(mutex_);
+    auto it = index_.find(key);
+    if (it == index_.end()) return std::nullopt;
+    entries_.splice(entries_.begin(), entries_, it->second);
+    return it->second->second;
+  }
+
+  void insert(std::uint64_t key, const cv::Mat& tile) {
+    const std::size_t bytes = tile.total() * tile.elemSize();
+    if (bytes > capacity_) return;
+    const std::lock_guard lock(mutex_);
+    if (index_.count(key) != 0) return;  // another thread decoded it meanwhile
+    entries_.emplace_front(key, tile);
+    index_[key] = entries_.begin();
+    bytes_ += bytes;
+    while (bytes_ > capacity_) {
+      const auto& [old_key, old_tile] = entries_.back();
+      bytes_ -= old_tile.total() * old_tile.elemSize();
+      index_.erase(old_key);
+      entries_.pop_back();
+    }
+  }
+
+ private:
+  using Entries = std::list<std::pair<std::uint64_t, cv::Mat>>;
+  std::mutex mutex_;
+  std::size_t capacity_;
+  std::size_t bytes_ = 0;
+  Entries entries_;
+  std::unordered_map<std::uint64_t, Entries::iterator> index_;
+};
+
+}  // namespace
+
+struct TiffTileReader::Impl {
+  struct Level {
+    tdir_t directory = 0;
+    std::int64_t width = 0;
+    std::int64_t height = 0;
+    std::uint32_t tile_width = 0;
+    std::uint32_t tile_height = 0;
+    std::uint32_t tiles_across = 0;
+    std::uint16_t compression = COMPRESSION_NONE;
+    bool jpeg_ycbcr = false;  // needs JPEGCOLORMODE_RGB after every directory change
+  };
+
+  std::string path;
+  std::vector<Level> levels;
+  bool missing_tiles_blank = false;
+  std::string description;
+
+  std::mutex pool_mutex;
+  std::vector<std::unique_ptr<Handle>> idle;  // handles no thread is using
+  TileCache cache;
+
+  explicit Impl(std::size_t cache_bytes) : cache(cache_bytes) {}
+
+  // A handle for one thread's use; returned to the pool on destruction unless discard()ed (after a failed
+  // decode, whose codec state is not worth trusting).
+  class Lease {
+   public:
+    Lease(Impl& impl, std::unique_ptr<Handle> handle) : impl_(impl), handle_(std::move(handle)) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() {
+      if (handle_ == nullptr) return;
+      const std::lock_guard lock(impl_.pool_mutex);
+      impl_.idle.push_back(std::move(handle_));
+    }
+    Handle& operator*() const { return *handle_; }
+    void discard() { handle_.reset(); }
+
+   private:
+    Impl& impl_;
+    std::unique_ptr<Handle> handle_;
+  };
+
+  Lease acquire() {
+    {
+      const std::lock_guard lock(pool_mutex);
+      if (!idle.empty()) {
+        std::unique_ptr<Handle> handle = std::move(idle.back());
+        idle.pop_back();
+        return Lease(*this, std::move(handle));
+      }
+    }
+    std::unique_ptr<Handle> handle = open_handle(path);
+    if (handle->tif == nullptr) {
+      throw InputError("cannot reopen the slide with libtiff" +
+                           (handle->last_error.empty() ? std::string() : ": " + handle->last_error),
+                       path);
+    }
+    return Lease(*this, std::move(handle));
+  }
+
+  // Sets `handle` to `level`'s directory; false (with handle.last_error) on failure.
+  bool select(Handle& handle, const Level& level) const {
+    if (handle.directory == level.directory) return true;
+    handle.directory.reset();
+    if (TIFFSetDirectory(handle.tif, level.directory) != 1) return false;
+    // A pseudo-tag: reset by every directory read. libjpeg then converts YCbCr to RGB with its usual
+    // upsampling, as OpenSlide's own JPEG decoding does.
+    if (level.jpeg_ycbcr && TIFFSetField(handle.tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB) != 1) return false;
+    handle.directory = level.directory;
+    return true;
+  }
+
+  cv::Mat tile(int level_index, std::uint32_t column, std::uint32_t row) {
+    const Level& level = levels[static_cast<std::size_t>(level_index)];
+    const std::uint32_t index = row * level.tiles_across + column;
+    const std::uint64_t key = tile_key(level_index, index);
+    if (auto cached = cache.find(key)) return *cached;
+
+    cv::Mat pixels(static_cast<int>(level.tile_height), static_cast<int>(level.tile_width), CV_8UC3);
+    const auto bytes = static_cast<tmsize_t>(pixels.total() * pixels.elemSize());
+    Lease lease = acquire();
+    Handle& handle = *lease;
+    handle.last_error.clear();
+    const auto fail = [&](const std::string& what) {
+      InputError error(fmt::format("{} tile {} (column {}, row {}) of TIFF directory {}{}", what, index, column, row,
+                                   level.directory, handle.last_error.empty() ? "" : ": " + handle.last_error),
+                       path);
+      lease.discard();
+      return error;
+    };
+    if (!select(handle, level)) throw fail("cannot select the directory of");
+    if (missing_tiles_blank && TIFFGetStrileByteCount(handle.tif, index) == 0) {
+      pixels.setTo(kWhite);
+    } else if (TIFFReadEncodedTile(handle.tif, index, pixels.data, bytes) != bytes) {
+      throw fail("cannot decode");
+    }
+    cache.insert(key, pixels);
+    return pixels;
+  }
+};
+
+TiffTileReader::TiffTileReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TiffTileReader::~TiffTileReader() = default;
+
+std::unique_ptr<TiffTileReader> TiffTileReader::open(const std::string& path, const std::vector<TiffLevelSize>& levels,
+                                                     bool missing_tiles_blank, std::string& why_not,
+                                                     std::size_t cache_bytes) {
+  why_not.clear();
+  std::unique_ptr<Handle> handle = open_handle(path);
+  if (handle->tif == nullptr) {
+    why_not = "libtiff cannot open the file" + (handle->last_error.empty() ? "" : ": " + handle->last_error);
+    return nullptr;
+  }
+  TIFF* tif = handle->tif;
+
+  // Every tiled directory, in file order.
+  struct Tiled {
+    tdir_t directory;
+    std::uint32_t width;
+    std::uint32_t height;
+    bool taken;
+  };
+  std::vector<Tiled> tiled;
+  do {
+    std::uint32_t width = 0;
+    std::uint32_t height = 0;
+    if (TIFFIsTiled(tif) != 0 && TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width) == 1 &&
+        TIFFGetField(tif, TIFFTAG_IMAGELENGTH, &height) == 1) {
+      tiled.push_back({TIFFCurrentDirectory(tif), width, height, false});
+    }
+  } while (TIFFReadDirectory(tif) == 1);
+
+  auto impl = std::make_unique<Impl>(cache_bytes);
+  impl->path = path;
+  impl->missing_tiles_blank = missing_tiles_blank;
+  std::vector<std::string> encodings;
+  for (std::size_t i = 0; i < levels.size(); ++i) {
+    const auto decline = [&](const std::string& why) {
+      why_not = fmt::format("level {}: {}", i, why);
+      return nullptr;
+    };
+    const TiffLevelSize& size = levels[i];
+    auto match = std::find_if(tiled.begin(), tiled.end(), [&](const Tiled& t) {
+      return !t.taken && t.width == size.width && t.height == size.height;
+    });
+    if (match == tiled.end()) return decline(fmt::format("no tiled directory of {}x{}", size.width, size.height));
+    match->taken = true;
+
+    Impl::Level level;
+    level.directory = match->directory;
+    level.width = size.width;
+    level.height = size.height;
+    handle->last_error.clear();
+    if (TIFFSetDirectory(tif, level.directory) != 1) return decline("unreadable directory: " + handle->last_error);
+    std::uint16_t bits = 0;
+    std::uint16_t samples = 0;
+    std::uint16_t planar = 0;
+    std::uint16_t sample_format = 0;
+    std::uint16_t photometric = 0;
+    std::uint16_t orientation = 0;
+    // TIFFGetFieldDefaulted: these have TIFF defaults (1 bit, 1 sample, contiguous, unsigned, top-left).
+    TIFFGetFieldDefaulted(tif, TIFFTAG_BITSPERSAMPLE, &bits);
+    TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLESPERPIXEL, &samples);
+    TIFFGetFieldDefaulted(tif, TIFFTAG_PLANARCONFIG, &planar);
+    TIFFGetFieldDefaulted(tif, TIFFTAG_SAMPLEFORMAT, &sample_format);
+    TIFFGetFieldDefaulted(tif, TIFFTAG_ORIENTATION, &orientation);
+    TIFFGetFieldDefaulted(tif, TIFFTAG_COMPRESSION, &level.compression);
+    if (TIFFGetField(tif, TIFFTAG_PHOTOMETRIC, &photometric) != 1) return decline("no photometric tag");
+    if (TIFFGetField(tif, TIFFTAG_TILEWIDTH, &level.tile_width) != 1 ||
+        TIFFGetField(tif, TIFFTAG_TILELENGTH, &level.tile_height) != 1) {
+      return decline("no tile size");
+    }
+    if (bits != 8 || samples != kChannels || planar != PLANARCONFIG_CONTIG || sample_format != SAMPLEFORMAT_UINT) {
+      return decline(
+          fmt::format("{} bits, {} samples, planar configuration {}, sample format {} (not 8-bit "
+                      "contiguous RGB)",
+                      bits, samples, planar, sample_format));
+    }
+    if (orientation != ORIENTATION_TOPLEFT) return decline(fmt::format("orientation {}", orientation));
+    if (level.tile_width == 0 || level.tile_height == 0 || level.tile_width > kMaxTileSide ||
+        level.tile_height > kMaxTileSide) {
+      return decline(fmt::format("tile size {}x{}", level.tile_width, level.tile_height));
+    }
+    const std::string name = compression_name(level.compression);
+    switch (level.compression) {
+      case COMPRESSION_JPEG:
+        if (photometric == PHOTOMETRIC_YCBCR) {
+          level.jpeg_ycbcr = true;
+        } else if (photometric != PHOTOMETRIC_RGB) {
+          return decline(fmt::format("JPEG tiles with photometric interpretation {}", photometric));
+        }
+        break;
+      case COMPRESSION_ADOBE_DEFLATE:
+      case COMPRESSION_DEFLATE:
+      case COMPRESSION_LZW:
+      case COMPRESSION_NONE:
+        if (photometric != PHOTOMETRIC_RGB) {
+          return decline(fmt::format("{} tiles with photometric interpretation {}", name, photometric));
+        }
+        break;
+      default:
+        return decline(fmt::format("{} tiles (compression {})", name, level.compression));
+    }
+    if (TIFFIsCODECConfigured(level.compression) == 0) return decline("libtiff has no " + name + " decoder");
+    // Check on this handle that libtiff will deliver whole RGB tiles, as read() expects.
+    handle->directory.reset();
+    if (level.jpeg_ycbcr && TIFFSetField(tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB) != 1) {
+      return decline("libtiff cannot convert YCbCr JPEG to RGB");
+    }
+    handle->directory = level.directory;
+    const auto expected = static_cast<tmsize_t>(level.tile_width) * level.tile_height * kChannels;
+    if (TIFFTileSize(tif) != expected) return decline(fmt::format("tile of {} bytes", TIFFTileSize(tif)));
+    const std::uint64_t tiles_across =
+        (static_cast<std::uint64_t>(size.width) + level.tile_width - 1) / level.tile_width;
+    const std::uint64_t tiles_down =
+        (static_cast<std::uint64_t>(size.height) + level.tile_height - 1) / level.tile_height;
+    level.tiles_across = static_cast<std::uint32_t>(tiles_across);
+    if (tiles_across * tiles_down != TIFFNumberOfTiles(tif)) {
+      return decline(fmt::format("{} tiles, not a {}x{} grid", TIFFNumberOfTiles(tif), level.tiles_across, tiles_down));
+    }
+    if (std::find(encodings.begin(), encodings.end(), name) == encodings.end()) encodings.push_back(name);
+    impl->levels.push_back(level);
+  }
+  if (impl->levels.empty()) {
+    why_not = "no pyramid levels";
+    return nullptr;
+  }
+  for (std::size_t i = 0; i < encodings.size(); ++i) impl->description += (i == 0 ? "" : ", ") + encodings[i];
+  impl->description += " tiles";
+  impl->idle.push_back(std::move(handle));
+  return std::unique_ptr<TiffTileReader>(new TiffTileReader(std::move(impl)));
+}
+
+cv::Mat TiffTileReader::read(int level_index, std::int64_t lx, std::int64_t ly, int width, int height) const {
+  if (level_index < 0 || level_index >= static_cast<int>(impl_->levels.size()) || width <= 0 || height <= 0) {
+    throw InternalError(
+        fmt::format("direct TIFF read of level {}, {}x{} pixels: invalid request", level_index, width, height));
+  }
+  const Impl::Level& level = impl_->levels[static_cast<std::size_t>(level_index)];
+  cv::Mat out(height, width, CV_8UC3, kWhite);
+  // The part of the request inside the level, in level pixels.
+  const std::int64_t x0 = std::max<std::int64_t>(lx, 0);
+  const std::int64_t y0 = std::max<std::int64_t>(ly, 0);
+  const std::int64_t x1 = std::min<std::int64_t>(lx + width, level.width);
+  const std::int64_t y1 = std::min<std::int64_t>(ly + height, level.height);
+  if (x0 >= x1 || y0 >= y1) return out;
+  const std::int64_t tw = level.tile_width;
+  const std::int64_t th = level.tile_height;
+  for (std::int64_t row = y0 / th; row <= (y1 - 1) / th; ++row) {
+    for (std::int64_t column = x0 / tw; column <= (x1 - 1) / tw; ++column) {
+      const cv::Mat tile =
+          impl_->tile(level_index, static_cast<std::uint32_t>(column), static_cast<std::uint32_t>(row));
+      // The tile's part of the request, clipped to the level: partial edge tiles carry padding past it.
+      const std::int64_t cx0 = std::max(x0, column * tw);
+      const std::int64_t cy0 = std::max(y0, row * th);
+      const std::int64_t cx1 = std::min(x1, (column + 1) * tw);
+      const std::int64_t cy1 = std::min(y1, (row + 1) * th);
+      const cv::Rect from(static_cast<int>(cx0 - column * tw), static_cast<int>(cy0 - row * th),
+                          static_cast<int>(cx1 - cx0), static_cast<int>(cy1 - cy0));
+      const cv::Rect to(static_cast<int>(cx0 - lx), static_cast<int>(cy0 - ly), from.width, from.height);
+      tile(from).copyTo(out(to));
+    }
+  }
+  return out;
+}
+
+const std::string& TiffTileReader::description() const { return impl_->description; }
+
+std::size_t TiffTileReader::cached_bytes() const { return impl_->cache.bytes(); }
+
+int TiffTileReader::directory(int level) const {
+  return static_cast<int>(impl_->levels.at(static_cast<std::size_t>(level)).directory);
+}
+
+}  // namespace tessera::io

@@ -1,0 +1,416 @@
+#!/usr/bin/python3
+"""PyTorch <-> Tessera checkpoints, and reference outputs of the same models for Tessera's tests.
+
+A Tessera checkpoint (io/checkpoint.h, DESIGN.md "Checkpoints") is one HDF5 file:
+  /params/<name>, /buffers/<name>   float32 tensors with torchvision names and layouts (conv O x I x kH x kW,
+                                    linear [out, in], batch-norm running_mean / running_var); a name such as
+                                    "layer1.0.conv1.weight" is one dataset directly in its group
+  /meta                             attributes: format = "tessera-checkpoint", version, architecture,
+                                    input_size, num_classes, class_names, mpp, stain_normalization,
+                                    stain_target, config_yaml, step, epoch, created, tessera_version
+BatchNorm's `num_batches_tracked` is not stored (Tessera's batch norm uses a fixed momentum); `import` sets it
+to 0, which changes nothing in eval mode or with a fixed momentum.
+
+The models are defined here in plain torch.nn with torchvision's module names (Debian has no torchvision):
+  tiny_cnn   conv1 (3->4, 3x3, pad 1, no bias) -> bn1 -> relu -> global average pool -> fc (4 -> classes)
+  resnet18, resnet34   torchvision's ResNet with BasicBlocks (conv1 7x7/2, bn1, relu, maxpool 3x3/2,
+                       layer1..layer4 with downsample.0/.1, avgpool, fc)
+
+Usage (Debian's python3 has python3-torch and python3-h5py):
+  scripts/torch_checkpoint.py export --arch resnet18 [--state-dict model.pt] [--seed 0] [--num-classes 2]
+                                     [--input-size 224] [--class-names normal,tumor] [--mpp 0.5] OUT.h5
+      A state_dict from a .pt file (a bare state_dict, or a dict holding one under "state_dict"/"model";
+      DataParallel "module." prefixes are removed), or a seeded random model with randomized batch-norm
+      statistics when --state-dict is not given, written as a Tessera checkpoint.
+  scripts/torch_checkpoint.py import CKPT.h5 OUT.pt
+      The checkpoint as a state_dict, loaded strictly into the architecture named in /meta, saved with torch.save.
+  scripts/torch_checkpoint.py predict CKPT.h5 [--batch 2] [--size PX] [--json OUT.json]
+      Eval-mode logits and softmax of the checkpoint's model for the fixed input below, printed as JSON.
+  scripts/torch_checkpoint.py fixture OUT_DIR
+      Regenerates tests/data/checkpoints/tiny_torch.h5 and tiny_torch.expected.json (see the README there).
+  scripts/torch_checkpoint.py selftest
+      export -> import is bit-exact and gives identical outputs, for every architecture.
+
+The fixed input, reproducible without torch: x has shape [N, 3, S, S] in C order and for flat index i
+  x[i] = float32(((i * 2654435761) mod 2^32) / 2^31 - 1)        (values in [-1, 1))
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+import h5py
+import numpy as np
+import torch
+from torch import nn
+
+FORMAT = "tessera-checkpoint"
+VERSION = 1
+SKIPPED_BUFFERS = ("num_batches_tracked",)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models with torchvision's module names.
+
+class TinyCNN(nn.Module):
+    def __init__(self, num_classes=2, channels=4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, channels, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x):
+        x = self.avgpool(self.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(x, 1))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inplanes, planes, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(planes, planes, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, kernel_size=1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Module):
+    def __init__(self, blocks, num_classes=2):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        inplanes = 64
+        for index, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks)):
+            stride = 1 if index == 0 else 2
+            layers = [BasicBlock(inplanes, planes, stride)] + [BasicBlock(planes, planes, 1) for _ in range(count - 1)]
+            setattr(self, "layer%d" % (index + 1), nn.Sequential(*layers))
+            inplanes = planes
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)
+        for m in self.modules():  # torchvision's initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+ARCHITECTURES = {
+    "tiny_cnn": (lambda classes: TinyCNN(classes), 8),
+    "resnet18": (lambda classes: ResNet((2, 2, 2, 2), classes), 224),
+    "resnet34": (lambda classes: ResNet((3, 4, 6, 3), classes), 224),
+}
+
+
+def build_model(arch, num_classes):
+    if arch not in ARCHITECTURES:
+        sys.exit("unknown architecture '%s' (known: %s)" % (arch, ", ".join(sorted(ARCHITECTURES))))
+    return ARCHITECTURES[arch][0](num_classes)
+
+
+def randomize_batchnorm(model, generator):
+    """Non-trivial affine parameters and running statistics, so that eval-mode batch norm is not an identity."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                c = m.num_features
+                m.weight.copy_(0.5 + torch.rand(c, generator=generator))
+                m.bias.copy_(0.4 * torch.rand(c, generator=generator) - 0.2)
+                m.running_mean.copy_(0.4 * torch.rand(c, generator=generator) - 0.2)
+                m.running_var.copy_(0.5 + 1.5 * torch.rand(c, generator=generator))
+
+
+def seeded_model(arch, num_classes, seed):
+    torch.manual_seed(seed)
+    model = build_model(arch, num_classes)
+    randomize_batchnorm(model, torch.Generator().manual_seed(seed + 1))
+    return model.eval()
+
+
+def fixed_input(n, size):
+    count = n * 3 * size * size
+    i = np.arange(count, dtype=np.uint64)
+    k = (i * np.uint64(2654435761)) % np.uint64(2 ** 32)
+    x = (k.astype(np.float64) / 2.0 ** 31 - 1.0).astype(np.float32)
+    return torch.from_numpy(x.reshape(n, 3, size, size))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The HDF5 layout.
+
+def split_state(model):
+    """(params, buffers) of a model as name -> float32 numpy array, in the model's order."""
+    params = {name: p.detach().cpu().numpy().astype("<f4") for name, p in model.named_parameters()}
+    buffers = {name: b.detach().cpu().numpy().astype("<f4") for name, b in model.named_buffers()
+               if name.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS}
+    return params, buffers
+
+
+def write_checkpoint(path, params, buffers, meta):
+    """Writes like Tessera does: groups in creation order, contiguous float32, temporary name then rename."""
+    temporary = "%s.tmp-%d" % (path, os.getpid())
+
+    def order_without_times(plist):
+        # No modification times in object headers: the same model gives the same bytes.
+        plist.set_obj_track_times(False)
+        plist.set_link_creation_order(h5py.h5p.CRT_ORDER_TRACKED | h5py.h5p.CRT_ORDER_INDEXED)
+        return plist
+
+    def create_group(parent, name):
+        gcpl = order_without_times(h5py.h5p.create(h5py.h5p.GROUP_CREATE))
+        return h5py.Group(h5py.h5g.create(parent.id, name.encode(), gcpl=gcpl))
+
+    try:
+        fcpl = order_without_times(h5py.h5p.create(h5py.h5p.FILE_CREATE))
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        fapl.set_libver_bounds(h5py.h5f.LIBVER_V18, h5py.h5f.LIBVER_V18)
+        with h5py.File(h5py.h5f.create(temporary.encode(), h5py.h5f.ACC_TRUNC, fcpl=fcpl, fapl=fapl)) as f:
+            m = create_group(f, "meta")
+            m.attrs["format"] = FORMAT
+            m.attrs["version"] = np.int64(VERSION)
+            m.attrs["architecture"] = meta["architecture"]
+            m.attrs["input_size"] = np.int64(meta["input_size"])
+            m.attrs["num_classes"] = np.int64(meta["num_classes"])
+            if meta.get("class_names"):
+                m.attrs["class_names"] = np.array(meta["class_names"], dtype=h5py.string_dtype("utf-8"))
+            m.attrs["mpp"] = np.float64(meta.get("mpp", 0.0))
+            m.attrs["stain_normalization"] = meta.get("stain_normalization", "none")
+            m.attrs["stain_target"] = meta.get("stain_target", "")
+            m.attrs["config_yaml"] = meta.get("config_yaml", "")
+            m.attrs["step"] = np.int64(meta.get("step", 0))
+            m.attrs["epoch"] = np.int64(meta.get("epoch", 0))
+            m.attrs["created"] = meta.get("created") or datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+            # Every dataset first, the data after: contiguous storage is allocated at the first write, so all
+            # metadata precedes all data and a file cut short still names its tensors (as Tessera writes).
+            pending = []
+            for group_name, tensors in (("params", params), ("buffers", buffers)):
+                g = create_group(f, group_name)
+                for name, value in tensors.items():
+                    pending.append((g.create_dataset(name, shape=value.shape, dtype="<f4", track_times=False), value))
+            f.flush()  # metadata held in temporary file space gets its final address here, before the data
+            for dataset, value in pending:
+                if value.size:
+                    dataset[...] = np.ascontiguousarray(value, dtype="<f4")
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def read_checkpoint(path):
+    """(meta dict, params, buffers) with tensors as float32 torch tensors."""
+    with h5py.File(path, "r") as f:
+        if "meta" not in f or f["meta"].attrs.get("format") != FORMAT:
+            sys.exit("%s: not a Tessera checkpoint (no /meta format = '%s')" % (path, FORMAT))
+        meta = {}
+        for key, value in f["meta"].attrs.items():
+            if isinstance(value, np.ndarray):
+                value = [v.decode() if isinstance(v, bytes) else str(v) for v in value]
+            elif isinstance(value, np.integer):
+                value = int(value)
+            elif isinstance(value, np.floating):
+                value = float(value)
+            meta[key] = value
+        tensors = []
+        for group_name in ("params", "buffers"):
+            group = f.get(group_name, {})
+            tensors.append({name: torch.from_numpy(np.array(group[name][()], dtype=np.float32)) for name in group})
+    return meta, tensors[0], tensors[1]
+
+
+def load_into_model(path):
+    meta, params, buffers = read_checkpoint(path)
+    model = build_model(meta["architecture"], meta["num_classes"])
+    missing, unexpected = model.load_state_dict({**params, **buffers}, strict=False)
+    missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS]
+    if missing or unexpected:
+        sys.exit("%s: does not match %s: missing %s, unexpected %s" % (path, meta["architecture"], missing, unexpected))
+    return meta, model.eval()
+
+
+def load_state_dict_file(path):
+    state = torch.load(path, map_location="cpu")
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in state.items()}
+
+
+def predict(model, batch, size):
+    x = fixed_input(batch, size)
+    with torch.no_grad():
+        logits = model(x)
+    return x, logits, torch.softmax(logits, dim=1)
+
+
+def as_list(t):
+    # float() of a float32 is exact in a double, and JSON keeps a double exactly: no rounding on either side.
+    return [float(v) for v in t.detach().numpy().astype(np.float32).reshape(-1)]
+
+
+def readable_json(document):
+    """One line per top-level key (and per entry of a top-level object), arrays kept on their line."""
+    lines = []
+    for key, value in document.items():
+        if isinstance(value, dict):
+            inner = ["  %s: %s" % (json.dumps(k), json.dumps(v)) for k, v in value.items()]
+            lines.append(" %s: {\n%s\n }" % (json.dumps(key), ",\n".join(inner)))
+        else:
+            lines.append(" %s: %s" % (json.dumps(key), json.dumps(value)))
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Commands.
+
+def command_export(args):
+    if args.state_dict:
+        state = load_state_dict_file(args.state_dict)
+        num_classes = args.num_classes or int(state["fc.weight"].shape[0])
+        model = build_model(args.arch, num_classes)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS]
+        if missing or unexpected:
+            sys.exit("%s: not a %s state_dict: missing %s, unexpected %s" % (args.state_dict, args.arch, missing,
+                                                                             unexpected))
+    else:
+        num_classes = args.num_classes or 2
+        model = seeded_model(args.arch, num_classes, args.seed)
+    params, buffers = split_state(model)
+    class_names = args.class_names.split(",") if args.class_names else []
+    meta = {"architecture": args.arch, "input_size": args.input_size or ARCHITECTURES[args.arch][1],
+            "num_classes": num_classes, "class_names": class_names, "mpp": args.mpp,
+            "config_yaml": "# exported by scripts/torch_checkpoint.py\n", "created": args.created}
+    write_checkpoint(args.out, params, buffers, meta)
+    print("wrote %s: %d params, %d buffers" % (args.out, len(params), len(buffers)))
+
+
+def command_import(args):
+    _, model = load_into_model(args.checkpoint)
+    torch.save(model.state_dict(), args.out)
+    print("wrote %s" % args.out)
+
+
+def command_predict(args):
+    meta, model = load_into_model(args.checkpoint)
+    size = args.size or meta["input_size"]
+    x, logits, probabilities = predict(model, args.batch, size)
+    result = {"architecture": meta["architecture"], "input_shape": list(x.shape), "logits_shape": list(logits.shape),
+              "logits": as_list(logits), "probabilities": as_list(probabilities)}
+    text = json.dumps(result, indent=1)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+def command_fixture(args):
+    os.makedirs(args.out_dir, exist_ok=True)
+    model = seeded_model("tiny_cnn", 2, seed=7)
+    params, buffers = split_state(model)
+    meta = {"architecture": "tiny_cnn", "input_size": 8, "num_classes": 2, "class_names": ["normal", "tumor"],
+            "mpp": 0.5, "stain_normalization": "none", "config_yaml": "# tiny_cnn made by scripts/torch_checkpoint.py\n",
+            "step": 0, "epoch": 0, "created": "2024-01-01T00:00:00Z"}
+    h5_path = os.path.join(args.out_dir, "tiny_torch.h5")
+    write_checkpoint(h5_path, params, buffers, meta)
+    batch = 2
+    x, logits, probabilities = predict(model, batch, meta["input_size"])
+    tensors = {}
+    for group_name, group in (("params", params), ("buffers", buffers)):
+        for name, value in group.items():
+            tensors[name] = {"group": group_name, "shape": list(value.shape),
+                             "data": [float(v) for v in value.reshape(-1)]}
+    expected = {
+        "architecture": "tiny_cnn",
+        "about": "scripts/torch_checkpoint.py fixture: eval-mode outputs of tiny_torch.h5 for the fixed input",
+        "input_formula": "x[i] = float32(((i * 2654435761) mod 2^32) / 2^31 - 1), i = flat C-order index",
+        "input_shape": list(x.shape),
+        "input": as_list(x),
+        "logits_shape": list(logits.shape),
+        "logits": as_list(logits),
+        "probabilities": as_list(probabilities),
+        "tensors": tensors,
+    }
+    with open(os.path.join(args.out_dir, "tiny_torch.expected.json"), "w") as f:
+        f.write(readable_json(expected))
+    print("wrote %s and tiny_torch.expected.json (%d bytes)" % (h5_path, os.path.getsize(h5_path)))
+
+
+def command_selftest(_):
+    with tempfile.TemporaryDirectory() as folder:
+        for arch, (_, size) in ARCHITECTURES.items():
+            model = seeded_model(arch, 3, seed=11)
+            params, buffers = split_state(model)
+            path = os.path.join(folder, arch + ".h5")
+            write_checkpoint(path, params, buffers, {"architecture": arch, "input_size": size, "num_classes": 3})
+            _, loaded = load_into_model(path)
+            original, restored = model.state_dict(), loaded.state_dict()
+            for name, value in original.items():
+                if name.rsplit(".", 1)[-1] in SKIPPED_BUFFERS:
+                    continue
+                if not torch.equal(value, restored[name]):
+                    sys.exit("%s: %s differs after export -> import" % (arch, name))
+            batch = 2 if size <= 64 else 1
+            _, a, _ = predict(model, batch, size)
+            _, b, _ = predict(loaded, batch, size)
+            if not torch.equal(a, b):
+                sys.exit("%s: outputs differ after export -> import" % arch)
+            print("%s: %d tensors bit-exact, outputs identical" % (arch, len(params) + len(buffers)))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("export")
+    p.add_argument("--arch", required=True, choices=sorted(ARCHITECTURES))
+    p.add_argument("--state-dict")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-classes", type=int)
+    p.add_argument("--input-size", type=int)
+    p.add_argument("--class-names")
+    p.add_argument("--mpp", type=float, default=0.0)
+    p.add_argument("--created", default="")
+    p.add_argument("out")
+    p.set_defaults(run=command_export)
+    p = commands.add_parser("import")
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p.set_defaults(run=command_import)
+    p = commands.add_parser("predict")
+    p.add_argument("checkpoint")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--size", type=int)
+    p.add_argument("--json")
+    p.set_defaults(run=command_predict)
+    p = commands.add_parser("fixture")
+    p.add_argument("out_dir")
+    p.set_defaults(run=command_fixture)
+    p = commands.add_parser("selftest")
+    p.set_defaults(run=command_selftest)
+    args = parser.parse_args()
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

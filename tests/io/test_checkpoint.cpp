@@ -1,0 +1,896 @@
+// Checkpoints: bit-exact round trips, the documented layout as plain HDF5 sees it, the PyTorch-made fixture,
+// atomic writes (also when a write fails half-way), and one error naming the file and the first bad tensor for
+// each kind of broken file (data-driven cases under tests/data/checkpoints/bad).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+// tessera_io_tests does not get HDF5's include folder (tessera_io links it privately); Debian's serial
+// headers live under hdf5/serial and include each other with quotes, so this path works either way.
+#if __has_include(<hdf5.h>)
+#include <hdf5.h>
+#else
+#include <hdf5/serial/hdf5.h>
+#endif
+
+#include "io/checkpoint.h"
+#include "io/error.h"
+#include "tests/testing/testing.h"
+
+namespace {
+
+namespace io = tessera::io;
+namespace fs = std::filesystem;
+using tessera::testing::TempDir;
+
+// ---------------------------------------------------------------------------------------------------------
+// Helpers.
+
+struct H5Id {
+  hid_t id;
+  herr_t (*closer)(hid_t);
+  ~H5Id() {
+    if (id >= 0) closer(id);
+  }
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> folder_listing(const fs::path& folder) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(folder)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::uint32_t bits_of(float v) {
+  std::uint32_t b = 0;
+  std::memcpy(&b, &v, sizeof(b));
+  return b;
+}
+
+float from_bits(std::uint32_t b) {
+  float v = 0.0f;
+  std::memcpy(&v, &b, sizeof(v));
+  return v;
+}
+
+// Bitwise equality of two tensor maps (operator== would call NaN unequal and -0 equal to 0).
+void expect_bit_exact(const io::TensorMap& actual, const io::TensorMap& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (const auto& [name, tensor] : expected) {
+    const auto it = actual.find(name);
+    ASSERT_NE(it, actual.end()) << what << ": no " << name;
+    EXPECT_EQ(it->second.shape, tensor.shape) << what << ": " << name;
+    ASSERT_EQ(it->second.data.size(), tensor.data.size()) << what << ": " << name;
+    for (std::size_t i = 0; i < tensor.data.size(); ++i) {
+      ASSERT_EQ(bits_of(it->second.data[i]), bits_of(tensor.data[i])) << what << ": " << name << "[" << i << "]";
+    }
+  }
+}
+
+// Deterministic values that are different in every tensor and position.
+io::CheckpointTensor make_tensor(std::vector<std::int64_t> shape, std::uint32_t seed) {
+  io::CheckpointTensor t;
+  t.shape = std::move(shape);
+  t.data.resize(static_cast<std::size_t>(t.numel()));
+  std::uint32_t state = seed * 2654435761u + 12345u;
+  for (auto& v : t.data) {
+    state = state * 1664525u + 1013904223u;
+    v = static_cast<float>(static_cast<std::int32_t>(state >> 8) - (1 << 23)) / static_cast<float>(1 << 20);
+  }
+  return t;
+}
+
+io::CheckpointMeta make_meta() {
+  io::CheckpointMeta m;
+  m.architecture = "resnet18";
+  m.input_size = 224;
+  m.num_classes = 2;
+  m.class_names = {"normal", "tumör"};
+  m.mpp = 0.2425;  // no short binary form
+  m.stain_normalization = "macenko";
+  m.stain_target = "macenko: H (0.65, 0.70, 0.29), E (0.07, 0.99, 0.11), max (1.9, 1.0)";
+  m.config_yaml = "train:\n  epochs: 3\n  lr: 0.1  # ünïcode\n";
+  m.step = 12345;
+  m.epoch = 3;
+  m.created = "2024-05-01T12:00:00Z";
+  m.tessera_version = "0.1.0";
+  return m;
+}
+
+// A small model with ResNet names: a stem, one block's first conv, a downsample, a classifier.
+io::CheckpointLayout small_layout() {
+  io::CheckpointLayout layout;
+  layout.params = {{"conv1.weight", {8, 3, 3, 3}},
+                   {"bn1.weight", {8}},
+                   {"bn1.bias", {8}},
+                   {"layer1.0.conv1.weight", {8, 8, 3, 3}},
+                   {"layer1.0.downsample.0.weight", {8, 8, 1, 1}},
+                   {"fc.weight", {2, 8}},
+                   {"fc.bias", {2}}};
+  layout.buffers = {{"bn1.running_mean", {8}}, {"bn1.running_var", {8}}};
+  return layout;
+}
+
+io::Checkpoint make_checkpoint(const io::CheckpointLayout& layout) {
+  io::Checkpoint c;
+  c.meta = make_meta();
+  std::uint32_t seed = 1;
+  for (const auto& spec : layout.params) c.params[spec.name] = make_tensor(spec.shape, seed++);
+  for (const auto& spec : layout.buffers) c.buffers[spec.name] = make_tensor(spec.shape, seed++);
+  return c;
+}
+
+// The tiny CNN of tests/data/checkpoints/tiny_torch.h5 (scripts/torch_checkpoint.py, "tiny_cnn").
+io::CheckpointLayout tiny_layout() {
+  io::CheckpointLayout layout;
+  layout.params = {
+      {"conv1.weight", {4, 3, 3, 3}}, {"bn1.weight", {4}}, {"bn1.bias", {4}}, {"fc.weight", {2, 4}}, {"fc.bias", {2}}};
+  layout.buffers = {{"bn1.running_mean", {4}}, {"bn1.running_var", {4}}};
+  return layout;
+}
+
+fs::path checkpoint_data() { return tessera::testing::test_data_dir() / "checkpoints"; }
+
+// The message of the InputError that `read` throws, checked to name `path`; empty (and a failure) if none.
+template <typename Read>
+std::string input_error(const std::string& path, Read read) {
+  try {
+    read();
+  } catch (const io::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    return e.message();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an InputError: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "no error for " << path;
+  return {};
+}
+
+template <typename Write>
+std::string internal_error(const std::string& path, Write write) {
+  try {
+    write();
+  } catch (const io::InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not an InternalError: " << e.what();
+    return {};
+  }
+  ADD_FAILURE() << "no error for " << path;
+  return {};
+}
+
+// [offset, offset + size) of a contiguous dataset's data in the file.
+std::pair<std::uint64_t, std::uint64_t> data_extent(const std::string& path, const std::string& dataset) {
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  H5Id d{H5Dopen2(file.id, dataset.c_str(), H5P_DEFAULT), H5Dclose};
+  EXPECT_GE(d.id, 0) << dataset;
+  return {H5Dget_offset(d.id), H5Dget_storage_size(d.id)};
+}
+
+// [offset, offset + size) of a dataset's object header.
+std::pair<std::uint64_t, std::uint64_t> header_extent(const std::string& path, const std::string& dataset) {
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  H5O_info_t info{};
+  EXPECT_GE(H5Oget_info_by_name2(file.id, dataset.c_str(), &info, H5O_INFO_BASIC | H5O_INFO_HDR, H5P_DEFAULT), 0);
+  return {info.addr, info.hdr.space.total};
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Round trips.
+
+TEST(Checkpoint, RoundTripIsBitExact) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  // Values that a text or double detour would change: signed zero, denormals, infinities, NaN payloads, extremes.
+  auto& w = c.params["conv1.weight"].data;
+  w[0] = -0.0f;
+  w[1] = std::numeric_limits<float>::denorm_min();
+  w[2] = -std::numeric_limits<float>::infinity();
+  w[3] = from_bits(0x7fc01234u);  // quiet NaN with a payload
+  w[4] = std::numeric_limits<float>::max();
+  w[5] = from_bits(0x00012345u);  // another denormal
+  c.buffers["scalar_buffer"] = {{}, {42.5f}};
+  c.buffers["empty_buffer"] = {{0, 3}, {}};
+  c.optimizer.name = "sgd";
+  c.optimizer.step = 12345;
+  c.optimizer.slots["momentum_buffer"]["conv1.weight"] = make_tensor({8, 3, 3, 3}, 101);
+  c.optimizer.slots["momentum_buffer"]["fc.bias"] = make_tensor({2}, 102);
+  c.optimizer.slots["second_moment"]["fc.weight"] = make_tensor({2, 8}, 103);
+  for (const auto& spec : small_layout().params) c.easgd_center[spec.name] = make_tensor(spec.shape, 200);
+  c.state["rng"] = std::vector<std::uint64_t>{0, 1, 0xffffffffffffffffULL, 0x0123456789abcdefULL};
+  c.state["rng_one"] = std::vector<std::uint64_t>{7};  // a one-element array stays an array
+  c.state["seed"] = std::uint64_t{0xfedcba9876543210ULL};
+  c.state["loader_position"] = std::int64_t{-5'000'000'000LL};
+  c.state["positions"] = std::vector<std::int64_t>{3, -4};
+  c.state["learning_rate"] = 0.1;
+  c.state["losses"] = std::vector<double>{0.7, 0.25};
+  c.state["empty"] = std::vector<double>{};
+  c.state["sampler"] = std::string("balanced");
+  io::write_checkpoint(path, c);
+
+  const io::Checkpoint r = io::read_checkpoint(path);
+  EXPECT_EQ(r.meta, c.meta);
+  expect_bit_exact(r.params, c.params, "params");
+  expect_bit_exact(r.buffers, c.buffers, "buffers");
+  EXPECT_EQ(r.optimizer.name, "sgd");
+  EXPECT_EQ(r.optimizer.step, 12345);
+  ASSERT_EQ(r.optimizer.slots.size(), 2u);
+  for (const auto& [slot, tensors] : c.optimizer.slots) expect_bit_exact(r.optimizer.slots.at(slot), tensors, slot);
+  expect_bit_exact(r.easgd_center, c.easgd_center, "easgd");
+  EXPECT_EQ(r.state, c.state);
+  EXPECT_EQ(r.state.at("rng_one").index(), c.state.at("rng_one").index());
+
+  // Writing what was read gives the same checkpoint again.
+  io::write_checkpoint(dir.file("again.h5"), r);
+  const io::Checkpoint again = io::read_checkpoint(dir.file("again.h5"));
+  expect_bit_exact(again.params, c.params, "params after a second round trip");
+  EXPECT_EQ(again.state, c.state);
+  EXPECT_EQ(read_text(path), read_text(dir.file("again.h5"))) << "same checkpoint, same bytes";
+}
+
+TEST(Checkpoint, CheckedReadReturnsTheModelTensors) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  const io::CheckpointLayout layout = small_layout();
+  io::Checkpoint c = make_checkpoint(layout);
+  c.optimizer.name = "sgd";
+  c.optimizer.slots["momentum_buffer"]["fc.weight"] = make_tensor({2, 8}, 300);  // a subset is fine
+  for (const auto& spec : layout.params) c.easgd_center[spec.name] = make_tensor(spec.shape, 400);
+  io::write_checkpoint(path, c);
+  const io::Checkpoint r = io::read_checkpoint(path, layout);
+  expect_bit_exact(r.params, c.params, "params");
+  expect_bit_exact(r.buffers, c.buffers, "buffers");
+  expect_bit_exact(r.optimizer.slots.at("momentum_buffer"), c.optimizer.slots.at("momentum_buffer"), "momentum");
+  expect_bit_exact(r.easgd_center, c.easgd_center, "easgd");
+  EXPECT_EQ(io::read_checkpoint_meta(path), c.meta);
+}
+
+TEST(Checkpoint, WriterFillsInCreatedAndLeavesOutEmptyOptionalParts) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  c.meta.created.clear();
+  c.meta.class_names.clear();
+  c.meta.tessera_version.clear();
+  io::write_checkpoint(path, c);
+  const io::Checkpoint r = io::read_checkpoint(path);
+  // "YYYY-MM-DDTHH:MM:SSZ"
+  ASSERT_EQ(r.meta.created.size(), 20u) << r.meta.created;
+  EXPECT_EQ(r.meta.created[4], '-');
+  EXPECT_EQ(r.meta.created[10], 'T');
+  EXPECT_EQ(r.meta.created[19], 'Z');
+  EXPECT_TRUE(r.meta.class_names.empty());
+  EXPECT_TRUE(r.optimizer.empty());
+  EXPECT_TRUE(r.easgd_center.empty());
+  EXPECT_TRUE(r.state.empty());
+
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  for (const char* absent : {"optimizer", "easgd", "state"}) {
+    EXPECT_EQ(H5Lexists(file.id, absent, H5P_DEFAULT), 0) << absent;
+  }
+}
+
+// Attributes over 64 KiB need the dense storage of the 1.8 file format.
+TEST(Checkpoint, LongJobYamlRoundTrips) {
+  TempDir dir;
+  io::Checkpoint c = make_checkpoint(small_layout());
+  c.meta.config_yaml.clear();
+  for (int i = 0; c.meta.config_yaml.size() < 200'000; ++i) {
+    c.meta.config_yaml += "key_" + std::to_string(i) + ": value " + std::to_string(i * 7) + "\n";
+  }
+  io::write_checkpoint(dir.file("model.h5"), c);
+  EXPECT_EQ(io::read_checkpoint_meta(dir.file("model.h5")).config_yaml, c.meta.config_yaml);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The layout as h5py or any HDF5 tool sees it.
+
+TEST(Checkpoint, LayoutAsSeenByPlainHdf5) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  c.optimizer.name = "sgd";
+  c.optimizer.slots["momentum_buffer"]["layer1.0.conv1.weight"] = make_tensor({8, 8, 3, 3}, 9);
+  c.easgd_center["fc.bias"] = make_tensor({2}, 10);
+  c.state["rng"] = std::vector<std::uint64_t>{1, 2, 3};
+  io::write_checkpoint(path, c);
+
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  ASSERT_GE(file.id, 0);
+  // A dotted name is one dataset directly in /params: no group per dot.
+  EXPECT_EQ(H5Lexists(file.id, "/params/layer1", H5P_DEFAULT), 0);
+  for (const char* name : {"/params/layer1.0.conv1.weight", "/params/fc.bias", "/buffers/bn1.running_var",
+                           "/optimizer/momentum_buffer/layer1.0.conv1.weight", "/easgd/center/fc.bias"}) {
+    SCOPED_TRACE(name);
+    H5Id d{H5Dopen2(file.id, name, H5P_DEFAULT), H5Dclose};
+    ASSERT_GE(d.id, 0);
+    H5Id type{H5Dget_type(d.id), H5Tclose};
+    EXPECT_GT(H5Tequal(type.id, H5T_IEEE_F32LE), 0) << "little-endian float32";
+    H5Id dcpl{H5Dget_create_plist(d.id), H5Pclose};
+    EXPECT_EQ(H5Pget_layout(dcpl.id), H5D_CONTIGUOUS);
+  }
+  {
+    H5Id d{H5Dopen2(file.id, "/params/layer1.0.conv1.weight", H5P_DEFAULT), H5Dclose};
+    H5Id space{H5Dget_space(d.id), H5Sclose};
+    hsize_t dims[4] = {};
+    ASSERT_EQ(H5Sget_simple_extent_ndims(space.id), 4);
+    H5Sget_simple_extent_dims(space.id, dims, nullptr);
+    EXPECT_EQ(std::vector<hsize_t>(dims, dims + 4), (std::vector<hsize_t>{8, 8, 3, 3})) << "OIHW";
+    // C order: element [o][i][h][w] at ((o·I + i)·3 + h)·3 + w.
+    std::vector<float> values(8 * 8 * 3 * 3);
+    ASSERT_GE(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    EXPECT_EQ(bits_of(values[((5 * 8 + 2) * 3 + 1) * 3 + 2]),
+              bits_of(c.params["layer1.0.conv1.weight"].data[((5 * 8 + 2) * 3 + 1) * 3 + 2]));
+  }
+  auto string_attribute = [&](const char* object, const char* name) {
+    H5Id a{H5Aopen_by_name(file.id, object, name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+    H5Id type{H5Aget_type(a.id), H5Tclose};
+    char* value = nullptr;
+    EXPECT_GE(H5Aread(a.id, type.id, &value), 0);
+    std::string result = value != nullptr ? value : "";
+    H5free_memory(value);
+    return result;
+  };
+  auto int_attribute = [&](const char* object, const char* name) {
+    H5Id a{H5Aopen_by_name(file.id, object, name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+    std::int64_t value = -1;
+    EXPECT_GE(H5Aread(a.id, H5T_NATIVE_INT64, &value), 0);
+    return value;
+  };
+  EXPECT_EQ(string_attribute("/meta", "format"), "tessera-checkpoint");
+  EXPECT_EQ(int_attribute("/meta", "version"), io::checkpoint_format_version);
+  EXPECT_EQ(string_attribute("/meta", "architecture"), "resnet18");
+  EXPECT_EQ(int_attribute("/meta", "input_size"), 224);
+  EXPECT_EQ(int_attribute("/meta", "num_classes"), 2);
+  EXPECT_EQ(int_attribute("/meta", "step"), 12345);
+  EXPECT_EQ(string_attribute("/meta", "stain_normalization"), "macenko");
+  EXPECT_EQ(string_attribute("/optimizer", "name"), "sgd");
+  {
+    H5Id a{H5Aopen_by_name(file.id, "/state", "rng", H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+    H5Id type{H5Aget_type(a.id), H5Tclose};
+    EXPECT_GT(H5Tequal(type.id, H5T_STD_U64LE), 0);
+    std::uint64_t words[3] = {};
+    EXPECT_GE(H5Aread(a.id, H5T_NATIVE_UINT64, words), 0);
+    EXPECT_EQ(words[2], 3u);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The fixture written by PyTorch (scripts/torch_checkpoint.py fixture).
+
+TEST(CheckpointTorch, FixtureLoadsWithTorchNamesShapesAndValues) {
+  const std::string path = (checkpoint_data() / "tiny_torch.h5").string();
+  const auto expected = nlohmann::json::parse(read_text((checkpoint_data() / "tiny_torch.expected.json").string()));
+  const io::CheckpointLayout layout = tiny_layout();
+
+  const io::Checkpoint free_form = io::read_checkpoint(path);
+  const io::Checkpoint c = io::read_checkpoint(path, layout);
+  EXPECT_EQ(free_form, c);
+  EXPECT_EQ(c.meta.architecture, "tiny_cnn");
+  EXPECT_EQ(c.meta.input_size, 8);
+  EXPECT_EQ(c.meta.num_classes, 2);
+  EXPECT_EQ(c.meta.class_names, (std::vector<std::string>{"normal", "tumor"}));
+  EXPECT_EQ(c.meta.mpp, 0.5);
+  EXPECT_EQ(c.meta.version, 1);
+  EXPECT_EQ(c.meta.created, "2024-01-01T00:00:00Z");
+
+  std::size_t count = 0;
+  for (const auto& [group, specs, tensors] :
+       {std::tuple{"params", layout.params, &c.params}, std::tuple{"buffers", layout.buffers, &c.buffers}}) {
+    for (const auto& spec : specs) {
+      SCOPED_TRACE(spec.name);
+      const auto& t = expected.at("tensors").at(spec.name);
+      EXPECT_EQ(t.at("group").get<std::string>(), group);
+      EXPECT_EQ(t.at("shape").get<std::vector<std::int64_t>>(), spec.shape);
+      const auto values = t.at("data").get<std::vector<double>>();
+      const auto& data = tensors->at(spec.name).data;
+      ASSERT_EQ(data.size(), values.size());
+      // The JSON holds each float32 exactly as a double.
+      for (std::size_t i = 0; i < data.size(); ++i) ASSERT_EQ(data[i], static_cast<float>(values[i])) << i;
+      ++count;
+    }
+  }
+  EXPECT_EQ(count, expected.at("tensors").size());
+
+  // The documented fixed input, x[i] = float32(((i * 2654435761) mod 2^32) / 2^31 - 1), is what the model
+  // was run on: tests of the model can make it themselves.
+  const auto input = expected.at("input").get<std::vector<double>>();
+  ASSERT_EQ(input.size(), 2u * 3 * 8 * 8);
+  for (std::size_t i = 0; i < input.size(); ++i) {
+    const std::uint64_t k = (static_cast<std::uint64_t>(i) * 2654435761ULL) % (std::uint64_t{1} << 32);
+    ASSERT_EQ(static_cast<float>(static_cast<double>(k) / 2147483648.0 - 1.0), static_cast<float>(input[i])) << i;
+  }
+  EXPECT_EQ(expected.at("logits").size(), 4u);
+}
+
+// Tessera can write back what PyTorch wrote, unchanged.
+TEST(CheckpointTorch, FixtureSurvivesATesseraRewrite) {
+  TempDir dir;
+  const std::string source = (checkpoint_data() / "tiny_torch.h5").string();
+  const io::Checkpoint c = io::read_checkpoint(source, tiny_layout());
+  io::write_checkpoint(dir.file("rewritten.h5"), c);
+  const io::Checkpoint r = io::read_checkpoint(dir.file("rewritten.h5"), tiny_layout());
+  EXPECT_EQ(r.meta, c.meta);
+  expect_bit_exact(r.params, c.params, "params");
+  expect_bit_exact(r.buffers, c.buffers, "buffers");
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Atomic writes.
+
+TEST(CheckpointAtomic, SuccessLeavesOnlyTheCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  io::write_checkpoint(path, c);
+  EXPECT_EQ(folder_listing(dir.path()), (std::vector<std::string>{"model.h5"}));
+  c.meta.step = 99;
+  io::write_checkpoint(path, c);  // replaces
+  EXPECT_EQ(folder_listing(dir.path()), (std::vector<std::string>{"model.h5"}));
+  EXPECT_EQ(io::read_checkpoint_meta(path).step, 99);
+}
+
+TEST(CheckpointAtomic, UnwritableFolderIsAnErrorNamingTheFile) {
+  TempDir dir;
+  // A regular file where the folder should be: refused for every user, root included (unlike permissions).
+  std::ofstream(dir.file("not_a_folder")) << "x";
+  const std::string path = dir.file("not_a_folder") + "/model.h5";
+  const std::string message =
+      internal_error(path, [&] { io::write_checkpoint(path, make_checkpoint(small_layout())); });
+  EXPECT_NE(message.find("cannot create '" + path + ".tmp-"), std::string::npos) << message;
+  EXPECT_NE(message.find("Not a directory"), std::string::npos) << message;
+  EXPECT_EQ(folder_listing(dir.path()), (std::vector<std::string>{"not_a_folder"}));
+}
+
+// Sets RLIMIT_FSIZE for the scope: a write past `bytes` fails with EFBIG (SIGXFSZ ignored), like a full disk.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_handler_ = signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    ok_ = setrlimit(RLIMIT_FSIZE, &limit) == 0;
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    signal(SIGXFSZ, previous_handler_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  void (*previous_handler_)(int) = nullptr;
+  bool ok_ = false;
+};
+
+TEST(CheckpointAtomic, WriteFailingHalfWayKeepsTheOldCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint old_checkpoint = make_checkpoint(small_layout());
+  io::write_checkpoint(path, old_checkpoint);
+  const std::string old_bytes = read_text(path);
+
+  // 4 MiB of weights against a 256 KiB limit, like a disk that fills up: the temporary file is created and
+  // written up to the limit, then a write fails in the middle of the tensors' data.
+  io::Checkpoint big = make_checkpoint(small_layout());
+  big.params["layer2.0.conv1.weight"] = make_tensor({128, 128, 8, 8}, 77);
+  std::string message;
+  {
+    FileSizeLimit limit(256 * 1024);
+    ASSERT_TRUE(limit.ok());
+    message = internal_error(path, [&] { io::write_checkpoint(path, big); });
+  }
+  EXPECT_NE(message.find("cannot write '" + path + ".tmp-"), std::string::npos) << message;
+  EXPECT_NE(message.find("File too large"), std::string::npos) << message;
+  EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "no HDF5 file left open";
+  EXPECT_EQ(folder_listing(dir.path()), (std::vector<std::string>{"model.h5"})) << "temporary file removed";
+  EXPECT_EQ(read_text(path), old_bytes) << "old checkpoint untouched";
+  expect_bit_exact(io::read_checkpoint(path).params, old_checkpoint.params, "old params");
+
+  // Without the limit the same write succeeds.
+  io::write_checkpoint(path, big);
+  EXPECT_EQ(io::read_checkpoint(path).params.at("layer2.0.conv1.weight").shape,
+            (std::vector<std::int64_t>{128, 128, 8, 8}));
+}
+
+TEST(CheckpointAtomic, FailedRenameRemovesTheTemporaryFile) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  fs::create_directory(path);
+  std::ofstream(dir.file("model.h5/keep")) << "x";  // a non-empty folder cannot be replaced by a file
+  const std::string message =
+      internal_error(path, [&] { io::write_checkpoint(path, make_checkpoint(small_layout())); });
+  EXPECT_NE(message.find("cannot rename"), std::string::npos) << message;
+  EXPECT_EQ(folder_listing(dir.path()), (std::vector<std::string>{"model.h5"}));
+  EXPECT_EQ(folder_listing(path), (std::vector<std::string>{"keep"}));
+}
+
+TEST(CheckpointAtomic, ArgumentMistakesAreRefusedBeforeAnythingIsWritten) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::write_checkpoint(path, make_checkpoint(small_layout()));
+  const std::string old_bytes = read_text(path);
+  struct Case {
+    const char* what;
+    void (*mutate)(io::Checkpoint&);
+    const char* fragment;
+  };
+  const Case cases[] = {
+      {"data size", [](io::Checkpoint& c) { c.params["fc.bias"].data.pop_back(); },
+       "tensor 'fc.bias' in /params has 1 values but shape [2] needs 2"},
+      {"slash",
+       [](io::Checkpoint& c) {
+         c.params["layer1/0.weight"] = {{1}, {1.0f}};
+       },
+       "invalid name 'layer1/0.weight'"},
+      {"negative",
+       [](io::Checkpoint& c) {
+         c.buffers["x"] = {{-1}, {}};
+       },
+       "negative dimension"},
+      {"architecture", [](io::Checkpoint& c) { c.meta.architecture.clear(); }, "architecture is empty"},
+      {"class names",
+       [](io::Checkpoint& c) {
+         c.meta.class_names = {"a", "b", "c"};
+       },
+       "3 class names for 2 classes"},
+      {"optimizer",
+       [](io::Checkpoint& c) {
+         c.optimizer.slots["m"]["fc.bias"] = {{2}, {1.0f, 2.0f}};
+       },
+       "optimizer state without an optimizer name"},
+      {"state", [](io::Checkpoint& c) { c.state[""] = std::int64_t{1}; }, "invalid name ''"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.what);
+    io::Checkpoint c = make_checkpoint(small_layout());
+    k.mutate(c);
+    const std::string message = internal_error(path, [&] { io::write_checkpoint(path, c); });
+    EXPECT_NE(message.find(k.fragment), std::string::npos) << message;
+    EXPECT_EQ(read_text(path), old_bytes);
+    EXPECT_EQ(folder_listing(dir.path()), (std::vector<std::string>{"model.h5"}));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Broken files: one InputError naming the file and the first bad tensor.
+
+TEST(CheckpointErrors, CheckedReadNamesTheFirstBadTensorInModelOrder) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::write_checkpoint(path, make_checkpoint(small_layout()));
+
+  // Two mismatches: the one the model lists first is named.
+  io::CheckpointLayout layout = small_layout();
+  layout.params[3].shape = {8, 4, 3, 3};  // layer1.0.conv1.weight
+  layout.params[5].shape = {3, 8};        // fc.weight
+  std::string message = input_error(path, [&] { io::read_checkpoint(path, layout); });
+  EXPECT_EQ(message,
+            "tensor 'layer1.0.conv1.weight' in /params has shape [8, 8, 3, 3], the model expects [8, 4, 3, 3]");
+
+  // Missing from the file (the model has a tensor the file lacks).
+  layout = small_layout();
+  layout.buffers.push_back({"layer1.0.bn1.running_mean", {8}});
+  message = input_error(path, [&] { io::read_checkpoint(path, layout); });
+  EXPECT_EQ(message, "tensor 'layer1.0.bn1.running_mean' is missing from /buffers");
+
+  // Extra in the file (the model lacks a tensor the file has): the first extra in the file's order.
+  layout = small_layout();
+  layout.params.erase(layout.params.begin() + 4, layout.params.begin() + 6);  // downsample, fc.weight
+  message = input_error(path, [&] { io::read_checkpoint(path, layout); });
+  EXPECT_NE(message.find("tensor 'fc.weight' in /params is not part of the model"), std::string::npos) << message;
+
+  // The message is all there is: "file '<path>': tensor ...".
+  try {
+    io::read_checkpoint(path, layout);
+  } catch (const io::InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "file '" + path + "': " + e.message());
+  }
+}
+
+TEST(CheckpointErrors, OptimizerAndEasgdStateMustMatchTheParameters) {
+  TempDir dir;
+  const io::CheckpointLayout layout = small_layout();
+  {
+    const std::string path = dir.file("foreign_momentum.h5");
+    io::Checkpoint c = make_checkpoint(layout);
+    c.optimizer.name = "sgd";
+    c.optimizer.slots["momentum_buffer"]["old_head.weight"] = make_tensor({2}, 1);
+    io::write_checkpoint(path, c);
+    EXPECT_EQ(io::read_checkpoint(path).optimizer.slots.at("momentum_buffer").size(), 1u) << "free-form: fine";
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path, layout); }),
+              "tensor 'old_head.weight' in /optimizer/momentum_buffer is not part of the model (no such parameter)");
+  }
+  {
+    const std::string path = dir.file("momentum_shape.h5");
+    io::Checkpoint c = make_checkpoint(layout);
+    c.optimizer.name = "sgd";
+    c.optimizer.slots["momentum_buffer"]["fc.weight"] = make_tensor({8, 2}, 1);
+    io::write_checkpoint(path, c);
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path, layout); }),
+              "tensor 'fc.weight' in /optimizer/momentum_buffer has shape [8, 2], the model expects [2, 8]");
+  }
+  {
+    const std::string path = dir.file("partial_center.h5");
+    io::Checkpoint c = make_checkpoint(layout);
+    for (const auto& spec : layout.params) c.easgd_center[spec.name] = make_tensor(spec.shape, 5);
+    c.easgd_center.erase("bn1.bias");
+    io::write_checkpoint(path, c);
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path, layout); }),
+              "tensor 'bn1.bias' is missing from /easgd/center");
+  }
+}
+
+TEST(CheckpointErrors, MissingFileAndFolder) {
+  TempDir dir;
+  EXPECT_THROW(io::read_checkpoint(dir.file("absent.h5")), io::FileNotFoundError);
+  EXPECT_THROW(io::read_checkpoint_meta(dir.file("absent.h5")), io::FileNotFoundError);
+  EXPECT_EQ(input_error(dir.path().string(), [&] { io::read_checkpoint(dir.path().string()); }), "not a regular file");
+}
+
+// Every cut of a checkpoint is refused, and a cut inside a tensor's data names the first tensor the model
+// lists whose data is no longer all there.
+TEST(CheckpointErrors, TruncatedAnywhereIsRefused) {
+  TempDir dir;
+  const std::string full = dir.file("full.h5");
+  const io::CheckpointLayout layout = small_layout();
+  io::write_checkpoint(full, make_checkpoint(layout));
+  const auto size = fs::file_size(full);
+  // The tensors in the order the checked read visits them, with where their header and data end.
+  struct Extent {
+    std::string name;  // "tensor 'x'"
+    std::uint64_t offset;
+    std::uint64_t bytes;
+    std::uint64_t end;  // of header and data
+  };
+  std::vector<Extent> extents;
+  for (const auto& [group, specs] : {std::pair{"params", layout.params}, std::pair{"buffers", layout.buffers}}) {
+    for (const auto& spec : specs) {
+      const std::string name = std::string("/") + group + "/" + spec.name;
+      const auto [offset, bytes] = data_extent(full, name);
+      const auto [header, header_bytes] = header_extent(full, name);
+      extents.push_back({"tensor '" + spec.name + "'", offset, bytes, std::max(offset + bytes, header + header_bytes)});
+    }
+  }
+
+  std::vector<std::uintmax_t> cuts;
+  for (int k = 0; k < 24; ++k) cuts.push_back(size * static_cast<std::uintmax_t>(k) / 24);
+  cuts.push_back(size - 1);
+  for (const auto& e : extents) cuts.push_back(e.offset + e.bytes / 2);
+  const std::string cut_path = dir.file("cut.h5");
+  int named = 0;
+  for (const auto cut : cuts) {
+    SCOPED_TRACE("cut at " + std::to_string(cut) + " of " + std::to_string(size));
+    fs::remove(cut_path);
+    fs::copy_file(full, cut_path);
+    fs::resize_file(cut_path, cut);
+    const std::string message = input_error(cut_path, [&] { io::read_checkpoint(cut_path, layout); });
+    EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "every HDF5 id closed after the error";
+    if (cut == 0) {
+      EXPECT_EQ(message, "empty file (0 bytes), not a checkpoint");
+      continue;
+    }
+    EXPECT_NE(message.find("truncated"), std::string::npos) << message;
+    // A cut through the metadata may leave no tensor to name (the group listing is gone); whenever the
+    // message names a tensor, it is the first one (in model order) whose header or data the cut reaches.
+    std::string first_cut;
+    for (const auto& e : extents) {
+      if (e.end > cut) {
+        first_cut = e.name;
+        break;
+      }
+    }
+    if (message.rfind("tensor '", 0) == 0) {
+      EXPECT_EQ(message.find(first_cut), 0u) << message << " / expected " << first_cut;
+      EXPECT_NE(message.find("(the file is truncated: expected at least " + std::to_string(size) +
+                             " bytes, the file has " + std::to_string(cut) + ")"),
+                std::string::npos)
+          << message;
+      ++named;
+    } else {
+      EXPECT_EQ(message.find("truncated: expected at least " + std::to_string(size) + " bytes"), 0u) << message;
+    }
+  }
+  // Tessera writes all metadata before the data, so at least every cut made inside a tensor's data names one.
+  EXPECT_GE(named, static_cast<int>(extents.size())) << "every cut inside a tensor's data names a tensor";
+}
+
+// A case: tests/data/checkpoints/bad/<name>/case.txt ("mutation: ...", "read: checked|free|both") applied to
+// a copy of tiny_torch.h5, or an input.h5 of its own; expected.txt lists fragments the message must contain.
+struct BadCase {
+  std::string mutation;
+  std::string read = "checked";
+};
+
+BadCase parse_case(const std::string& text) {
+  BadCase c;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto colon = line.find(": ");
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, colon);
+    const std::string value = line.substr(colon + 2);
+    if (key == "mutation") c.mutation = value;
+    if (key == "read") c.read = value;
+  }
+  return c;
+}
+
+std::vector<hsize_t> parse_dims(const std::string& text) {
+  std::vector<hsize_t> dims;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) dims.push_back(std::stoull(part));
+  return dims;
+}
+
+// HDF5 prints its error stack for calls that are expected to fail (H5Lexists on a path through a missing group).
+class QuietHdf5Errors {
+ public:
+  QuietHdf5Errors() {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~QuietHdf5Errors() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  QuietHdf5Errors(const QuietHdf5Errors&) = delete;
+  QuietHdf5Errors& operator=(const QuietHdf5Errors&) = delete;
+
+ private:
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
+
+// Applies one mutation with plain HDF5 calls (or a cut); fails the test if it cannot.
+void apply_mutation(const std::string& path, const std::string& mutation) {
+  QuietHdf5Errors quiet;
+  std::istringstream in(mutation);
+  std::string verb;
+  std::string target;
+  in >> verb >> target;
+  if (verb == "truncate") {
+    fs::resize_file(path, std::stoull(target));
+    return;
+  }
+  if (verb == "truncate-inside") {
+    const auto [offset, bytes] = data_extent(path, "/" + target);
+    ASSERT_GT(bytes, 4u);
+    fs::resize_file(path, offset + bytes / 2);
+    return;
+  }
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+  ASSERT_GE(file.id, 0);
+  auto replace_dataset = [&](const std::string& name, hid_t type, const std::vector<hsize_t>& dims) {
+    if (H5Lexists(file.id, name.c_str(), H5P_DEFAULT) > 0) {
+      ASSERT_GE(H5Ldelete(file.id, name.c_str(), H5P_DEFAULT), 0);
+    }
+    H5Id space{H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose};
+    H5Id lcpl{H5Pcreate(H5P_LINK_CREATE), H5Pclose};
+    H5Pset_create_intermediate_group(lcpl.id, 1);
+    H5Id d{H5Dcreate2(file.id, name.c_str(), type, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose};
+    ASSERT_GE(d.id, 0) << name;
+    hsize_t n = 1;
+    for (const auto dim : dims) n *= dim;
+    const std::vector<double> values(n, 0.25);
+    ASSERT_GE(H5Dwrite(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+  };
+  auto dims_of = [&](const std::string& name) {
+    H5Id d{H5Dopen2(file.id, name.c_str(), H5P_DEFAULT), H5Dclose};
+    H5Id space{H5Dget_space(d.id), H5Sclose};
+    std::vector<hsize_t> dims(static_cast<std::size_t>(H5Sget_simple_extent_ndims(space.id)));
+    H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+    return dims;
+  };
+  std::string argument;
+  std::string value;
+  if (verb == "delete") {
+    ASSERT_GE(H5Ldelete(file.id, target.c_str(), H5P_DEFAULT), 0);
+  } else if (verb == "delete-attribute") {
+    in >> argument;
+    ASSERT_GE(H5Adelete_by_name(file.id, target.c_str(), argument.c_str(), H5P_DEFAULT), 0);
+  } else if (verb == "set-string" || verb == "set-int") {
+    in >> argument >> value;
+    if (H5Aexists_by_name(file.id, target.c_str(), argument.c_str(), H5P_DEFAULT) > 0) {
+      ASSERT_GE(H5Adelete_by_name(file.id, target.c_str(), argument.c_str(), H5P_DEFAULT), 0);
+    }
+    H5Id space{H5Screate(H5S_SCALAR), H5Sclose};
+    if (verb == "set-int") {
+      const std::int64_t number = std::stoll(value);
+      H5Id a{H5Acreate_by_name(file.id, target.c_str(), argument.c_str(), H5T_STD_I64LE, space.id, H5P_DEFAULT,
+                               H5P_DEFAULT, H5P_DEFAULT),
+             H5Aclose};
+      ASSERT_GE(H5Awrite(a.id, H5T_NATIVE_INT64, &number), 0);
+    } else {
+      H5Id type{H5Tcopy(H5T_C_S1), H5Tclose};
+      H5Tset_size(type.id, H5T_VARIABLE);
+      H5Id a{H5Acreate_by_name(file.id, target.c_str(), argument.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT,
+                               H5P_DEFAULT),
+             H5Aclose};
+      const char* text = value.c_str();
+      ASSERT_GE(H5Awrite(a.id, type.id, &text), 0);
+    }
+  } else if (verb == "reshape") {
+    in >> value;
+    replace_dataset(target, H5T_IEEE_F32LE, parse_dims(value));
+  } else if (verb == "retype") {
+    in >> value;
+    ASSERT_EQ(value, "float64");
+    replace_dataset(target, H5T_IEEE_F64LE, dims_of(target));
+  } else if (verb == "add") {
+    in >> value;
+    replace_dataset(target, H5T_IEEE_F32LE, parse_dims(value));
+  } else {
+    FAIL() << "unknown mutation '" << mutation << "'";
+  }
+}
+
+TEST(CheckpointErrors, DataDrivenBrokenFiles) {
+  const fs::path root = checkpoint_data() / "bad";
+  ASSERT_TRUE(fs::is_directory(root)) << root;
+  std::vector<fs::path> cases;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory()) cases.push_back(entry.path());
+  }
+  std::sort(cases.begin(), cases.end());
+  ASSERT_GE(cases.size(), 12u);
+  TempDir dir;
+  for (const auto& folder : cases) {
+    SCOPED_TRACE(folder.filename().string());
+    const BadCase c = parse_case(read_text((folder / "case.txt").string()));
+    std::vector<std::string> expected;
+    std::istringstream lines(read_text((folder / "expected.txt").string()));
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty()) expected.push_back(line);
+    }
+    ASSERT_FALSE(expected.empty()) << "expected.txt is empty";
+
+    std::string path;
+    if (fs::exists(folder / "input.h5")) {
+      path = (folder / "input.h5").string();
+    } else {
+      ASSERT_FALSE(c.mutation.empty()) << "case.txt has no mutation and there is no input.h5";
+      path = dir.file(folder.filename().string() + ".h5");
+      fs::copy_file(checkpoint_data() / "tiny_torch.h5", path, fs::copy_options::overwrite_existing);
+      apply_mutation(path, c.mutation);
+      if (HasFatalFailure()) return;
+    }
+    ASSERT_TRUE(c.read == "checked" || c.read == "free" || c.read == "both") << c.read;
+    std::vector<std::string> messages;
+    if (c.read != "free") messages.push_back(input_error(path, [&] { io::read_checkpoint(path, tiny_layout()); }));
+    if (c.read != "checked") messages.push_back(input_error(path, [&] { io::read_checkpoint(path); }));
+    for (const auto& message : messages) {
+      for (const auto& part : expected) EXPECT_NE(message.find(part), std::string::npos) << message;
+    }
+    EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "every HDF5 id closed after the error";
+  }
+}
+
+}  // namespace
