@@ -1,0 +1,108 @@
+// Conv2d: 2-D convolution on oneDNN, with optional bias and optional fused ReLU, as torch.nn.Conv2d
+// (groups = 1, square kernel, symmetric zero padding).
+//
+//   src N×C×H×W  →  dst N×O×OH×OW,   OH = floor((H + 2·padding − dilation·(kernel − 1) − 1) / stride) + 1
+//   dst[n,o,y,x] = bias[o] + Σ_{c,i,j} weight[o,c,i,j] · src[n, c, y·stride − padding + i·dilation,
+//                                                               x·stride − padding + j·dilation]
+//   with relu: dst = max(that, 0)
+// Parameters (PyTorch names under the module's name): `weight` O×C×kernel×kernel (conv_weight), `bias` [O]
+// (bias, when enabled). Backward: diff_src = convᵀ(diff_dst), grad(weight) += Σ diff_dst ⊗ src,
+// grad(bias) += Σ_{n,y,x} diff_dst; with relu, diff_dst is first masked by dst > 0 (ReLU backward from dst).
+//
+// oneDNN: src, weights and dst are `format_tag::any`, so the convolution picks its fastest layouts (blocked
+// nChw8c / nChw16c and matching blocked weights on AVX2 / AVX-512); an input in another layout is reordered on
+// the way in, and the output stays in the chosen layout for the next layer. The master weights stay OIHW in the
+// Param (the optimizer and checkpoints see only that) and are reordered into the primitive's layout on each
+// forward; weight gradients are reordered back and added to Param::grad in the same pass. The forward
+// primitive is created in setup; the backward ones on the first backward after a setup. The ReLU is a post-op
+// of the forward convolution and, in backward, an eltwise_relu_use_dst_for_bwd step on the module's own dst.
+#pragma once
+
+#include <string>
+
+#include "engine/module.h"
+
+namespace tessera::engine {
+
+struct Conv2dOptions {
+  int in = 0;   // input channels C
+  int out = 0;  // output channels O
+  int kernel = 1;
+  int stride = 1;
+  int padding = 0;
+  int dilation = 1;   // PyTorch's convention: 1 = adjacent taps
+  bool bias = true;   // PyTorch's default; torchvision's ResNets use false (a BatchNorm follows)
+  bool relu = false;  // fuse a ReLU after the convolution
+};
+
+class Conv2d : public Module {
+ public:
+  // Parameters start at zero; the model initialises them (or loads a checkpoint).
+  Conv2d(std::string name, const Conv2dOptions& options);
+
+  std::string type() const override { return "Conv2d"; }
+  void collect(std::vector<Param*>& params, std::vector<Buffer*>& buffers) override;
+
+  const Conv2dOptions& options() const { return options_; }
+  Param& weight() { return weight_; }
+  const Param& weight() const { return weight_; }
+  // nullptr without bias.
+  Param* bias() { return options_.bias ? &bias_ : nullptr; }
+  const Param* bias() const { return options_.bias ? &bias_ : nullptr; }
+
+  // Structural changes for batch-norm folding (engine/layers/fold.h): add a zero bias, fuse or unfuse the ReLU.
+  // Both take effect at the next forward (which rebuilds the primitives).
+  void enable_bias();
+  void set_relu(bool relu);
+
+  // Output spatial size for an input size, or <= 0 when the input is too small.
+  int output_size(int input) const;
+
+ protected:
+  dnnl::memory::desc do_setup(const dnnl::memory::desc& src) override;
+  const Tensor& do_forward(const Tensor& src) override;
+  const Tensor& do_backward(const Tensor& diff_dst) override;
+
+ private:
+  void build_backward();
+  dnnl::memory weights_memory();
+  dnnl::memory bias_memory();
+
+  Conv2dOptions options_;
+  Param weight_;
+  Param bias_;
+
+  // Per setup.
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_forward fwd_;
+  Tensor dst_;
+  Tensor src_saved_;            // the src of the last forward, in fwd_pd_'s layout (for backward weights)
+  dnnl::memory weights_saved_;  // the weights of the last forward, in fwd_pd_'s layout (for backward data)
+
+  // Per setup, created on the first backward.
+  bool backward_built_ = false;
+  bool built_propagate_down_ = true;
+  dnnl::eltwise_backward::primitive_desc relu_bwd_pd_;
+  dnnl::eltwise_backward relu_bwd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd_;
+  dnnl::convolution_backward_weights bwd_weights_;
+  Tensor diff_pre_;  // dL/d(pre-ReLU output), dst's layout
+  Tensor diff_src_;
+  Tensor diff_weights_;
+  Tensor diff_bias_;
+
+  Reorderer src_reorder_;
+  Reorderer weights_reorder_;
+  Reorderer weights_bwd_reorder_;
+  Reorderer bias_reorder_;
+  Reorderer diff_dst_reorder_;          // incoming diff_dst → dst's layout
+  Reorderer diff_dst_data_reorder_;     // → backward-data's diff_dst layout
+  Reorderer diff_dst_weights_reorder_;  // → backward-weights' diff_dst layout
+  Reorderer src_weights_reorder_;       // saved src → backward-weights' src layout
+  AccumulatingReorder weights_grad_;
+  AccumulatingReorder bias_grad_;
+};
+
+}  // namespace tessera::engine

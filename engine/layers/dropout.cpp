@@ -1,0 +1,85 @@
+#include "engine/layers/dropout.h"
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "io/error.h"
+
+namespace tessera::engine {
+namespace {
+
+// A 64-bit finalising mix (avalanches every input bit into every output bit), used as a counter-based
+// random generator: mix(key + counter) is a fresh, independent-looking value for each counter.
+std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+constexpr std::uint64_t golden_gamma = 0x9e3779b97f4a7c15ULL;  // odd, well spread: separates the streams
+constexpr double two_to_32 = 4294967296.0;
+
+}  // namespace
+
+Dropout::Dropout(std::string name, float p, std::uint64_t seed) : Module(std::move(name)), p_(p), seed_(seed) {
+  if (!(p >= 0.0f && p < 1.0f)) {
+    // Not fail(): type() is not callable while the base is being constructed.
+    throw io::InternalError("Dropout '" + this->name() + "': p must be in [0, 1), got " + std::to_string(p));
+  }
+}
+
+void Dropout::seed(std::uint64_t seed) {
+  seed_ = seed;
+  step_ = 0;
+}
+
+dnnl::memory::desc Dropout::do_setup(const dnnl::memory::desc& src) {
+  dst_ = Tensor(src);
+  diff_src_ = Tensor(src);
+  keep_.assign(src.get_size() / sizeof(float), 0);
+  masked_ = false;
+  return src;
+}
+
+const Tensor& Dropout::do_forward(const Tensor& src) {
+  masked_ = mode() == Mode::train && p_ > 0.0f;
+  if (!masked_) {
+    identity_ = src;  // shares the buffer: no copy
+    return identity_;
+  }
+  const auto count = static_cast<std::int64_t>(keep_.size());
+  const std::uint64_t key = mix64(mix64(seed_) + golden_gamma * ++step_);
+  const auto threshold = static_cast<std::uint64_t>(std::ceil(static_cast<double>(p_) * two_to_32));
+  const float scale = 1.0f / (1.0f - p_);
+  const float* x = src.data();
+  float* y = dst_.data();
+  std::uint8_t* keep = keep_.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < count; ++i) {
+    const bool kept = (mix64(key + golden_gamma * static_cast<std::uint64_t>(i)) >> 32) >= threshold;
+    keep[i] = kept ? 1 : 0;
+    y[i] = kept ? x[i] * scale : 0.0f;
+  }
+  return dst_;
+}
+
+const Tensor& Dropout::do_backward(const Tensor& diff_dst) {
+  if (!propagate_down()) return no_tensor();
+  if (!masked_) {
+    identity_diff_ = diff_dst;
+    return identity_diff_;
+  }
+  const Tensor& dd = diff_dst_reorder_(diff_dst, src_desc());
+  const auto count = static_cast<std::int64_t>(keep_.size());
+  const float scale = 1.0f / (1.0f - p_);
+  const float* dy = dd.data();
+  float* dx = diff_src_.data();
+  const std::uint8_t* keep = keep_.data();
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < count; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+  return diff_src_;
+}
+
+}  // namespace tessera::engine

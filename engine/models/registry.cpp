@@ -1,0 +1,82 @@
+#include "engine/models/registry.h"
+
+#include <cmath>
+
+#include "engine/models/alexnet.h"
+#include "engine/models/compact.h"
+#include "engine/models/lenet.h"
+#include "engine/models/resnet.h"
+#include "engine/models/vgg.h"
+#include "io/config.h"
+#include "io/error.h"
+
+namespace tessera::engine {
+namespace {
+
+constexpr ModelEntry models[] = {
+    {"lenet5", "LeNet-5 with ReLU and max-pooling, classic at 32 px", &build_lenet5},
+    {"alexnet", "AlexNet (torchvision), 61 M parameters at 1000 classes, inputs from 63 px", &build_alexnet},
+    {"vgg11", "VGG-11 (torchvision), configuration A", &build_vgg11},
+    {"vgg11_bn", "VGG-11 with batch normalization", &build_vgg11_bn},
+    {"vgg16", "VGG-16 (torchvision), configuration D", &build_vgg16},
+    {"vgg16_bn", "VGG-16 with batch normalization", &build_vgg16_bn},
+    {"resnet18", "ResNet-18 (torchvision), basic blocks", &build_resnet18},
+    {"resnet34", "ResNet-34 (torchvision), basic blocks", &build_resnet34},
+    {"resnet50", "ResNet-50 (torchvision v1.5), bottleneck blocks", &build_resnet50},
+    {"compact", "Tessera's compact CNN for small tiles: 5 conv-BN-ReLU stages, 313 MFLOP at 96 px", &build_compact},
+    {"tiny_cnn", "one conv, BN, global pool and linear layer, for tests and smoke runs", &build_tiny_cnn},
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+void require(bool ok, const char* key, const std::string& message) {
+  if (!ok) throw io::ConfigError(message, "", 0, key);
+}
+
+const ModelEntry& find_entry(const std::string& name) {
+  for (const auto& entry : models) {
+    if (name == entry.name) return entry;
+  }
+  const std::vector<std::string> names = model_names();
+  std::string message = "unknown model architecture '" + name + "' (known: " + join(names) + ")";
+  if (const std::string guess = io::closest_match(name, names); !guess.empty()) {
+    message += "; did you mean '" + guess + "'?";
+  }
+  throw io::ConfigError(message, "", 0, "model.architecture");
+}
+
+}  // namespace
+
+std::span<const ModelEntry> model_registry() { return models; }
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : models) names.emplace_back(entry.name);
+  return names;
+}
+
+std::unique_ptr<Model> make_model(const ModelOptions& options) {
+  const ModelEntry& entry = find_entry(options.architecture);
+  require(options.input_size >= 1, "model.input_size",
+          "input size must be at least 1 px, got " + std::to_string(options.input_size));
+  require(options.num_classes >= 1, "model.num_classes",
+          "the number of classes must be at least 1, got " + std::to_string(options.num_classes));
+  require(options.channels >= 1, "model.channels",
+          "the number of input channels must be at least 1, got " + std::to_string(options.channels));
+  require(std::isfinite(options.dropout) && options.dropout >= 0.0f && options.dropout < 1.0f, "model.dropout",
+          "dropout must be in [0, 1), got " + std::to_string(options.dropout));
+  require(options.width >= 1, "model.width", "width must be at least 1, got " + std::to_string(options.width));
+  require(options.classifier_width >= 1, "model.classifier_width",
+          "classifier width must be at least 1, got " + std::to_string(options.classifier_width));
+  std::unique_ptr<Model> model = entry.build(options);
+  model->layers(options.input_size);  // throws, naming the layer, when the input is too small
+  model->reseed(options.seed);
+  model->set_propagate_down(false);
+  return model;
+}
+
+}  // namespace tessera::engine

@@ -1,0 +1,45 @@
+// The `optimizer:` and `schedule:` sections of a training job, and the objects built from them.
+//
+//   optimizer:                       schedule:
+//     name: lars          # sgd|lars   name: poly              # constant|step|cosine|poly
+//     lr: 0.1             # at ref.    reference_batch: 256    # lr · global_batch / 256 (0 = as given)
+//     momentum: 0.9                    warmup_epochs: 5
+//     nesterov: false                  warmup_start_factor: 0.1
+//     weight_decay: 5.0e-5             milestones: [30, 60, 80]  # step
+//     lars:                            gamma: 0.1                # step
+//       trust_coefficient: 0.001       power: 2                  # poly
+//       epsilon: 1.0e-9                min_lr: 0                 # cosine, poly
+//
+// The verb that trains adds these keys to its schema with declare_optim_keys and, once the data and the rank
+// count fix the global batch and the steps per epoch, builds the optimizer and schedule from the loaded config.
+// Every inconsistency the schema's ranges cannot catch (Nesterov without momentum, a warmup longer than training,
+// unordered milestones, a floor above the peak) is a ConfigError naming the key and the config's file.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/optim/optimizer.h"
+#include "engine/optim/schedule.h"
+#include "io/config.h"
+
+namespace tessera::engine {
+
+// Adds the optimizer.* and schedule.* keys with their defaults, ranges and docs; returns `schema`.
+io::Schema& declare_optim_keys(io::Schema& schema);
+
+// What the training run contributes to the schedule.
+struct TrainingShape {
+  std::int64_t global_batch = 1;     // samples per step over all ranks
+  std::int64_t steps_per_epoch = 1;  // optimizer steps per epoch
+  std::int64_t total_steps = 1;      // optimizer steps of the whole run
+};
+
+OptimizerOptions optimizer_options(const io::Config& config);
+std::unique_ptr<Optimizer> build_optimizer(const io::Config& config);
+
+// Milestones parsed, warmup epochs turned into steps (rounded), optimizer.lr linearly scaled.
+ScheduleOptions schedule_options(const io::Config& config, const TrainingShape& shape);
+std::unique_ptr<Schedule> build_schedule(const io::Config& config, const TrainingShape& shape);
+
+}  // namespace tessera::engine

@@ -1,0 +1,448 @@
+#include "engine/trainer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/checkpoint_adapter.h"
+#include "engine/context.h"
+#include "engine/layers/loss.h"
+#include "engine/metrics.h"
+#include "engine/models/registry.h"
+#include "engine/optim/config.h"
+#include "engine/strategy.h"
+#include "io/annotations.h"
+#include "io/checkpoint.h"
+#include "io/error.h"
+#include "io/progress.h"
+#include "io/shard_dataset.h"
+#include "preprocessing/augment.h"
+
+namespace tessera::engine {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+io::Schema train_schema() {
+  io::Schema schema;
+  schema.string("output", "runs/train", "Folder for checkpoints, metrics.jsonl, metrics.csv and the effective config")
+      .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
+      .string_list("data.train_splits", {"train"}, "Slides whose split is one of these train the model")
+      .string_list("data.val_splits", {"val"}, "Slides whose split is one of these validate it every epoch")
+      .integer("data.block_size", 64, "Tiles per contiguous shard read", 1, 65536)
+      .integer("data.shuffle_buffer", 2048, "Tiles in the shuffle buffer (memory: tiles x size^2 x 3 bytes)", 0,
+               10000000)
+      .string("model.architecture", "compact", "Network (see tessera train --help for the list)")
+      .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
+      .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
+      .integer("train.batch_size", 64, "Tiles per step on each rank (global batch = this x ranks)", 1, 65536)
+      .integer("train.seed", 1, "Seed of the initial weights, the data order and the augmentation", 0, 9.0e15)
+      .integer("train.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
+      .string("train.class_weights", "balanced",
+              "Loss weights per class: none, or balanced (inverse class frequency of the training tiles)",
+              {"none", "balanced"})
+      .integer("train.checkpoint_every", 0, "Also checkpoint every N steps (0 = at the end of every epoch only)", 0,
+               1000000000)
+      .integer("train.log_every", 20, "Log the training loss every N steps", 1, 1000000)
+      .string("train.resume", "",
+              "Resume from this checkpoint; 'auto' = the output folder's checkpoint.h5 when it exists")
+      .string("distributed.strategy", "allreduce", "How the ranks' replicas stay together", {"allreduce"});
+  declare_optim_keys(schema);
+  prep::declare_augment_schema(schema);
+  return schema;
+}
+
+namespace {
+
+constexpr int kClasses = 2;  // normal, tumour
+const std::vector<std::string> kClassNames = {"normal", "tumor"};
+
+// A stable per-tile index for the augmentation's generator: the same tile gets the same draws whichever rank,
+// batch or thread handles it.
+std::int64_t tile_key(const std::string& slide, std::int64_t x, std::int64_t y) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  for (unsigned char c : slide) mix(c);
+  mix(static_cast<std::uint64_t>(x));
+  mix(static_cast<std::uint64_t>(y));
+  return static_cast<std::int64_t>(h >> 1);
+}
+
+std::set<std::string> slides_in_splits(const io::Manifest& manifest, const std::vector<std::string>& splits) {
+  std::set<std::string> ids;
+  for (const auto& s : manifest.slides) {
+    if (std::find(splits.begin(), splits.end(), s.split) != splits.end()) ids.insert(s.id);
+  }
+  return ids;
+}
+
+// Turns a batch of uint8 HWC tiles into the network's float NCHW input, augmented (training) or not.
+class InputBuilder {
+ public:
+  InputBuilder(const prep::AugmentOptions& options, bool augment)
+      : augment_(augment), augmenters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads())),
+                                       prep::Augmenter(options)) {}
+
+  void build(const io::Batch& batch, std::uint64_t seed, std::int64_t epoch, Tensor& input) {
+    const int t = batch.tile_size;
+    const dims_t dims = {batch.size, 3, t, t};
+    if (input.empty() || input.dims() != dims) input = Tensor::plain(dims);
+    float* out = input.data();
+    const std::size_t plane = static_cast<std::size_t>(t) * static_cast<std::size_t>(t);
+    const prep::ChannelNormalization normalization;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < batch.size; ++i) {
+      auto& augmenter = augmenters_[static_cast<std::size_t>(omp_get_thread_num()) % augmenters_.size()];
+      const cv::Mat tile(t, t, CV_8UC3,
+                         const_cast<std::uint8_t*>(batch.images.data()) + static_cast<std::size_t>(i) * plane * 3);
+      const auto k = static_cast<std::size_t>(i);
+      prep::TileAugmentation a;  // identity
+      if (augment_) a = augmenter.draw(seed, epoch, tile_key(batch.slide_ids[k], batch.coords[2 * k], batch.coords[2 * k + 1]));
+      augmenter.apply(a, tile, out + k * plane * 3, normalization);
+    }
+  }
+
+ private:
+  bool augment_;
+  std::vector<prep::Augmenter> augmenters_;
+};
+
+// Validation on this rank's share of the held-out tiles; the scores are gathered on every rank.
+BinaryEvaluation validate(Model& model, io::ShardDataset& data, InputBuilder& inputs, SoftmaxCrossEntropy& loss,
+                          const io::Comm& comm) {
+  model.set_mode(Mode::eval);
+  BinaryEvaluation local;
+  data.start_epoch(0);
+  io::Batch batch;
+  Tensor input;
+  std::vector<int> labels;
+  while (data.next(batch)) {
+    inputs.build(batch, 0, 0, input);
+    labels.assign(batch.labels.begin(), batch.labels.end());
+    const Tensor& logits = model.forward(input);
+    const double batch_loss = loss.forward(logits, labels);
+    const auto& p = loss.probabilities();
+    local.loss_sum += batch_loss * batch.size;  // unweighted classes in validation: the plain mean
+    for (int i = 0; i < batch.size; ++i) {
+      const float tumour = p[static_cast<std::size_t>(i) * kClasses + 1];
+      local.scores.push_back(tumour);
+      local.labels.push_back(batch.labels[static_cast<std::size_t>(i)]);
+      local.correct += (tumour >= 0.5f) == (batch.labels[static_cast<std::size_t>(i)] != 0);
+    }
+    local.count += batch.size;
+  }
+  model.set_mode(Mode::train);
+  // Gather everything (validation sets are small: a few bytes per tile).
+  std::string mine(sizeof(double) + sizeof(std::int64_t) * 2, '\0');
+  std::memcpy(mine.data(), &local.loss_sum, sizeof(double));
+  std::memcpy(mine.data() + sizeof(double), &local.count, sizeof(std::int64_t));
+  std::memcpy(mine.data() + sizeof(double) + sizeof(std::int64_t), &local.correct, sizeof(std::int64_t));
+  mine.append(reinterpret_cast<const char*>(local.scores.data()), local.scores.size() * sizeof(float));
+  mine.append(reinterpret_cast<const char*>(local.labels.data()), local.labels.size());
+  BinaryEvaluation all;
+  for (const auto& part : comm.allgather_bytes(mine)) {
+    double loss_sum = 0;
+    std::int64_t count = 0, correct = 0;
+    std::memcpy(&loss_sum, part.data(), sizeof(double));
+    std::memcpy(&count, part.data() + sizeof(double), sizeof(std::int64_t));
+    std::memcpy(&correct, part.data() + sizeof(double) + sizeof(std::int64_t), sizeof(std::int64_t));
+    all.loss_sum += loss_sum;
+    all.count += count;
+    all.correct += correct;
+    const char* scores = part.data() + sizeof(double) + 2 * sizeof(std::int64_t);
+    const auto n = static_cast<std::size_t>(count);
+    const auto first = all.scores.size();
+    all.scores.resize(first + n);
+    std::memcpy(all.scores.data() + first, scores, n * sizeof(float));
+    all.labels.insert(all.labels.end(), scores + n * sizeof(float), scores + n * sizeof(float) + n);
+  }
+  return all;
+}
+
+// Appends one line to a text file (rank 0's metrics).
+void append_line(const fs::path& path, const std::string& line) {
+  std::ofstream out(path, std::ios::app);
+  out << line << '\n';
+  if (!out) throw io::InputError("cannot append to the file", path.string());
+}
+
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
+
+}  // namespace
+
+TrainResult train(const io::Config& config, const io::Comm& comm) {
+  const auto t_start = clock_type::now();
+  auto& context = Context::get();
+  context.set_threads(static_cast<int>(config.get_int("train.threads")));
+
+  const fs::path out = config.get_string("output");
+  const std::string shards = config.get_string("data.shards");
+  const auto seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
+  const int batch_size = static_cast<int>(config.get_int("train.batch_size"));
+
+  // Data: training and validation slides by split; equal shares per rank.
+  io::ShardDatasetOptions train_options;
+  train_options.batch_size = batch_size;
+  train_options.block_size = static_cast<int>(config.get_int("data.block_size"));
+  train_options.shuffle_buffer = static_cast<int>(config.get_int("data.shuffle_buffer"));
+  train_options.seed = seed;
+  train_options.rank = comm.rank();
+  train_options.world_size = comm.size();
+  const io::Manifest manifest = io::read_manifest((fs::path(shards) / "manifest.json").string());
+  train_options.slides = slides_in_splits(manifest, config.get_string_list("data.train_splits"));
+  if (train_options.slides.empty()) {
+    throw io::ConfigError(fmt::format("no slide of {} is in a training split ({})", shards,
+                                      fmt::join(config.get_string_list("data.train_splits"), ", ")),
+                          config.source(), 0, "data.train_splits");
+  }
+  io::ShardDataset train_data(shards, train_options);
+  if (train_data.batches_per_epoch() == 0) {
+    throw io::ConfigError(fmt::format("{} training tiles cannot make one batch of {} per rank on {} rank(s)",
+                                      train_data.total_tiles(), batch_size, comm.size()),
+                          config.source(), 0, "train.batch_size");
+  }
+  io::ShardDatasetOptions val_options = train_options;
+  val_options.shuffle = false;
+  val_options.drop_last = false;
+  val_options.slides = slides_in_splits(manifest, config.get_string_list("data.val_splits"));
+  std::unique_ptr<io::ShardDataset> val_data;
+  if (!val_options.slides.empty()) val_data = std::make_unique<io::ShardDataset>(shards, val_options);
+
+  // Model, loss, optimizer, schedule, strategy.
+  ModelOptions model_options;
+  model_options.architecture = config.get_string("model.architecture");
+  model_options.input_size = train_data.tile_size();
+  model_options.num_classes = kClasses;
+  model_options.seed = seed;
+  auto model = make_model(model_options);
+  std::vector<Param*> params;
+  std::vector<Buffer*> buffers;
+  model->collect(params, buffers);
+
+  std::vector<float> class_weights;
+  if (config.get_string("train.class_weights") == "balanced") {
+    std::int64_t normal = 0, tumour = 0;
+    for (const auto& s : manifest.slides) {
+      if (!train_options.slides.contains(s.id)) continue;
+      normal += s.normal;
+      tumour += s.tumour;
+    }
+    const double total = static_cast<double>(normal + tumour);
+    if (normal > 0 && tumour > 0) {
+      class_weights = {static_cast<float>(total / (2.0 * static_cast<double>(normal))),
+                       static_cast<float>(total / (2.0 * static_cast<double>(tumour)))};
+    }
+  }
+  SoftmaxCrossEntropy loss(class_weights);
+  SoftmaxCrossEntropy val_loss;
+
+  const std::int64_t steps_per_epoch = train_data.batches_per_epoch();
+  const auto epochs = config.get_int("train.epochs");
+  std::int64_t total_steps = steps_per_epoch * epochs;
+  if (config.get_int("train.max_steps") > 0) total_steps = std::min(total_steps, config.get_int("train.max_steps"));
+  TrainingShape shape;
+  shape.global_batch = static_cast<std::int64_t>(batch_size) * comm.size();
+  shape.steps_per_epoch = steps_per_epoch;
+  shape.total_steps = total_steps;
+  auto optimizer = build_optimizer(config);
+  auto schedule = build_schedule(config, shape);
+  auto strategy = make_strategy(config.get_string("distributed.strategy"), comm);
+
+  // Resume.
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t batch_in_epoch = 0;
+  std::string resume = config.get_string("train.resume");
+  if (resume == "auto") resume = fs::exists(out / "checkpoint.h5") ? (out / "checkpoint.h5").string() : "";
+  if (!resume.empty()) {
+    const io::Checkpoint checkpoint = io::read_checkpoint(resume, checkpoint_layout(params, buffers));
+    if (checkpoint.meta.architecture != model_options.architecture) {
+      throw io::InputError(fmt::format("the checkpoint holds a {}, the job trains a {}", checkpoint.meta.architecture,
+                                       model_options.architecture),
+                           resume);
+    }
+    load_checkpoint_tensors(checkpoint, params, buffers);
+    if (!checkpoint.optimizer.empty()) {
+      optimizer->load_state(from_checkpoint_state(checkpoint.optimizer), params, resume);
+    }
+    step = checkpoint.meta.step;
+    epoch = checkpoint.meta.epoch;
+    if (const auto it = checkpoint.state.find("batch_in_epoch"); it != checkpoint.state.end()) {
+      batch_in_epoch = std::get<std::int64_t>(it->second);
+    }
+    if (comm.is_root()) spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
+  }
+  strategy->initialize(params, buffers);
+
+  if (comm.is_root()) {
+    fs::create_directories(out);
+    config.save((out / "train.config.yaml").string());
+    spdlog::info("{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {} = "
+                 "global batch {}; {} steps per epoch",
+                 model_options.architecture, model->parameter_count(), train_data.total_tiles(),
+                 train_options.slides.size(), val_options.slides.size(), comm.size(), batch_size, shape.global_batch,
+                 steps_per_epoch);
+  }
+  comm.barrier();
+
+  auto write_checkpoint = [&](const fs::path& path, std::int64_t batch_position) {
+    // Every replica is identical under allreduce: rank 0 writes.
+    if (!comm.is_root()) return;
+    io::Checkpoint checkpoint;
+    checkpoint.meta.architecture = model_options.architecture;
+    checkpoint.meta.input_size = model_options.input_size;
+    checkpoint.meta.num_classes = kClasses;
+    checkpoint.meta.class_names = kClassNames;
+    checkpoint.meta.mpp = manifest.attributes.mpp;
+    checkpoint.meta.stain_normalization = manifest.attributes.stain_normalization;
+    checkpoint.meta.config_yaml = config.to_yaml();
+    checkpoint.meta.step = step;
+    checkpoint.meta.epoch = epoch;
+    store_checkpoint_tensors(params, buffers, checkpoint);
+    checkpoint.optimizer = to_checkpoint_state(optimizer->name(), step, optimizer->state(), params);
+    checkpoint.state["batch_in_epoch"] = batch_position;
+    checkpoint.state["seed"] = static_cast<std::uint64_t>(seed);
+    checkpoint.state["ranks"] = static_cast<std::int64_t>(comm.size());
+    io::write_checkpoint(path.string(), checkpoint);
+  };
+
+  InputBuilder train_inputs(prep::augment_options_from_config(config), true);
+  InputBuilder val_inputs(prep::AugmentOptions{}, false);
+  const auto log_every = config.get_int("train.log_every");
+  const auto checkpoint_every = config.get_int("train.checkpoint_every");
+  if (comm.is_root() && step == 0) {
+    std::ofstream(out / "metrics.csv") << "epoch,step,lr,train_loss,val_loss,val_accuracy,val_auc,seconds\n";
+    std::ofstream(out / "metrics.jsonl", std::ios::trunc);
+  }
+
+  TrainResult result;
+  const std::int64_t first_step = step;
+  io::Progress progress(comm, total_steps - step, {.label = "train", .unit = "steps"});
+  io::Batch batch;
+  Tensor input;
+  std::vector<int> labels;
+  double loss_window = 0.0;
+  std::int64_t loss_window_steps = 0;
+  double epoch_loss = 0.0;
+  std::int64_t epoch_steps = 0;
+  double last_lr = 0.0;
+  auto t_window = clock_type::now();
+  model->set_mode(Mode::train);
+
+  while (epoch < epochs && step < total_steps) {
+    train_data.start_epoch(epoch);
+    // A resumed run skips the batches the checkpointed run had already taken in this epoch.
+    for (std::int64_t b = 0; b < batch_in_epoch; ++b) {
+      if (!train_data.next(batch)) break;
+    }
+    while (step < total_steps && train_data.next(batch)) {
+      train_inputs.build(batch, seed, epoch, input);
+      labels.assign(batch.labels.begin(), batch.labels.end());
+
+      Optimizer::zero_grad(params);
+      model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull));
+      const Tensor& logits = model->forward(input);
+      const double batch_loss = loss.forward(logits, labels);
+      model->backward(loss.backward());
+      strategy->reduce_gradients(params);
+      last_lr = schedule->lr(step);
+      optimizer->step(params, last_lr);
+      ++step;
+      ++batch_in_epoch;
+      strategy->after_update(params, step);
+
+      if (!std::isfinite(batch_loss)) {
+        throw io::InternalError(fmt::format("the training loss is {} at step {}: lower optimizer.lr or check the data",
+                                            batch_loss, step));
+      }
+      loss_window += batch_loss;
+      ++loss_window_steps;
+      epoch_loss += batch_loss;
+      ++epoch_steps;
+      progress.advance();
+      if (step % log_every == 0 || step == total_steps) {
+        const double mean = comm.allreduce_value(loss_window / static_cast<double>(loss_window_steps),
+                                                 io::ReduceOp::sum) /
+                            comm.size();
+        const double seconds = std::chrono::duration<double>(clock_type::now() - t_window).count();
+        const double images_per_s = static_cast<double>(loss_window_steps * shape.global_batch) / seconds;
+        if (comm.is_root()) {
+          append_line(out / "metrics.jsonl",
+                      fmt::format(R"({{"kind": "train", "epoch": {}, "step": {}, "lr": {}, "loss": {}, "images_per_s": {}}})",
+                                  epoch, step, json_number(last_lr), json_number(mean), json_number(images_per_s)));
+          spdlog::debug("step {}: loss {:.4f}, lr {:.4g}, {:.1f} images/s", step, mean, last_lr, images_per_s);
+        }
+        loss_window = 0.0;
+        loss_window_steps = 0;
+        t_window = clock_type::now();
+      }
+      if (checkpoint_every > 0 && step % checkpoint_every == 0) write_checkpoint(out / "checkpoint.h5", batch_in_epoch);
+    }
+    const bool epoch_done = !(step >= total_steps && batch_in_epoch < steps_per_epoch);
+    if (epoch_done) {
+      ++epoch;
+      batch_in_epoch = 0;
+    }
+
+    // Validation and the epoch's checkpoint.
+    BinaryEvaluation val;
+    if (val_data) val = validate(*model, *val_data, val_inputs, val_loss, comm);
+    const double train_loss =
+        comm.allreduce_value(epoch_steps > 0 ? epoch_loss / static_cast<double>(epoch_steps) : 0.0, io::ReduceOp::sum) /
+        comm.size();
+    epoch_loss = 0.0;
+    epoch_steps = 0;
+    result.final_val_auc = val_data ? val.auc() : std::numeric_limits<double>::quiet_NaN();
+    result.final_val_loss = val.loss();
+    result.final_val_accuracy = val.accuracy();
+    const double elapsed = std::chrono::duration<double>(clock_type::now() - t_start).count();
+    if (comm.is_root()) {
+      append_line(out / "metrics.jsonl",
+                  fmt::format(R"({{"kind": "val", "epoch": {}, "step": {}, "loss": {}, "accuracy": {}, "auc": {}, "tiles": {}}})",
+                              epoch, step, json_number(val.loss()), json_number(val.accuracy()),
+                              json_number(result.final_val_auc), val.count));
+      append_line(out / "metrics.csv", fmt::format("{},{},{},{},{},{},{},{:.1f}", epoch, step, json_number(last_lr),
+                                                   json_number(train_loss), json_number(val.loss()),
+                                                   json_number(val.accuracy()), json_number(result.final_val_auc),
+                                                   elapsed));
+      spdlog::info("epoch {} (step {}): train loss {:.4f}; validation loss {:.4f}, accuracy {:.3f}, AUC {:.3f} on {} tiles",
+                   epoch, step, train_loss, val.loss(), val.accuracy(), result.final_val_auc, val.count);
+    }
+    write_checkpoint(out / "checkpoint.h5", batch_in_epoch);
+    if (epoch_done && comm.is_root()) {
+      std::error_code ec;
+      fs::copy_file(out / "checkpoint.h5", out / fmt::format("checkpoint-epoch-{:03d}.h5", epoch),
+                    fs::copy_options::overwrite_existing, ec);
+      if (ec) throw io::InputError("cannot copy the checkpoint: " + ec.message(), (out / "checkpoint.h5").string());
+    }
+  }
+  progress.finish();
+
+  result.steps = step;
+  result.epochs = epoch;
+  result.seconds = std::chrono::duration<double>(clock_type::now() - t_start).count();
+  result.images_per_second =
+      static_cast<double>((step - first_step) * shape.global_batch) / std::max(result.seconds, 1e-9);
+  result.checkpoint = (out / "checkpoint.h5").string();
+  return result;
+}
+
+}  // namespace tessera::engine

@@ -1,0 +1,43 @@
+// `tessera train`: trains a patch classifier on tile shards, on one process or many.
+//
+// The loop (Trainer::run), top to bottom, per step:
+//   next batch (this rank's share of the shuffled epoch) → augment into the network input → forward → loss →
+//   backward → strategy.reduce_gradients → optimizer step at the schedule's rate → strategy.after_update →
+//   log; every `train.checkpoint_every` steps and at the end of every epoch a checkpoint; at the end of every
+//   epoch a validation pass over the held-out slides (loss, accuracy, patch-level ROC AUC).
+//
+// Outputs in `output`: checkpoint.h5 (the latest; also checkpoint-epoch-NNN.h5 per epoch), metrics.jsonl
+// (one JSON object per log line and per validation), metrics.csv (one row per epoch), train.config.yaml.
+//
+// Determinism: the same job, seed and rank count give the same weights, bit for bit, and a run resumed from a
+// checkpoint continues exactly as the uninterrupted run would have (the data order, the augmentation of every
+// tile, the optimizer state and the step all come back; models with dropout draw their masks from (seed, step)).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "io/comm.h"
+#include "io/config.h"
+
+namespace tessera::engine {
+
+// The train job's keys (data, model, train, optimizer, schedule, augment, distributed, output).
+io::Schema train_schema();
+
+struct TrainResult {
+  std::int64_t steps = 0;       // optimizer steps taken in total (including those before a resume)
+  std::int64_t epochs = 0;      // completed epochs
+  double final_val_auc = 0.0;   // NaN when the validation set has one class or is empty
+  double final_val_loss = 0.0;
+  double final_val_accuracy = 0.0;
+  double seconds = 0.0;         // this run's wall time
+  double images_per_second = 0.0;  // training images per second over all ranks (this run)
+  std::string checkpoint;       // the last checkpoint written
+};
+
+// Runs the job. Collective: every rank calls it with the same config. Throws io::Error (InputError for bad
+// shards or checkpoints, ConfigError for bad settings).
+TrainResult train(const io::Config& config, const io::Comm& comm);
+
+}  // namespace tessera::engine
