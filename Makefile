@@ -30,7 +30,8 @@ demo: build
 test-asan: deps
 	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_SANITIZE=ON -DTESSERA_WERROR=ON > /dev/null
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
-	@cd $(BUILD_ASAN) && ctest --output-on-failure -j $(JOBS)
+	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
+	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j $(JOBS)
 
 # The benchmarks, with the Python tools they compare against (scripts/install-deps.sh --bench).
 bench: build

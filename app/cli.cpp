@@ -11,6 +11,7 @@ const std::vector<Verb>& verbs() {
       {"synth", "Generate synthetic H&E whole-slide images with ground-truth tumour annotations", setup_synth},
       {"tile", "Tile slides with tumour annotations into contiguous HDF5 shards of labelled tiles (parallel)",
        setup_tile},
+      {"train", "Train a tumour/normal CNN on tile shards (oneDNN; one replica per MPI rank)", setup_train},
       {"info", "Show a slide's vendor, pyramid levels, resolution and associated images", setup_info},
       {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
   };

@@ -45,6 +45,7 @@ bool maybe_print_config(const io::Config& config, const JobOptions& options);
 Action setup_info(CLI::App& command);
 Action setup_synth(CLI::App& command);
 Action setup_tile(CLI::App& command);
+Action setup_train(CLI::App& command);
 Action setup_bench(CLI::App& command);
 
 }  // namespace tessera::app
