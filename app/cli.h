@@ -37,6 +37,8 @@ void add_job_options(CLI::App& command, JobOptions& options);
 // `extra_overrides` come from verb-specific flags (e.g. --out) and win over the file and --set.
 io::Config load_job(const io::Schema& schema, const JobOptions& options,
                     const std::vector<std::string>& extra_overrides = {});
+// The config points at its schema, which must outlive it: no temporaries.
+io::Config load_job(io::Schema&&, const JobOptions&, const std::vector<std::string>& = {}) = delete;
 
 // When --print-config was given: prints the effective config (rank 0) and returns true.
 bool maybe_print_config(const io::Config& config, const JobOptions& options);

@@ -36,7 +36,9 @@ namespace tessera::engine {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-io::Schema train_schema() {
+const io::Schema& train_schema() {
+  // One schema for the life of the process: a Config keeps a reference to the schema it was read against.
+  static const io::Schema instance = [] {
   io::Schema schema;
   schema.string("output", "runs/train", "Folder for checkpoints, metrics.jsonl, metrics.csv and the effective config")
       .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
@@ -63,6 +65,8 @@ io::Schema train_schema() {
   declare_optim_keys(schema);
   prep::declare_augment_schema(schema);
   return schema;
+  }();
+  return instance;
 }
 
 namespace {

@@ -23,7 +23,7 @@
 namespace tessera::engine {
 
 // The train job's keys (data, model, train, optimizer, schedule, augment, distributed, output).
-io::Schema train_schema();
+const io::Schema& train_schema();
 
 struct TrainResult {
   std::int64_t steps = 0;       // optimizer steps taken in total (including those before a resume)
