@@ -2,9 +2,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "io/error.h"
@@ -15,6 +17,17 @@ namespace {
 // oneDNN's own buffers are 64-byte aligned (one cache line, one AVX-512 register); the scratchpad follows.
 constexpr std::size_t scratch_alignment = 64;
 
+// Ranks of this job on this node, as Open MPI, MPICH/Hydra or Slurm announce them (1 when not launched so).
+int local_rank_count() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* value = std::getenv(name)) {
+      const int n = std::atoi(value);
+      if (n > 0) return n;
+    }
+  }
+  return 1;
+}
+
 }  // namespace
 
 Context& Context::get() {
@@ -24,8 +37,14 @@ Context& Context::get() {
 
 Context::Context() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
   // libgomp's default team size is the number of CPUs in the process's affinity mask (or OMP_NUM_THREADS):
-  // exactly the cores this rank may use.
+  // the cores this rank may use when the launcher bound it. An unbound rank sees every core of the node,
+  // so several ranks on one node would each start that many threads: they share the node's cores instead.
   default_threads_ = omp_get_max_threads();
+  const int local_ranks = local_rank_count();
+  if (std::getenv("OMP_NUM_THREADS") == nullptr && local_ranks > 1 &&
+      default_threads_ >= static_cast<int>(std::thread::hardware_concurrency())) {
+    default_threads_ = std::max(1, default_threads_ / local_ranks);
+  }
   threads_ = default_threads_;
 }
 

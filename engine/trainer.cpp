@@ -1,7 +1,5 @@
 #include "engine/trainer.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +17,7 @@
 
 #include "engine/checkpoint_adapter.h"
 #include "engine/context.h"
+#include "engine/inference.h"
 #include "engine/layers/loss.h"
 #include "engine/metrics.h"
 #include "engine/models/registry.h"
@@ -74,22 +73,6 @@ namespace {
 constexpr int kClasses = 2;  // normal, tumour
 const std::vector<std::string> kClassNames = {"normal", "tumor"};
 
-// A stable per-tile index for the augmentation's generator: the same tile gets the same draws whichever rank,
-// batch or thread handles it.
-std::int64_t tile_key(const std::string& slide, std::int64_t x, std::int64_t y) {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](std::uint64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= (v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
-  for (unsigned char c : slide) mix(c);
-  mix(static_cast<std::uint64_t>(x));
-  mix(static_cast<std::uint64_t>(y));
-  return static_cast<std::int64_t>(h >> 1);
-}
-
 std::set<std::string> slides_in_splits(const io::Manifest& manifest, const std::vector<std::string>& splits) {
   std::set<std::string> ids;
   for (const auto& s : manifest.slides) {
@@ -98,52 +81,16 @@ std::set<std::string> slides_in_splits(const io::Manifest& manifest, const std::
   return ids;
 }
 
-// Turns a batch of uint8 HWC tiles into the network's float NCHW input, augmented (training) or not.
-class InputBuilder {
- public:
-  InputBuilder(const prep::AugmentOptions& options, bool augment)
-      : augment_(augment), augmenters_(static_cast<std::size_t>(std::max(1, omp_get_max_threads())),
-                                       prep::Augmenter(options)) {}
-
-  void build(const io::Batch& batch, std::uint64_t seed, std::int64_t epoch, Tensor& input) {
-    const int t = batch.tile_size;
-    const dims_t dims = {batch.size, 3, t, t};
-    if (input.empty() || input.dims() != dims) input = Tensor::plain(dims);
-    float* out = input.data();
-    const std::size_t plane = static_cast<std::size_t>(t) * static_cast<std::size_t>(t);
-    const prep::ChannelNormalization normalization;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < batch.size; ++i) {
-      auto& augmenter = augmenters_[static_cast<std::size_t>(omp_get_thread_num()) % augmenters_.size()];
-      const cv::Mat tile(t, t, CV_8UC3,
-                         const_cast<std::uint8_t*>(batch.images.data()) + static_cast<std::size_t>(i) * plane * 3);
-      const auto k = static_cast<std::size_t>(i);
-      prep::TileAugmentation a;  // identity
-      if (augment_) a = augmenter.draw(seed, epoch, tile_key(batch.slide_ids[k], batch.coords[2 * k], batch.coords[2 * k + 1]));
-      augmenter.apply(a, tile, out + k * plane * 3, normalization);
-    }
-  }
-
- private:
-  bool augment_;
-  std::vector<prep::Augmenter> augmenters_;
-};
-
 // Validation on this rank's share of the held-out tiles; the scores are gathered on every rank.
-BinaryEvaluation validate(Model& model, io::ShardDataset& data, InputBuilder& inputs, SoftmaxCrossEntropy& loss,
-                          const io::Comm& comm) {
+// The input and the probabilities come from engine/inference.h, as in `tessera predict`.
+BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer& scorer, const io::Comm& comm) {
   model.set_mode(Mode::eval);
   BinaryEvaluation local;
   data.start_epoch(0);
   io::Batch batch;
-  Tensor input;
-  std::vector<int> labels;
   while (data.next(batch)) {
-    inputs.build(batch, 0, 0, input);
-    labels.assign(batch.labels.begin(), batch.labels.end());
-    const Tensor& logits = model.forward(input);
-    const double batch_loss = loss.forward(logits, labels);
-    const auto& p = loss.probabilities();
+    double batch_loss = 0.0;
+    const auto& p = scorer.probabilities(batch, batch_loss);
     local.loss_sum += batch_loss * batch.size;  // unweighted classes in validation: the plain mean
     for (int i = 0; i < batch.size; ++i) {
       const float tumour = p[static_cast<std::size_t>(i) * kClasses + 1];
@@ -256,7 +203,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     }
   }
   SoftmaxCrossEntropy loss(class_weights);
-  SoftmaxCrossEntropy val_loss;
+  TileScorer val_scorer(*model);
 
   const std::int64_t steps_per_epoch = train_data.batches_per_epoch();
   const auto epochs = config.get_int("train.epochs");
@@ -291,6 +238,13 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     epoch = checkpoint.meta.epoch;
     if (const auto it = checkpoint.state.find("batch_in_epoch"); it != checkpoint.state.end()) {
       batch_in_epoch = std::get<std::int64_t>(it->second);
+    }
+    const auto ranks = checkpoint.state.find("ranks");
+    const auto* written_by = ranks == checkpoint.state.end() ? nullptr : std::get_if<std::int64_t>(&ranks->second);
+    if (written_by && *written_by != comm.size() && comm.is_root()) {
+      spdlog::warn("{} was written by a run on {} rank(s), this one has {}: training continues from its weights and "
+                   "optimizer state, but the data order differs from an uninterrupted run",
+                   resume, *written_by, comm.size());
     }
     if (comm.is_root()) spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
   }
@@ -328,8 +282,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     io::write_checkpoint(path.string(), checkpoint);
   };
 
-  InputBuilder train_inputs(prep::augment_options_from_config(config), true);
-  InputBuilder val_inputs(prep::AugmentOptions{}, false);
+  InputBuilder train_inputs(prep::augment_options_from_config(config));
   const auto log_every = config.get_int("train.log_every");
   const auto checkpoint_every = config.get_int("train.checkpoint_every");
   if (comm.is_root() && step == 0) {
@@ -339,6 +292,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
 
   TrainResult result;
   const std::int64_t first_step = step;
+  // Progress counts global steps: every rank takes each step together, so rank 0 alone advances it.
   io::Progress progress(comm, total_steps - step, {.label = "train", .unit = "steps"});
   io::Batch batch;
   Tensor input;
@@ -381,7 +335,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       ++loss_window_steps;
       epoch_loss += batch_loss;
       ++epoch_steps;
-      progress.advance();
+      if (comm.is_root()) progress.advance();
       if (step % log_every == 0 || step == total_steps) {
         const double mean = comm.allreduce_value(loss_window / static_cast<double>(loss_window_steps),
                                                  io::ReduceOp::sum) /
@@ -408,7 +362,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
 
     // Validation and the epoch's checkpoint.
     BinaryEvaluation val;
-    if (val_data) val = validate(*model, *val_data, val_inputs, val_loss, comm);
+    if (val_data) val = validate(*model, *val_data, val_scorer, comm);
     const double train_loss =
         comm.allreduce_value(epoch_steps > 0 ? epoch_loss / static_cast<double>(epoch_steps) : 0.0, io::ReduceOp::sum) /
         comm.size();
@@ -430,13 +384,9 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       spdlog::info("epoch {} (step {}): train loss {:.4f}; validation loss {:.4f}, accuracy {:.3f}, AUC {:.3f} on {} tiles",
                    epoch, step, train_loss, val.loss(), val.accuracy(), result.final_val_auc, val.count);
     }
+    // Both written atomically (a temporary renamed over the name): a killed job never leaves half a checkpoint.
     write_checkpoint(out / "checkpoint.h5", batch_in_epoch);
-    if (epoch_done && comm.is_root()) {
-      std::error_code ec;
-      fs::copy_file(out / "checkpoint.h5", out / fmt::format("checkpoint-epoch-{:03d}.h5", epoch),
-                    fs::copy_options::overwrite_existing, ec);
-      if (ec) throw io::InputError("cannot copy the checkpoint: " + ec.message(), (out / "checkpoint.h5").string());
-    }
+    if (epoch_done) write_checkpoint(out / fmt::format("checkpoint-epoch-{:03d}.h5", epoch), batch_in_epoch);
   }
   progress.finish();
 

@@ -18,8 +18,13 @@ echo "== 3. labelled training tiles in HDF5 shards (tessera tile, ${ranks} ranks
 mpirun -n "$ranks" --oversubscribe "$tessera" tile configs/tile-demo.yaml
 
 echo
+echo "== 4. a tumour/normal CNN trained on the tiles (tessera train, ${ranks} ranks, validation every epoch)"
+mpirun -n "$ranks" --oversubscribe "$tessera" train configs/train-demo.yaml --set train.resume=auto
+
+echo
 echo "Demo done."
 echo "  slides, ASAP XML and QuPath GeoJSON annotations: data/demo/slides/"
 echo "  slide list with labels and splits:               data/demo/dataset.csv"
 echo "  slide previews with the ground truth outlined:    data/demo/previews/"
 echo "  training shards and their manifest:              data/demo/shards/ (tiling previews in shards/previews/)"
+echo "  the trained model and its learning curve:        data/demo/train/ (checkpoint.h5, metrics.csv)"
