@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "io/error.h"
+#include "io/hdf5.h"
 
 namespace tessera::io {
 namespace {
@@ -40,83 +41,8 @@ constexpr std::int64_t max_tensor_elements = std::int64_t{1} << 34;
 // ---------------------------------------------------------------------------------------------------------
 // HDF5 plumbing: a quiet error stack, RAII ids, and the text of the last failure.
 
-// HDF5 prints its error stack to stderr by default; while one of these lives, the current thread's printing
-// is off and failures are reported as exceptions instead.
-class QuietHdf5 {
- public:
-  QuietHdf5() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  QuietHdf5(const QuietHdf5&) = delete;
-  QuietHdf5& operator=(const QuietHdf5&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
-// One HDF5 id and its close function. The destructor ignores errors (it may run while an exception unwinds);
-// the success path calls close() and checks the result.
-class Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Handle() = default;
-  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  ~Handle() { close(); }
-  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), closer_(other.closer_) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      close();
-      id_ = std::exchange(other.id_, H5I_INVALID_HID);
-      closer_ = other.closer_;
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-
-  hid_t get() const { return id_; }
-  herr_t close() {
-    herr_t result = 0;
-    if (id_ >= 0 && closer_ != nullptr) result = closer_(id_);
-    id_ = H5I_INVALID_HID;
-    return result;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  Closer closer_ = nullptr;
-};
-
-struct Hdf5Failure {
-  std::string api;        // outermost description (the API call)
-  std::string detail;     // innermost description (where the problem was found)
-  std::string truncated;  // the description of an H5E_TRUNCATED entry, if any
-  std::string text() const {
-    if (api.empty()) return detail;
-    if (detail.empty() || detail == api) return api;
-    return api + " (" + detail + ")";
-  }
-};
-
-herr_t collect_error(unsigned depth, const H5E_error2_t* entry, void* data) {
-  auto* failure = static_cast<Hdf5Failure*>(data);
-  const std::string desc = entry->desc != nullptr ? entry->desc : "";
-  if (depth == 0) failure->api = desc;
-  if (!desc.empty()) failure->detail = desc;
-  // The _g variable, not the H5E_TRUNCATED macro: the macro calls H5open(), an API call inside the walk.
-  if (entry->min_num == H5E_TRUNCATED_g) failure->truncated = desc;
-  return 0;
-}
-
-// Must run right after the failing call: the next HDF5 API call clears the stack.
-Hdf5Failure last_hdf5_failure() {
-  Hdf5Failure failure;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &failure);
-  return failure;
-}
+using hdf5::Handle;
+using hdf5::QuietHdf5;
 
 std::string join_dims(const std::vector<hsize_t>& dims) {
   std::string text = "[";
@@ -149,7 +75,7 @@ class WriteChecker {
 
   template <typename T>
   T check(T result, const std::string& what) const {
-    if (result < 0) fail(what, last_hdf5_failure().text());
+    if (result < 0) fail(what, hdf5::last_failure().text());
     return result;
   }
   Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
@@ -515,7 +441,7 @@ class CheckpointReader {
   template <typename T>
   T check(T result, const std::string& what) const {
     if (result < 0) {
-      const std::string hdf5 = last_hdf5_failure().text();
+      const std::string hdf5 = hdf5::last_failure().text();
       fail(hdf5.empty() ? what : what + ": HDF5: " + hdf5);
     }
     return result;
@@ -841,7 +767,7 @@ class CheckpointReader {
       file_ = Handle(id, H5Fclose);
       return;
     }
-    const Hdf5Failure failure = last_hdf5_failure();
+    const hdf5::Failure failure = hdf5::last_failure();
     if (failure.truncated.empty()) fail("not a readable HDF5 checkpoint: HDF5: " + failure.text());
     open_truncated(failure.truncated);
   }

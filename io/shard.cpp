@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 
 #include "io/annotations.h"
 #include "io/error.h"
+#include "io/hdf5.h"
 
 namespace tessera::io {
 namespace {
@@ -33,85 +36,8 @@ constexpr int rgb_channels = 3;
 // ---------------------------------------------------------------------------------------------------------
 // HDF5 plumbing: RAII ids, a quiet error stack, and checks that turn failures into Tessera errors.
 
-// HDF5 prints its error stack to stderr by default; while one of these lives, the current thread's printing
-// is off (the library is built thread-safe, so the setting is per thread) and failures become exceptions.
-class QuietHdf5 {
- public:
-  QuietHdf5() {
-    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-  ~QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
-  QuietHdf5(const QuietHdf5&) = delete;
-  QuietHdf5& operator=(const QuietHdf5&) = delete;
-
- private:
-  H5E_auto2_t func_ = nullptr;
-  void* data_ = nullptr;
-};
-
-// One HDF5 id with its close function. The destructor ignores errors (it runs while an exception unwinds);
-// the success path calls close() and checks the result.
-class Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Handle() = default;
-  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
-  ~Handle() { close(); }
-  Handle(Handle&& other) noexcept : id_(std::exchange(other.id_, H5I_INVALID_HID)), closer_(other.closer_) {}
-  Handle& operator=(Handle&& other) noexcept {
-    if (this != &other) {
-      close();
-      id_ = std::exchange(other.id_, H5I_INVALID_HID);
-      closer_ = other.closer_;
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-
-  hid_t get() const { return id_; }
-  bool valid() const { return id_ >= 0; }
-  herr_t close() {
-    herr_t result = 0;
-    if (id_ >= 0 && closer_ != nullptr) result = closer_(id_);
-    id_ = H5I_INVALID_HID;
-    return result;
-  }
-
- private:
-  hid_t id_ = H5I_INVALID_HID;
-  Closer closer_ = nullptr;
-};
-
-// What HDF5's error stack says about the last failure of this thread.
-struct Hdf5Failure {
-  std::string api;        // outermost description (the API call)
-  std::string detail;     // innermost description (where the problem was found)
-  std::string truncated;  // the description of an H5E_TRUNCATED entry, if any
-  std::string text() const {
-    if (api.empty()) return detail;
-    if (detail.empty() || detail == api) return api;
-    return api + " (" + detail + ")";
-  }
-};
-
-herr_t collect_error(unsigned depth, const H5E_error2_t* entry, void* data) {
-  auto* failure = static_cast<Hdf5Failure*>(data);
-  const std::string desc = entry->desc != nullptr ? entry->desc : "";
-  if (depth == 0) failure->api = desc;
-  if (!desc.empty()) failure->detail = desc;
-  // The _g variable, not the H5E_TRUNCATED macro: the macro calls H5open(), an API call inside the walk.
-  if (entry->min_num == H5E_TRUNCATED_g) failure->truncated = desc;
-  return 0;
-}
-
-// Must run right after the failing call: the next HDF5 API call clears the stack.
-Hdf5Failure last_hdf5_failure() {
-  Hdf5Failure failure;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_error, &failure);
-  return failure;
-}
+using hdf5::Handle;
+using hdf5::QuietHdf5;
 
 // Turns a failing HDF5 call into the right error: an InputError naming the file when reading someone's shard,
 // an InternalError (with the file as context) when writing ours fails.
@@ -121,7 +47,7 @@ class Hdf5Checker {
 
   template <typename T>
   T check(T result, const std::string& what) const {
-    if (result < 0) fail(what, last_hdf5_failure().text());
+    if (result < 0) fail(what, hdf5::last_failure().text());
     return result;
   }
   Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
@@ -603,7 +529,7 @@ ShardFile ShardFile::open(const std::string& path) {
     Handle fapl = make_file_access(h5);
     const hid_t file_id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
     if (file_id < 0) {
-      const Hdf5Failure failure = last_hdf5_failure();
+      const hdf5::Failure failure = hdf5::last_failure();
       if (!failure.truncated.empty()) throw InputError(hdf5_truncated_message(failure.truncated, file_size(fd)), path);
       h5.fail("not a readable HDF5 shard", failure.text());
     }
@@ -729,6 +655,33 @@ void ShardFile::read_images(std::int64_t first, std::int64_t count, std::uint8_t
       throw InputError(truncated_message(expected, file_size(*fd_)), path_);
     }
     done += static_cast<std::size_t>(got);
+  }
+}
+
+void ShardFile::read_images(std::int64_t first, const std::vector<std::uint8_t*>& destinations) const {
+  const auto count = static_cast<std::int64_t>(destinations.size());
+  if (first < 0 || first > size() - count) {
+    throw InternalError("ShardFile: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                        ") outside the shard's " + std::to_string(size()) + " tiles ('" + path_ + "')");
+  }
+  if (!fd_) throw InternalError("ShardFile: read from a shard that was never opened");
+  const std::size_t bytes = tile_bytes();
+  constexpr std::size_t max_vectors = IOV_MAX;
+  std::vector<iovec> vectors;
+  for (std::size_t done = 0; done < destinations.size();) {
+    const std::size_t n = std::min(destinations.size() - done, max_vectors);
+    vectors.resize(n);
+    for (std::size_t k = 0; k < n; ++k) vectors[k] = {destinations[done + k], bytes};
+    const auto start = images_offset_ + static_cast<std::uint64_t>(first + static_cast<std::int64_t>(done)) * bytes;
+    const ssize_t got = ::preadv(*fd_, vectors.data(), static_cast<int>(n), static_cast<off_t>(start));
+    if (got < 0 && errno == EINTR) continue;
+    // A short read or an error: the tiles not wholly read go through read_images(), which retries and names
+    // the problem (a truncated file, an I/O error).
+    const std::size_t whole = got > 0 ? static_cast<std::size_t>(got) / bytes : 0;
+    for (std::size_t k = whole; k < n; ++k) {
+      read_images(first + static_cast<std::int64_t>(done + k), 1, destinations[done + k]);
+    }
+    done += n;
   }
 }
 
