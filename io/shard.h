@@ -82,6 +82,9 @@ class ShardFile {
 
   // Reads tiles [first, first + count) into `out` (count · tile_bytes() bytes): one pread.
   void read_images(std::int64_t first, std::int64_t count, std::uint8_t* out) const;
+  // Reads tiles [first, first + destinations.size()), tile k into destinations[k] (tile_bytes() each): one
+  // contiguous read of the file (preadv) into scattered buffers, e.g. the free slots of a shuffle buffer.
+  void read_images(std::int64_t first, const std::vector<std::uint8_t*>& destinations) const;
   cv::Mat read_image(std::int64_t index) const;  // one tile as CV_8UC3 RGB
 
   // Byte offset of the images dataset in the file (for benchmarks and layout tests).

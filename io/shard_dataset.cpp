@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 #include <utility>
@@ -89,16 +90,27 @@ struct ShardDataset::Impl {
   std::int64_t part_size = 0;
   std::int64_t batches = 0;
 
-  // Prefetch: the worker fills `queue` up to prefetch_batches; next() drains it.
+  // Prefetch: the worker fills `queue` up to prefetch_batches; next() drains it and hands the caller's previous
+  // batch back through `spare`, so that batches are recycled instead of allocated (and page-faulted) each time.
   std::mutex mutex;
   std::condition_variable not_empty;
   std::condition_variable not_full;
   std::deque<Batch> queue;
+  std::vector<Batch> spare;
   bool producer_done = false;
   bool cancel = false;
   std::exception_ptr error;
   bool started = false;
   std::thread worker;
+
+  // The shuffle buffer's pixels and its bookkeeping, kept across epochs; only the worker touches them (start_epoch
+  // joins the previous worker first). Slots are read into straight from the file and never zeroed.
+  std::unique_ptr<std::uint8_t[]> slots;
+  std::size_t slot_count = 0;
+  std::vector<std::pair<std::uint32_t, std::int64_t>> slot_tiles;  // (shard, tile) in each slot
+  std::vector<std::uint32_t> slot_run;                             // run that last drew each slot
+
+  std::size_t spare_limit() const { return static_cast<std::size_t>(std::max(1, options.prefetch_batches)) + 2; }
 
   void stop() {
     {
@@ -109,7 +121,10 @@ struct ShardDataset::Impl {
     not_empty.notify_all();
     if (worker.joinable()) worker.join();
     std::lock_guard<std::mutex> lock(mutex);
-    queue.clear();
+    while (!queue.empty()) {
+      if (spare.size() < spare_limit()) spare.push_back(std::move(queue.front()));
+      queue.pop_front();
+    }
     error = nullptr;
     producer_done = false;
     cancel = false;
@@ -154,83 +169,156 @@ struct ShardDataset::Impl {
     return cancel;
   }
 
+  // An empty batch with room for batch_size tiles: a recycled one when there is one (no allocation, no zeroing).
+  Batch take_batch() {
+    Batch batch;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!spare.empty()) {
+        batch = std::move(spare.back());
+        spare.pop_back();
+      }
+    }
+    const auto n = static_cast<std::size_t>(options.batch_size);
+    batch.size = 0;
+    batch.tile_size = tile_size;
+    batch.images.resize(n * tile_bytes);
+    batch.labels.resize(n);
+    batch.tumor_fractions.resize(n);
+    batch.coords.resize(2 * n);
+    batch.slide_ids.resize(n);
+    return batch;
+  }
+
+  // Copies (or moves) tiles into batches and pushes each full batch. Copy traffic per tile: one read from the
+  // file into its final place (the batch, or a shuffle buffer slot) and, with a shuffle buffer, one copy from the
+  // slot into the batch.
   void produce(const std::vector<Block>& reads, std::uint64_t buffer_seed) {
     const std::size_t batch_size = static_cast<std::size_t>(options.batch_size);
     const bool buffered = options.shuffle && options.shuffle_buffer > 1;
     const std::size_t capacity = buffered ? static_cast<std::size_t>(options.shuffle_buffer) : 0;
     std::mt19937_64 rng(buffer_seed);
 
-    // The shuffle buffer: `capacity` tile slots, each with the (shard, tile) it holds.
-    std::vector<std::uint8_t> slots(capacity * tile_bytes);
-    std::vector<std::pair<std::uint32_t, std::int64_t>> slot_tiles(capacity);
-    std::size_t used = 0;
-
     std::int64_t emitted = 0;
-    Batch batch;
-    auto fresh = [&] {
-      batch = Batch{};
-      batch.tile_size = tile_size;
-      batch.images.reserve(batch_size * tile_bytes);
-      batch.labels.reserve(batch_size);
-      batch.tumor_fractions.reserve(batch_size);
-      batch.coords.reserve(2 * batch_size);
-      batch.slide_ids.reserve(batch_size);
-    };
-    fresh();
-    // Appends one tile; false once the epoch's batches are all out or the epoch was cancelled.
+    Batch batch = take_batch();
+    // Adds one tile's metadata (and its pixels unless they were read into place already); false once the epoch's
+    // batches are all out or the epoch was cancelled.
     auto emit = [&](const std::uint8_t* pixels, std::uint32_t shard_index, std::int64_t tile) {
       if (emitted >= batches) return false;
       const ShardFile& shard = shards[shard_index];
       const auto i = static_cast<std::size_t>(tile);
-      batch.images.insert(batch.images.end(), pixels, pixels + tile_bytes);
-      batch.labels.push_back(shard.labels()[i]);
-      batch.tumor_fractions.push_back(shard.tumor_fractions()[i]);
-      batch.coords.push_back(shard.coords()[2 * i]);
-      batch.coords.push_back(shard.coords()[2 * i + 1]);
-      batch.slide_ids.push_back(shard.slides()[shard.slide_indices()[i]]);
+      const auto n = static_cast<std::size_t>(batch.size);
+      if (pixels != nullptr) std::memcpy(batch.images.data() + n * tile_bytes, pixels, tile_bytes);
+      batch.labels[n] = shard.labels()[i];
+      batch.tumor_fractions[n] = shard.tumor_fractions()[i];
+      batch.coords[2 * n] = shard.coords()[2 * i];
+      batch.coords[2 * n + 1] = shard.coords()[2 * i + 1];
+      batch.slide_ids[n] = shard.slides()[shard.slide_indices()[i]];
       ++batch.size;
       if (static_cast<std::size_t>(batch.size) == batch_size) {
         if (!push(std::move(batch))) return false;
         ++emitted;
-        fresh();
+        batch = emitted < batches ? take_batch() : Batch{};
       }
       return true;
     };
+    auto push_partial = [&] {
+      if (batch.size == 0 || emitted >= batches) return;
+      const auto n = static_cast<std::size_t>(batch.size);
+      batch.images.resize(n * tile_bytes);
+      batch.labels.resize(n);
+      batch.tumor_fractions.resize(n);
+      batch.coords.resize(2 * n);
+      batch.slide_ids.resize(n);
+      push(std::move(batch));
+    };
 
-    std::vector<std::uint8_t> block;
-    for (const Block& read : reads) {
-      if (cancelled()) return;
-      block.resize(static_cast<std::size_t>(read.count) * tile_bytes);
-      shards[read.shard].read_images(read.first, read.count, block.data());
-      for (std::int64_t k = 0; k < read.count; ++k) {
-        const std::uint8_t* pixels = block.data() + static_cast<std::size_t>(k) * tile_bytes;
-        const std::int64_t tile = read.first + k;
-        if (!buffered) {
-          if (!emit(pixels, read.shard, tile)) return;
-        } else if (used < capacity) {
-          std::memcpy(slots.data() + used * tile_bytes, pixels, tile_bytes);
-          slot_tiles[used++] = {read.shard, tile};
-        } else {
-          // Full: a random tile leaves the buffer and the incoming one takes its slot.
-          const auto j = static_cast<std::size_t>(uniform_below(rng, capacity));
-          std::uint8_t* slot = slots.data() + j * tile_bytes;
-          if (!emit(slot, slot_tiles[j].first, slot_tiles[j].second)) return;
-          std::memcpy(slot, pixels, tile_bytes);
-          slot_tiles[j] = {read.shard, tile};
+    if (!buffered) {
+      // Each block straight into the batches it falls in.
+      for (const Block& read : reads) {
+        for (std::int64_t k = 0; k < read.count;) {
+          if (cancelled() || emitted >= batches) return;
+          const auto room = static_cast<std::int64_t>(batch_size) - batch.size;
+          const std::int64_t n = std::min(read.count - k, room);
+          shards[read.shard].read_images(read.first + k, n,
+                                         batch.images.data() + static_cast<std::size_t>(batch.size) * tile_bytes);
+          for (std::int64_t t = 0; t < n; ++t) {
+            if (!emit(nullptr, read.shard, read.first + k + t)) return;
+          }
+          k += n;
         }
       }
+      push_partial();
+      return;
     }
-    while (used > 0) {
-      const auto j = static_cast<std::size_t>(uniform_below(rng, used));
-      std::uint8_t* slot = slots.data() + j * tile_bytes;
-      if (!emit(slot, slot_tiles[j].first, slot_tiles[j].second)) return;
-      --used;
-      if (j != used) {
-        std::memcpy(slot, slots.data() + used * tile_bytes, tile_bytes);
-        slot_tiles[j] = slot_tiles[used];
+
+    // The shuffle buffer: up to `capacity` slots (only as many as this rank's part needs are allocated).
+    const auto needed =
+        static_cast<std::size_t>(std::min<std::int64_t>(static_cast<std::int64_t>(capacity), part_size));
+    if (slot_count < needed) {
+      slots.reset();
+      slots = std::make_unique_for_overwrite<std::uint8_t[]>(needed * tile_bytes);
+      slot_count = needed;
+      slot_tiles.assign(needed, {0, 0});
+      slot_run.assign(needed, 0);
+    }
+    auto slot = [&](std::size_t j) { return slots.get() + j * tile_bytes; };
+    std::size_t used = 0;
+    std::uint32_t run = 0;
+    std::fill(slot_run.begin(), slot_run.end(), 0U);
+    std::vector<std::uint8_t*> destinations;
+    for (const Block& read : reads) {
+      if (cancelled()) return;
+      const ShardFile& shard = shards[read.shard];
+      std::int64_t k = 0;
+      if (used < capacity) {
+        // Filling: the block's tiles go to the next free slots, in one read.
+        const std::int64_t n = std::min(read.count, static_cast<std::int64_t>(capacity - used));
+        shard.read_images(read.first, n, slot(used));
+        for (std::int64_t t = 0; t < n; ++t) {
+          slot_tiles[used + static_cast<std::size_t>(t)] = {read.shard, read.first + t};
+        }
+        used += static_cast<std::size_t>(n);
+        k = n;
+      }
+      // Full: each incoming tile draws a slot whose tile leaves for the batch, and takes its place. A run of incoming
+      // tiles that drew distinct slots is read in one preadv straight into those slots, after their tiles left; a
+      // slot drawn twice ends the run (its second draw is kept for the next run), so the batches are exactly those
+      // of the tile-by-tile algorithm.
+      std::optional<std::size_t> held;
+      while (k < read.count) {
+        if (++run == 0) {  // wrapped: forget every earlier run
+          std::fill(slot_run.begin(), slot_run.end(), 0U);
+          run = 1;
+        }
+        destinations.clear();
+        while (k + static_cast<std::int64_t>(destinations.size()) < read.count) {
+          const std::size_t j = held ? *held : static_cast<std::size_t>(uniform_below(rng, capacity));
+          held.reset();
+          if (slot_run[j] == run) {
+            held = j;
+            break;
+          }
+          slot_run[j] = run;
+          if (!emit(slot(j), slot_tiles[j].first, slot_tiles[j].second)) return;
+          slot_tiles[j] = {read.shard, read.first + k + static_cast<std::int64_t>(destinations.size())};
+          destinations.push_back(slot(j));
+        }
+        shard.read_images(read.first + k, destinations);
+        k += static_cast<std::int64_t>(destinations.size());
       }
     }
-    if (batch.size > 0 && emitted < batches) push(std::move(batch));
+    // Drain: a random remaining tile leaves, the last one takes its place (by slot index, the pixels stay put).
+    std::vector<std::uint32_t> where(used);
+    std::iota(where.begin(), where.end(), 0U);
+    while (used > 0) {
+      const auto j = static_cast<std::size_t>(uniform_below(rng, used));
+      const std::size_t s = where[j];
+      if (!emit(slot(s), slot_tiles[s].first, slot_tiles[s].second)) return;
+      --used;
+      where[j] = where[used];
+    }
+    push_partial();
   }
 
   void run(std::vector<Block> reads, std::uint64_t buffer_seed) {
@@ -349,7 +437,9 @@ bool ShardDataset::next(Batch& batch) {
   std::unique_lock<std::mutex> lock(impl.mutex);
   impl.not_empty.wait(lock, [&] { return !impl.queue.empty() || impl.producer_done; });
   if (!impl.queue.empty()) {
-    batch = std::move(impl.queue.front());
+    // The caller's previous batch goes back to the worker for reuse.
+    std::swap(batch, impl.queue.front());
+    if (impl.spare.size() < impl.spare_limit()) impl.spare.push_back(std::move(impl.queue.front()));
     impl.queue.pop_front();
     lock.unlock();
     impl.not_full.notify_one();

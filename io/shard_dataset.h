@@ -1,12 +1,14 @@
 // The training reader over a shard folder.
 //
 // Tiles are grouped into blocks: runs of at most `block_size` consecutive tiles of one slide inside one
-// shard, so each block is one contiguous read. Every epoch the blocks of the selected slides are shuffled
-// with (seed, epoch); the shuffled tile sequence is cut into `world_size` equal, disjoint parts (the last
-// few tiles that do not divide evenly are left out of that epoch), and each rank reads its part block by
-// block through a shuffle buffer of `shuffle_buffer` tiles, so every batch mixes slides. A background
-// thread reads ahead `prefetch_batches` batches. The same seed, epoch, rank and world size give the same
-// batches. Train/validation split is by slide (the `slides` filter), never by tile.
+// shard, so each block is read front to back as contiguous file ranges (one read, or a few consecutive ones
+// where the shuffle buffer hands out a slot twice within the block). Every epoch the blocks of the selected
+// slides are shuffled with (seed, epoch); the shuffled tile sequence is cut into `world_size` equal, disjoint
+// parts (the last few tiles that do not divide evenly are left out of that epoch), and each rank reads its
+// part block by block through a shuffle buffer of `shuffle_buffer` tiles, so every batch mixes slides. Tiles
+// are read straight into their buffer slots (or, without a buffer, into the batch). A background thread reads
+// ahead `prefetch_batches` batches; batches handed back through next() are reused. The same seed, epoch, rank
+// and world size give the same batches. Train/validation split is by slide (the `slides` filter), never by tile.
 #pragma once
 
 #include <cstdint>

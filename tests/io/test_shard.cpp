@@ -543,6 +543,58 @@ TEST_F(ShardBroken, TruncatedAfterOpen) {
   }
 }
 
+// The scattered read (one preadv into separate buffers, as the shuffle buffer's free slots) gives each tile's
+// bytes, also past IOV_MAX tiles, and fails like the contiguous read.
+TEST_F(ShardBroken, ScatteredReadAndItsErrors) {
+  const auto shard = io::ShardFile::open(good_);
+  const std::size_t bytes = shard.tile_bytes();
+  std::vector<std::uint8_t> all(200 * bytes);
+  shard.read_images(0, 200, all.data());
+  // Destinations in reverse order, inside one buffer with gaps between them.
+  std::vector<std::uint8_t> slots(2 * 150 * bytes, 0xAB);
+  std::vector<std::uint8_t*> destinations;
+  for (std::size_t k = 0; k < 150; ++k) destinations.push_back(slots.data() + 2 * (149 - k) * bytes);
+  shard.read_images(40, destinations);
+  for (std::size_t k = 0; k < 150; ++k) {
+    ASSERT_TRUE(std::equal(destinations[k], destinations[k] + bytes,
+                           all.begin() + static_cast<std::ptrdiff_t>((40 + k) * bytes)))
+        << "tile " << 40 + k;
+    const std::uint8_t* gap = destinations[k] + bytes;
+    EXPECT_TRUE(std::all_of(gap, gap + bytes, [](std::uint8_t b) { return b == 0xAB; })) << "after tile " << 40 + k;
+  }
+  shard.read_images(200, std::vector<std::uint8_t*>{});  // nothing, at the end
+  EXPECT_THROW(shard.read_images(51, destinations), io::InternalError);
+  EXPECT_THROW(shard.read_images(-1, std::vector<std::uint8_t*>{slots.data()}), io::InternalError);
+
+  // More tiles than one preadv takes (IOV_MAX), from a shard of small tiles.
+  const std::string many = dir_.file("many.h5");
+  write_shard(many, 2500, 2);
+  const auto small = io::ShardFile::open(many);
+  std::vector<std::uint8_t> tiles(2500 * small.tile_bytes());
+  std::vector<std::uint8_t*> each;
+  for (std::size_t k = 0; k < 2500; ++k) each.push_back(tiles.data() + (2499 - k) * small.tile_bytes());
+  small.read_images(0, each);
+  for (std::int64_t i = 0; i < 2500; ++i) {
+    const auto expected = tile_pixels(i, 2);
+    ASSERT_TRUE(std::equal(expected.begin(), expected.end(), each[static_cast<std::size_t>(i)])) << "tile " << i;
+  }
+
+  // Truncated after open: the tiles still there read, the others fail naming the file.
+  const std::string path = dir_.file("shrinks-scattered.h5");
+  fs::copy_file(good_, path);
+  const auto shrinking = io::ShardFile::open(path);
+  fs::resize_file(path, shrinking.images_offset() + 50 * bytes + 10);
+  destinations.resize(20);
+  shrinking.read_images(30, destinations);
+  try {
+    shrinking.read_images(40, destinations);
+    FAIL() << "read past the end";
+  } catch (const io::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_EQ(e.message().rfind("truncated: expected at least", 0), 0u) << e.what();
+  }
+}
+
 TEST_F(ShardBroken, NotHdf5) {
   const std::string path = dir_.file("text.h5");
   std::ofstream(path) << "these are not the tiles you are looking for\n";

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -345,6 +347,141 @@ TEST_F(ShardDatasetTest, RestartWhilePrefetching) {
       },
       io::InternalError)
       << "next() before start_epoch()";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The naive twin: the epoch layout of shard_dataset.cpp's header comment, one tile at a time with plain vectors.
+// "Same seed, same batches" holds across builds and versions, so the optimized reader must give exactly these.
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t stream_seed(std::uint64_t seed, std::int64_t epoch, std::uint64_t stream) {
+  return splitmix64(splitmix64(splitmix64(seed) ^ static_cast<std::uint64_t>(epoch)) ^ stream);
+}
+
+std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t n) {
+  const std::uint64_t limit = (0 - n) % n;
+  for (;;) {
+    const std::uint64_t r = rng();
+    if (r >= limit) return r % n;
+  }
+}
+
+// `shards` as in write_folder; returns this rank's batches of global tile indices.
+std::vector<std::vector<std::int64_t>> reference_epoch(const std::vector<ShardSpec>& shards,
+                                                       const io::ShardDatasetOptions& o, std::int64_t epoch) {
+  // 1. Blocks: runs of one selected slide inside one shard, at most block_size tiles.
+  std::vector<std::vector<std::int64_t>> blocks;
+  std::int64_t global = 0;
+  for (const auto& shard : shards) {
+    std::vector<std::string> slide_of;
+    for (const auto& [id, count] : shard) slide_of.insert(slide_of.end(), static_cast<std::size_t>(count), id);
+    for (std::size_t i = 0; i < slide_of.size();) {
+      std::size_t end = i + 1;
+      while (end < slide_of.size() && end - i < static_cast<std::size_t>(o.block_size) &&
+             slide_of[end] == slide_of[i]) {
+        ++end;
+      }
+      if (o.slides.empty() || o.slides.contains(slide_of[i])) {
+        std::vector<std::int64_t> block;
+        for (std::size_t k = i; k < end; ++k) block.push_back(global + static_cast<std::int64_t>(k));
+        blocks.push_back(block);
+      }
+      i = end;
+    }
+    global += static_cast<std::int64_t>(slide_of.size());
+  }
+  // 2. Block order, shared by all ranks.
+  std::vector<std::uint32_t> order(blocks.size());
+  std::iota(order.begin(), order.end(), 0U);
+  if (o.shuffle) {
+    std::mt19937_64 rng(stream_seed(o.seed, epoch, 0));
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[uniform_below(rng, i)]);
+  }
+  std::vector<std::int64_t> sequence;
+  for (const auto b : order) sequence.insert(sequence.end(), blocks[b].begin(), blocks[b].end());
+  // 3. This rank's part.
+  const auto total = static_cast<std::int64_t>(sequence.size());
+  const std::int64_t world = o.world_size;
+  const std::int64_t begin = o.shuffle ? o.rank * (total / world) : o.rank * total / world;
+  const std::int64_t end = o.shuffle ? begin + total / world : (o.rank + 1) * total / world;
+  std::vector<std::int64_t> part(sequence.begin() + begin, sequence.begin() + end);
+  // 4. Shuffle buffer: fill, then each incoming tile replaces a random one that leaves; then drain.
+  std::vector<std::int64_t> out;
+  if (o.shuffle && o.shuffle_buffer > 1) {
+    std::mt19937_64 rng(stream_seed(o.seed, epoch, 1 + static_cast<std::uint64_t>(o.rank)));
+    const auto capacity = static_cast<std::size_t>(o.shuffle_buffer);
+    std::vector<std::int64_t> buffer;
+    for (const auto incoming : part) {
+      if (buffer.size() < capacity) {
+        buffer.push_back(incoming);
+      } else {
+        const auto j = uniform_below(rng, capacity);
+        out.push_back(buffer[j]);
+        buffer[j] = incoming;
+      }
+    }
+    while (!buffer.empty()) {
+      const auto j = uniform_below(rng, buffer.size());
+      out.push_back(buffer[j]);
+      buffer[j] = buffer.back();
+      buffer.pop_back();
+    }
+  } else {
+    out = part;
+  }
+  // 5. Batches.
+  const std::int64_t batch = o.batch_size;
+  const std::int64_t batches =
+      o.drop_last ? total / world / batch : (static_cast<std::int64_t>(part.size()) + batch - 1) / batch;
+  std::vector<std::vector<std::int64_t>> result;
+  for (std::int64_t b = 0; b < batches; ++b) {
+    const auto from = out.begin() + b * batch;
+    result.emplace_back(from,
+                        out.begin() + std::min<std::int64_t>((b + 1) * batch, static_cast<std::int64_t>(out.size())));
+  }
+  return result;
+}
+
+TEST_F(ShardDatasetTest, EpochsMatchTheNaiveLayout) {
+  struct Case {
+    int batch, block, buffer, rank, world;
+    bool shuffle, drop_last;
+    std::set<std::string> slides;
+  };
+  const std::vector<Case> cases = {
+      {16, 8, 50, 0, 1, true, true, {}},         {16, 8, 50, 1, 2, true, false, {}},
+      {7, 13, 1000, 2, 3, true, false, {}},      {5, 64, 2, 0, 1, true, true, {}},
+      {16, 8, 0, 1, 3, true, true, {}},          {16, 8, 1, 0, 2, true, false, {}},
+      {13, 300, 30, 0, 1, true, false, {}},      {16, 8, 50, 1, 2, false, false, {}},
+      {9, 5, 17, 0, 2, true, false, {"B", "E"}}, {1, 1, 437, 0, 1, true, true, {}},
+      {64, 64, 2048, 0, 1, true, false, {}},
+  };
+  for (const auto& c : cases) {
+    auto options = small_options();
+    options.batch_size = c.batch;
+    options.block_size = c.block;
+    options.shuffle_buffer = c.buffer;
+    options.rank = c.rank;
+    options.world_size = c.world;
+    options.shuffle = c.shuffle;
+    options.drop_last = c.drop_last;
+    options.slides = c.slides;
+    io::ShardDataset dataset(folder_.path, options);
+    for (const std::int64_t epoch : {0, 9}) {
+      std::ostringstream trace;
+      trace << "batch " << c.batch << " block " << c.block << " buffer " << c.buffer << " rank " << c.rank << "/"
+            << c.world << " shuffle " << c.shuffle << " drop_last " << c.drop_last << " slides " << c.slides.size()
+            << " epoch " << epoch;
+      SCOPED_TRACE(trace.str());
+      EXPECT_EQ(run_epoch(dataset, folder_, epoch), reference_epoch(standard, options, epoch));
+    }
+  }
 }
 
 TEST_F(ShardDatasetTest, RejectsBadOptions) {
