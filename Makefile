@@ -38,6 +38,10 @@ bench: build
 	@scripts/install-deps.sh --bench
 	@$(BUILD)/app/tessera bench peak
 	@$(BUILD)/app/tessera bench tile
+	@$(BUILD)/app/tessera bench train --model compact --size 96 --batch 64
+	@$(BUILD)/app/tessera bench infer --model compact --size 96 --batch 64
+	@$(BUILD)/app/tessera bench train --model resnet18 --size 96 --batch 64
+	@$(BUILD)/app/tessera bench infer --model resnet18 --size 96 --batch 64
 
 format:
 	@git ls-files '*.cpp' '*.h' | xargs clang-format -i

@@ -7,6 +7,7 @@
 
 #include "app/bench.h"
 #include "app/cli.h"
+#include "engine/models/registry.h"
 #include "engine/peak.h"
 #include "io/comm.h"
 #include "io/error.h"
@@ -34,6 +35,27 @@ int run_peak(const PeakOptions& options) {
   return io::exit_ok;
 }
 
+// The options `bench train` and `bench infer` share.
+CLI::App* add_model_bench(CLI::App& command, const char* name, const char* description, ModelBenchOptions& o) {
+  CLI::App* cmd = command.add_subcommand(name, description);
+  cmd->add_option("--model", o.model, "Model architecture")->check(CLI::IsMember(engine::model_names()))
+      ->capture_default_str();
+  cmd->add_option("--size", o.size, "Input edge in px")->check(CLI::Range(1, 4096))->capture_default_str();
+  cmd->add_option("--batch", o.batch, "Images per step")->check(CLI::Range(1, 65536))->capture_default_str();
+  cmd->add_option("--threads", o.threads, "Threads for both frameworks (0 = all cores)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--seconds", o.seconds, "Minimum measuring time of each framework, over all rounds")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--rounds", o.rounds, "Alternating Tessera / PyTorch rounds (medians are reported)")
+      ->check(CLI::Range(1, 100))->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Untimed steps before measuring")->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  cmd->add_flag("--no-torch{false}", o.torch, "Do not run PyTorch (scripts/bench_torch.py)");
+  cmd->add_flag("--profile", o.profile, "Per-layer forward and backward times of Tessera's model");
+  cmd->add_flag("--json", o.json, "One JSON object instead of the table");
+  return cmd;
+}
+
 }  // namespace
 
 Action setup_bench(CLI::App& command) {
@@ -59,11 +81,24 @@ Action setup_bench(CLI::App& command) {
   tile_cmd->add_option("--mpp", tile->mpp, "Tile resolution in um/px")->check(CLI::Range(0.25, 16.0))
       ->capture_default_str();
   tile_cmd->add_option("--workdir", tile->workdir, "Folder for slides, shards and the log")->capture_default_str();
+  tile_cmd->add_option("--rounds", tile->rounds, "Alternated rounds of the tiling measurements (best of each)")
+      ->check(CLI::Range(1, 100))->capture_default_str();
+  tile_cmd->add_option("--read-mb", tile->read_set_mb, "Least size of the shard set the readers are compared on")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
 
-  return [peak, peak_cmd, tile, tile_cmd]() -> int {
+  auto train = std::make_shared<ModelBenchOptions>();
+  CLI::App* train_cmd = add_model_bench(
+      command, "train", "Training speed of a model (images/s, GFLOP/s, fraction of peak) vs PyTorch", *train);
+  auto infer = std::make_shared<ModelBenchOptions>();
+  CLI::App* infer_cmd = add_model_bench(
+      command, "infer", "Inference speed of a model (batch norm folded) vs PyTorch under inference_mode", *infer);
+
+  return [peak, peak_cmd, tile, tile_cmd, train, train_cmd, infer, infer_cmd]() -> int {
     if (!io::Comm::world().is_root()) return io::exit_ok;
     if (peak_cmd->parsed()) return run_peak(*peak);
     if (tile_cmd->parsed()) return run_bench_tile(*tile);
+    if (train_cmd->parsed()) return run_bench_model(ModelBenchKind::train, *train);
+    if (infer_cmd->parsed()) return run_bench_model(ModelBenchKind::infer, *infer);
     return io::exit_usage;
   };
 }

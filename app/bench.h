@@ -11,8 +11,29 @@ struct TileBenchOptions {
   int tile_size = 96;
   double mpp = 1.0;
   std::string workdir = "data/bench-tile";
+  int rounds = 5;         // alternated rounds of the tiling measurements (best of each)
+  int read_set_mb = 512;  // least size of the shard set the readers are compared on
 };
 
 int run_bench_tile(const TileBenchOptions& options);
+
+// `tessera bench train` and `tessera bench infer` (bench_train.cpp): a model's images/s on synthetic data,
+// as GFLOP/s and a fraction of the sgemm peak measured in the same run, against PyTorch on the same machine.
+enum class ModelBenchKind { train, infer };
+
+struct ModelBenchOptions {
+  std::string model = "compact";  // a name of the model registry
+  int size = 96;                  // input edge in px
+  int batch = 64;
+  int threads = 0;                // 0 = all cores this process may use
+  double seconds = 4.0;           // minimum measuring time of each framework, split over the rounds
+  int rounds = 4;                 // alternating Tessera / PyTorch measurements (A B, B A, ...); medians
+  int warmup = 2;                 // untimed steps before measuring (the first builds the primitives)
+  bool torch = true;              // compare with PyTorch (scripts/bench_torch.py)
+  bool profile = false;           // per-layer times of Tessera's model
+  bool json = false;              // one JSON object on stdout instead of the table
+};
+
+int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& options);
 
 }  // namespace tessera::app

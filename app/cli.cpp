@@ -12,6 +12,8 @@ const std::vector<Verb>& verbs() {
       {"tile", "Tile slides with tumour annotations into contiguous HDF5 shards of labelled tiles (parallel)",
        setup_tile},
       {"train", "Train a tumour/normal CNN on tile shards (oneDNN; one replica per MPI rank)", setup_train},
+      {"predict", "Score the tiles of shards with a trained checkpoint: P(tumour) per tile as CSV, AUC summary",
+       setup_predict},
       {"info", "Show a slide's vendor, pyramid levels, resolution and associated images", setup_info},
       {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
   };

@@ -48,6 +48,7 @@ Action setup_info(CLI::App& command);
 Action setup_synth(CLI::App& command);
 Action setup_tile(CLI::App& command);
 Action setup_train(CLI::App& command);
+Action setup_predict(CLI::App& command);
 Action setup_bench(CLI::App& command);
 
 }  // namespace tessera::app

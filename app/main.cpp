@@ -1,4 +1,6 @@
 // tessera — one program, one verb per stage. See README.md for the verbs and the exit codes.
+#include <malloc.h>
+
 #include <cstdio>
 #include <exception>
 #include <optional>
@@ -74,6 +76,12 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Decoded slide tiles, read windows and activation buffers are a few hundred KB to tens of MB and are
+  // allocated again and again. glibc serves blocks over 128 KB with fresh mmaps, each paying page faults on
+  // first touch; keeping blocks up to 32 MB on the heap (and up to 64 MB of free heap before trimming) lets
+  // them be reused. Measured on `tessera bench tile`: extraction CPU time 0.18 s → 0.08 s at 96 px.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
   std::optional<io::MpiSession> mpi;
   try {
     mpi.emplace(&argc, &argv);

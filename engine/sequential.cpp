@@ -34,13 +34,29 @@ dnnl::memory::desc Sequential::do_setup(const dnnl::memory::desc& src) {
 
 const Tensor& Sequential::do_forward(const Tensor& src) {
   const Tensor* x = &src;
-  for (auto& child : children_) x = &child->forward(*x);
+  if (observer_ == nullptr) {
+    for (auto& child : children_) x = &child->forward(*x);
+    return *x;
+  }
+  for (auto& child : children_) {
+    observer_->begin(*child, ModuleObserver::Pass::forward);
+    x = &child->forward(*x);
+    observer_->end(*child, ModuleObserver::Pass::forward);
+  }
   return *x;
 }
 
 const Tensor& Sequential::do_backward(const Tensor& diff_dst) {
   const Tensor* g = &diff_dst;
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it) g = &(*it)->backward(*g);
+  if (observer_ == nullptr) {
+    for (auto it = children_.rbegin(); it != children_.rend(); ++it) g = &(*it)->backward(*g);
+    return *g;
+  }
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+    observer_->begin(**it, ModuleObserver::Pass::backward);
+    g = &(*it)->backward(*g);
+    observer_->end(**it, ModuleObserver::Pass::backward);
+  }
   return *g;
 }
 

@@ -19,6 +19,18 @@
 
 namespace tessera::engine {
 
+// Watches a Sequential run its children, e.g. a profiler timing each child's forward and backward
+// (`tessera bench train --profile`). Sequentials have none by default, so the hot path pays one pointer test
+// per child. The calls come right before and after the child's own forward/backward; oneDNN's CPU stream is
+// synchronous (context.h), so the time between them is the child's.
+class ModuleObserver {
+ public:
+  enum class Pass { forward, backward };
+  virtual ~ModuleObserver() = default;
+  virtual void begin(const Module& child, Pass pass) = 0;
+  virtual void end(const Module& child, Pass pass) = 0;
+};
+
 class Sequential : public Module {
  public:
   explicit Sequential(std::string name) : Module(std::move(name)) {}
@@ -48,6 +60,10 @@ class Sequential : public Module {
   void set_propagate_down(bool propagate) override;
   void collect(std::vector<Param*>& params, std::vector<Buffer*>& buffers) override;
 
+  // Reports this Sequential's children to `observer` (nullptr: to nobody). Nested Sequentials keep their own
+  // observer: set it on each level to be seen into. The observer must outlive its use.
+  void set_observer(ModuleObserver* observer) { observer_ = observer; }
+
  protected:
   dnnl::memory::desc do_setup(const dnnl::memory::desc& src) override;
   const Tensor& do_forward(const Tensor& src) override;
@@ -55,6 +71,7 @@ class Sequential : public Module {
 
  private:
   std::vector<std::unique_ptr<Module>> children_;
+  ModuleObserver* observer_ = nullptr;
 };
 
 }  // namespace tessera::engine

@@ -2,26 +2,77 @@
 //
 // The training loop (engine/trainer.h) runs, per step: forward → loss → backward → strategy.reduce_gradients →
 // optimizer step → strategy.after_update. A strategy plugs into those two points only, so the loop reads the
-// same for one process and for many (STYLE.md item 4).
+// same for one process and for many (STYLE.md item 4). Validation and checkpoints see the model through
+// with_evaluation_model(), and a checkpoint carries what save_state() adds.
 //
 //   allreduce   synchronous data parallelism: before every update the gradients are averaged over all ranks
 //               (one fused allreduce of all gradients), so every replica takes the same step and stays
-//               identical. On one rank it does nothing.
+//               identical. On one rank it does nothing. Evaluated and saved: the replica.
 //
-// Every strategy starts from identical replicas (rank 0's parameters and buffers broadcast) and names the
-// parameters to evaluate and checkpoint (for allreduce: the replica itself).
+//   easgd       synchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015), decentralized: every rank
+//               keeps its own copy of the centre variable x̃ and trains its replica x_i on its own gradients
+//               (nothing is averaged per step). Every τ steps one allreduce of the elastic differences:
+//                   d_i = α (x_i − x̃)          (this rank, element-wise, float)
+//                   x_i ← x_i − d_i            (the elastic pull, on the weights, outside the momentum buffer)
+//                   x̃  ← x̃ + Σ_i d_i          (identical on every rank: one allreduce of d)
+//               with α = β / p (β = distributed.beta, 0.9 by default; a fixed α with growing p makes β = pα > 2
+//               and the centre unstable), unless distributed.alpha > 0 gives α directly. Every
+//               center_sync_every exchanges rank 0 re-broadcasts x̃, so float differences between the ranks'
+//               reductions cannot make the copies drift apart.
+//               Batch-norm running statistics (running_mean, running_var) are averaged into the centre exactly
+//               like the parameters: the centre then carries statistics of its replicas' activations, which is
+//               what it is validated with, without a recalibration pass over the data (the centre's own
+//               activations differ a little from each replica's; with the small elastic distance EASGD keeps,
+//               the difference is far below what a recalibration would be worth at every validation).
+//               Evaluated and saved: the centre (parameters and running statistics). A checkpoint's /params and
+//               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
+//               centre's parameters (DESIGN.md). On resume every replica starts again from the centre, with the
+//               momentum rank 0 had: the replicas' own deviations are not in the file, so a resumed EASGD run
+//               does not repeat the uninterrupted one bit for bit (a run with the same seed and rank count does).
+//
+// Every strategy starts from identical replicas (rank 0's parameters and buffers broadcast). Every rank must call
+// every strategy method the same number of times (each may be collective): the trainer gives every rank the
+// same number of steps.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/parameters.h"
+#include "io/checkpoint.h"
 #include "io/comm.h"
+#include "io/config.h"
 
 namespace tessera::engine {
+
+// Settings of the strategies (the job's distributed.* keys); each strategy reads the ones it uses.
+struct StrategyOptions {
+  int tau = 8;                  // easgd: optimizer steps between two exchanges, ≥ 1
+  double beta = 0.9;            // easgd: β = p·α, in [0, 1]
+  double alpha = 0.0;           // easgd: the moving rate α itself when > 0 (then β is ignored), ≤ 1
+  int center_sync_every = 100;  // easgd: rank 0 re-broadcasts the centre every N exchanges (0 = never)
+};
+
+// What a strategy's communication cost this rank so far.
+// Every collective is preceded by a barrier, so that the time a rank waits for the slowest one to arrive is told
+// apart from the time the data takes to move (a barrier costs a few microseconds on shared memory).
+struct CommStats {
+  double seconds = 0.0;        // wall time moving data: inside collectives, once every rank has arrived
+  double wait_seconds = 0.0;   // wall time waiting for the other ranks to arrive at a collective
+  std::int64_t bytes = 0;      // payload this rank handed to collectives (a ring allreduce of n bytes sends
+                               // about 2(p−1)/p · n per rank)
+  std::int64_t exchanges = 0;  // collective rounds (allreduces and centre broadcasts)
+
+  CommStats operator-(const CommStats& earlier) const {
+    return {seconds - earlier.seconds, wait_seconds - earlier.wait_seconds, bytes - earlier.bytes,
+            exchanges - earlier.exchanges};
+  }
+};
 
 class Strategy {
  public:
@@ -33,15 +84,35 @@ class Strategy {
   virtual const char* name() const = 0;
   const io::Comm& comm() const { return comm_; }
 
-  // Makes every replica equal to rank 0's (parameters and buffers). Called once before training.
+  // Makes every replica equal to rank 0's (parameters and buffers). Called once before training, after a resumed
+  // run has loaded its checkpoint (and load_state). Not counted in stats().
   virtual void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
   // Between backward and the optimizer's update.
   virtual void reduce_gradients(const std::vector<Param*>& params) = 0;
-  // After the optimizer's update number `step` (1-based).
-  virtual void after_update(const std::vector<Param*>& params, std::int64_t step) = 0;
+  // After the optimizer's update number `step` (1-based, counted over the whole run including before a resume).
+  virtual void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                            std::int64_t step) = 0;
+
+  // Runs `fn` while the parameters and buffers hold the model to validate and save (the replica for allreduce,
+  // the centre for easgd), and puts the replica back afterwards, also when `fn` throws. Not collective.
+  virtual void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                                     const std::function<void()>& fn);
+  // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center), and takes it back from
+  // a checkpoint being resumed (before initialize()). A checkpoint without it leaves the strategy to start from
+  // the loaded weights.
+  virtual void save_state(const std::vector<Param*>& /*params*/, io::Checkpoint& /*checkpoint*/) const {}
+  virtual void load_state(const io::Checkpoint& /*checkpoint*/, const std::vector<Param*>& /*params*/) {}
+
+  // Communication so far (this rank).
+  const CommStats& stats() const { return stats_; }
 
  protected:
+  // Runs one collective `fn` moving `bytes` of payload after a barrier, and counts both in stats().
+  template <class F>
+  void timed(std::size_t bytes, F&& fn);
+
   const io::Comm& comm_;
+  CommStats stats_;
 };
 
 class AllreduceStrategy final : public Strategy {
@@ -49,21 +120,79 @@ class AllreduceStrategy final : public Strategy {
   using Strategy::Strategy;
   const char* name() const override { return "allreduce"; }
   void reduce_gradients(const std::vector<Param*>& params) override;
-  void after_update(const std::vector<Param*>&, std::int64_t) override {}
+  void after_update(const std::vector<Param*>&, const std::vector<Buffer*>&, std::int64_t) override {}
 
  private:
   std::vector<float> flat_;  // all gradients, packed for one allreduce
+};
+
+class EasgdStrategy final : public Strategy {
+ public:
+  // Throws ConfigError (keys "distributed.*") on options out of range.
+  EasgdStrategy(const io::Comm& comm, const StrategyOptions& options);
+  const char* name() const override { return "easgd"; }
+
+  void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override;
+  void reduce_gradients(const std::vector<Param*>&) override {}
+  // Every tau-th step: exchange().
+  void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, std::int64_t step) override;
+  void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                             const std::function<void()>& fn) override;
+  void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
+  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
+
+  // One elastic exchange now (collective), as described at the top. initialize() must have run.
+  void exchange(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
+  // Rank 0's centre to every rank (collective). after_update() calls it after every center_sync_every-th
+  // exchange of the run (counted from step 0, so a resumed run keeps the schedule).
+  void sync_center();
+
+  float alpha() const { return alpha_; }
+  int tau() const { return options_.tau; }
+  // The centre: every parameter's values, then every buffer's, in the order initialize() was given them.
+  const std::vector<float>& center() const { return center_; }
+
+ private:
+  // Throws InternalError when the tensors are not the ones initialize() saw (count or sizes).
+  void check_layout(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) const;
+
+  StrategyOptions options_;
+  float alpha_ = 0.0f;
+  std::vector<std::size_t> sizes_;          // element count of each parameter, then of each buffer
+  std::vector<float> center_;               // x̃, flat (see center())
+  std::vector<float> flat_;                 // the elastic differences d, then their sum
+  std::vector<std::vector<float>> loaded_;  // the centre's parameters from a checkpoint, until initialize()
 };
 
 // The one list of strategies (STYLE.md item 5).
 struct StrategyEntry {
   const char* name;
   const char* doc;
-  std::unique_ptr<Strategy> (*make)(const io::Comm& comm);
+  std::unique_ptr<Strategy> (*make)(const io::Comm& comm, const StrategyOptions& options);
 };
 std::span<const StrategyEntry> strategy_registry();
 std::vector<std::string> strategy_names();
 // An unknown name is a ConfigError on key "distributed.strategy" listing the known ones.
-std::unique_ptr<Strategy> make_strategy(const std::string& name, const io::Comm& comm);
+std::unique_ptr<Strategy> make_strategy(const std::string& name, const io::Comm& comm,
+                                        const StrategyOptions& options = {});
+
+// The job's distributed.* keys (strategy, tau, beta, alpha, center_sync_every); returns `schema`.
+io::Schema& declare_strategy_keys(io::Schema& schema);
+StrategyOptions strategy_options(const io::Config& config);
+
+// --------------------------------------------------------------------------------------------------------------
+
+template <class F>
+void Strategy::timed(std::size_t bytes, F&& fn) {
+  using clock = std::chrono::steady_clock;
+  const auto arrived = clock::now();
+  if (comm_.size() > 1) comm_.barrier();
+  const auto start = clock::now();
+  fn();
+  stats_.wait_seconds += std::chrono::duration<double>(start - arrived).count();
+  stats_.seconds += std::chrono::duration<double>(clock::now() - start).count();
+  stats_.bytes += static_cast<std::int64_t>(bytes);
+  ++stats_.exchanges;
+}
 
 }  // namespace tessera::engine

@@ -1,6 +1,7 @@
 #include "engine/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -59,8 +60,8 @@ const io::Schema& train_schema() {
                1000000000)
       .integer("train.log_every", 20, "Log the training loss every N steps", 1, 1000000)
       .string("train.resume", "",
-              "Resume from this checkpoint; 'auto' = the output folder's checkpoint.h5 when it exists")
-      .string("distributed.strategy", "allreduce", "How the ranks' replicas stay together", {"allreduce"});
+              "Resume from this checkpoint; 'auto' = the output folder's checkpoint.h5 when it exists");
+  declare_strategy_keys(schema);
   declare_optim_keys(schema);
   prep::declare_augment_schema(schema);
   return schema;
@@ -136,6 +137,40 @@ void append_line(const fs::path& path, const std::string& line) {
 }
 
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
+
+// The training steps of one epoch (this run): their wall time, and the parts of it spent in the strategy's
+// collectives moving data and waiting for the other ranks to arrive (CommStats); means over the ranks. Collective.
+struct StepTiming {
+  std::int64_t steps = 0;
+  double seconds = 0.0;
+  double comm_seconds = 0.0;
+  double wait_seconds = 0.0;
+  double comm_bytes = 0.0;  // payload per rank
+};
+
+StepTiming step_timing(const io::Comm& comm, clock_type::duration elapsed, std::int64_t steps, const CommStats& c) {
+  std::array<double, 4> sums = {std::chrono::duration<double>(elapsed).count(), c.seconds, c.wait_seconds,
+                                static_cast<double>(c.bytes)};
+  comm.allreduce(sums.data(), sums.size(), io::ReduceOp::sum);
+  const double ranks = comm.size();
+  return {steps, sums[0] / ranks, sums[1] / ranks, sums[2] / ranks, sums[3] / ranks};
+}
+
+// metrics.jsonl's "timing" line: per step, seconds in total, in computation (everything but the strategy's
+// collectives: data, forward, backward, update), in communication and in waiting for other ranks; the fractions
+// of the step time communicating and waiting; the payload bytes each rank sent.
+std::string timing_json(const StepTiming& t, std::int64_t epoch, std::int64_t step, std::int64_t global_batch) {
+  const double n = static_cast<double>(std::max<std::int64_t>(t.steps, 1));
+  const double total = std::max(t.seconds, 1e-12);
+  return fmt::format(R"({{"kind": "timing", "epoch": {}, "step": {}, "steps": {}, "step_s": {}, "compute_s": {}, )"
+                     R"("comm_s": {}, "wait_s": {}, "comm_fraction": {}, "wait_fraction": {}, )"
+                     R"("comm_bytes_per_step": {}, "images_per_s": {}}})",
+                     epoch, step, t.steps, json_number(t.seconds / n),
+                     json_number((t.seconds - t.comm_seconds - t.wait_seconds) / n), json_number(t.comm_seconds / n),
+                     json_number(t.wait_seconds / n), json_number(t.comm_seconds / total),
+                     json_number(t.wait_seconds / total), json_number(t.comm_bytes / n),
+                     json_number(static_cast<double>(t.steps * global_batch) / total));
+}
 
 }  // namespace
 
@@ -215,7 +250,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   shape.total_steps = total_steps;
   auto optimizer = build_optimizer(config);
   auto schedule = build_schedule(config, shape);
-  auto strategy = make_strategy(config.get_string("distributed.strategy"), comm);
+  auto strategy = make_strategy(config.get_string("distributed.strategy"), comm, strategy_options(config));
 
   // Resume.
   std::int64_t step = 0;
@@ -234,6 +269,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     if (!checkpoint.optimizer.empty()) {
       optimizer->load_state(from_checkpoint_state(checkpoint.optimizer), params, resume);
     }
+    strategy->load_state(checkpoint, params);
     step = checkpoint.meta.step;
     epoch = checkpoint.meta.epoch;
     if (const auto it = checkpoint.state.find("batch_in_epoch"); it != checkpoint.state.end()) {
@@ -262,7 +298,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   comm.barrier();
 
   auto write_checkpoint = [&](const fs::path& path, std::int64_t batch_position) {
-    // Every replica is identical under allreduce: rank 0 writes.
+    // What is saved (the replica under allreduce, the centre under easgd) is the same everywhere: rank 0 writes.
     if (!comm.is_root()) return;
     io::Checkpoint checkpoint;
     checkpoint.meta.architecture = model_options.architecture;
@@ -274,7 +310,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     checkpoint.meta.config_yaml = config.to_yaml();
     checkpoint.meta.step = step;
     checkpoint.meta.epoch = epoch;
-    store_checkpoint_tensors(params, buffers, checkpoint);
+    strategy->with_evaluation_model(params, buffers, [&] { store_checkpoint_tensors(params, buffers, checkpoint); });
+    strategy->save_state(params, checkpoint);
     checkpoint.optimizer = to_checkpoint_state(optimizer->name(), step, optimizer->state(), params);
     checkpoint.state["batch_in_epoch"] = batch_position;
     checkpoint.state["seed"] = static_cast<std::uint64_t>(seed);
@@ -311,6 +348,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     for (std::int64_t b = 0; b < batch_in_epoch; ++b) {
       if (!train_data.next(batch)) break;
     }
+    const auto t_steps = clock_type::now();
+    const CommStats comm_before = strategy->stats();
     while (step < total_steps && train_data.next(batch)) {
       train_inputs.build(batch, seed, epoch, input);
       labels.assign(batch.labels.begin(), batch.labels.end());
@@ -325,7 +364,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       optimizer->step(params, last_lr);
       ++step;
       ++batch_in_epoch;
-      strategy->after_update(params, step);
+      strategy->after_update(params, buffers, step);
 
       if (!std::isfinite(batch_loss)) {
         throw io::InternalError(fmt::format("the training loss is {} at step {}: lower optimizer.lr or check the data",
@@ -354,6 +393,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       }
       if (checkpoint_every > 0 && step % checkpoint_every == 0) write_checkpoint(out / "checkpoint.h5", batch_in_epoch);
     }
+    const StepTiming timing =
+        step_timing(comm, clock_type::now() - t_steps, epoch_steps, strategy->stats() - comm_before);
     const bool epoch_done = !(step >= total_steps && batch_in_epoch < steps_per_epoch);
     if (epoch_done) {
       ++epoch;
@@ -362,7 +403,9 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
 
     // Validation and the epoch's checkpoint.
     BinaryEvaluation val;
-    if (val_data) val = validate(*model, *val_data, val_scorer, comm);
+    if (val_data) {
+      strategy->with_evaluation_model(params, buffers, [&] { val = validate(*model, *val_data, val_scorer, comm); });
+    }
     const double train_loss =
         comm.allreduce_value(epoch_steps > 0 ? epoch_loss / static_cast<double>(epoch_steps) : 0.0, io::ReduceOp::sum) /
         comm.size();
@@ -373,6 +416,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     result.final_val_accuracy = val.accuracy();
     const double elapsed = std::chrono::duration<double>(clock_type::now() - t_start).count();
     if (comm.is_root()) {
+      append_line(out / "metrics.jsonl", timing_json(timing, epoch, step, shape.global_batch));
       append_line(out / "metrics.jsonl",
                   fmt::format(R"({{"kind": "val", "epoch": {}, "step": {}, "loss": {}, "accuracy": {}, "auc": {}, "tiles": {}}})",
                               epoch, step, json_number(val.loss()), json_number(val.accuracy()),

@@ -7,11 +7,16 @@
 //   epoch a validation pass over the held-out slides (loss, accuracy, patch-level ROC AUC).
 //
 // Outputs in `output`: checkpoint.h5 (the latest; also checkpoint-epoch-NNN.h5 per epoch), metrics.jsonl
-// (one JSON object per log line and per validation), metrics.csv (one row per epoch), train.config.yaml.
+// (one JSON object per log line, per validation, and per epoch a "timing" line splitting the step time into
+// computation, the strategy's communication and waiting for other ranks, with the bytes sent), metrics.csv
+// (one row per epoch), train.config.yaml. Validation and checkpoints use the strategy's evaluation model
+// (engine/strategy.h: the replica under allreduce, the EASGD centre under easgd).
 //
 // Determinism: the same job, seed and rank count give the same weights, bit for bit, and a run resumed from a
 // checkpoint continues exactly as the uninterrupted run would have (the data order, the augmentation of every
 // tile, the optimizer state and the step all come back; models with dropout draw their masks from (seed, step)).
+// Under easgd a resumed run restarts every replica from the saved centre (strategy.h), so only the uninterrupted
+// run is bit-reproducible.
 #pragma once
 
 #include <cstdint>

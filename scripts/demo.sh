@@ -22,9 +22,15 @@ echo "== 4. a tumour/normal CNN trained on the tiles (tessera train, ${ranks} ra
 mpirun -n "$ranks" --oversubscribe "$tessera" train configs/train-demo.yaml --set train.resume=auto
 
 echo
+echo "== 5. the trained model on the held-out test slides (tessera predict, ${ranks} ranks)"
+mpirun -n "$ranks" --oversubscribe "$tessera" predict --checkpoint data/demo/train/checkpoint.h5 \
+  --shards data/demo/shards --splits test --out data/demo/predictions/test.csv
+
+echo
 echo "Demo done."
 echo "  slides, ASAP XML and QuPath GeoJSON annotations: data/demo/slides/"
 echo "  slide list with labels and splits:               data/demo/dataset.csv"
 echo "  slide previews with the ground truth outlined:    data/demo/previews/"
 echo "  training shards and their manifest:              data/demo/shards/ (tiling previews in shards/previews/)"
 echo "  the trained model and its learning curve:        data/demo/train/ (checkpoint.h5, metrics.csv)"
+echo "  P(tumour) per test tile and the test AUC:        data/demo/predictions/ (test.csv, test.json)"

@@ -126,6 +126,49 @@ TEST(Sequential, ChainGradientsMatchCentralDifferences) {
   }
 }
 
+// Records what a Sequential reports, as "+features.0 f" (begin, forward) and "-features.0 b" (end, backward).
+class Recorder final : public ModuleObserver {
+ public:
+  void begin(const Module& child, Pass pass) override { events.push_back(text('+', child, pass)); }
+  void end(const Module& child, Pass pass) override { events.push_back(text('-', child, pass)); }
+  std::vector<std::string> events;
+
+ private:
+  static std::string text(char what, const Module& child, Pass pass) {
+    std::string t(1, what);
+    t += child.name();
+    t += pass == Pass::forward ? " f" : " b";
+    return t;
+  }
+};
+
+TEST(Sequential, ObserverSeesEachChildAroundItsForwardAndBackwardWithoutChangingResults) {
+  Sequential seq("features");
+  build(seq);
+  Sequential plain("features");
+  build(plain);
+  Recorder recorder;
+  seq.set_observer(&recorder);
+  const dims_t dims = {2, 3, 7, 9};
+  const auto src = gradcheck::random_vector(static_cast<std::size_t>(product(dims)), 12);
+  const Tensor& y = seq.forward(make_tensor(dims, src));
+  const Tensor& y_plain = plain.forward(make_tensor(dims, src));
+  EXPECT_EQ(y.to_plain(), y_plain.to_plain());
+  EXPECT_EQ(recorder.events,
+            (std::vector<std::string>{"+features.0 f", "-features.0 f", "+features.1 f", "-features.1 f",
+                                      "+features.2 f", "-features.2 f", "+features.3 f", "-features.3 f"}));
+  recorder.events.clear();
+  const Tensor dy = make_tensor(y.dims(), gradcheck::random_vector(static_cast<std::size_t>(y.numel()), 13));
+  EXPECT_EQ(seq.backward(dy).to_plain(), plain.backward(dy).to_plain());
+  EXPECT_EQ(recorder.events,
+            (std::vector<std::string>{"+features.3 b", "-features.3 b", "+features.2 b", "-features.2 b",
+                                      "+features.1 b", "-features.1 b", "+features.0 b", "-features.0 b"}));
+  recorder.events.clear();
+  seq.set_observer(nullptr);
+  seq.forward(make_tensor(dims, src));
+  EXPECT_TRUE(recorder.events.empty());
+}
+
 TEST(Sequential, BackwardBeforeForwardIsAnError) {
   Sequential seq("features");
   build(seq);

@@ -1,0 +1,339 @@
+// `tessera predict [job.yaml]`: P(tumour) for every tile of a shard folder with a trained checkpoint.
+//
+// The model comes from the checkpoint alone (/meta: architecture, input size, classes), in eval mode with batch
+// norm folded; tiles go through the same input normalisation as the trainer's validation (engine/inference.h),
+// in shard order, without augmentation. Under mpirun each rank scores a contiguous part of the tile sequence and
+// rank 0 gathers the parts in rank order, so the rows come out in the same order on any number of ranks.
+//
+// Outputs (rank 0, each written to a temporary name and renamed):
+//   <output>         CSV: slide_id,x,y,label,p_tumor (level-0 top-left as in the shard; label 0 normal, 1 tumour)
+//   <output stem>.json   summary: tiles, auc (null when a class is absent), accuracy at 0.5, the same per split
+//                        ("per_split", slides without a split under "(none)"), the checkpoint, tiles per second
+// Shards always carry labels (DESIGN.md), so the label column and the summary are always there; slides tiled
+// without annotations have all their tiles labelled normal.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "app/cli.h"
+#include "engine/context.h"
+#include "engine/inference.h"
+#include "engine/metrics.h"
+#include "io/annotations.h"
+#include "io/comm.h"
+#include "io/error.h"
+#include "io/progress.h"
+#include "io/shard.h"
+#include "io/shard_dataset.h"
+
+namespace tessera::app {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const io::Schema& predict_schema() {
+  // One schema for the life of the process: a Config keeps a pointer to its schema.
+  static const io::Schema instance = [] {
+    io::Schema schema;
+    schema.string("checkpoint", "", "Trained model (tessera train's checkpoint.h5); required")
+        .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
+        .string_list("data.splits", {}, "Predict the slides of these splits (empty = every slide)")
+        .string("output", "predictions.csv",
+                "CSV of predictions; the summary goes beside it with the extension .json")
+        .integer("predict.batch_size", 32,
+                 "Tiles per forward pass on each rank (larger batches cost memory and, on CPU, gain no speed)", 1,
+                 65536)
+        .integer("predict.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024);
+    return schema;
+  }();
+  return instance;
+}
+
+// The predictions of one rank (or, after the gather, of all), one entry per tile.
+struct Rows {
+  std::vector<std::uint32_t> slide;  // index into the manifest's slides
+  std::vector<std::int64_t> xy;      // x, y per tile
+  std::vector<std::uint8_t> label;
+  std::vector<float> p_tumor;
+
+  std::size_t size() const { return label.size(); }
+
+  std::string pack() const {
+    const std::uint64_t n = size();
+    std::string bytes(sizeof n, '\0');
+    std::memcpy(bytes.data(), &n, sizeof n);
+    bytes.append(reinterpret_cast<const char*>(slide.data()), n * sizeof(std::uint32_t));
+    bytes.append(reinterpret_cast<const char*>(xy.data()), 2 * n * sizeof(std::int64_t));
+    bytes.append(reinterpret_cast<const char*>(label.data()), n);
+    bytes.append(reinterpret_cast<const char*>(p_tumor.data()), n * sizeof(float));
+    return bytes;
+  }
+
+  void append_packed(const std::string& bytes) {
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), sizeof n);
+    const char* at = bytes.data() + sizeof n;
+    auto take = [&](auto& values, std::size_t count) {
+      using T = typename std::decay_t<decltype(values)>::value_type;
+      const std::size_t first = values.size();
+      values.resize(first + count);
+      std::memcpy(values.data() + first, at, count * sizeof(T));
+      at += count * sizeof(T);
+    };
+    take(slide, n);
+    take(xy, 2 * n);
+    take(label, n);
+    take(p_tumor, n);
+  }
+};
+
+struct Score {
+  std::int64_t tiles = 0;
+  double auc = 0.0;       // NaN when a class is absent
+  double accuracy = 0.0;  // P(tumour) ≥ 0.5 ⇔ label 1
+};
+
+Score score(std::span<const float> p, std::span<const std::uint8_t> labels) {
+  Score s;
+  s.tiles = static_cast<std::int64_t>(p.size());
+  s.auc = engine::roc_auc(p, labels);
+  std::int64_t correct = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) correct += (p[i] >= 0.5f) == (labels[i] != 0);
+  s.accuracy = s.tiles > 0 ? static_cast<double>(correct) / static_cast<double>(s.tiles) : 0.0;
+  return s;
+}
+
+json score_json(const Score& s) {
+  return {{"tiles", s.tiles},
+          {"auc", std::isfinite(s.auc) ? json(s.auc) : json(nullptr)},
+          {"accuracy", s.accuracy}};
+}
+
+// The summary's path: the CSV's with the extension .json ("preds.csv" → "preds.json").
+fs::path summary_path(const fs::path& csv) {
+  fs::path json_path = csv;
+  return csv.extension() == ".csv" ? json_path.replace_extension(".json") : fs::path(csv.string() + ".json");
+}
+
+// The slides to predict: those whose split is in `splits` (every slide when empty). ConfigError when none is.
+std::set<std::string> select_slides(const io::Manifest& manifest, const std::vector<std::string>& splits,
+                                    const io::Config& config) {
+  std::set<std::string> ids;
+  std::set<std::string> present;
+  for (const auto& s : manifest.slides) {
+    present.insert(s.split.empty() ? "(none)" : s.split);
+    if (splits.empty() || std::find(splits.begin(), splits.end(), s.split) != splits.end()) ids.insert(s.id);
+  }
+  if (ids.empty()) {
+    throw io::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the manifest has: {})",
+                                      config.get_string("data.shards"), fmt::join(splits, ", "),
+                                      fmt::join(present, ", ")),
+                          config.source(), 0, "data.splits");
+  }
+  return ids;
+}
+
+// The shards must hold tiles the model was trained on: same size, resolution and stain normalisation.
+void check_compatible(const engine::LoadedModel& model, const std::string& checkpoint, const io::ShardDataset& data,
+                      const std::string& manifest_path) {
+  const auto& meta = model.meta;
+  const auto& tiles = data.manifest().attributes;
+  if (data.tile_size() != meta.input_size) {
+    throw io::InputError(fmt::format("the tiles are {} px, the model in '{}' ({}) takes {} px", data.tile_size(),
+                                     checkpoint, meta.architecture, meta.input_size),
+                         manifest_path);
+  }
+  if (meta.mpp > 0 && tiles.mpp > 0 && std::fabs(meta.mpp - tiles.mpp) > 1e-6 * meta.mpp) {
+    throw io::InputError(fmt::format("the tiles are at {:g} µm/px, the model in '{}' was trained at {:g} µm/px",
+                                     tiles.mpp, checkpoint, meta.mpp),
+                         manifest_path);
+  }
+  if (meta.stain_normalization != tiles.stain_normalization) {
+    throw io::InputError(fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'",
+                                     tiles.stain_normalization, checkpoint, meta.stain_normalization),
+                         manifest_path);
+  }
+}
+
+struct PredictOptions {
+  JobOptions job;
+  std::string checkpoint;
+  std::string shards;
+  std::string out;
+  std::string splits;
+  std::int64_t batch = 0;
+  std::int64_t threads = -1;
+};
+
+int run_predict(const PredictOptions& options) {
+  std::vector<std::string> overrides;
+  if (!options.checkpoint.empty()) overrides.push_back("checkpoint=" + options.checkpoint);
+  if (!options.shards.empty()) overrides.push_back("data.shards=" + options.shards);
+  if (!options.out.empty()) overrides.push_back("output=" + options.out);
+  if (!options.splits.empty()) {
+    std::vector<std::string> names(1);
+    for (const char c : options.splits) {
+      if (c == ',') {
+        names.emplace_back();
+      } else if (c != ' ') {
+        names.back() += c;
+      }
+    }
+    std::erase(names, std::string());
+    overrides.push_back(fmt::format("data.splits=[{}]", fmt::join(names, ", ")));
+  }
+  if (options.batch > 0) overrides.push_back(fmt::format("predict.batch_size={}", options.batch));
+  if (options.threads >= 0) overrides.push_back(fmt::format("predict.threads={}", options.threads));
+  const auto config = load_job(predict_schema(), options.job, overrides);
+  if (maybe_print_config(config, options.job)) return io::exit_ok;
+
+  const std::string checkpoint = config.get_string("checkpoint");
+  if (checkpoint.empty()) {
+    throw io::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
+                          "checkpoint");
+  }
+  const std::string shards = config.get_string("data.shards");
+  const fs::path out = config.get_string("output");
+  const auto& world = io::Comm::world();
+  engine::Context::get().set_threads(static_cast<int>(config.get_int("predict.threads")));
+
+  const engine::LoadedModel model = engine::load_model(checkpoint);
+  if (!fs::is_directory(shards)) throw io::InputError("the shard folder does not exist", shards);
+  const std::string manifest_path = (fs::path(shards) / "manifest.json").string();
+  const io::Manifest manifest = io::read_manifest(manifest_path);
+  const auto splits = config.get_string_list("data.splits");
+
+  io::ShardDatasetOptions data_options;
+  data_options.batch_size = static_cast<int>(config.get_int("predict.batch_size"));
+  data_options.shuffle = false;
+  data_options.drop_last = false;
+  data_options.rank = world.rank();
+  data_options.world_size = world.size();
+  data_options.slides = select_slides(manifest, splits, config);
+  io::ShardDataset data(shards, data_options);
+  check_compatible(model, checkpoint, data, manifest_path);
+
+  std::map<std::string, std::uint32_t> slide_row;
+  for (std::size_t i = 0; i < manifest.slides.size(); ++i) {
+    slide_row[manifest.slides[i].id] = static_cast<std::uint32_t>(i);
+  }
+  if (world.is_root()) {
+    spdlog::info("predicting {} tiles ({} slides{}) with {} ({}, epoch {}) on {} rank(s)", data.total_tiles(),
+                 data_options.slides.size(),
+                 splits.empty() ? std::string() : fmt::format(" of split {}", fmt::join(splits, ", ")), checkpoint,
+                 model.meta.architecture, model.meta.epoch, world.size());
+  }
+
+  // Score this rank's part.
+  const auto t_start = std::chrono::steady_clock::now();
+  engine::TileScorer scorer(*model.model);
+  const auto classes = static_cast<std::size_t>(model.meta.num_classes);
+  const auto positive = static_cast<std::size_t>(model.positive_class);
+  Rows mine;
+  io::Batch batch;
+  {
+    io::Progress progress(world, data.total_tiles(), {.label = "predict", .unit = "tiles"});
+    data.start_epoch(0);
+    while (data.next(batch)) {
+      const auto& p = scorer.probabilities(batch);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(batch.size); ++i) {
+        mine.slide.push_back(slide_row.at(batch.slide_ids[i]));
+        mine.xy.push_back(batch.coords[2 * i]);
+        mine.xy.push_back(batch.coords[2 * i + 1]);
+        mine.label.push_back(batch.labels[i]);
+        mine.p_tumor.push_back(p[i * classes + positive]);
+      }
+      progress.advance(batch.size);
+    }
+    progress.finish();
+  }
+  const auto parts = world.gather_bytes(mine.pack(), 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (!world.is_root()) return io::exit_ok;
+
+  Rows all;
+  for (const auto& part : parts) all.append_packed(part);
+  if (static_cast<std::int64_t>(all.size()) != data.total_tiles()) {
+    throw io::InternalError(fmt::format("predict: {} rows gathered for {} tiles", all.size(), data.total_tiles()));
+  }
+
+  std::string csv = "slide_id,x,y,label,p_tumor\n";
+  csv.reserve(all.size() * 48);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    // {} prints the shortest text that reads back as the same float: the CSV holds the exact scores.
+    fmt::format_to(std::back_inserter(csv), "{},{},{},{},{}\n", manifest.slides[all.slide[i]].id, all.xy[2 * i],
+                   all.xy[2 * i + 1], all.label[i], all.p_tumor[i]);
+  }
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
+  io::write_file_atomic(out.string(), csv);
+
+  // The summary: overall and per split.
+  const Score overall = score(all.p_tumor, all.label);
+  json per_split = json::object();
+  std::map<std::string, std::pair<std::vector<float>, std::vector<std::uint8_t>>> by_split;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const std::string& split = manifest.slides[all.slide[i]].split;
+    auto& [p, labels] = by_split[split.empty() ? "(none)" : split];
+    p.push_back(all.p_tumor[i]);
+    labels.push_back(all.label[i]);
+  }
+  for (const auto& [split, values] : by_split) per_split[split] = score_json(score(values.first, values.second));
+  json summary = score_json(overall);
+  summary["checkpoint"] = fs::absolute(checkpoint).lexically_normal().string();
+  summary["architecture"] = model.meta.architecture;
+  summary["epoch"] = model.meta.epoch;
+  summary["shards"] = fs::absolute(shards).lexically_normal().string();
+  summary["splits"] = splits;
+  summary["per_split"] = per_split;
+  summary["predictions"] = out.filename().string();
+  summary["ranks"] = world.size();
+  summary["seconds"] = seconds;
+  summary["tiles_per_second"] = static_cast<double>(all.size()) / std::max(seconds, 1e-9);
+  const fs::path summary_file = summary_path(out);
+  io::write_file_atomic(summary_file.string(), summary.dump(2) + "\n");
+
+  std::string split_text;
+  for (const auto& [split, values] : by_split) {
+    const Score s = score(values.first, values.second);
+    split_text += fmt::format("; {} AUC {:.4f} ({} tiles)", split, s.auc, s.tiles);
+  }
+  spdlog::info("{} tiles in {:.2f} s ({:.0f} tiles/s): AUC {:.4f}, accuracy {:.4f}{}; wrote {} and {}", all.size(),
+               seconds, static_cast<double>(all.size()) / std::max(seconds, 1e-9), overall.auc, overall.accuracy,
+               split_text, out.string(), summary_file.string());
+  return io::exit_ok;
+}
+
+}  // namespace
+
+Action setup_predict(CLI::App& command) {
+  auto options = std::make_shared<PredictOptions>();
+  add_job_options(command, options->job);
+  command.add_option("-c,--checkpoint", options->checkpoint, "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
+  command.add_option("--shards", options->shards, "Shard folder (data.shards)");
+  command.add_option("-o,--out", options->out, "Predictions CSV; the .json summary goes beside it (output)");
+  command.add_option("--splits", options->splits, "Comma-separated splits to predict, e.g. test,val (data.splits; "
+                                                  "default: every slide)");
+  command.add_option("--batch", options->batch, "Tiles per forward pass (predict.batch_size)");
+  command.add_option("--threads", options->threads, "OpenMP threads per rank, 0 = all cores (predict.threads)");
+  command.footer(
+      "Writes slide_id,x,y,label,p_tumor per tile in shard order, and a JSON summary (AUC, accuracy at 0.5, per "
+      "split). Runs the same under mpirun/srun: each rank scores a part, rank 0 writes.");
+  return [options] { return run_predict(*options); };
+}
+
+}  // namespace tessera::app

@@ -1,0 +1,297 @@
+// The distributed strategies (engine/strategy.h) under 1, 2 and 4 ranks: an EASGD exchange against its formulas
+// worked by hand, EASGD with α = 0 against independent runs, allreduce against one process with p× the batch,
+// bit-reproducibility, and the centre as the model that is evaluated and saved. Every test is collective
+// (tests/mpi/mpi_main.cpp): checks are EXPECTs after the communication.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/context.h"
+#include "engine/layers/loss.h"
+#include "engine/models/registry.h"
+#include "engine/optim/optimizer.h"
+#include "engine/strategy.h"
+#include "io/comm.h"
+#include "io/error.h"
+#include "tests/engine/gradcheck.h"
+#include "tests/engine/layer_testing.h"
+
+namespace tessera::engine {
+namespace {
+
+using testing::all_near;
+
+// Several ranks share two cores: one OpenMP thread each.
+class Strategies : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { Context::get().set_threads(1); }
+  static void TearDownTestSuite() { Context::get().set_threads(0); }
+};
+
+// All values of the parameters, then of the buffers.
+std::vector<float> flatten(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
+  std::vector<float> all;
+  for (const auto* p : params) all.insert(all.end(), p->value.begin(), p->value.end());
+  for (const auto* b : buffers) all.insert(all.end(), b->value.begin(), b->value.end());
+  return all;
+}
+
+// True on every rank when `values` is the same, bit for bit, on every rank.
+bool same_on_all_ranks(const io::Comm& world, std::vector<float> values) {
+  auto max = values, min = values;
+  world.allreduce(max.data(), max.size(), io::ReduceOp::max);
+  world.allreduce(min.data(), min.size(), io::ReduceOp::min);
+  const bool same = max == values && min == values;
+  return world.allreduce_value<std::int64_t>(same ? 0 : 1, io::ReduceOp::max) == 0;
+}
+
+// ------------------------------------------------------------------------------------ hand-made vectors
+
+// Two parameters and a buffer (what batch-norm statistics look like to the strategy).
+struct Tensors {
+  Param weight{"fc.weight", ParamKind::linear_weight, {2, 3}, std::vector<float>(6), std::vector<float>(6)};
+  Param bias{"fc.bias", ParamKind::bias, {3}, std::vector<float>(3), std::vector<float>(3)};
+  Buffer mean{"bn.running_mean", {2}, std::vector<float>(2)};
+  std::vector<Param*> params{&weight, &bias};
+  std::vector<Buffer*> buffers{&mean};
+};
+
+// Element j of the flat order (weight, bias, buffer) starts at c_j = 0.25·j − 1 on rank 0.
+float start_value(std::size_t j) { return 0.25f * static_cast<float>(j) - 1.0f; }
+
+TEST_F(Strategies, EasgdExchangeMatchesTheFormulasWorkedByHand) {
+  const auto world = io::Comm::world();
+  const int p = world.size();
+  const int r = world.rank();
+  Tensors t;
+  // Other ranks start from something else: initialize() must give every rank rank 0's values.
+  std::size_t j = 0;
+  for (auto& x : t.weight.value) x = start_value(j++) + static_cast<float>(100 * r);
+  for (auto& x : t.bias.value) x = start_value(j++) - static_cast<float>(7 * r);
+  for (auto& x : t.mean.value) x = start_value(j++) * static_cast<float>(r + 1);
+  const std::size_t n = j;
+
+  // α = 0.25: every value below is a small dyadic number, so every float operation is exact whatever order the
+  // allreduce adds in, and the results can be compared with ==.
+  EasgdStrategy easgd(world, {.tau = 1, .alpha = 0.25});
+  EXPECT_EQ(easgd.alpha(), 0.25f);
+  easgd.initialize(t.params, t.buffers);
+  std::vector<float> start(n);
+  for (std::size_t k = 0; k < n; ++k) start[k] = start_value(k);
+  EXPECT_EQ(flatten(t.params, t.buffers), start) << "initialize() broadcasts rank 0's replica";
+  EXPECT_EQ(easgd.center(), start) << "the centre starts as the replica";
+
+  // Rank q moves its replica to x_q = c + δ_q with δ_q[k] = 0.5·(q + 1) + 0.125·k.
+  auto delta = [](int q, std::size_t k) { return 0.5f * static_cast<float>(q + 1) + 0.125f * static_cast<float>(k); };
+  j = 0;
+  for (auto* values : {&t.weight.value, &t.bias.value, &t.mean.value}) {
+    for (auto& x : *values) {
+      x = start[j] + delta(r, j);
+      ++j;
+    }
+  }
+  easgd.exchange(t.params, t.buffers);
+
+  // By hand: d_q = α·δ_q, so x_r ← c + (1 − α)·δ_r = c + 0.75·δ_r, and
+  // c ← c + α·Σ_q δ_q = c + 0.25·(0.5·p(p + 1)/2 + 0.125·k·p).
+  std::vector<float> replica(n), center(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    replica[k] = start[k] + 0.75f * delta(r, k);
+    center[k] = start[k] + 0.25f * (0.25f * static_cast<float>(p * (p + 1)) + 0.125f * static_cast<float>(k * p));
+  }
+  EXPECT_EQ(flatten(t.params, t.buffers), replica);
+  EXPECT_EQ(easgd.center(), center);
+  EXPECT_EQ(easgd.stats().exchanges, 1);
+  EXPECT_EQ(easgd.stats().bytes, static_cast<std::int64_t>(n * sizeof(float)));
+}
+
+TEST_F(Strategies, EasgdMovingRateIsBetaOverRanksUnlessAlphaIsGiven) {
+  const auto world = io::Comm::world();
+  EXPECT_EQ(EasgdStrategy(world, {}).alpha(), static_cast<float>(0.9 / world.size()));
+  EXPECT_EQ(EasgdStrategy(world, {.beta = 0.5}).alpha(), static_cast<float>(0.5 / world.size()));
+  EXPECT_EQ(EasgdStrategy(world, {.beta = 0.5, .alpha = 0.125}).alpha(), 0.125f);
+  EXPECT_THROW(EasgdStrategy(world, {.tau = 0}), io::ConfigError);
+  EXPECT_THROW(EasgdStrategy(world, {.beta = 1.5}), io::ConfigError);
+  EXPECT_THROW(EasgdStrategy(world, {.alpha = -0.1}), io::ConfigError);
+  EXPECT_THROW(make_strategy("parameter-server", world), io::ConfigError);
+  EXPECT_EQ(make_strategy("easgd", world, {.tau = 4})->name(), std::string("easgd"));
+}
+
+TEST_F(Strategies, EasgdRebroadcastsTheCentreOnItsSchedule) {
+  const auto world = io::Comm::world();
+  Tensors t;
+  EasgdStrategy easgd(world, {.tau = 2, .alpha = 0.25, .center_sync_every = 3});
+  easgd.initialize(t.params, t.buffers);
+  // Steps 1..12 with τ = 2: exchanges at 2, 4, ..., 12 (six), broadcasts after the 3rd and the 6th.
+  for (std::int64_t step = 1; step <= 12; ++step) easgd.after_update(t.params, t.buffers, step);
+  EXPECT_EQ(easgd.stats().exchanges, 6 + 2);
+}
+
+// ------------------------------------------------------------------------------------------ small models
+
+struct Replica {
+  std::unique_ptr<Model> model;
+  std::vector<Param*> params;
+  std::vector<Buffer*> buffers;
+  std::unique_ptr<Optimizer> optimizer;
+  SoftmaxCrossEntropy loss;
+
+  explicit Replica(const std::string& architecture, int size) {
+    model = make_model({.architecture = architecture, .input_size = size, .num_classes = 2, .seed = 7});
+    model->collect(params, buffers);
+    optimizer = make_optimizer("sgd", {.momentum = 0.9, .weight_decay = 1e-4});
+  }
+
+  // One step on images [first, first + n) of `images`; `strategy` may be null (a process on its own).
+  void step(const std::vector<float>& images, const std::vector<int>& labels, int first, int n, int size,
+            Strategy* strategy, std::int64_t step_number) {
+    const auto per_image = static_cast<std::size_t>(3 * size * size);
+    const std::vector<float> batch(images.begin() + static_cast<std::ptrdiff_t>(first * per_image),
+                                   images.begin() + static_cast<std::ptrdiff_t>((first + n) * per_image));
+    Optimizer::zero_grad(params);
+    loss.forward(model->forward(batch, n, size, size),
+                 std::span<const int>(labels.data() + first, static_cast<std::size_t>(n)));
+    model->backward(loss.backward());
+    if (strategy != nullptr) strategy->reduce_gradients(params);
+    optimizer->step(params, 0.05);
+    if (strategy != nullptr) strategy->after_update(params, buffers, step_number);
+  }
+};
+
+// n images of size×size and their labels, drawn from `seed`.
+struct Data {
+  std::vector<float> images;
+  std::vector<int> labels;
+  Data(int n, int size, std::uint32_t seed) {
+    images = gradcheck::random_vector(static_cast<std::size_t>(n * 3 * size * size), seed);
+    for (int i = 0; i < n; ++i) labels.push_back(static_cast<int>((seed + static_cast<std::uint32_t>(i * 7)) % 3 % 2));
+  }
+};
+
+TEST_F(Strategies, AllreduceEqualsOneProcessWithRanksTimesTheBatch) {
+  // LeNet-5 has no batch norm (whose statistics are per rank) and no dropout: the averaged gradient of p slices
+  // of b images is the gradient of the p·b images.
+  const auto world = io::Comm::world();
+  const int p = world.size();
+  constexpr int kSize = 32, kPerRank = 3, kSteps = 3;
+  Replica distributed("lenet5", kSize), single("lenet5", kSize);
+  AllreduceStrategy allreduce(world);
+  allreduce.initialize(distributed.params, distributed.buffers);
+  for (int s = 0; s < kSteps; ++s) {
+    const Data data(p * kPerRank, kSize, 100 + static_cast<std::uint32_t>(s));  // the same global batch everywhere
+    distributed.step(data.images, data.labels, world.rank() * kPerRank, kPerRank, kSize, &allreduce, s + 1);
+    single.step(data.images, data.labels, 0, p * kPerRank, kSize, nullptr, s + 1);
+  }
+  const auto a = flatten(distributed.params, distributed.buffers);
+  const auto b = flatten(single.params, single.buffers);
+  EXPECT_TRUE(all_near(a, b, 1e-5));
+  // The updates were not negligible (else the comparison would say nothing).
+  const Replica untrained("lenet5", kSize);
+  EXPECT_FALSE(all_near(b, flatten(untrained.params, untrained.buffers), 1e-3));
+  EXPECT_TRUE(same_on_all_ranks(world, a)) << "allreduce keeps the replicas identical";
+  EXPECT_EQ(allreduce.stats().exchanges, p > 1 ? kSteps : 0);
+}
+
+// Trains tiny_cnn (with batch norm: its statistics are part of the centre) on rank-specific data for `steps`
+// steps under `strategy`; returns the replica's parameters and buffers.
+std::vector<float> train_tiny(Strategy* strategy, int steps, int rank) {
+  constexpr int kSize = 12, kBatch = 4;
+  Replica run("tiny_cnn", kSize);
+  if (strategy != nullptr) strategy->initialize(run.params, run.buffers);
+  for (int s = 0; s < steps; ++s) {
+    const Data data(kBatch, kSize, 1000 * static_cast<std::uint32_t>(rank + 1) + static_cast<std::uint32_t>(s));
+    run.step(data.images, data.labels, 0, kBatch, kSize, strategy, s + 1);
+  }
+  return flatten(run.params, run.buffers);
+}
+
+TEST_F(Strategies, EasgdWithAlphaZeroEqualsIndependentRuns) {
+  const auto world = io::Comm::world();
+  constexpr int kSteps = 5;
+  EasgdStrategy easgd(world, {.tau = 1, .beta = 0.0});
+  ASSERT_EQ(easgd.alpha(), 0.0f);
+  const auto coupled = train_tiny(&easgd, kSteps, world.rank());
+  const auto independent = train_tiny(nullptr, kSteps, world.rank());
+  EXPECT_EQ(coupled, independent);
+  EXPECT_EQ(easgd.stats().exchanges, kSteps);  // it did exchange, every step
+  // The centre never moved from the initial model.
+  Replica initial("tiny_cnn", 12);
+  EXPECT_EQ(easgd.center(), flatten(initial.params, initial.buffers));
+}
+
+TEST_F(Strategies, EasgdAndAllreduceAreBitReproducible) {
+  const auto world = io::Comm::world();
+  constexpr int kSteps = 7;
+  auto easgd_run = [&] {
+    EasgdStrategy easgd(world, {.tau = 2, .center_sync_every = 2});
+    auto values = train_tiny(&easgd, kSteps, world.rank());
+    values.insert(values.end(), easgd.center().begin(), easgd.center().end());
+    return std::pair{values, easgd.center()};
+  };
+  const auto [first, first_center] = easgd_run();
+  const auto [second, second_center] = easgd_run();
+  EXPECT_EQ(first, second);
+  EXPECT_TRUE(same_on_all_ranks(world, first_center)) << "every rank holds the same centre";
+  // Coupled but not averaged: the replicas still differ between ranks (each trains on its own data).
+  const std::vector<float> replica(first.begin(), first.end() - static_cast<std::ptrdiff_t>(first_center.size()));
+  if (world.size() > 1) {
+    EXPECT_FALSE(same_on_all_ranks(world, replica));
+  }
+
+  auto allreduce_run = [&] {
+    AllreduceStrategy allreduce(world);
+    return train_tiny(&allreduce, kSteps, world.rank());
+  };
+  EXPECT_EQ(allreduce_run(), allreduce_run());
+}
+
+TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
+  const auto world = io::Comm::world();
+  Replica run("tiny_cnn", 12);
+  EasgdStrategy easgd(world, {.tau = 1, .alpha = 0.5});
+  easgd.initialize(run.params, run.buffers);
+  for (int s = 0; s < 3; ++s) {
+    const Data data(4, 12, 50 + static_cast<std::uint32_t>(world.rank() * 10 + s));
+    run.step(data.images, data.labels, 0, 4, 12, &easgd, s + 1);
+  }
+  // One more local step so that the replica is away from the centre.
+  const Data data(4, 12, 99);
+  run.step(data.images, data.labels, 0, 4, 12, nullptr, 0);
+  const auto replica = flatten(run.params, run.buffers);
+  const auto center = easgd.center();
+  ASSERT_NE(replica, center);
+
+  std::vector<float> seen;
+  easgd.with_evaluation_model(run.params, run.buffers, [&] { seen = flatten(run.params, run.buffers); });
+  EXPECT_EQ(seen, center);
+  EXPECT_EQ(flatten(run.params, run.buffers), replica) << "the replica comes back";
+  EXPECT_THROW(easgd.with_evaluation_model(run.params, run.buffers, [] { throw std::runtime_error("x"); }),
+               std::runtime_error);
+  EXPECT_EQ(flatten(run.params, run.buffers), replica) << "also after an exception";
+
+  // The checkpoint's /easgd/center is the centre's parameters; a resumed strategy takes it back.
+  io::Checkpoint checkpoint;
+  easgd.save_state(run.params, checkpoint);
+  ASSERT_EQ(checkpoint.easgd_center.size(), run.params.size());
+  std::vector<float> saved;
+  for (const auto* param : run.params) {
+    const auto& tensor = checkpoint.easgd_center.at(param->name);
+    EXPECT_EQ(tensor.shape, param->shape);
+    saved.insert(saved.end(), tensor.data.begin(), tensor.data.end());
+  }
+  EXPECT_EQ(saved, std::vector<float>(center.begin(), center.begin() + static_cast<std::ptrdiff_t>(saved.size())));
+  EasgdStrategy resumed(world, {.tau = 1, .alpha = 0.5});
+  resumed.load_state(checkpoint, run.params);
+  resumed.initialize(run.params, run.buffers);
+  const auto& restored = resumed.center();
+  EXPECT_EQ(std::vector<float>(restored.begin(), restored.begin() + static_cast<std::ptrdiff_t>(saved.size())), saved);
+}
+
+}  // namespace
+}  // namespace tessera::engine
