@@ -92,7 +92,7 @@ struct Rows {
       using T = typename std::decay_t<decltype(values)>::value_type;
       const std::size_t first = values.size();
       values.resize(first + count);
-      std::memcpy(values.data() + first, at, count * sizeof(T));
+      if (count > 0) std::memcpy(values.data() + first, at, count * sizeof(T));
       at += count * sizeof(T);
     };
     take(slide, n);

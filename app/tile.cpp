@@ -292,7 +292,7 @@ std::vector<PlanResult> deserialize(const std::string& bytes) {
     p.assume_mpp = j["assume_mpp"];
     const auto& blob = j["tiles"].get_binary();
     p.tiles.resize(blob.size() / sizeof(prep::PlannedTile));
-    std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(prep::PlannedTile));
+    if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(prep::PlannedTile));
     out.push_back(std::move(p));
   }
   return out;

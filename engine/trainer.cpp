@@ -123,7 +123,7 @@ BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer& scor
     const auto n = static_cast<std::size_t>(count);
     const auto first = all.scores.size();
     all.scores.resize(first + n);
-    std::memcpy(all.scores.data() + first, scores, n * sizeof(float));
+    if (n > 0) std::memcpy(all.scores.data() + first, scores, n * sizeof(float));
     all.labels.insert(all.labels.end(), scores + n * sizeof(float), scores + n * sizeof(float) + n);
   }
   return all;
