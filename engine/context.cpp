@@ -17,9 +17,10 @@ namespace {
 // oneDNN's own buffers are 64-byte aligned (one cache line, one AVX-512 register); the scratchpad follows.
 constexpr std::size_t scratch_alignment = 64;
 
-// Ranks of this job on this node, as Open MPI, MPICH/Hydra or Slurm announce them (1 when not launched so).
+// Ranks of this job on this node, as Open MPI (also under srun) or MPICH/Hydra announce them; 1 otherwise.
+// (Not Slurm's allocation-wide SLURM_NTASKS_PER_NODE: a single process in a 4-task allocation is one rank.)
 int local_rank_count() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
     if (const char* value = std::getenv(name)) {
       const int n = std::atoi(value);
       if (n > 0) return n;

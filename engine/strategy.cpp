@@ -65,6 +65,25 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
   }
 }
 
+void AllreduceStrategy::after_update(const std::vector<Param*>&, const std::vector<Buffer*>& buffers, std::int64_t) {
+  if (comm_.size() == 1 || buffers.empty()) return;
+  std::size_t total = 0;
+  for (const auto* b : buffers) total += b->value.size();
+  if (total == 0) return;
+  flat_.resize(total);
+  std::size_t offset = 0;
+  for (const auto* b : buffers) {
+    std::copy(b->value.begin(), b->value.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offset));
+    offset += b->value.size();
+  }
+  timed(flat_.size() * sizeof(float), [&] { comm_.broadcast(flat_.data(), flat_.size() * sizeof(float), 0); });
+  offset = 0;
+  for (auto* b : buffers) {
+    std::copy_n(flat_.begin() + static_cast<std::ptrdiff_t>(offset), b->value.size(), b->value.begin());
+    offset += b->value.size();
+  }
+}
+
 // --------------------------------------------------------------------------------------------------- easgd
 
 EasgdStrategy::EasgdStrategy(const io::Comm& comm, const StrategyOptions& options) : Strategy(comm), options_(options) {
@@ -82,6 +101,13 @@ EasgdStrategy::EasgdStrategy(const io::Comm& comm, const StrategyOptions& option
     throw bad("center_sync_every", fmt::format("center_sync_every {} is negative", options.center_sync_every));
   }
   alpha_ = static_cast<float>(options.alpha > 0.0 ? options.alpha : options.beta / comm.size());
+  // The centre moves by alpha * sum over ranks of (x_i - centre): beyond p * alpha = 1 it overshoots the
+  // replicas' mean (and batch-norm variances averaged into it could turn negative).
+  if (static_cast<double>(alpha_) * comm.size() > 1.0) {
+    throw bad("alpha", fmt::format("alpha {} x {} ranks = {} exceeds 1: the centre would overshoot; use "
+                                   "distributed.beta (alpha = beta / ranks) or alpha <= {}",
+                                   options.alpha, comm.size(), options.alpha * comm.size(), 1.0 / comm.size()));
+  }
 }
 
 void EasgdStrategy::check_layout(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) const {

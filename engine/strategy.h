@@ -120,10 +120,14 @@ class AllreduceStrategy final : public Strategy {
   using Strategy::Strategy;
   const char* name() const override { return "allreduce"; }
   void reduce_gradients(const std::vector<Param*>& params) override;
-  void after_update(const std::vector<Param*>&, const std::vector<Buffer*>&, std::int64_t) override {}
+  // Batch-norm running statistics are not gradients: each rank's would follow its own batches. As PyTorch's
+  // DistributedDataParallel does (broadcast_buffers), rank 0's buffers are broadcast after every update, so
+  // the replicas stay identical and validation and checkpoints see one model.
+  void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                    std::int64_t step) override;
 
  private:
-  std::vector<float> flat_;  // all gradients, packed for one allreduce
+  std::vector<float> flat_;  // all gradients (or buffers), packed for one collective
 };
 
 class EasgdStrategy final : public Strategy {

@@ -209,6 +209,12 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   val_options.shuffle = false;
   val_options.drop_last = false;
   val_options.slides = slides_in_splits(manifest, config.get_string_list("data.val_splits"));
+  for (const auto& id : val_options.slides) {
+    if (train_options.slides.contains(id)) {
+      throw io::ConfigError(fmt::format("slide {} is in both a training and a validation split", id),
+                            config.source(), 0, "data.val_splits");
+    }
+  }
   std::unique_ptr<io::ShardDataset> val_data;
   if (!val_options.slides.empty()) val_data = std::make_unique<io::ShardDataset>(shards, val_options);
 
@@ -273,7 +279,11 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     step = checkpoint.meta.step;
     epoch = checkpoint.meta.epoch;
     if (const auto it = checkpoint.state.find("batch_in_epoch"); it != checkpoint.state.end()) {
-      batch_in_epoch = std::get<std::int64_t>(it->second);
+      const auto* position = std::get_if<std::int64_t>(&it->second);
+      if (position == nullptr || *position < 0 || *position > steps_per_epoch) {
+        throw io::InputError("/state batch_in_epoch is not a batch position of this job's epochs", resume);
+      }
+      batch_in_epoch = *position;
     }
     const auto ranks = checkpoint.state.find("ranks");
     const auto* written_by = ranks == checkpoint.state.end() ? nullptr : std::get_if<std::int64_t>(&ranks->second);
@@ -355,9 +365,17 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       labels.assign(batch.labels.begin(), batch.labels.end());
 
       Optimizer::zero_grad(params);
-      model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull));
+      // Dropout masks differ per step and per rank (rank 0's are a single process's).
+      model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
+                    (static_cast<std::uint64_t>(comm.rank()) * 0xD1B54A32D192ED03ull));
       const Tensor& logits = model->forward(input);
       const double batch_loss = loss.forward(logits, labels);
+      // Checked before this rank's gradients reach any collective: a failing rank takes the job down before a
+      // non-finite value can spread to the other replicas (or into a checkpoint).
+      if (!std::isfinite(batch_loss)) {
+        throw io::InternalError(fmt::format("the training loss is {} at step {}: lower optimizer.lr or check the data",
+                                            batch_loss, step + 1));
+      }
       model->backward(loss.backward());
       strategy->reduce_gradients(params);
       last_lr = schedule->lr(step);
@@ -365,11 +383,6 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       ++step;
       ++batch_in_epoch;
       strategy->after_update(params, buffers, step);
-
-      if (!std::isfinite(batch_loss)) {
-        throw io::InternalError(fmt::format("the training loss is {} at step {}: lower optimizer.lr or check the data",
-                                            batch_loss, step));
-      }
       loss_window += batch_loss;
       ++loss_window_steps;
       epoch_loss += batch_loss;
@@ -384,7 +397,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
         if (comm.is_root()) {
           append_line(out / "metrics.jsonl",
                       fmt::format(R"({{"kind": "train", "epoch": {}, "step": {}, "lr": {}, "loss": {}, "images_per_s": {}}})",
-                                  epoch, step, json_number(last_lr), json_number(mean), json_number(images_per_s)));
+                                  epoch + 1, step, json_number(last_lr), json_number(mean),  // 1-based, as val lines
+                                  json_number(images_per_s)));
           spdlog::debug("step {}: loss {:.4f}, lr {:.4g}, {:.1f} images/s", step, mean, last_lr, images_per_s);
         }
         loss_window = 0.0;
@@ -411,22 +425,25 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
         comm.size();
     epoch_loss = 0.0;
     epoch_steps = 0;
-    result.final_val_auc = val_data ? val.auc() : std::numeric_limits<double>::quiet_NaN();
-    result.final_val_loss = val.loss();
-    result.final_val_accuracy = val.accuracy();
+    const double no_value = std::numeric_limits<double>::quiet_NaN();  // printed as null
+    const bool validated = val_data && val.count > 0;
+    result.final_val_auc = validated ? val.auc() : no_value;
+    result.final_val_loss = validated ? val.loss() : no_value;
+    result.final_val_accuracy = validated ? val.accuracy() : no_value;
     const double elapsed = std::chrono::duration<double>(clock_type::now() - t_start).count();
     if (comm.is_root()) {
       append_line(out / "metrics.jsonl", timing_json(timing, epoch, step, shape.global_batch));
       append_line(out / "metrics.jsonl",
                   fmt::format(R"({{"kind": "val", "epoch": {}, "step": {}, "loss": {}, "accuracy": {}, "auc": {}, "tiles": {}}})",
-                              epoch, step, json_number(val.loss()), json_number(val.accuracy()),
+                              epoch, step, json_number(result.final_val_loss), json_number(result.final_val_accuracy),
                               json_number(result.final_val_auc), val.count));
       append_line(out / "metrics.csv", fmt::format("{},{},{},{},{},{},{},{:.1f}", epoch, step, json_number(last_lr),
-                                                   json_number(train_loss), json_number(val.loss()),
-                                                   json_number(val.accuracy()), json_number(result.final_val_auc),
+                                                   json_number(train_loss), json_number(result.final_val_loss),
+                                                   json_number(result.final_val_accuracy), json_number(result.final_val_auc),
                                                    elapsed));
       spdlog::info("epoch {} (step {}): train loss {:.4f}; validation loss {:.4f}, accuracy {:.3f}, AUC {:.3f} on {} tiles",
-                   epoch, step, train_loss, val.loss(), val.accuracy(), result.final_val_auc, val.count);
+                   epoch, step, train_loss, result.final_val_loss, result.final_val_accuracy, result.final_val_auc,
+                   val.count);
     }
     // Both written atomically (a temporary renamed over the name): a killed job never leaves half a checkpoint.
     write_checkpoint(out / "checkpoint.h5", batch_in_epoch);

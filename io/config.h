@@ -63,6 +63,7 @@ class Config {
   // A Config keeps a pointer to its schema: a temporary schema would dangle, so these do not compile.
   explicit Config(Schema&&) = delete;
   static Config load(Schema&&, const std::string&, const std::vector<std::string>& = {}) = delete;
+  static Config parse(Schema&&, const std::string&, const std::string&, const std::vector<std::string>& = {}) = delete;
 
   // Reads `path` (FileNotFoundError when missing; ConfigError on any YAML syntax or schema problem) and then
   // applies overrides of the form "a.b=value" (value parsed as a YAML scalar or flow sequence).
