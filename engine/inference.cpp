@@ -47,6 +47,8 @@ void InputBuilder::build(const io::Batch& batch, std::uint64_t seed, std::int64_
   float* out = input.data();
   const std::size_t plane = static_cast<std::size_t>(t) * static_cast<std::size_t>(t);
   const prep::ChannelNormalization normalization;
+  // One augmenter per thread of the team below (the thread count may have grown since construction).
+  if (augmenters_.size() < augmenter_count()) augmenters_.resize(augmenter_count(), augmenters_.front());
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < batch.size; ++i) {
     auto& augmenter = augmenters_[static_cast<std::size_t>(omp_get_thread_num()) % augmenters_.size()];

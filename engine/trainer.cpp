@@ -271,6 +271,15 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
                                        model_options.architecture),
                            resume);
     }
+    if (checkpoint.meta.input_size != model_options.input_size ||
+        (manifest.attributes.mpp > 0 && checkpoint.meta.mpp > 0 &&
+         std::abs(checkpoint.meta.mpp - manifest.attributes.mpp) > 1e-6 * manifest.attributes.mpp)) {
+      throw io::InputError(fmt::format("the checkpoint was trained on {} px tiles at {} um/px, the shards in {} hold "
+                                       "{} px tiles at {} um/px",
+                                       checkpoint.meta.input_size, checkpoint.meta.mpp, shards,
+                                       model_options.input_size, manifest.attributes.mpp),
+                           resume);
+    }
     load_checkpoint_tensors(checkpoint, params, buffers);
     if (!checkpoint.optimizer.empty()) {
       optimizer->load_state(from_checkpoint_state(checkpoint.optimizer), params, resume);
