@@ -69,28 +69,8 @@ std::string tensor_label(const std::string& group, const std::string& name) {
 // Writing
 
 // Failures while writing are ours (or the system's), not the user's data: InternalError with the file.
-class WriteChecker {
- public:
-  explicit WriteChecker(std::string file) : file_(std::move(file)) {}
-
-  template <typename T>
-  T check(T result, const std::string& what) const {
-    if (result < 0) fail(what, hdf5::last_failure().text());
-    return result;
-  }
-  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
-  void close(Handle& handle, const std::string& what) const { check(handle.close(), what); }
-
-  [[noreturn]] void fail(const std::string& what, const std::string& hdf5 = {}) const {
-    std::string message = what;
-    if (!hdf5.empty()) message.append(": HDF5: ").append(hdf5);
-    InternalError error(message);
-    error.add_context("file", file_);
-    throw error;
-  }
-
- private:
-  std::string file_;
+struct WriteChecker : hdf5::Hdf5Checker {
+  explicit WriteChecker(std::string file) : Hdf5Checker(std::move(file), ErrorKind::internal) {}
 };
 
 void check_name(const WriteChecker& h5, const std::string& where, const std::string& name) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "io/error.h"
+
 namespace tessera::io::hdf5 {
 
 // HDF5 prints its error stack to stderr by default; while one of these lives, the current thread's printing
@@ -74,5 +76,33 @@ struct Failure {
 
 // Must run right after the failing call: the next HDF5 API call clears the stack.
 Failure last_failure();
+
+// Turns a failing HDF5 call into the right error: an InputError naming the file when reading someone's file,
+// an InternalError (with the file as context) when writing ours fails.
+class Hdf5Checker {
+ public:
+  Hdf5Checker(std::string file, ErrorKind kind) : file_(std::move(file)), kind_(kind) {}
+
+  template <typename T>
+  T check(T result, const std::string& what) const {
+    if (result < 0) fail(what, last_failure().text());
+    return result;
+  }
+  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
+  void close(Handle& handle, const std::string& what) const { check(handle.close(), what); }
+
+  [[noreturn]] void fail(const std::string& what, const std::string& hdf5 = {}) const {
+    std::string message = what;
+    if (!hdf5.empty()) message.append(": HDF5: ").append(hdf5);
+    if (kind_ == ErrorKind::input) throw InputError(message, file_);
+    InternalError error(message);
+    error.add_context("file", file_);
+    throw error;
+  }
+
+ private:
+  std::string file_;
+  ErrorKind kind_;
+};
 
 }  // namespace tessera::io::hdf5

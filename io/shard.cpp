@@ -37,35 +37,8 @@ constexpr int rgb_channels = 3;
 // HDF5 plumbing: RAII ids, a quiet error stack, and checks that turn failures into Tessera errors.
 
 using hdf5::Handle;
+using hdf5::Hdf5Checker;
 using hdf5::QuietHdf5;
-
-// Turns a failing HDF5 call into the right error: an InputError naming the file when reading someone's shard,
-// an InternalError (with the file as context) when writing ours fails.
-class Hdf5Checker {
- public:
-  Hdf5Checker(std::string file, ErrorKind kind) : file_(std::move(file)), kind_(kind) {}
-
-  template <typename T>
-  T check(T result, const std::string& what) const {
-    if (result < 0) fail(what, hdf5::last_failure().text());
-    return result;
-  }
-  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
-  void close(Handle& handle, const std::string& what) const { check(handle.close(), what); }
-
-  [[noreturn]] void fail(const std::string& what, const std::string& hdf5 = {}) const {
-    std::string message = what;
-    if (!hdf5.empty()) message.append(": HDF5: ").append(hdf5);
-    if (kind_ == ErrorKind::input) throw InputError(message, file_);
-    InternalError error(message);
-    error.add_context("file", file_);
-    throw error;
-  }
-
- private:
-  std::string file_;
-  ErrorKind kind_;
-};
 
 Handle make_file_access(const Hdf5Checker& h5) {
   Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");

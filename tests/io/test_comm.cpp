@@ -521,53 +521,5 @@ TEST_F(MpiProgress, PublishesWhileRunningAndInSequence) {
   EXPECT_EQ(a.finish(), std::int64_t{world.size()} * (world.size() - 1) / 2);
 }
 
-// On ranks other than 0 gtest prints nothing, except failures, prefixed with the rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, result.file_name() ? result.file_name() : "?",
-                result.line_number(), result.message());
-    std::fflush(stdout);
-  }
-  void OnTestEnd(const ::testing::TestInfo& info) override {
-    if (!info.result()->Failed()) return;
-    std::printf("[rank %d] FAILED %s.%s\n", rank_, info.test_suite_name(), info.name());
-    std::fflush(stdout);
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace tessera::io
-
-int main(int argc, char** argv) {
-  using namespace tessera::io;
-  try {
-    MpiSession session(&argc, &argv);
-    ::testing::InitGoogleTest(&argc, argv);
-    int failed = 0;
-    {
-      auto world = Comm::world();
-      if (!world.is_root()) {
-        auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-        delete listeners.Release(listeners.default_result_printer());
-        listeners.Append(new RankFailurePrinter(world.rank()));
-      }
-      const int result = RUN_ALL_TESTS();
-      // Every rank returns the same status: a failure on any rank fails the job.
-      failed = static_cast<int>(world.allreduce_value<std::int64_t>(result != 0 ? 1 : 0, ReduceOp::max));
-      if (world.is_root() && failed && result == 0) {
-        std::printf("[  FAILED  ] on other ranks: see the [rank N] lines\n");
-        std::fflush(stdout);
-      }
-    }
-    session.finalize();
-    return failed;
-  } catch (const std::exception& e) {
-    abort_job(e.what(), exit_internal);
-  }
-}
