@@ -231,7 +231,8 @@ void EasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vect
 // ------------------------------------------------------------------------------------------------ registry
 
 namespace {
-const std::array<StrategyEntry, 2> kStrategies = {{
+// One entry per strategy; strategies in their own files add their entry here.
+const StrategyEntry kStrategies[] = {
     {"allreduce", "synchronous SGD: gradients averaged over all ranks every step",
      [](const io::Comm& comm, const StrategyOptions&) -> std::unique_ptr<Strategy> {
        return std::make_unique<AllreduceStrategy>(comm);
@@ -241,10 +242,10 @@ const std::array<StrategyEntry, 2> kStrategies = {{
      [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
        return std::make_unique<EasgdStrategy>(comm, options);
      }},
-}};
+};
 }  // namespace
 
-std::span<const StrategyEntry> strategy_registry() { return kStrategies; }
+std::span<const StrategyEntry> strategy_registry() { return std::span<const StrategyEntry>(kStrategies); }
 
 std::vector<std::string> strategy_names() {
   std::vector<std::string> names;
@@ -267,7 +268,13 @@ io::Schema& declare_strategy_keys(io::Schema& schema) {
       .number("distributed.beta", o.beta, "easgd: moving rate alpha = beta / ranks (0.9 as in the EASGD paper)", 0, 1)
       .number("distributed.alpha", o.alpha, "easgd: the moving rate itself when > 0 (beta is then ignored)", 0, 1)
       .integer("distributed.center_sync_every", o.center_sync_every,
-               "easgd: rank 0 re-broadcasts the centre every N exchanges against float drift (0 = never)", 0, 1e9);
+               "easgd: rank 0 re-broadcasts the centre every N exchanges against float drift (0 = never)", 0, 1e9)
+      .number("distributed.bucket_mb", o.bucket_mb,
+              "allreduce: gradient bucket size in MB, each bucket reduced during backward (0 = one allreduce after)",
+              0, 1e6)
+      .string("distributed.inter", o.inter, "two-level: the exchange between node leaders", {"allreduce", "easgd"})
+      .integer("distributed.ranks_per_node", o.ranks_per_node,
+               "two-level: ranks per node group (0 = the ranks that share memory)", 0, 1e6);
 }
 
 StrategyOptions strategy_options(const io::Config& config) {
@@ -276,6 +283,9 @@ StrategyOptions strategy_options(const io::Config& config) {
   o.beta = config.get_number("distributed.beta");
   o.alpha = config.get_number("distributed.alpha");
   o.center_sync_every = static_cast<int>(config.get_int("distributed.center_sync_every"));
+  o.bucket_mb = config.get_number("distributed.bucket_mb");
+  o.inter = config.get_string("distributed.inter");
+  o.ranks_per_node = static_cast<int>(config.get_int("distributed.ranks_per_node"));
   return o;
 }
 

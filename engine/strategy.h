@@ -56,6 +56,10 @@ struct StrategyOptions {
   double beta = 0.9;            // easgd: β = p·α, in [0, 1]
   double alpha = 0.0;           // easgd: the moving rate α itself when > 0 (then β is ignored), ≤ 1
   int center_sync_every = 100;  // easgd: rank 0 re-broadcasts the centre every N exchanges (0 = never)
+  double bucket_mb = 25.0;      // allreduce: gradient bucket size in MB; each bucket's allreduce starts during
+                                // backward as soon as its gradients are complete (0 = one allreduce after backward)
+  std::string inter = "allreduce";  // two-level: the exchange between node leaders, allreduce or easgd
+  int ranks_per_node = 0;       // two-level: ranks per node group (0 = the ranks that share memory, as MPI says)
 };
 
 // What a strategy's communication cost this rank so far.
@@ -92,6 +96,10 @@ class Strategy {
   // After the optimizer's update number `step` (1-based, counted over the whole run including before a resume).
   virtual void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                             std::int64_t step) = 0;
+
+  // Called on every rank at the end of every epoch, before validation and the checkpoint (collective): a strategy
+  // whose ranks run apart (async-easgd) completes every exchange in flight, so that all ranks see one centre.
+  virtual void settle(const std::vector<Param*>& /*params*/, const std::vector<Buffer*>& /*buffers*/) {}
 
   // Runs `fn` while the parameters and buffers hold the model to validate and save (the replica for allreduce,
   // the centre for easgd), and puts the replica back afterwards, also when `fn` throws. Not collective.

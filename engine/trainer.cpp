@@ -424,7 +424,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       batch_in_epoch = 0;
     }
 
-    // Validation and the epoch's checkpoint.
+    // Validation and the epoch's checkpoint, of one centre on every rank.
+    strategy->settle(params, buffers);
     BinaryEvaluation val;
     if (val_data) {
       strategy->with_evaluation_model(params, buffers, [&] { val = validate(*model, *val_data, val_scorer, comm); });
