@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "engine/checkpoint_adapter.h"
+#include "engine/models/model.h"
+#include "engine/sequential.h"
 #include "io/error.h"
 
 namespace tessera::engine {
@@ -46,8 +49,162 @@ void Strategy::with_evaluation_model(const std::vector<Param*>&, const std::vect
 
 // ----------------------------------------------------------------------------------------------- allreduce
 
+// Reports the end of every watched module's backward to its strategy.
+class AllreduceStrategy::Watcher final : public ModuleObserver {
+ public:
+  explicit Watcher(AllreduceStrategy& strategy) : strategy_(strategy) {}
+  void begin(const Module&, Pass) override {}
+  void end(const Module& child, Pass pass) override {
+    if (pass != Pass::backward || !strategy_.armed_) return;
+    for (auto& [module, params] : strategy_.module_params_) {
+      if (module != &child) continue;
+      for (Param* p : params) strategy_.ready(p);
+      break;
+    }
+  }
+
+ private:
+  AllreduceStrategy& strategy_;
+};
+
+AllreduceStrategy::AllreduceStrategy(const io::Comm& comm, const StrategyOptions& options)
+    : Strategy(comm), bucket_mb_(options.bucket_mb) {
+  if (!(options.bucket_mb >= 0.0)) {
+    throw io::ConfigError(fmt::format("bucket_mb {} is negative", options.bucket_mb), "", 0, "distributed.bucket_mb");
+  }
+}
+
+AllreduceStrategy::~AllreduceStrategy() {
+  for (auto* seq : watched_) seq->set_observer(nullptr);
+  // Requests still in flight (a step cut short by an exception) are left to MPI: the job is going down.
+}
+
+void AllreduceStrategy::attach(Model& model) {
+  if (comm_.size() == 1 || bucket_mb_ <= 0.0) return;
+  for (auto* seq : watched_) seq->set_observer(nullptr);
+  watched_.clear();
+  module_params_.clear();
+  buckets_.clear();
+  slots_.clear();
+  // The body and every Sequential below it (ResNet's layerN): their children are the units whose end of backward
+  // is reported; a parameter is reported by the first (innermost) watched module that ends after it is complete.
+  std::vector<Sequential*> stack = {&model.body()};
+  while (!stack.empty()) {
+    Sequential* seq = stack.back();
+    stack.pop_back();
+    watched_.push_back(seq);
+    for (std::size_t i = 0; i < seq->size(); ++i) {
+      Module& child = (*seq)[i];
+      std::vector<Param*> params;
+      std::vector<Buffer*> buffers;
+      child.collect(params, buffers);
+      if (!params.empty()) module_params_.emplace_back(&child, std::move(params));
+      if (auto* nested = dynamic_cast<Sequential*>(&child)) stack.push_back(nested);
+    }
+  }
+  if (!watcher_) watcher_ = std::make_unique<Watcher>(*this);
+  for (auto* seq : watched_) seq->set_observer(watcher_.get());
+
+  // Buckets over the parameters in backward order (the reverse of the model's).
+  std::vector<Param*> params;
+  std::vector<Buffer*> buffers;
+  model.collect(params, buffers);
+  const auto limit = static_cast<std::size_t>(std::max(1.0, bucket_mb_ * 1048576.0 / sizeof(float)));
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    if (buckets_.empty() || buckets_.back().data.size() >= limit) buckets_.emplace_back();
+    Bucket& b = buckets_.back();
+    slots_.emplace_back(*it, Slot{buckets_.size() - 1, b.data.size(), false});
+    b.params.push_back(*it);
+    b.data.resize(b.data.size() + (*it)->value.size());
+  }
+  std::sort(slots_.begin(), slots_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+AllreduceStrategy::Slot* AllreduceStrategy::find_slot(const Param* p) {
+  auto it = std::lower_bound(slots_.begin(), slots_.end(), p, [](const auto& s, const Param* q) { return s.first < q; });
+  return it != slots_.end() && it->first == p ? &it->second : nullptr;
+}
+
+void AllreduceStrategy::before_backward(bool completes_step) {
+  armed_ = completes_step && !buckets_.empty();
+  if (!armed_) return;
+  for (auto& [param, slot] : slots_) slot.reported = false;
+  for (auto& b : buckets_) {
+    if (b.started) throw io::InternalError("allreduce: a bucket of the previous step was never completed");
+    b.pending = b.params.size();
+  }
+  next_start_ = 0;
+  overlapped_ = 0;
+  pass_comm_seconds_ = 0.0;
+}
+
+void AllreduceStrategy::ready(Param* p) {
+  Slot* slot = find_slot(p);
+  if (slot == nullptr || slot->reported) return;
+  slot->reported = true;
+  Bucket& b = buckets_[slot->bucket];
+  if (p->grad.size() != p->value.size()) {
+    throw io::InternalError(fmt::format("allreduce: the gradient of '{}' has {} values, the parameter {}", p->name,
+                                        p->grad.size(), p->value.size()));
+  }
+  std::copy(p->grad.begin(), p->grad.end(), b.data.begin() + static_cast<std::ptrdiff_t>(slot->offset));
+  --b.pending;
+  const auto t0 = std::chrono::steady_clock::now();
+  start_ready_buckets();
+  // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight.
+  for (std::size_t i = 0; i < next_start_; ++i) {
+    if (buckets_[i].request != MPI_REQUEST_NULL) io::Comm::test(buckets_[i].request);
+  }
+  pass_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void AllreduceStrategy::start_ready_buckets() {
+  // In bucket order on every rank: MPI requires collectives, non-blocking ones too, in the same order everywhere.
+  while (next_start_ < buckets_.size() && buckets_[next_start_].pending == 0) {
+    Bucket& b = buckets_[next_start_++];
+    b.request = comm_.iallreduce_sum(b.data.data(), b.data.size());
+    b.started = true;
+    if (armed_) ++overlapped_;
+  }
+}
+
 void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
   if (comm_.size() == 1) return;
+  if (!armed_) return fused_reduce(params);
+  armed_ = false;
+  if (params.size() != slots_.size()) {
+    throw io::InternalError(fmt::format("allreduce: {} parameters to reduce, {} were attached", params.size(),
+                                        slots_.size()));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // Parameters backward did not report (none in Tessera's models): packed now, their buckets started in order.
+  for (auto it = params.rbegin(); it != params.rend(); ++it) {
+    const Slot* slot = find_slot(*it);
+    if (slot == nullptr) throw io::InternalError(fmt::format("allreduce: parameter '{}' was not attached", (*it)->name));
+    if (!slot->reported) ready(*it);
+  }
+  start_ready_buckets();
+  const float scale = 1.0f / static_cast<float>(comm_.size());
+  std::size_t bytes = 0;
+  for (auto& b : buckets_) {
+    io::Comm::wait(b.request);
+    b.started = false;
+    std::size_t offset = 0;
+    for (Param* p : b.params) {
+      const float* src = b.data.data() + offset;
+      for (std::size_t i = 0; i < p->grad.size(); ++i) p->grad[i] = src[i] * scale;
+      offset += p->grad.size();
+    }
+    bytes += b.data.size() * sizeof(float);
+  }
+  // No barrier here: the time counted is what the step waited for communication backward did not hide.
+  stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.bytes += static_cast<std::int64_t>(bytes);
+  stats_.exchanges += static_cast<std::int64_t>(buckets_.size());
+  pass_comm_seconds_ = 0.0;
+}
+
+void AllreduceStrategy::fused_reduce(const std::vector<Param*>& params) {
   std::size_t total = 0;
   for (const auto* p : params) total += p->grad.size();
   flat_.resize(total);
@@ -234,8 +391,8 @@ namespace {
 // One entry per strategy; strategies in their own files add their entry here.
 const StrategyEntry kStrategies[] = {
     {"allreduce", "synchronous SGD: gradients averaged over all ranks every step",
-     [](const io::Comm& comm, const StrategyOptions&) -> std::unique_ptr<Strategy> {
-       return std::make_unique<AllreduceStrategy>(comm);
+     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+       return std::make_unique<AllreduceStrategy>(comm, options);
      }},
     {"easgd",
      "synchronous elastic averaging: local SGD, every tau steps one allreduce pulls replicas and centre together",

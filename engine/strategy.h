@@ -5,9 +5,14 @@
 // same for one process and for many (STYLE.md item 4). Validation and checkpoints see the model through
 // with_evaluation_model(), and a checkpoint carries what save_state() adds.
 //
-//   allreduce   synchronous data parallelism: before every update the gradients are averaged over all ranks
-//               (one fused allreduce of all gradients), so every replica takes the same step and stays
-//               identical. On one rank it does nothing. Evaluated and saved: the replica.
+//   allreduce   synchronous data parallelism: before every update the gradients are averaged over all ranks,
+//               so every replica takes the same step and stays identical. On one rank it does nothing.
+//               Evaluated and saved: the replica. The gradients travel in buckets of distributed.bucket_mb
+//               (25 MB): the parameters in backward order (the last layer's first) are cut into consecutive
+//               buckets, and a bucket's non-blocking allreduce starts as soon as backward has finished every
+//               layer with a parameter in it, so communication overlaps the rest of backward (as PyTorch DDP).
+//               Buckets start in the same order on every rank (the backward order is the model's). With
+//               bucket_mb = 0, or before attach(), one fused allreduce of all gradients after backward.
 //
 //   easgd       synchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015), decentralized: every rank
 //               keeps its own copy of the centre variable x̃ and trains its replica x_i on its own gradients
@@ -50,6 +55,9 @@
 
 namespace tessera::engine {
 
+class Model;
+class Sequential;
+
 // Settings of the strategies (the job's distributed.* keys); each strategy reads the ones it uses.
 struct StrategyOptions {
   int tau = 8;                  // easgd: optimizer steps between two exchanges, ≥ 1
@@ -88,6 +96,14 @@ class Strategy {
   virtual const char* name() const = 0;
   const io::Comm& comm() const { return comm_; }
 
+  // Once, before initialize(): a strategy that overlaps communication with backward watches the model's
+  // Sequentials (it takes their ModuleObserver slot, and gives it back when destroyed: the model must outlive
+  // the strategy).
+  virtual void attach(Model& /*model*/) {}
+  // Before every backward pass. `completes_step`: the gradients after this backward are the ones the next
+  // reduce_gradients() reduces (with gradient accumulation, only the last micro-batch's backward).
+  virtual void before_backward(bool /*completes_step*/) {}
+
   // Makes every replica equal to rank 0's (parameters and buffers). Called once before training, after a resumed
   // run has loaded its checkpoint (and load_state). Not counted in stats().
   virtual void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
@@ -125,8 +141,15 @@ class Strategy {
 
 class AllreduceStrategy final : public Strategy {
  public:
-  using Strategy::Strategy;
+  // Throws ConfigError (key "distributed.bucket_mb") on a negative bucket size.
+  explicit AllreduceStrategy(const io::Comm& comm, const StrategyOptions& options = {});
+  ~AllreduceStrategy() override;
   const char* name() const override { return "allreduce"; }
+  // Plans the buckets over the model's parameters and watches the body and every Sequential in it.
+  void attach(Model& model) override;
+  void before_backward(bool completes_step) override;
+  // Bucketed: completes what backward started (a bucket whose parameters backward never reported starts now),
+  // waits for every bucket and copies the averages back. Otherwise one fused allreduce.
   void reduce_gradients(const std::vector<Param*>& params) override;
   // Batch-norm running statistics are not gradients: each rank's would follow its own batches. As PyTorch's
   // DistributedDataParallel does (broadcast_buffers), rank 0's buffers are broadcast after every update, so
@@ -134,8 +157,41 @@ class AllreduceStrategy final : public Strategy {
   void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                     std::int64_t step) override;
 
+  // Buckets planned by attach() (0: not attached or bucket_mb = 0), and how many the last step started during
+  // backward rather than in reduce_gradients() (for tests and `bench comm`).
+  std::size_t buckets() const { return buckets_.size(); }
+  std::size_t buckets_overlapped() const { return overlapped_; }
+
  private:
+  class Watcher;
+  struct Bucket {
+    std::vector<Param*> params;   // in backward order
+    std::vector<float> data;      // their gradients, packed
+    std::size_t pending = 0;      // parameters not yet reported by backward in this pass
+    MPI_Request request = MPI_REQUEST_NULL;
+    bool started = false;
+  };
+  // Copies p's gradient into its bucket and starts every bucket that is complete, in order.
+  void ready(Param* p);
+  void start_ready_buckets();
+  void fused_reduce(const std::vector<Param*>& params);
+
+  double bucket_mb_ = 25.0;
   std::vector<float> flat_;  // all gradients (or buffers), packed for one collective
+  std::vector<Bucket> buckets_;
+  struct Slot {
+    std::size_t bucket = 0, offset = 0;
+    bool reported = false;
+  };
+  std::vector<std::pair<const Param*, Slot>> slots_;  // sorted by Param address
+  std::vector<std::pair<const void*, std::vector<Param*>>> module_params_;  // watched module → its parameters
+  std::vector<Sequential*> watched_;
+  std::unique_ptr<Watcher> watcher_;
+  bool armed_ = false;       // this backward completes a step: report parameters as they become ready
+  std::size_t next_start_ = 0;
+  std::size_t overlapped_ = 0;
+  double pass_comm_seconds_ = 0.0;  // time inside MPI calls during this backward
+  Slot* find_slot(const Param* p);
 };
 
 class EasgdStrategy final : public Strategy {

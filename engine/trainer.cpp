@@ -50,7 +50,10 @@ const io::Schema& train_schema() {
       .string("model.architecture", "compact", "Network (see tessera train --help for the list)")
       .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
       .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
-      .integer("train.batch_size", 64, "Tiles per step on each rank (global batch = this x ranks)", 1, 65536)
+      .integer("train.batch_size", 64, "Tiles per micro-batch on each rank", 1, 65536)
+      .integer("train.accumulation_steps", 1,
+               "Micro-batches whose gradients add up to one optimizer step: global batch = batch_size x ranks x this",
+               1, 65536)
       .integer("train.seed", 1, "Seed of the initial weights, the data order and the augmentation", 0, 9.0e15)
       .integer("train.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
       .string("train.class_weights", "balanced",
@@ -183,6 +186,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   const std::string shards = config.get_string("data.shards");
   const auto seed = static_cast<std::uint64_t>(config.get_int("train.seed"));
   const int batch_size = static_cast<int>(config.get_int("train.batch_size"));
+  const auto accumulation = config.get_int("train.accumulation_steps");
 
   // Data: training and validation slides by split; equal shares per rank.
   io::ShardDatasetOptions train_options;
@@ -246,12 +250,21 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   SoftmaxCrossEntropy loss(class_weights);
   TileScorer val_scorer(*model);
 
-  const std::int64_t steps_per_epoch = train_data.batches_per_epoch();
+  // An optimizer step takes `accumulation` micro-batches; an epoch's last micro-batches that cannot make a whole
+  // step are left out (like a last partial batch).
+  const std::int64_t batches_per_epoch = train_data.batches_per_epoch();
+  const std::int64_t steps_per_epoch = batches_per_epoch / accumulation;
+  if (steps_per_epoch == 0) {
+    throw io::ConfigError(fmt::format("{} micro-batches per epoch and rank cannot make one step of {} accumulated "
+                                      "micro-batches",
+                                      batches_per_epoch, accumulation),
+                          config.source(), 0, "train.accumulation_steps");
+  }
   const auto epochs = config.get_int("train.epochs");
   std::int64_t total_steps = steps_per_epoch * epochs;
   if (config.get_int("train.max_steps") > 0) total_steps = std::min(total_steps, config.get_int("train.max_steps"));
   TrainingShape shape;
-  shape.global_batch = static_cast<std::int64_t>(batch_size) * comm.size();
+  shape.global_batch = static_cast<std::int64_t>(batch_size) * comm.size() * accumulation;
   shape.steps_per_epoch = steps_per_epoch;
   shape.total_steps = total_steps;
   auto optimizer = build_optimizer(config);
@@ -289,7 +302,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     epoch = checkpoint.meta.epoch;
     if (const auto it = checkpoint.state.find("batch_in_epoch"); it != checkpoint.state.end()) {
       const auto* position = std::get_if<std::int64_t>(&it->second);
-      if (position == nullptr || *position < 0 || *position > steps_per_epoch) {
+      if (position == nullptr || *position < 0 || *position > batches_per_epoch) {
         throw io::InputError("/state batch_in_epoch is not a batch position of this job's epochs", resume);
       }
       batch_in_epoch = *position;
@@ -303,16 +316,18 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     }
     if (comm.is_root()) spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
   }
+  strategy->attach(*model);
   strategy->initialize(params, buffers);
 
   if (comm.is_root()) {
     fs::create_directories(out);
     config.save((out / "train.config.yaml").string());
-    spdlog::info("{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {} = "
-                 "global batch {}; {} steps per epoch",
+    spdlog::info("{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {}{} = "
+                 "global batch {}; {} steps per epoch; strategy {}",
                  model_options.architecture, model->parameter_count(), train_data.total_tiles(),
-                 train_options.slides.size(), val_options.slides.size(), comm.size(), batch_size, shape.global_batch,
-                 steps_per_epoch);
+                 train_options.slides.size(), val_options.slides.size(), comm.size(), batch_size,
+                 accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "", shape.global_batch,
+                 steps_per_epoch, strategy->name());
   }
   comm.barrier();
 
@@ -369,28 +384,39 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     }
     const auto t_steps = clock_type::now();
     const CommStats comm_before = strategy->stats();
-    while (step < total_steps && train_data.next(batch)) {
-      train_inputs.build(batch, seed, epoch, input);
-      labels.assign(batch.labels.begin(), batch.labels.end());
-
+    // batch_in_epoch counts micro-batches; a step takes `accumulation` of them.
+    while (step < total_steps && batch_in_epoch + accumulation <= steps_per_epoch * accumulation) {
       Optimizer::zero_grad(params);
-      // Dropout masks differ per step and per rank (rank 0's are a single process's).
-      model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
-                    (static_cast<std::uint64_t>(comm.rank()) * 0xD1B54A32D192ED03ull));
-      const Tensor& logits = model->forward(input);
-      const double batch_loss = loss.forward(logits, labels);
-      // Checked before this rank's gradients reach any collective: a failing rank takes the job down before a
-      // non-finite value can spread to the other replicas (or into a checkpoint).
-      if (!std::isfinite(batch_loss)) {
-        throw io::InternalError(fmt::format("the training loss is {} at step {}: lower optimizer.lr or check the data",
-                                            batch_loss, step + 1));
+      double batch_loss = 0.0;
+      for (std::int64_t micro = 0; micro < accumulation; ++micro) {
+        if (!train_data.next(batch)) {
+          throw io::InternalError(fmt::format("the training data ended after {} of {} micro-batches of epoch {}",
+                                              batch_in_epoch, batches_per_epoch, epoch + 1));
+        }
+        train_inputs.build(batch, seed, epoch, input);
+        labels.assign(batch.labels.begin(), batch.labels.end());
+        // Dropout masks differ per micro-batch and per rank (rank 0's are a single process's).
+        model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
+                      (static_cast<std::uint64_t>(comm.rank()) * 0xD1B54A32D192ED03ull) ^
+                      (static_cast<std::uint64_t>(micro) * 0x94D049BB133111EBull));
+        const Tensor& logits = model->forward(input);
+        // The mean over the step's micro-batches: each one's gradient counts 1/accumulation.
+        const double micro_loss = loss.forward(logits, labels, 1.0 / static_cast<double>(accumulation));
+        // Checked before this rank's gradients reach any collective: a failing rank takes the job down before a
+        // non-finite value can spread to the other replicas (or into a checkpoint).
+        if (!std::isfinite(micro_loss)) {
+          throw io::InternalError(fmt::format(
+              "the training loss is {} at step {}: lower optimizer.lr or check the data", micro_loss, step + 1));
+        }
+        batch_loss += micro_loss / static_cast<double>(accumulation);
+        strategy->before_backward(micro + 1 == accumulation);
+        model->backward(loss.backward());  // layers add into the gradients: the micro-batches accumulate
+        ++batch_in_epoch;
       }
-      model->backward(loss.backward());
       strategy->reduce_gradients(params);
       last_lr = schedule->lr(step);
       optimizer->step(params, last_lr);
       ++step;
-      ++batch_in_epoch;
       strategy->after_update(params, buffers, step);
       loss_window += batch_loss;
       ++loss_window_steps;
@@ -418,7 +444,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     }
     const StepTiming timing =
         step_timing(comm, clock_type::now() - t_steps, epoch_steps, strategy->stats() - comm_before);
-    const bool epoch_done = !(step >= total_steps && batch_in_epoch < steps_per_epoch);
+    const bool epoch_done = batch_in_epoch + accumulation > steps_per_epoch * accumulation;
     if (epoch_done) {
       ++epoch;
       batch_in_epoch = 0;

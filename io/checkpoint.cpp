@@ -33,6 +33,7 @@ constexpr const char* optimizer_group = "optimizer";
 constexpr const char* easgd_group = "easgd";
 constexpr const char* easgd_center_group = "center";
 constexpr const char* state_group = "state";
+constexpr const char* replicas_group = "replicas";
 
 // No tensor of a real model comes near this; a larger declared size is a corrupt header, refused before any
 // allocation is attempted.
@@ -63,6 +64,21 @@ Handle make_string_type() {
 // "tensor 'conv1.weight' in /params"
 std::string tensor_label(const std::string& group, const std::string& name) {
   return "tensor '" + name + "' in /" + group;
+}
+
+// "replicas/1"
+std::string replica_path(std::size_t rank) { return std::string(replicas_group) + "/" + std::to_string(rank); }
+
+// A rank's group name under /replicas: decimal digits without a sign or leading zeros; -1 for anything else.
+std::int64_t parse_rank(const std::string& name) {
+  constexpr std::size_t max_digits = 9;  // far beyond any rank count, and no overflow
+  if (name.empty() || name.size() > max_digits || (name.size() > 1 && name[0] == '0')) return -1;
+  std::int64_t rank = 0;
+  for (const char ch : name) {
+    if (ch < '0' || ch > '9') return -1;
+    rank = rank * 10 + (ch - '0');
+  }
+  return rank;
 }
 
 // =========================================================================================================
@@ -101,6 +117,16 @@ void validate_tensors(const WriteChecker& h5, const std::string& group, const Te
   }
 }
 
+// `path`: "optimizer" or "replicas/<rank>/optimizer".
+void validate_optimizer(const WriteChecker& h5, const std::string& path, const OptimizerState& optimizer) {
+  if (optimizer.name.empty() && !optimizer.slots.empty())
+    h5.fail("optimizer state without an optimizer name in /" + path);
+  for (const auto& [slot, tensors] : optimizer.slots) {
+    check_name(h5, "/" + path, slot);
+    validate_tensors(h5, path + "/" + slot, tensors);
+  }
+}
+
 // Every argument mistake is found before the temporary file is created.
 void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
   if (c.meta.architecture.empty()) h5.fail("checkpoint meta: architecture is empty");
@@ -113,12 +139,14 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
   if (!(c.meta.mpp >= 0.0) || !std::isfinite(c.meta.mpp)) h5.fail("checkpoint meta: mpp must be a finite number >= 0");
   validate_tensors(h5, params_group, c.params);
   validate_tensors(h5, buffers_group, c.buffers);
-  if (c.optimizer.name.empty() && !c.optimizer.slots.empty()) h5.fail("optimizer state without an optimizer name");
-  for (const auto& [slot, tensors] : c.optimizer.slots) {
-    check_name(h5, "/optimizer", slot);
-    validate_tensors(h5, std::string(optimizer_group) + "/" + slot, tensors);
-  }
+  validate_optimizer(h5, optimizer_group, c.optimizer);
   validate_tensors(h5, "easgd/center", c.easgd_center);
+  for (std::size_t rank = 0; rank < c.replicas.size(); ++rank) {
+    const std::string path = replica_path(rank);
+    validate_tensors(h5, path + "/" + params_group, c.replicas[rank].params);
+    validate_tensors(h5, path + "/" + buffers_group, c.replicas[rank].buffers);
+    validate_optimizer(h5, path + "/" + optimizer_group, c.replicas[rank].optimizer);
+  }
   for (const auto& entry : c.state) check_name(h5, "/state", entry.first);
 }
 
@@ -265,14 +293,31 @@ class CheckpointWriter {
     h5_.close(group, "cannot close group '/meta'");
   }
 
-  void create_optimizer(const OptimizerState& optimizer) {
-    Handle group = create_group(file_, optimizer_group, "/optimizer");
+  // `path`: "optimizer" or "replicas/<rank>/optimizer", the group `optimizer` in `parent`.
+  void create_optimizer(hid_t parent, const std::string& path, const OptimizerState& optimizer) {
+    Handle group = create_group(parent, optimizer_group, "/" + path);
     write_string(group.get(), "name", optimizer.name);
     write_int(group.get(), "step", optimizer.step);
     for (const auto& [slot, tensors] : optimizer.slots) {
-      create_tensors(group.get(), slot.c_str(), std::string(optimizer_group) + "/" + slot, tensors);
+      create_tensors(group.get(), slot.c_str(), path + "/" + slot, tensors);
     }
-    h5_.close(group, "cannot close group '/optimizer'");
+    h5_.close(group, "cannot close group '/" + path + "'");
+  }
+
+  void create_replicas(const std::vector<Replica>& replicas) {
+    Handle group = create_group(file_, replicas_group, "/replicas");
+    for (std::size_t rank = 0; rank < replicas.size(); ++rank) {
+      const Replica& replica = replicas[rank];
+      const std::string path = replica_path(rank);
+      Handle replica_group = create_group(group.get(), std::to_string(rank).c_str(), "/" + path);
+      create_tensors(replica_group.get(), params_group, path + "/" + params_group, replica.params);
+      create_tensors(replica_group.get(), buffers_group, path + "/" + buffers_group, replica.buffers);
+      if (!replica.optimizer.empty()) {
+        create_optimizer(replica_group.get(), path + "/" + optimizer_group, replica.optimizer);
+      }
+      h5_.close(replica_group, "cannot close group '/" + path + "'");
+    }
+    h5_.close(group, "cannot close group '/replicas'");
   }
 
   void create_easgd(const TensorMap& center) {
@@ -328,14 +373,24 @@ class CheckpointWriter {
 std::vector<char> build_image(const WriteChecker& h5, const std::string& name, const Checkpoint& c) {
   QuietHdf5 quiet;
   std::size_t data_bytes = 0;
-  auto add = [&data_bytes](const TensorMap& tensors) {
+  std::size_t tensor_count = 0;
+  auto add = [&](const TensorMap& tensors) {
     for (const auto& entry : tensors) data_bytes += entry.second.data.size() * sizeof(float);
+    tensor_count += tensors.size();
   };
   add(c.params);
   add(c.buffers);
   for (const auto& slot : c.optimizer.slots) add(slot.second);
   add(c.easgd_center);
-  constexpr std::size_t metadata_allowance = std::size_t{1} << 20;
+  for (const auto& replica : c.replicas) {
+    add(replica.params);
+    add(replica.buffers);
+    for (const auto& slot : replica.optimizer.slots) add(slot.second);
+  }
+  // A dataset's object header and link take a few hundred bytes; the rest is /meta (the job's YAML) and groups.
+  constexpr std::size_t metadata_base = std::size_t{1} << 20;
+  constexpr std::size_t metadata_per_tensor = 1024;
+  const std::size_t metadata_allowance = metadata_base + metadata_per_tensor * tensor_count;
 
   Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
   // One growth step of the in-memory file holds the data and typical metadata: no reallocation on the way.
@@ -353,8 +408,9 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   writer.write_meta(c.meta);
   writer.create_tensors(file.get(), params_group, params_group, c.params);
   writer.create_tensors(file.get(), buffers_group, buffers_group, c.buffers);
-  if (!c.optimizer.empty()) writer.create_optimizer(c.optimizer);
+  if (!c.optimizer.empty()) writer.create_optimizer(file.get(), optimizer_group, c.optimizer);
   if (!c.easgd_center.empty()) writer.create_easgd(c.easgd_center);
+  if (!c.replicas.empty()) writer.create_replicas(c.replicas);
   if (!c.state.empty()) writer.write_state(c.state);
   // Metadata that HDF5 holds in temporary file space gets its real address at a flush: flushing before the
   // data keeps all of it ahead of the tensors.
@@ -435,21 +491,41 @@ class CheckpointReader {
   // the real end of the file is named. Attributes and data are not read, so HDF5 is never asked to decode
   // the zero padding as strings or heaps (where a damaged global heap can make it loop).
   [[noreturn]] void diagnose_truncation(const CheckpointLayout* expected) const {
-    probe_tensors(file(), params_group, params_group, expected != nullptr ? &expected->params : nullptr);
-    probe_tensors(file(), buffers_group, buffers_group, expected != nullptr ? &expected->buffers : nullptr);
-    Handle optimizer = open_group(file(), optimizer_group, "/optimizer", false);
-    if (optimizer.get() >= 0) {
-      for (const auto& slot : list(optimizer.get(), "/optimizer")) {
-        probe_tensors(optimizer.get(), slot.c_str(), std::string(optimizer_group) + "/" + slot,
-                      expected != nullptr ? &expected->params : nullptr);
-      }
-    }
+    const std::vector<TensorSpec>* params = expected != nullptr ? &expected->params : nullptr;
+    probe_model(file(), "", expected);
     Handle easgd = open_group(file(), easgd_group, "/easgd", false);
-    if (easgd.get() >= 0) {
-      probe_tensors(easgd.get(), easgd_center_group, "easgd/center", expected != nullptr ? &expected->params : nullptr);
+    if (easgd.get() >= 0) probe_tensors(easgd.get(), easgd_center_group, "easgd/center", params, false);
+    Handle replicas = open_group(file(), replicas_group, "/replicas", false);
+    if (replicas.get() >= 0) {
+      // The ranks present, in rank order: a cut listing may lack some, which is not the news here.
+      std::vector<std::int64_t> ranks;
+      for (const auto& name : list(replicas.get(), "/replicas")) {
+        if (parse_rank(name) >= 0) ranks.push_back(parse_rank(name));
+      }
+      std::sort(ranks.begin(), ranks.end());
+      for (const std::int64_t rank : ranks) {
+        const std::string path = replica_path(static_cast<std::size_t>(rank));
+        Handle replica = open_group(replicas.get(), std::to_string(rank), "/" + path, true);
+        probe_model(replica.get(), path + "/", expected);
+      }
     }
     // The missing part held no tensor data (free space, or metadata no probe reached).
     throw InputError("truncated: " + truncation_sizes(), path_);
+  }
+
+  // params, buffers and optimizer under `parent`; `prefix` is "" or "replicas/<rank>/".
+  void probe_model(hid_t parent, const std::string& prefix, const CheckpointLayout* expected) const {
+    const std::vector<TensorSpec>* params = expected != nullptr ? &expected->params : nullptr;
+    probe_tensors(parent, params_group, prefix + params_group, params, false);
+    probe_tensors(parent, buffers_group, prefix + buffers_group, expected != nullptr ? &expected->buffers : nullptr,
+                  false);
+    const std::string optimizer_path = prefix + optimizer_group;
+    Handle optimizer = open_group(parent, optimizer_group, "/" + optimizer_path, false);
+    if (optimizer.get() >= 0) {
+      for (const auto& slot : list(optimizer.get(), "/" + optimizer_path)) {
+        probe_tensors(optimizer.get(), slot.c_str(), optimizer_path + "/" + slot, params, true);
+      }
+    }
   }
 
   hid_t file() const { return file_.get(); }
@@ -594,8 +670,9 @@ class CheckpointReader {
   }
 
   // Opens each tensor of the group (in `order` first, when given) and checks where its data is stored.
+  // `subset`: the group may lack tensors of `order` (optimizer state).
   void probe_tensors(hid_t parent, const char* name, const std::string& group_path,
-                     const std::vector<TensorSpec>* order) const {
+                     const std::vector<TensorSpec>* order, bool subset) const {
     Handle group = open_group(parent, name, "/" + group_path, false);
     if (group.get() < 0) return;
     std::vector<std::string> names = list(group.get(), "/" + group_path);
@@ -603,12 +680,11 @@ class CheckpointReader {
       // HDF5 can list a group whose link messages were cut off without an error, just without those links:
       // a tensor the model expects and the listing lacks is the first bad one. (Optimizer state may cover
       // only some parameters, so it is not held to this.)
-      const bool complete = group_path.rfind(std::string(optimizer_group) + "/", 0) != 0;
       std::vector<std::string> ordered;
       for (const auto& spec : *order) {
         if (std::find(names.begin(), names.end(), spec.name) != names.end()) {
           ordered.push_back(spec.name);
-        } else if (complete) {
+        } else if (!subset) {
           fail("tensor '" + spec.name + "' is missing from /" + group_path);
         }
       }
@@ -681,22 +757,26 @@ class CheckpointReader {
     return tensors;
   }
 
-  // Optimizer state: name and step attributes, one subgroup per state. `params` checks the tensors against
-  // the model's parameters (nullptr: free-form).
-  OptimizerState read_optimizer(const std::vector<TensorSpec>* params) const {
+  // Optimizer state (the group `optimizer` in `parent`, at `path`: "optimizer" or "replicas/<rank>/optimizer"):
+  // name and step attributes, one subgroup per state. `params` checks the tensors against the model's
+  // parameters (nullptr: free-form).
+  OptimizerState read_optimizer(hid_t parent, const std::string& path, const std::vector<TensorSpec>* params) const {
     OptimizerState state;
-    Handle group = open_group(file(), optimizer_group, "/optimizer", false);
+    const std::string label = "/" + path;
+    Handle group = open_group(parent, optimizer_group, label, false);
     if (group.get() < 0) return state;
-    state.name = read_string(group.get(), "name", "/optimizer");
-    if (state.name.empty()) fail("attribute 'name' in /optimizer is empty");
-    state.step = has_attribute(group.get(), "step") ? read_int(group.get(), "step", "/optimizer") : 0;
-    for (const auto& slot : list(group.get(), "/optimizer")) {
-      const std::string path = std::string(optimizer_group) + "/" + slot;
-      if (object_type(group.get(), slot, "cannot open '/" + path + "'") != H5O_TYPE_GROUP) {
-        fail("'/" + path + "' is not a group of per-parameter optimizer state (/optimizer/<state>/<parameter>)");
+    state.name = read_string(group.get(), "name", label);
+    if (state.name.empty()) fail("attribute 'name' in " + label + " is empty");
+    state.step = has_attribute(group.get(), "step") ? read_int(group.get(), "step", label) : 0;
+    for (const auto& slot : list(group.get(), label)) {
+      const std::string slot_path = path + "/" + slot;
+      if (object_type(group.get(), slot, "cannot open '/" + slot_path + "'") != H5O_TYPE_GROUP) {
+        fail("'/" + slot_path + "' is not a group of per-parameter optimizer state (" + label +
+             "/<state>/<parameter>)");
       }
-      state.slots.emplace(slot, params != nullptr ? read_checked_tensors(group.get(), slot.c_str(), path, *params, true)
-                                                  : read_all_tensors(group.get(), slot.c_str(), path));
+      state.slots.emplace(slot, params != nullptr
+                                    ? read_checked_tensors(group.get(), slot.c_str(), slot_path, *params, true)
+                                    : read_all_tensors(group.get(), slot.c_str(), slot_path));
     }
     return state;
   }
@@ -707,6 +787,68 @@ class CheckpointReader {
     if (!has_link(group.get(), easgd_center_group, "/easgd/center")) fail("missing group '/easgd/center'");
     return params != nullptr ? read_checked_tensors(group.get(), easgd_center_group, "easgd/center", *params, false)
                              : read_all_tensors(group.get(), easgd_center_group, "easgd/center");
+  }
+
+  // The group /replicas, or an invalid handle when the file has none.
+  Handle open_replicas() const { return open_group(file(), replicas_group, "/replicas", false); }
+
+  // How many replicas /replicas holds, after checking that its members are exactly the groups "0".."n-1".
+  // Only links and object headers are read (cheap: no tensor is opened).
+  std::size_t count_replicas(hid_t replicas) const {
+    std::vector<std::int64_t> ranks;
+    for (const auto& name : list(replicas, "/replicas")) {
+      const std::int64_t rank = parse_rank(name);
+      const std::string label = "/replicas/" + name;
+      if (rank < 0) fail("'" + label + "' is not a rank (replicas are /replicas/0, /replicas/1, ...)");
+      if (object_type(replicas, name, "cannot open '" + label + "'") != H5O_TYPE_GROUP) {
+        fail("'" + label + "' is not a group");
+      }
+      ranks.push_back(rank);
+    }
+    std::sort(ranks.begin(), ranks.end());  // link names are unique and ranks have no leading zeros: no repeats
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] == static_cast<std::int64_t>(i)) continue;
+      constexpr std::size_t shown = 8;
+      std::string found;
+      for (std::size_t k = 0; k < ranks.size() && k < shown; ++k) {
+        if (k > 0) found += ", ";
+        found += std::to_string(ranks[k]);
+      }
+      if (ranks.size() > shown) found += ", ... (" + std::to_string(ranks.size()) + " ranks)";
+      fail("/replicas has no rank " + std::to_string(i) + ": replicas must be ranks 0..n-1 without gaps (found " +
+           found + ")");
+    }
+    return ranks.size();
+  }
+
+  // One rank's replica; `expected` checks it like /params, /buffers and /optimizer (nullptr: free-form).
+  Replica read_replica(hid_t replicas, std::size_t rank, const CheckpointLayout* expected) const {
+    const std::string path = replica_path(rank);
+    Handle group = open_group(replicas, std::to_string(rank), "/" + path, true);
+    const hid_t g = group.get();
+    const std::string params_path = path + "/" + params_group;
+    const std::string buffers_path = path + "/" + buffers_group;
+    Replica replica;
+    if (expected != nullptr) {
+      replica.params = read_checked_tensors(g, params_group, params_path, expected->params, false);
+      replica.buffers = read_checked_tensors(g, buffers_group, buffers_path, expected->buffers, false);
+    } else {
+      replica.params = read_all_tensors(g, params_group, params_path);
+      replica.buffers = read_all_tensors(g, buffers_group, buffers_path);
+    }
+    replica.optimizer =
+        read_optimizer(g, path + "/" + optimizer_group, expected != nullptr ? &expected->params : nullptr);
+    return replica;
+  }
+
+  std::vector<Replica> read_replicas(const CheckpointLayout* expected) const {
+    std::vector<Replica> replicas;
+    Handle group = open_replicas();
+    if (group.get() < 0) return replicas;
+    const std::size_t count = count_replicas(group.get());
+    replicas.reserve(count);
+    for (std::size_t rank = 0; rank < count; ++rank) replicas.push_back(read_replica(group.get(), rank, expected));
+    return replicas;
   }
 
   StateMap read_state() const {
@@ -1038,13 +1180,14 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.meta = r.read_meta();
   c.params = r.read_all_tensors(r.file(), params_group, params_group);
   c.buffers = r.read_all_tensors(r.file(), buffers_group, buffers_group);
-  c.optimizer = r.read_optimizer(nullptr);
+  c.optimizer = r.read_optimizer(r.file(), optimizer_group, nullptr);
   c.easgd_center = r.read_easgd(nullptr);
+  c.replicas = r.read_replicas(nullptr);
   c.state = r.read_state();
   return c;
 }
 
-Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected) {
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected, ReplicaRead replicas) {
   QuietHdf5 quiet;
   const CheckpointReader r(path);
   if (r.truncated()) r.diagnose_truncation(&expected);
@@ -1052,10 +1195,30 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
   c.meta = r.read_meta();
   c.params = r.read_checked_tensors(r.file(), params_group, params_group, expected.params, false);
   c.buffers = r.read_checked_tensors(r.file(), buffers_group, buffers_group, expected.buffers, false);
-  c.optimizer = r.read_optimizer(&expected.params);
+  c.optimizer = r.read_optimizer(r.file(), optimizer_group, &expected.params);
   c.easgd_center = r.read_easgd(&expected.params);
+  if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(&expected);
   c.state = r.read_state();
   return c;
+}
+
+Replica read_checkpoint_replica(const std::string& path, int rank, const CheckpointLayout& expected) {
+  if (rank < 0) {
+    InternalError error("read_checkpoint_replica: negative rank " + std::to_string(rank));
+    error.add_context("file", path);
+    throw error;
+  }
+  QuietHdf5 quiet;
+  const CheckpointReader r(path);
+  if (r.truncated()) r.diagnose_truncation(&expected);
+  (void)r.read_meta();  // the format and /meta are checked; the caller has them from read_checkpoint_meta
+  Handle replicas = r.open_replicas();
+  const std::size_t count = replicas.get() < 0 ? 0 : r.count_replicas(replicas.get());
+  if (count == 0) r.fail("no replica for rank " + std::to_string(rank) + ": the checkpoint holds no replicas");
+  if (static_cast<std::size_t>(rank) >= count) {
+    r.fail("no replica for rank " + std::to_string(rank) + ": /replicas holds ranks 0.." + std::to_string(count - 1));
+  }
+  return r.read_replica(replicas.get(), static_cast<std::size_t>(rank), &expected);
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {

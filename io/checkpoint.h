@@ -9,6 +9,11 @@
 //   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
 //                                      parameter; attributes name, step
 //   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
+//   /replicas/<rank>/params/<name>             float32  one rank's own replica, for strategies whose ranks'
+//   /replicas/<rank>/buffers/<name>            float32  models differ (EASGD-type): parameters, buffers and
+//   /replicas/<rank>/optimizer/<state>/<name>  float32  optimizer state as in /params, /buffers, /optimizer
+//                                                       (attributes name, step on /replicas/<rank>/optimizer);
+//                                                       ranks 0..n-1 without gaps, absent when not needed
 //   /state                    attributes the trainer keeps for resuming (RNG words, data-loader position, ...)
 //
 // Tensor names keep their dots inside one dataset name ("layer1.0.conv1.weight" is a dataset directly in
@@ -24,6 +29,13 @@
 //    [64, 64, 3, 3]"
 //   "file 'x.h5': tensor 'fc.weight' in /params: its data (bytes 10552..10584) lies beyond the end of the
 //    file (the file is truncated: expected at least 10624 bytes, the file has 10568)".
+// Readers ignore top-level groups they do not know, so a reader older than /replicas reads a file with
+// replicas as the same checkpoint without them (the format version did not change for them).
+//
+// Memory: a checkpoint is built in memory. Replicas cost p × model × (1 + optimizer slots) floats for p ranks
+// (ResNet-18 with momentum: 11.7 M parameters × 2 × 4 bytes ≈ 94 MB per rank, 750 MB for 8 ranks), held once
+// in the Checkpoint and once more in the file image while writing. A resumed rank need not load the others'
+// state: read_checkpoint(path, layout, ReplicaRead::skip) and read_checkpoint_replica(path, rank, layout).
 #pragma once
 
 #include <cstdint>
@@ -83,12 +95,22 @@ using StateValue = std::variant<std::int64_t, std::uint64_t, double, std::string
                                 std::vector<std::uint64_t>, std::vector<double>>;
 using StateMap = std::map<std::string, StateValue>;
 
+// One rank's own model and optimizer state (/replicas/<rank>), when the ranks' models differ.
+struct Replica {
+  TensorMap params;
+  TensorMap buffers;
+  OptimizerState optimizer;  // empty() = none
+
+  bool operator==(const Replica&) const = default;
+};
+
 struct Checkpoint {
   CheckpointMeta meta;
   TensorMap params;
   TensorMap buffers;
-  OptimizerState optimizer;  // empty() = none
-  TensorMap easgd_center;    // empty = none
+  OptimizerState optimizer;       // empty() = none
+  TensorMap easgd_center;         // empty = none
+  std::vector<Replica> replicas;  // index = rank; empty = none
   StateMap state;
 
   bool operator==(const Checkpoint&) const = default;
@@ -115,14 +137,28 @@ struct CheckpointLayout {
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
 // Free-form read: everything in the file, after checking the format, the meta attributes, and that every
-// tensor is float32 and fully readable. InputError naming the file (and the first bad tensor) otherwise;
-// FileNotFoundError when there is no file.
+// tensor is float32 and fully readable (and that the replicas are ranks 0..n-1). InputError naming the file
+// (and the first bad tensor) otherwise; FileNotFoundError when there is no file.
 Checkpoint read_checkpoint(const std::string& path);
+
+// Whether a checked read loads /replicas (a truncated file is refused either way).
+enum class ReplicaRead { all, skip };
 
 // Checked read against the model: the params and buffers must be exactly `expected` (same names, same shapes;
 // a missing or extra tensor is an error), optimizer state and the EASGD centre, when present, must name
-// parameters of the model with their shapes (the centre: all of them).
-Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected);
+// parameters of the model with their shapes (the centre: all of them). Each replica is held to the same rules
+// as /params, /buffers and /optimizer, and the replicas must be ranks 0..n-1 without gaps; errors name the
+// replica ("tensor 'fc.weight' in /replicas/1/params has shape ..."). With ReplicaRead::skip, /replicas is
+// neither read nor checked and `replicas` stays empty (inference; a resumed rank that reads its own replica
+// with read_checkpoint_replica).
+Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected,
+                           ReplicaRead replicas = ReplicaRead::all);
+
+// One rank's replica, checked like the replicas of a checked read, without reading the other ranks' tensors
+// (only the names under /replicas, to check that the ranks are 0..n-1). The format and /meta are checked
+// too. InputError naming the file when the file has no /replicas or no replica for `rank`; InternalError for
+// a negative rank.
+Replica read_checkpoint_replica(const std::string& path, int rank, const CheckpointLayout& expected);
 
 // Only the /meta attributes (format checked): enough to build the model before reading its weights. A
 // truncated file is refused here already, naming the first tensor whose data is gone.

@@ -233,6 +233,12 @@ MPI_Request Comm::iallreduce_sum(float* data, std::size_t count) const {
 
 void Comm::wait(MPI_Request& request) { TESSERA_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE)); }
 
+bool Comm::test(MPI_Request& request) {
+  int done = 0;
+  TESSERA_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  return done != 0;
+}
+
 void Comm::broadcast(void* data, std::size_t bytes, int root) const {
   // At least one call, even for zero bytes, so that every rank takes part and a bad root is reported.
   std::size_t done = 0;

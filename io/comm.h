@@ -74,6 +74,8 @@ class Comm {
   // Non-blocking in-place allreduce (sum) for overlapping communication with compute.
   MPI_Request iallreduce_sum(float* data, std::size_t count) const;
   static void wait(MPI_Request& request);
+  // True when `request` has completed (it is then MPI_REQUEST_NULL); lets MPI progress non-blocking collectives.
+  static bool test(MPI_Request& request);
 
   // Broadcast from `root`; vectors and strings are resized on the receivers.
   void broadcast(void* data, std::size_t bytes, int root) const;

@@ -8,6 +8,8 @@ A Tessera checkpoint (io/checkpoint.h, DESIGN.md "Checkpoints") is one HDF5 file
   /meta                             attributes: format = "tessera-checkpoint", version, architecture,
                                     input_size, num_classes, class_names, mpp, stain_normalization,
                                     stain_target, config_yaml, step, epoch, created, tessera_version
+Training state for resuming (/optimizer, /easgd, /replicas/<rank>/..., /state) is ignored here: `import`
+converts /params and /buffers only.
 BatchNorm's `num_batches_tracked` is not stored (Tessera's batch norm uses a fixed momentum); `import` sets it
 to 0, which changes nothing in eval mode or with a fixed momentum.
 

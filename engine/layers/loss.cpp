@@ -49,7 +49,7 @@ void SoftmaxCrossEntropy::prepare(const Tensor& logits) {
   for (std::int64_t i = 0; i < count; ++i) probabilities_[i] = std::exp(log_p[i]);
 }
 
-double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> labels) {
+double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> labels, double gradient_scale) {
   if (logits.empty() || logits.dims().size() != 2 || logits.dims()[0] != static_cast<memory::dim>(labels.size())) {
     throw io::InternalError("SoftmaxCrossEntropy: logits for " + std::to_string(labels.size()) + " labels must be " +
                             std::to_string(labels.size()) + "×K");
@@ -73,7 +73,7 @@ double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> l
   float* diff = diff_.data();
   for (std::int64_t n = 0; n < n_count; ++n) {
     const int t = labels[n];
-    const double w = (class_weights_.empty() ? 1.0 : class_weights_[t]) * inverse_total;
+    const double w = (class_weights_.empty() ? 1.0 : class_weights_[t]) * inverse_total * gradient_scale;
     for (std::int64_t k = 0; k < classes; ++k) {
       const double target = k == t ? 1.0 : 0.0;
       diff[n * classes + k] = static_cast<float>(w * (probabilities_[n * classes + k] - target));

@@ -31,7 +31,8 @@ class SoftmaxCrossEntropy {
 
   // The loss of a batch; keeps the probabilities and the gradient. Throws InternalError when the logits are
   // not N×K with N = labels.size(), a label is outside [0, K), or K does not match the class weights.
-  double forward(const Tensor& logits, std::span<const int> labels);
+  // `gradient_scale` multiplies the gradient only (not the loss): 1/k for one of k accumulated micro-batches.
+  double forward(const Tensor& logits, std::span<const int> labels, double gradient_scale = 1.0);
   // dL/d(logits) of the last forward, N×K plain (nc). It does not depend on the loss's own upstream gradient:
   // the loss is the end of the graph.
   const Tensor& backward() const;

@@ -569,6 +569,18 @@ TEST(CheckpointAtomic, ArgumentMistakesAreRefusedBeforeAnythingIsWritten) {
        },
        "optimizer state without an optimizer name"},
       {"state", [](io::Checkpoint& c) { c.state[""] = std::int64_t{1}; }, "invalid name ''"},
+      {"replica data size",
+       [](io::Checkpoint& c) {
+         c.replicas.resize(2);
+         c.replicas[1].params["fc.bias"] = {{2}, {1.0f}};
+       },
+       "tensor 'fc.bias' in /replicas/1/params has 1 values but shape [2] needs 2"},
+      {"replica optimizer",
+       [](io::Checkpoint& c) {
+         c.replicas.resize(1);
+         c.replicas[0].optimizer.slots["m"]["fc.bias"] = {{2}, {1.0f, 2.0f}};
+       },
+       "optimizer state without an optimizer name in /replicas/0/optimizer"},
   };
   for (const auto& k : cases) {
     SCOPED_TRACE(k.what);
@@ -722,6 +734,312 @@ TEST(CheckpointErrors, TruncatedAnywhereIsRefused) {
   }
   // Tessera writes all metadata before the data, so at least every cut made inside a tensor's data names one.
   EXPECT_GE(named, static_cast<int>(extents.size())) << "every cut inside a tensor's data names a tensor";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Per-rank replicas (/replicas/<rank>/...): each rank's own model and optimizer state under EASGD-type
+// strategies.
+
+// A replica of `layout` whose values differ from every other replica's (and the centre's): `rank` seeds them.
+io::Replica make_replica(const io::CheckpointLayout& layout, int rank, bool with_optimizer) {
+  io::Replica r;
+  std::uint32_t seed = 1000u * static_cast<std::uint32_t>(rank + 1);
+  for (const auto& spec : layout.params) r.params[spec.name] = make_tensor(spec.shape, seed++);
+  for (const auto& spec : layout.buffers) r.buffers[spec.name] = make_tensor(spec.shape, seed++);
+  if (with_optimizer) {
+    r.optimizer.name = "sgd";
+    r.optimizer.step = 100 + rank;
+    for (const auto& spec : layout.params)
+      r.optimizer.slots["momentum_buffer"][spec.name] = make_tensor(spec.shape, seed++);
+  }
+  return r;
+}
+
+io::Checkpoint make_checkpoint_with_replicas(const io::CheckpointLayout& layout, int ranks, bool with_optimizer) {
+  io::Checkpoint c = make_checkpoint(layout);
+  c.optimizer.name = "sgd";
+  c.optimizer.step = 99;
+  c.optimizer.slots["momentum_buffer"]["fc.weight"] = make_tensor({2, 8}, 500);
+  for (int rank = 0; rank < ranks; ++rank) c.replicas.push_back(make_replica(layout, rank, with_optimizer));
+  return c;
+}
+
+void expect_replicas_bit_exact(const std::vector<io::Replica>& actual, const std::vector<io::Replica>& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t rank = 0; rank < expected.size(); ++rank) {
+    const std::string what = "replica " + std::to_string(rank);
+    expect_bit_exact(actual[rank].params, expected[rank].params, what + " params");
+    expect_bit_exact(actual[rank].buffers, expected[rank].buffers, what + " buffers");
+    EXPECT_EQ(actual[rank].optimizer.name, expected[rank].optimizer.name) << what;
+    EXPECT_EQ(actual[rank].optimizer.step, expected[rank].optimizer.step) << what;
+    ASSERT_EQ(actual[rank].optimizer.slots.size(), expected[rank].optimizer.slots.size()) << what;
+    for (const auto& [slot, tensors] : expected[rank].optimizer.slots) {
+      expect_bit_exact(actual[rank].optimizer.slots.at(slot), tensors, what + " " + slot);
+    }
+  }
+}
+
+TEST(CheckpointReplicas, RoundTripIsBitExactWithAndWithoutOptimizerState) {
+  const io::CheckpointLayout layout = small_layout();
+  for (const bool with_optimizer : {true, false}) {
+    SCOPED_TRACE(with_optimizer ? "with optimizer state" : "without optimizer state");
+    TempDir dir;
+    const std::string path = dir.file("model.h5");
+    io::Checkpoint c = make_checkpoint_with_replicas(layout, 3, with_optimizer);
+    c.replicas[1].params["conv1.weight"].data[0] = -0.0f;
+    c.replicas[2].buffers["bn1.running_var"].data[3] = from_bits(0x00012345u);  // a denormal
+    io::write_checkpoint(path, c);
+
+    const io::Checkpoint free_form = io::read_checkpoint(path);
+    expect_replicas_bit_exact(free_form.replicas, c.replicas);
+    expect_bit_exact(free_form.params, c.params, "centre params");
+    expect_bit_exact(free_form.optimizer.slots.at("momentum_buffer"), c.optimizer.slots.at("momentum_buffer"),
+                     "centre momentum");
+    const io::Checkpoint checked = io::read_checkpoint(path, layout);
+    expect_replicas_bit_exact(checked.replicas, c.replicas);
+    EXPECT_EQ(checked.replicas, free_form.replicas);
+
+    // The documented layout, as plain HDF5 sees it.
+    H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+    ASSERT_GE(file.id, 0);
+    {
+      H5Id d{H5Dopen2(file.id, "/replicas/2/params/fc.weight", H5P_DEFAULT), H5Dclose};
+      ASSERT_GE(d.id, 0);
+      H5Id type{H5Dget_type(d.id), H5Tclose};
+      EXPECT_GT(H5Tequal(type.id, H5T_IEEE_F32LE), 0);
+      H5Id space{H5Dget_space(d.id), H5Sclose};
+      hsize_t dims[2] = {};
+      ASSERT_EQ(H5Sget_simple_extent_ndims(space.id), 2);
+      H5Sget_simple_extent_dims(space.id, dims, nullptr);
+      EXPECT_EQ(std::vector<hsize_t>(dims, dims + 2), (std::vector<hsize_t>{2, 8}));
+      std::vector<float> values(16);
+      ASSERT_GE(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+      EXPECT_EQ(bits_of(values[11]), bits_of(c.replicas[2].params["fc.weight"].data[11]));
+    }
+    EXPECT_GT(H5Lexists(file.id, "/replicas/0/buffers/bn1.running_mean", H5P_DEFAULT), 0);
+    EXPECT_EQ(H5Lexists(file.id, "/replicas/3", H5P_DEFAULT), 0);
+    if (with_optimizer) {
+      EXPECT_GT(H5Lexists(file.id, "/replicas/1/optimizer/momentum_buffer/layer1.0.conv1.weight", H5P_DEFAULT), 0);
+      H5Id a{H5Aopen_by_name(file.id, "/replicas/1/optimizer", "step", H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+      std::int64_t step = -1;
+      EXPECT_GE(H5Aread(a.id, H5T_NATIVE_INT64, &step), 0);
+      EXPECT_EQ(step, 101);
+      EXPECT_GT(H5Aexists_by_name(file.id, "/replicas/1/optimizer", "name", H5P_DEFAULT), 0);
+    } else {
+      EXPECT_EQ(H5Lexists(file.id, "/replicas/1/optimizer", H5P_DEFAULT), 0) << "no empty optimizer group";
+    }
+
+    // Writing what was read gives the same bytes.
+    io::write_checkpoint(dir.file("again.h5"), free_form);
+    EXPECT_EQ(read_text(path), read_text(dir.file("again.h5")));
+  }
+}
+
+TEST(CheckpointReplicas, FilesWithoutReplicasReadWithNone) {
+  // Written by PyTorch before replicas existed.
+  const std::string fixture = (checkpoint_data() / "tiny_torch.h5").string();
+  EXPECT_TRUE(io::read_checkpoint(fixture).replicas.empty());
+  EXPECT_TRUE(io::read_checkpoint(fixture, tiny_layout()).replicas.empty());
+  EXPECT_EQ(input_error(fixture, [&] { io::read_checkpoint_replica(fixture, 0, tiny_layout()); }),
+            "no replica for rank 0: the checkpoint holds no replicas");
+
+  // Written by Tessera without replicas: no /replicas group at all.
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::write_checkpoint(path, make_checkpoint(small_layout()));
+  EXPECT_TRUE(io::read_checkpoint(path, small_layout()).replicas.empty());
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  EXPECT_EQ(H5Lexists(file.id, "/replicas", H5P_DEFAULT), 0);
+}
+
+TEST(CheckpointReplicas, OneRankReadsOnlyItsOwnReplica) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  const io::CheckpointLayout layout = small_layout();
+  const io::Checkpoint c = make_checkpoint_with_replicas(layout, 3, true);
+  io::write_checkpoint(path, c);
+  for (int rank = 0; rank < 3; ++rank) {
+    const io::Replica r = io::read_checkpoint_replica(path, rank, layout);
+    expect_replicas_bit_exact({r}, {c.replicas[static_cast<std::size_t>(rank)]});
+  }
+  const io::Checkpoint skipped = io::read_checkpoint(path, layout, io::ReplicaRead::skip);
+  EXPECT_TRUE(skipped.replicas.empty());
+  expect_bit_exact(skipped.params, c.params, "centre params");
+  EXPECT_EQ(skipped.optimizer, c.optimizer);
+
+  EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_replica(path, 3, layout); }),
+            "no replica for rank 3: /replicas holds ranks 0..2");
+  internal_error(path, [&] { io::read_checkpoint_replica(path, -1, layout); });
+
+  // Another rank's broken replica is neither read nor checked by this rank's read (nor by a skipping read);
+  // the full checked read refuses it.
+  {
+    H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+    ASSERT_GE(H5Ldelete(file.id, "/replicas/2/params/fc.bias", H5P_DEFAULT), 0);
+  }
+  expect_replicas_bit_exact({io::read_checkpoint_replica(path, 1, layout)}, {c.replicas[1]});
+  EXPECT_TRUE(io::read_checkpoint(path, layout, io::ReplicaRead::skip).replicas.empty());
+  EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path, layout); }),
+            "tensor 'fc.bias' is missing from /replicas/2/params");
+  EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_replica(path, 2, layout); }),
+            "tensor 'fc.bias' is missing from /replicas/2/params");
+}
+
+TEST(CheckpointReplicas, CheckedReadNamesTheBadTensorAndItsReplica) {
+  TempDir dir;
+  const io::CheckpointLayout layout = small_layout();
+  struct Case {
+    const char* what;
+    void (*mutate)(io::Checkpoint&);
+    int rank;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"shape",
+       [](io::Checkpoint& c) {
+         c.replicas[1].params["fc.weight"] = make_tensor({8, 2}, 1);
+       },
+       1, "tensor 'fc.weight' in /replicas/1/params has shape [8, 2], the model expects [2, 8]"},
+      {"missing buffer", [](io::Checkpoint& c) { c.replicas[2].buffers.erase("bn1.running_var"); }, 2,
+       "tensor 'bn1.running_var' is missing from /replicas/2/buffers"},
+      {"extra param", [](io::Checkpoint& c) { c.replicas[0].params["old_head.weight"] = make_tensor({2}, 1); }, 0,
+       "tensor 'old_head.weight' in /replicas/0/params is not part of the model (unexpected tensor)"},
+      {"momentum shape",
+       [](io::Checkpoint& c) { c.replicas[1].optimizer.slots["momentum_buffer"]["fc.bias"] = make_tensor({3}, 1); }, 1,
+       "tensor 'fc.bias' in /replicas/1/optimizer/momentum_buffer has shape [3], the model expects [2]"},
+      {"foreign momentum",
+       [](io::Checkpoint& c) {
+         c.replicas[2].optimizer.slots["momentum_buffer"]["old_head.weight"] = make_tensor({2}, 1);
+       },
+       2,
+       "tensor 'old_head.weight' in /replicas/2/optimizer/momentum_buffer is not part of the model (no such "
+       "parameter)"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.what);
+    const std::string path = dir.file(std::string(k.what) + ".h5");
+    io::Checkpoint c = make_checkpoint_with_replicas(layout, 3, true);
+    k.mutate(c);
+    io::write_checkpoint(path, c);
+    EXPECT_EQ(io::read_checkpoint(path).replicas.size(), 3u) << "free-form: fine";
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path, layout); }), k.message);
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_replica(path, k.rank, layout); }), k.message);
+    const int other = (k.rank + 1) % 3;
+    expect_replicas_bit_exact({io::read_checkpoint_replica(path, other, layout)},
+                              {c.replicas[static_cast<std::size_t>(other)]});
+  }
+}
+
+TEST(CheckpointReplicas, RanksMustBeZeroToNMinusOneWithoutGaps) {
+  TempDir dir;
+  const io::CheckpointLayout layout = small_layout();
+  const std::string source = dir.file("source.h5");
+  io::write_checkpoint(source, make_checkpoint_with_replicas(layout, 3, false));
+  struct Case {
+    const char* what;
+    void (*mutate)(hid_t file);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"gap", [](hid_t f) { ASSERT_GE(H5Ldelete(f, "/replicas/1", H5P_DEFAULT), 0); },
+       "/replicas has no rank 1: replicas must be ranks 0..n-1 without gaps (found 0, 2)"},
+      {"no rank 0", [](hid_t f) { ASSERT_GE(H5Ldelete(f, "/replicas/0", H5P_DEFAULT), 0); },
+       "/replicas has no rank 0: replicas must be ranks 0..n-1 without gaps (found 1, 2)"},
+      {"not a number",
+       [](hid_t f) { ASSERT_GE(H5Lmove(f, "/replicas/2", f, "/replicas/two", H5P_DEFAULT, H5P_DEFAULT), 0); },
+       "'/replicas/two' is not a rank (replicas are /replicas/0, /replicas/1, ...)"},
+      {"leading zero",
+       [](hid_t f) { ASSERT_GE(H5Lmove(f, "/replicas/2", f, "/replicas/02", H5P_DEFAULT, H5P_DEFAULT), 0); },
+       "'/replicas/02' is not a rank (replicas are /replicas/0, /replicas/1, ...)"},
+      {"not a group",
+       [](hid_t f) {
+         ASSERT_GE(H5Ldelete(f, "/replicas/1", H5P_DEFAULT), 0);
+         H5Id space{H5Screate(H5S_SCALAR), H5Sclose};
+         H5Id d{H5Dcreate2(f, "/replicas/1", H5T_IEEE_F32LE, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose};
+         ASSERT_GE(d.id, 0);
+       },
+       "'/replicas/1' is not a group"},
+  };
+  for (const auto& k : cases) {
+    SCOPED_TRACE(k.what);
+    const std::string path = dir.file(std::string(k.what) + ".h5");
+    fs::copy_file(source, path);
+    {
+      H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose};
+      ASSERT_GE(file.id, 0);
+      k.mutate(file.id);
+    }
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path); }), k.message);
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint(path, layout); }), k.message);
+    // A rank reading its own replica still sees that the set of ranks is broken.
+    EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_replica(path, 0, layout); }), k.message);
+    EXPECT_TRUE(io::read_checkpoint(path, layout, io::ReplicaRead::skip).replicas.empty());
+  }
+}
+
+// A cut inside a replica's tensor data names the first tensor, in the order a read visits them (the centre's,
+// then rank 0's params, buffers and optimizer state, then rank 1's, ...), whose data the cut reaches.
+TEST(CheckpointReplicas, TruncatedFileNamesTheReplicaTensor) {
+  TempDir dir;
+  const std::string full = dir.file("full.h5");
+  const io::CheckpointLayout layout = small_layout();
+  io::Checkpoint c = make_checkpoint_with_replicas(layout, 3, true);
+  c.optimizer = {};
+  io::write_checkpoint(full, c);
+  const auto size = fs::file_size(full);
+  struct Extent {
+    std::string label;  // "tensor 'x' in /replicas/1/params"
+    std::uint64_t offset;
+    std::uint64_t bytes;
+    std::uint64_t end;
+  };
+  std::vector<Extent> extents;
+  auto add = [&](const std::string& group, const std::vector<io::TensorSpec>& specs) {
+    for (const auto& spec : specs) {
+      const std::string name = "/" + group + "/" + spec.name;
+      const auto [offset, bytes] = data_extent(full, name);
+      const auto [header, header_bytes] = header_extent(full, name);
+      extents.push_back(
+          {"tensor '" + spec.name + "' in /" + group, offset, bytes, std::max(offset + bytes, header + header_bytes)});
+    }
+  };
+  add("params", layout.params);
+  add("buffers", layout.buffers);
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string prefix = "replicas/" + std::to_string(rank) + "/";
+    add(prefix + "params", layout.params);
+    add(prefix + "buffers", layout.buffers);
+    add(prefix + "optimizer/momentum_buffer", layout.params);
+  }
+  const std::string cut_path = dir.file("cut.h5");
+  int replica_named = 0;
+  for (const auto& cut_in : extents) {
+    if (cut_in.label.find("/replicas/") == std::string::npos) continue;
+    const std::uint64_t cut = cut_in.offset + cut_in.bytes / 2;
+    SCOPED_TRACE("cut inside " + cut_in.label + " at " + std::to_string(cut));
+    fs::remove(cut_path);
+    fs::copy_file(full, cut_path);
+    fs::resize_file(cut_path, cut);
+    std::string first_cut;
+    for (const auto& e : extents) {
+      if (e.end > cut) {
+        first_cut = e.label;
+        break;
+      }
+    }
+    const std::string tail = " (the file is truncated: expected at least " + std::to_string(size) +
+                             " bytes, the file has " + std::to_string(cut) + ")";
+    for (const auto& message : {input_error(cut_path, [&] { io::read_checkpoint(cut_path, layout); }),
+                                input_error(cut_path, [&] { io::read_checkpoint_replica(cut_path, 0, layout); })}) {
+      EXPECT_EQ(message.rfind(first_cut + ": its data (bytes ", 0), 0u) << message << " / expected " << first_cut;
+      EXPECT_NE(message.find("lies beyond the end of the file" + tail), std::string::npos) << message;
+    }
+    EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "every HDF5 id closed after the error";
+    if (first_cut.find("/replicas/") != std::string::npos) ++replica_named;
+  }
+  EXPECT_GE(replica_named, 3) << "cuts in the replicas' data name replica tensors";
 }
 
 // A case: tests/data/checkpoints/bad/<name>/case.txt ("mutation: ...", "read: checked|free|both") applied to
