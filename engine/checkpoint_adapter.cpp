@@ -1,5 +1,6 @@
 #include "engine/checkpoint_adapter.h"
 
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -121,6 +122,94 @@ std::vector<std::vector<float>> from_checkpoint_center(const io::TensorMap& cent
   result.reserve(params.size());
   for (const Param* p : params) result.push_back(find_tensor(center, "easgd/center", p->name, p->shape).data);
   return result;
+}
+
+
+namespace {
+
+template <class T>
+void put(std::string& out, const T& value) {
+  out.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+void put_floats(std::string& out, const std::vector<float>& values) {
+  put(out, static_cast<std::uint64_t>(values.size()));
+  out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+// Reads the packed replica front to back; InternalError when it ends early.
+class Unpacker {
+ public:
+  explicit Unpacker(const std::string& bytes) : bytes_(bytes) {}
+  std::uint64_t count() {
+    std::uint64_t n = 0;
+    take(&n, sizeof n);
+    return n;
+  }
+  std::vector<float> floats() {
+    const auto n = count();
+    if (n > (bytes_.size() - at_) / sizeof(float)) fail("a packed replica is cut short");
+    std::vector<float> values(static_cast<std::size_t>(n));
+    take(values.data(), values.size() * sizeof(float));
+    return values;
+  }
+  std::string text() {
+    const auto n = count();
+    if (n > bytes_.size() - at_) fail("a packed replica is cut short");
+    std::string t(bytes_.data() + at_, static_cast<std::size_t>(n));
+    at_ += static_cast<std::size_t>(n);
+    return t;
+  }
+  bool done() const { return at_ == bytes_.size(); }
+
+ private:
+  void take(void* to, std::size_t n) {
+    if (n > bytes_.size() - at_) fail("a packed replica is cut short");
+    if (n > 0) std::memcpy(to, bytes_.data() + at_, n);
+    at_ += n;
+  }
+  const std::string& bytes_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
+
+std::string pack_replica(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                         const OptimizerState& state) {
+  std::string out;
+  for (const Param* p : params) put_floats(out, p->value);
+  for (const Buffer* b : buffers) put_floats(out, b->value);
+  put(out, static_cast<std::uint64_t>(state.size()));
+  for (const auto& [key, values] : state) {
+    put(out, static_cast<std::uint64_t>(key.size()));
+    out += key;
+    put_floats(out, values);
+  }
+  return out;
+}
+
+io::Replica unpack_replica(const std::string& bytes, const std::vector<Param*>& params,
+                           const std::vector<Buffer*>& buffers, const std::string& optimizer_name, std::int64_t step) {
+  Unpacker in(bytes);
+  io::Replica replica;
+  for (const Param* p : params) insert_unique(replica.params, p->name, make_tensor(p->name, p->shape, in.floats()));
+  for (const Buffer* b : buffers) insert_unique(replica.buffers, b->name, make_tensor(b->name, b->shape, in.floats()));
+  OptimizerState state;
+  for (auto n = in.count(); n > 0; --n) {
+    std::string key = in.text();
+    state.emplace(std::move(key), in.floats());
+  }
+  if (!in.done()) fail("a packed replica has bytes left over");
+  if (!state.empty() || !optimizer_name.empty()) replica.optimizer = to_checkpoint_state(optimizer_name, step, state, params);
+  return replica;
+}
+
+OptimizerState load_checkpoint_replica(const io::Replica& replica, const std::vector<Param*>& params,
+                                       const std::vector<Buffer*>& buffers) {
+  io::Checkpoint tensors;
+  tensors.params = replica.params;
+  tensors.buffers = replica.buffers;
+  load_checkpoint_tensors(tensors, params, buffers);
+  return from_checkpoint_state(replica.optimizer);
 }
 
 }  // namespace tessera::engine

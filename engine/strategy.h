@@ -31,9 +31,9 @@
 //               the difference is far below what a recalibration would be worth at every validation).
 //               Evaluated and saved: the centre (parameters and running statistics). A checkpoint's /params and
 //               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
-//               centre's parameters (DESIGN.md). On resume every replica starts again from the centre, with the
-//               momentum rank 0 had: the replicas' own deviations are not in the file, so a resumed EASGD run
-//               does not repeat the uninterrupted one bit for bit (a run with the same seed and rank count does).
+//               centre's parameters (DESIGN.md). The checkpoint also carries every rank's replica and momentum
+//               (/replicas/<rank>, replicas_differ()): a run resumed on as many ranks continues bit for bit; on
+//               another rank count every replica starts again from the centre, with rank 0's momentum.
 //
 // Every strategy starts from identical replicas (rank 0's parameters and buffers broadcast). Every rank must call
 // every strategy method the same number of times (each may be collective): the trainer gives every rank the
@@ -121,6 +121,10 @@ class Strategy {
   // the centre for easgd), and puts the replica back afterwards, also when `fn` throws. Not collective.
   virtual void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                                      const std::function<void()>& fn);
+  // True when the ranks' replicas (and optimizer states) differ from one another and from what is evaluated, so
+  // that a checkpoint must carry each rank's own to resume bit for bit (easgd-type strategies).
+  virtual bool replicas_differ() const { return false; }
+
   // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center), and takes it back from
   // a checkpoint being resumed (before initialize()). A checkpoint without it leaves the strategy to start from
   // the loaded weights.
@@ -206,6 +210,7 @@ class EasgdStrategy final : public Strategy {
   void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, std::int64_t step) override;
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
+  bool replicas_differ() const override { return comm_.size() > 1; }
   void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
   void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
 

@@ -4,11 +4,13 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -137,6 +139,40 @@ void append_line(const fs::path& path, const std::string& line) {
   std::ofstream out(path, std::ios::app);
   out << line << '\n';
   if (!out) throw io::InputError("cannot append to the file", path.string());
+}
+
+// A resumed run drops the metrics lines of steps after its checkpoint (the killed run had logged them; the
+// resumed one logs them again). `step_of` reads a line's step, or nothing for a header line. Rewritten atomically.
+template <class StepOf>
+void keep_lines_up_to(const fs::path& path, std::int64_t step, StepOf step_of) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const std::optional<std::int64_t> at = step_of(line);
+    if (!at || *at <= step) kept += line + '\n';
+  }
+  in.close();
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << kept;
+    if (!out) throw io::InputError("cannot rewrite the file", temporary.string());
+  }
+  fs::rename(temporary, path);
+}
+
+void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
+  keep_lines_up_to(out / "metrics.jsonl", step, [](const std::string& line) -> std::optional<std::int64_t> {
+    const auto at = line.find("\"step\": ");
+    if (at == std::string::npos) return std::nullopt;
+    return std::strtoll(line.c_str() + at + 8, nullptr, 10);
+  });
+  keep_lines_up_to(out / "metrics.csv", step, [](const std::string& line) -> std::optional<std::int64_t> {
+    const auto comma = line.find(',');
+    if (comma == std::string::npos || line.compare(0, 6, "epoch,") == 0) return std::nullopt;
+    return std::strtoll(line.c_str() + comma + 1, nullptr, 10);
+  });
 }
 
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
@@ -275,10 +311,13 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::int64_t batch_in_epoch = 0;
+  std::optional<io::Replica> own_replica;
   std::string resume = config.get_string("train.resume");
   if (resume == "auto") resume = fs::exists(out / "checkpoint.h5") ? (out / "checkpoint.h5").string() : "";
   if (!resume.empty()) {
-    const io::Checkpoint checkpoint = io::read_checkpoint(resume, checkpoint_layout(params, buffers));
+    // Every rank reads the shared part, and its own replica when the file has one per rank of this run.
+    const io::CheckpointLayout layout = checkpoint_layout(params, buffers);
+    const io::Checkpoint checkpoint = io::read_checkpoint(resume, layout, io::ReplicaRead::skip);
     if (checkpoint.meta.architecture != model_options.architecture) {
       throw io::InputError(fmt::format("the checkpoint holds a {}, the job trains a {}", checkpoint.meta.architecture,
                                        model_options.architecture),
@@ -300,24 +339,51 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     strategy->load_state(checkpoint, params);
     step = checkpoint.meta.step;
     epoch = checkpoint.meta.epoch;
-    if (const auto it = checkpoint.state.find("batch_in_epoch"); it != checkpoint.state.end()) {
-      const auto* position = std::get_if<std::int64_t>(&it->second);
-      if (position == nullptr || *position < 0 || *position > batches_per_epoch) {
+    auto state_int = [&](const char* key) -> std::optional<std::int64_t> {
+      const auto it = checkpoint.state.find(key);
+      if (it == checkpoint.state.end()) return std::nullopt;
+      const auto* value = std::get_if<std::int64_t>(&it->second);
+      if (value == nullptr || *value < 0) throw io::InputError(fmt::format("/state {} is not a count", key), resume);
+      return *value;
+    };
+    const auto written_by = state_int("ranks");
+    const bool same_ranks = !written_by || *written_by == comm.size();
+    if (const auto position = state_int("batch_in_epoch")) {
+      batch_in_epoch = *position;
+      const auto tiles = state_int("tiles_in_epoch");
+      if (!same_ranks && tiles) {
+        // Another rank count: the epoch goes on after as many tiles as the run before had taken (rounded down to
+        // a whole step of this run).
+        batch_in_epoch = *tiles / (static_cast<std::int64_t>(batch_size) * comm.size()) / accumulation * accumulation;
+        batch_in_epoch = std::min(batch_in_epoch, steps_per_epoch * accumulation);
+      }
+      if (batch_in_epoch > batches_per_epoch) {
         throw io::InputError("/state batch_in_epoch is not a batch position of this job's epochs", resume);
       }
-      batch_in_epoch = *position;
     }
-    const auto ranks = checkpoint.state.find("ranks");
-    const auto* written_by = ranks == checkpoint.state.end() ? nullptr : std::get_if<std::int64_t>(&ranks->second);
-    if (written_by && *written_by != comm.size() && comm.is_root()) {
-      spdlog::warn("{} was written by a run on {} rank(s), this one has {}: training continues from its weights and "
-                   "optimizer state, but the data order differs from an uninterrupted run",
-                   resume, *written_by, comm.size());
+    // Each rank's own replica and optimizer state, when the strategy keeps replicas apart and the file has one
+    // per rank of this run.
+    const auto replicas = state_int("replicas").value_or(0);
+    if (strategy->replicas_differ() && replicas == comm.size()) {
+      own_replica = io::read_checkpoint_replica(resume, comm.rank(), layout);
+    }
+    if (!same_ranks && comm.is_root()) {
+      spdlog::warn("{} was written by a run on {} rank(s), this one has {}: training continues from its weights{} and "
+                   "optimizer state after {} of this epoch's tiles, but the data order differs from an uninterrupted "
+                   "run",
+                   resume, *written_by, comm.size(), replicas > 0 ? " (the centre; every replica starts from it)" : "",
+                   state_int("tiles_in_epoch").value_or(0));
     }
     if (comm.is_root()) spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
   }
   strategy->attach(*model);
   strategy->initialize(params, buffers);
+  if (own_replica) {
+    // initialize() made every replica the centre; this rank's own replica and momentum take their place.
+    const OptimizerState state = load_checkpoint_replica(*own_replica, params, buffers);
+    optimizer->load_state(state, params, resume);
+    own_replica.reset();
+  }
 
   if (comm.is_root()) {
     fs::create_directories(out);
@@ -332,7 +398,11 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   comm.barrier();
 
   auto write_checkpoint = [&](const fs::path& path, std::int64_t batch_position) {
-    // What is saved (the replica under allreduce, the centre under easgd) is the same everywhere: rank 0 writes.
+    // Collective. What is evaluated (the replica under allreduce, the centre under easgd) is the same everywhere:
+    // rank 0 writes it, with every rank's own replica gathered when they differ.
+    const bool with_replicas = strategy->replicas_differ();
+    std::vector<std::string> packed;
+    if (with_replicas) packed = comm.gather_bytes(pack_replica(params, buffers, optimizer->state()), 0);
     if (!comm.is_root()) return;
     io::Checkpoint checkpoint;
     checkpoint.meta.architecture = model_options.architecture;
@@ -347,7 +417,12 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     strategy->with_evaluation_model(params, buffers, [&] { store_checkpoint_tensors(params, buffers, checkpoint); });
     strategy->save_state(params, checkpoint);
     checkpoint.optimizer = to_checkpoint_state(optimizer->name(), step, optimizer->state(), params);
+    for (const auto& bytes : packed) {
+      checkpoint.replicas.push_back(unpack_replica(bytes, params, buffers, optimizer->name(), step));
+    }
+    checkpoint.state["replicas"] = static_cast<std::int64_t>(checkpoint.replicas.size());
     checkpoint.state["batch_in_epoch"] = batch_position;
+    checkpoint.state["tiles_in_epoch"] = batch_position * batch_size * comm.size();
     checkpoint.state["seed"] = static_cast<std::uint64_t>(seed);
     checkpoint.state["ranks"] = static_cast<std::int64_t>(comm.size());
     io::write_checkpoint(path.string(), checkpoint);
@@ -359,6 +434,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   if (comm.is_root() && step == 0) {
     std::ofstream(out / "metrics.csv") << "epoch,step,lr,train_loss,val_loss,val_accuracy,val_auc,seconds\n";
     std::ofstream(out / "metrics.jsonl", std::ios::trunc);
+  } else if (comm.is_root()) {
+    keep_metrics_up_to(out, step);
   }
 
   TrainResult result;

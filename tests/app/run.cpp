@@ -11,10 +11,11 @@
 namespace tessera::testing {
 namespace {
 
-Run run_with(const std::string& prefix, const std::string& args) {
+// Runs a shell command line, stdout and stderr captured.
+Run run_command(const std::string& line) {
   TempDir tmp;
   const std::string err_file = tmp.file("stderr.txt");
-  const std::string command = prefix + std::string(TESSERA_BIN) + " " + args + " 2>" + err_file;
+  const std::string command = line + " 2>" + err_file;
   Run r;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return r;
@@ -29,6 +30,10 @@ Run run_with(const std::string& prefix, const std::string& args) {
   return r;
 }
 
+Run run_with(const std::string& prefix, const std::string& args) {
+  return run_command(prefix + std::string(TESSERA_BIN) + " " + args);
+}
+
 }  // namespace
 
 Run run(const std::string& args) { return run_with("", args); }
@@ -36,6 +41,14 @@ Run run(const std::string& args) { return run_with("", args); }
 Run run_mpi(int ranks, const std::string& args) {
   return run_with(std::string(TESSERA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root ",
                   args);
+}
+
+Run run_script(const std::string& script) {
+  TempDir tmp;
+  const std::string file = tmp.file("script.sh");
+  std::ofstream(file) << script;
+  return run_command(std::string("TESSERA=") + TESSERA_BIN + " MPIEXEC='" + TESSERA_MPIEXEC +
+                     " --oversubscribe --allow-run-as-root' sh " + file);
 }
 
 }  // namespace tessera::testing

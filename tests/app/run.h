@@ -16,6 +16,10 @@ Run run(const std::string& args);
 // The same under `mpirun -n ranks --oversubscribe`.
 Run run_mpi(int ranks, const std::string& args);
 
+// A POSIX shell script, with $TESSERA (the program) and $MPIEXEC (mpirun with --oversubscribe
+// --allow-run-as-root) set: for what one command cannot say, such as killing a job mid-run.
+Run run_script(const std::string& script);
+
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 }  // namespace tessera::testing

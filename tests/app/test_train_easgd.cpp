@@ -1,6 +1,7 @@
 // `mpirun -n 2 tessera train` with distributed.strategy easgd on small synthetic slides: the checkpoint holds the
-// centre (as the model and under /easgd/center), metrics.jsonl splits the step time into computation and
-// communication, and a resumed run takes the centre back from the checkpoint.
+// centre (as the model and under /easgd/center) and every rank's replica, metrics.jsonl splits the step time into
+// computation and communication, a resumed run takes the centre back from the checkpoint and, on as many ranks,
+// continues bit for bit; a job killed with SIGKILL resumes on the same and on another number of ranks.
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@ using json = nlohmann::json;
 using testing::contains;
 using testing::run;
 using testing::run_mpi;
+using testing::run_script;
 
 std::vector<json> read_jsonl(const fs::path& path, const std::string& kind) {
   std::vector<json> lines;
@@ -98,6 +100,112 @@ TEST(TrainEasgd, TwoRanksSaveTheCentreAndResumeFromIt) {
   const auto val2 = read_jsonl(out / "metrics.jsonl", "val");
   ASSERT_EQ(val2.size(), 2u);
   EXPECT_EQ(val2[1]["loss"], val2[0]["loss"]) << "validation evaluates the centre";
+}
+
+// Four small slides (two train, two validate) tiled at 32 px, and an easgd job on them; made once for the tests
+// below.
+class DistributedJob : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    auto r = run("synth --out " + dir_->file("synth") +
+                 " --slides 4 --size 1024 --seed 3 --set preview.enabled=false --set split.train=0.5 --set split.val=0.5");
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ofstream(dir_->file("tile.yaml")) << "input:\n  csv: " << dir_->file("synth/dataset.csv") << "\n"
+                                           << "output: " << dir_->file("shards") << "\n"
+                                           << "tile:\n  size: 32\n  mpp: 1.0\n"
+                                           << "tissue:\n  min_fraction: 0.3\n";
+    r = run("tile " + dir_->file("tile.yaml"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ofstream(dir_->file("train.yaml")) << "data:\n  shards: " << dir_->file("shards")
+                                            << "\n  block_size: 16\n  shuffle_buffer: 128\n"
+                                            << "model:\n  architecture: tiny_cnn\n"
+                                            << "train:\n  batch_size: 8\n  seed: 2\n  threads: 1\n"
+                                            << "optimizer:\n  name: sgd\n  lr: 0.05\n  momentum: 0.9\n"
+                                            << "schedule:\n  name: constant\n  reference_batch: 0\n"
+                                            << "distributed:\n  strategy: easgd\n  tau: 2\n  center_sync_every: 3\n";
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string job() { return dir_->file("train.yaml"); }
+  static testing::TempDir* dir_;
+};
+testing::TempDir* DistributedJob::dir_ = nullptr;
+
+// Steps of the "train" lines of metrics.jsonl, in file order.
+std::vector<std::int64_t> logged_steps(const fs::path& out) {
+  std::vector<std::int64_t> steps;
+  for (const auto& line : read_jsonl(out / "metrics.jsonl", "train")) steps.push_back(line["step"].get<std::int64_t>());
+  return steps;
+}
+
+TEST_F(DistributedJob, EasgdResumedOnAsManyRanksContinuesBitForBit) {
+  // Two epochs straight, against a run stopped after 3 steps (mid-epoch, between two exchanges) and resumed.
+  const fs::path straight = dir_->file("straight");
+  const fs::path resumed = dir_->file("resumed");
+  const std::string common = " --set train.log_every=1 --epochs 2";
+  auto r = run_mpi(2, "train " + job() + common + " --out " + straight.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_mpi(2, "train " + job() + common + " --out " + resumed.string() + " --set train.max_steps=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint stopped = io::read_checkpoint((resumed / "checkpoint.h5").string());
+  ASSERT_EQ(stopped.meta.step, 3);
+  ASSERT_EQ(stopped.replicas.size(), 2u) << "every rank's replica is saved";
+  EXPECT_NE(stopped.replicas[0].params, stopped.replicas[1].params) << "the replicas differ";
+  EXPECT_NE(stopped.replicas[0].params, stopped.params) << "and differ from the centre";
+  EXPECT_FALSE(stopped.replicas[1].optimizer.empty()) << "with their own momentum";
+  r = run_mpi(2, "train " + job() + common + " --out " + resumed.string() + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const io::Checkpoint a = io::read_checkpoint((straight / "checkpoint.h5").string());
+  const io::Checkpoint b = io::read_checkpoint((resumed / "checkpoint.h5").string());
+  EXPECT_EQ(b.meta.step, a.meta.step);
+  EXPECT_TRUE(b.params == a.params) << "the same centre, bit for bit";
+  EXPECT_TRUE(b.buffers == a.buffers);
+  EXPECT_TRUE(b.easgd_center == a.easgd_center);
+  EXPECT_TRUE(b.replicas == a.replicas) << "the same replicas and momenta";
+  // The resumed run logs each step once: the lines the stopped run wrote after its checkpoint are dropped.
+  EXPECT_EQ(logged_steps(resumed), logged_steps(straight));
+}
+
+TEST_F(DistributedJob, KilledJobResumesOnTheSameAndOnAnotherRankCount) {
+  for (const int resume_ranks : {2, 1}) {
+    SCOPED_TRACE("resumed on " + std::to_string(resume_ranks) + " rank(s)");
+    const fs::path out = dir_->file("killed-" + std::to_string(resume_ranks));
+    // The whole job (mpirun and its ranks, one process group) gets SIGKILL once the first checkpoint is there.
+    const auto r = run_script("setsid $MPIEXEC -n 2 $TESSERA train " + job() + " --out " + out.string() +
+                              " --epochs 3 --set train.checkpoint_every=2 --set train.log_every=1 >/dev/null 2>&1 &\n"
+                              "job=$!\n"
+                              "i=0; while [ ! -f " + (out / "checkpoint.h5").string() +
+                              " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n"
+                              "kill -9 -$job\nwait $job\necho $?\n");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, "137\n") << "the job was killed before it finished";
+    const io::Checkpoint killed = io::read_checkpoint((out / "checkpoint.h5").string());
+    ASSERT_GT(killed.meta.step, 0);
+
+    const auto resumed = run_mpi(resume_ranks, "train " + job() + " --out " + out.string() +
+                                                    " --epochs 3 --set train.checkpoint_every=2 --set train.log_every=1"
+                                                    " --resume auto");
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_TRUE(contains(resumed.err, "resuming from")) << resumed.err;
+    EXPECT_EQ(contains(resumed.err, "was written by a run on 2 rank(s), this one has 1"), resume_ranks == 1)
+        << resumed.err;
+    const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-003.h5").string());
+    EXPECT_EQ(last.meta.epoch, 3);
+    EXPECT_GT(last.meta.step, killed.meta.step);
+    EXPECT_EQ(last.replicas.size(), resume_ranks == 1 ? 0u : 2u);
+    // Every step logged once, in order, up to the last.
+    const auto steps = logged_steps(out);
+    ASSERT_FALSE(steps.empty());
+    for (std::size_t i = 1; i < steps.size(); ++i) ASSERT_EQ(steps[i], steps[i - 1] + 1) << "line " << i;
+    EXPECT_EQ(steps.back(), last.meta.step);
+    const auto val = read_jsonl(out / "metrics.jsonl", "val");
+    ASSERT_FALSE(val.empty());
+    EXPECT_EQ(val.back()["epoch"].get<std::int64_t>(), 3);
+  }
 }
 
 }  // namespace
