@@ -10,6 +10,8 @@
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/model.h"
 #include "engine/sequential.h"
+#include "engine/strategy_async.h"
+#include "engine/strategy_two_level.h"
 #include "io/error.h"
 
 namespace tessera::engine {
@@ -398,6 +400,17 @@ const StrategyEntry kStrategies[] = {
      "synchronous elastic averaging: local SGD, every tau steps one allreduce pulls replicas and centre together",
      [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
        return std::make_unique<EasgdStrategy>(comm, options);
+     }},
+    {"async-easgd",
+     "asynchronous elastic averaging: the centre sharded over all ranks in MPI windows, every tau steps each rank "
+     "exchanges with every shard one-sidedly and goes on",
+     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+       return std::make_unique<AsyncEasgdStrategy>(comm, options);
+     }},
+    {"two-level",
+     "hierarchical: ranks on a node sum gradients in shared memory, node leaders run allreduce or easgd (inter)",
+     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+       return std::make_unique<TwoLevelStrategy>(comm, options);
      }},
 };
 }  // namespace

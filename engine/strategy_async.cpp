@@ -1,0 +1,230 @@
+#include "engine/strategy_async.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "engine/checkpoint_adapter.h"
+#include "io/error.h"
+
+namespace tessera::engine {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
+
+double seconds_between(clock_type::time_point from, clock_type::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Calls fn(values) for every parameter's values, then every buffer's: the order of the flat centre.
+template <class F>
+void for_each_tensor(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, F&& fn) {
+  for (auto* p : params) fn(p->value);
+  for (auto* b : buffers) fn(b->value);
+}
+
+// Calls fn(x, count, at) for every run of tensor values that lies in the flat range [first, last): x points at
+// the run's first value, `at` is the run's position relative to `first`.
+template <class F>
+void for_each_run(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, std::size_t first,
+                  std::size_t last, F&& fn) {
+  std::size_t offset = 0;
+  for_each_tensor(params, buffers, [&](std::vector<float>& values) {
+    const std::size_t lo = std::max(first, offset);
+    const std::size_t hi = std::min(last, offset + values.size());
+    if (lo < hi) fn(values.data() + (lo - offset), hi - lo, lo - first);
+    offset += values.size();
+  });
+}
+
+}  // namespace
+
+// The option checks and α are EasgdStrategy's (a throwaway instance: its constructor only validates).
+AsyncEasgdStrategy::AsyncEasgdStrategy(const io::Comm& comm, const StrategyOptions& options)
+    : Strategy(comm), tau_(options.tau), alpha_(EasgdStrategy(comm, options).alpha()) {}
+
+AsyncEasgdStrategy::~AsyncEasgdStrategy() = default;
+
+std::pair<std::size_t, std::size_t> AsyncEasgdStrategy::shard(int rank) const {
+  const auto p = static_cast<std::size_t>(comm_.size());
+  const auto r = static_cast<std::size_t>(rank);
+  return {total_ * r / p, total_ * (r + 1) / p};
+}
+
+void AsyncEasgdStrategy::check_layout(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) const {
+  std::size_t i = 0;
+  bool same = params.size() + buffers.size() == sizes_.size();
+  if (same) {
+    for_each_tensor(params, buffers, [&](const std::vector<float>& v) { same = same && v.size() == sizes_[i++]; });
+  }
+  if (!same) {
+    throw io::InternalError(
+        fmt::format("async-easgd: the model's {} parameters and {} buffers are not the tensors the "
+                    "strategy was initialized with ({} tensors)",
+                    params.size(), buffers.size(), sizes_.size()));
+  }
+}
+
+void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
+  Strategy::initialize(params, buffers);
+  sizes_.clear();
+  total_ = 0;
+  for_each_tensor(params, buffers, [&](const std::vector<float>& v) {
+    sizes_.push_back(v.size());
+    total_ += v.size();
+  });
+  if (!loaded_.empty()) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (loaded_[i].size() != sizes_[i]) {
+        throw io::InternalError(
+            fmt::format("async-easgd: the checkpoint's centre of '{}' has {} values, the "
+                        "parameter {}",
+                        params[i]->name, loaded_[i].size(), sizes_[i]));
+      }
+    }
+  }
+
+  window_.reset();  // collective, like the creation below: every rank calls initialize()
+  const auto [first, last] = shard(comm_.rank());
+  window_ = std::make_unique<io::Window>(comm_, (last - first) * sizeof(float), static_cast<int>(sizeof(float)));
+  std::size_t largest = 0;
+  for (int r = 0; r < comm_.size(); ++r) largest = std::max(largest, shard(r).second - shard(r).first);
+  slice_center_.assign(largest, 0.0f);
+  slice_diff_.assign(largest, 0.0f);
+
+  // This rank's slice of the initial centre: the (broadcast) replica, or the checkpoint's centre for the
+  // parameters. Stores into the window's memory, inside an exclusive epoch on this rank's own window.
+  if (last > first) {
+    auto* mine = static_cast<float*>(window_->local());
+    window_->lock(comm_.rank(), true);
+    for_each_run(params, buffers, first, last,
+                 [&](const float* x, std::size_t n, std::size_t at) { std::copy_n(x, n, mine + at); });
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < loaded_.size(); ++i) {
+      const std::size_t lo = std::max(first, offset);
+      const std::size_t hi = std::min(last, offset + sizes_[i]);
+      if (lo < hi) std::copy_n(loaded_[i].data() + (lo - offset), hi - lo, mine + (lo - first));
+      offset += sizes_[i];
+    }
+    window_->unlock(comm_.rank());
+  }
+  loaded_.clear();
+  // Nobody exchanges before every slice holds the initial centre.
+  comm_.barrier();
+}
+
+void AsyncEasgdStrategy::after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                                      std::int64_t step) {
+  if (step % tau_ == 0) exchange(params, buffers);
+}
+
+void AsyncEasgdStrategy::exchange(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                                  std::vector<double>* sent) {
+  if (!window_) throw io::InternalError("async-easgd: exchange() before initialize()");
+  check_layout(params, buffers);
+  if (sent != nullptr && sent->size() != total_) sent->assign(total_, 0.0);
+  const float alpha = alpha_;
+  const int p = comm_.size();
+  // Owners in turn from this rank's own: ranks that exchange at the same moment start on different shards.
+  for (int k = 0; k < p; ++k) {
+    const int owner = (comm_.rank() + k) % p;
+    const auto [first, last] = shard(owner);
+    if (last == first) continue;
+    const std::size_t n = last - first;
+    const auto t_lock = clock_type::now();
+    window_->lock(owner, true);
+    const auto t_locked = clock_type::now();
+    window_->get(slice_center_.data(), n * sizeof(float), owner, 0);
+    window_->flush(owner);  // c is needed before d can be computed
+    for_each_run(params, buffers, first, last, [&](float* x, std::size_t m, std::size_t at) {
+      const float* c = slice_center_.data() + at;
+      float* d = slice_diff_.data() + at;
+      // Element-wise: the same result for any thread count.
+#pragma omp parallel for simd schedule(static) if (m > kParallelMin)
+      for (std::size_t j = 0; j < m; ++j) {
+        d[j] = alpha * (x[j] - c[j]);
+        x[j] -= d[j];
+      }
+    });
+    window_->accumulate_sum(slice_diff_.data(), n, owner, 0);
+    window_->unlock(owner);
+    const auto t_done = clock_type::now();
+    stats_.wait_seconds += seconds_between(t_lock, t_locked);
+    stats_.seconds += seconds_between(t_locked, t_done);
+    stats_.bytes += static_cast<std::int64_t>(2 * n * sizeof(float));
+    if (sent != nullptr) {
+      for (std::size_t j = 0; j < n; ++j) (*sent)[first + j] += static_cast<double>(slice_diff_[j]);
+    }
+  }
+  ++stats_.exchanges;
+}
+
+void AsyncEasgdStrategy::settle(const std::vector<Param*>&, const std::vector<Buffer*>&) {
+  // Every exchange ended with an unlock, which completed its accumulate at the target: once every rank is past
+  // its last one, the centre is final.
+  comm_.barrier();
+}
+
+std::vector<float> AsyncEasgdStrategy::fetch_center() const {
+  if (!window_) throw io::InternalError("async-easgd: fetch_center() before initialize()");
+  std::vector<float> center(total_);
+  for (int owner = 0; owner < comm_.size(); ++owner) {
+    const auto [first, last] = shard(owner);
+    if (last == first) continue;
+    window_->lock(owner, false);
+    window_->get(center.data() + first, (last - first) * sizeof(float), owner, 0);
+    window_->unlock(owner);
+  }
+  return center;
+}
+
+void AsyncEasgdStrategy::with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                                               const std::function<void()>& fn) {
+  check_layout(params, buffers);
+  const std::vector<float> center = fetch_center();
+  replica_.resize(total_);
+  // Copies, not swaps of the vectors: layers may hold on to a tensor's storage.
+  std::size_t offset = 0;
+  for_each_tensor(params, buffers, [&](std::vector<float>& x) {
+    std::copy(x.begin(), x.end(), replica_.begin() + static_cast<std::ptrdiff_t>(offset));
+    std::copy_n(center.begin() + static_cast<std::ptrdiff_t>(offset), x.size(), x.begin());
+    offset += x.size();
+  });
+  struct Restore {
+    const std::vector<Param*>& params;
+    const std::vector<Buffer*>& buffers;
+    const std::vector<float>& replica;
+    ~Restore() {
+      std::size_t at = 0;
+      for_each_tensor(params, buffers, [&](std::vector<float>& x) {
+        std::copy_n(replica.begin() + static_cast<std::ptrdiff_t>(at), x.size(), x.begin());
+        at += x.size();
+      });
+    }
+  } restore{params, buffers, replica_};
+  fn();
+}
+
+void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
+  if (sizes_.size() < params.size()) throw io::InternalError("async-easgd: save_state before initialize");
+  const std::vector<float> flat = fetch_center();
+  std::vector<std::vector<float>> center;
+  center.reserve(params.size());
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto first = flat.begin() + static_cast<std::ptrdiff_t>(offset);
+    center.emplace_back(first, first + static_cast<std::ptrdiff_t>(sizes_[i]));
+    offset += sizes_[i];
+  }
+  checkpoint.easgd_center = to_checkpoint_center(center, params);
+}
+
+void AsyncEasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {
+  loaded_.clear();
+  if (!checkpoint.easgd_center.empty()) loaded_ = from_checkpoint_center(checkpoint.easgd_center, params);
+}
+
+}  // namespace tessera::engine
