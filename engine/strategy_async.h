@@ -29,7 +29,8 @@
 // Evaluated and saved: the centre (parameters and running statistics), fetched one-sidedly (every slice under a
 // shared lock, so it is atomic per shard), as easgd does: a checkpoint's /params and /buffers are the centre and
 // /easgd/center repeats its parameters; on resume every owner fills its slice from the file, and every replica
-// restarts from the centre. Neither with_evaluation_model() nor save_state() is collective (rank 0 alone
+// restarts from its own saved replica (/replicas/<rank>, replicas_differ()) on as many ranks, from the centre
+// otherwise. Neither with_evaluation_model() nor save_state() is collective (rank 0 alone
 // writes checkpoints, possibly while other ranks exchange).
 //
 // stats(): `bytes` counts what this rank moved in its exchanges (the slices it got plus the d it accumulated:
