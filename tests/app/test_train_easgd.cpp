@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -206,6 +207,37 @@ TEST_F(DistributedJob, KilledJobResumesOnTheSameAndOnAnotherRankCount) {
     ASSERT_FALSE(val.empty());
     EXPECT_EQ(val.back()["epoch"].get<std::int64_t>(), 3);
   }
+}
+
+TEST_F(DistributedJob, ARankThatDiesTakesTheJobDownNamingIt) {
+  // Rank 1 is killed mid-training; the job must end by itself (no rank left waiting in a collective) with a
+  // message naming the rank. A watchdog kills everything after 120 s and leaves a file saying so.
+  const fs::path out = dir_->file("dies");
+  const auto r = run_script(
+      "setsid $MPIEXEC -n 2 $TESSERA train " + job() + " --out " + out.string() +
+      " --epochs 200 >" + (out.string() + ".log") + " 2>&1 &\n"
+      "job=$!\n"
+      "victim=''\n"
+      "i=0; while [ -z \"$victim\" ] && [ $i -lt 1200 ]; do\n"
+      "  sleep 0.05; i=$((i+1))\n"
+      "  [ -f " + (out / "metrics.jsonl").string() + " ] || continue\n"
+      "  for pid in $(pgrep -s $job); do\n"
+      "    if tr '\\0' '\\n' </proc/$pid/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then victim=$pid; fi\n"
+      "  done\n"
+      "done\n"
+      "[ -n \"$victim\" ] && kill -9 $victim\n"
+      "( sleep 120; touch " + (out.string() + ".hung") + "; kill -9 -$job ) >/dev/null 2>&1 &\n"
+      "watchdog=$!\n"
+      "wait $job\necho $?\n"
+      "kill $watchdog\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(out.string() + ".log");
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const int code = std::stoi(r.out);
+  EXPECT_NE(code, 0) << log;
+  EXPECT_FALSE(fs::exists(out.string() + ".hung")) << "the job hung and the watchdog killed it\n" << log;
+  EXPECT_TRUE(contains(log, "rank 1")) << log;
+  EXPECT_FALSE(fs::exists(out / "checkpoint-epoch-200.h5"));
 }
 
 }  // namespace
