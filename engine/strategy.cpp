@@ -38,6 +38,58 @@ void for_each_tensor(const std::vector<Param*>& params, const std::vector<Buffer
 
 // ------------------------------------------------------------------------------------------------- Strategy
 
+float* pack_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, float* out) {
+  for (const auto* p : params) out = std::copy(p->value.begin(), p->value.end(), out);
+  for (const auto* b : buffers) out = std::copy(b->value.begin(), b->value.end(), out);
+  return out;
+}
+
+const float* unpack_values(const float* in, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
+  for (auto* p : params) {
+    std::copy_n(in, p->value.size(), p->value.begin());
+    in += p->value.size();
+  }
+  for (auto* b : buffers) {
+    std::copy_n(in, b->value.size(), b->value.begin());
+    in += b->value.size();
+  }
+  return in;
+}
+
+void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                     const std::vector<float>& model, std::vector<float>& backup, const std::function<void()>& fn) {
+  std::size_t total = 0;
+  for (const auto* p : params) total += p->value.size();
+  for (const auto* b : buffers) total += b->value.size();
+  if (model.size() != total) {
+    throw io::InternalError(fmt::format("a model of {} values for tensors of {}", model.size(), total));
+  }
+  backup.resize(total);
+  pack_values(params, buffers, backup.data());
+  unpack_values(model.data(), params, buffers);
+  struct Restore {
+    const std::vector<Param*>& params;
+    const std::vector<Buffer*>& buffers;
+    const std::vector<float>& replica;
+    ~Restore() { unpack_values(replica.data(), params, buffers); }
+  } restore{params, buffers, backup};
+  fn();
+}
+
+io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params) {
+  std::vector<std::vector<float>> tensors;
+  tensors.reserve(params.size());
+  auto at = center.begin();
+  for (const auto* p : params) {
+    if (static_cast<std::size_t>(center.end() - at) < p->value.size()) {
+      throw io::InternalError(fmt::format("the centre ({} values) ends before parameter '{}'", center.size(), p->name));
+    }
+    tensors.emplace_back(at, at + static_cast<std::ptrdiff_t>(p->value.size()));
+    at += static_cast<std::ptrdiff_t>(p->value.size());
+  }
+  return to_checkpoint_center(tensors, params);
+}
+
 void Strategy::initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
   if (comm_.size() == 1) return;
   for (auto* p : params) comm_.broadcast(p->value.data(), p->value.size() * sizeof(float), 0);
@@ -347,39 +399,12 @@ void EasgdStrategy::sync_center() {
 void EasgdStrategy::with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                                           const std::function<void()>& fn) {
   check_layout(params, buffers);
-  // Copies, not swaps of the vectors: layers may hold on to a tensor's storage.
-  std::size_t offset = 0;
-  for_each_tensor(params, buffers, [&](std::vector<float>& x) {
-    std::copy(x.begin(), x.end(), flat_.begin() + static_cast<std::ptrdiff_t>(offset));
-    std::copy_n(center_.begin() + static_cast<std::ptrdiff_t>(offset), x.size(), x.begin());
-    offset += x.size();
-  });
-  struct Restore {
-    const std::vector<Param*>& params;
-    const std::vector<Buffer*>& buffers;
-    const std::vector<float>& replica;
-    ~Restore() {
-      std::size_t at = 0;
-      for_each_tensor(params, buffers, [&](std::vector<float>& x) {
-        std::copy_n(replica.begin() + static_cast<std::ptrdiff_t>(at), x.size(), x.begin());
-        at += x.size();
-      });
-    }
-  } restore{params, buffers, flat_};
-  fn();
+  run_with_values(params, buffers, center_, flat_, fn);
 }
 
 void EasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw io::InternalError("easgd: save_state before initialize");
-  std::vector<std::vector<float>> center;
-  center.reserve(params.size());
-  std::size_t offset = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto first = center_.begin() + static_cast<std::ptrdiff_t>(offset);
-    center.emplace_back(first, first + static_cast<std::ptrdiff_t>(sizes_[i]));
-    offset += sizes_[i];
-  }
-  checkpoint.easgd_center = to_checkpoint_center(center, params);
+  checkpoint.easgd_center = center_to_checkpoint(center_, params);
 }
 
 void EasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {

@@ -237,6 +237,17 @@ class EasgdStrategy final : public Strategy {
   std::vector<std::vector<float>> loaded_;  // the centre's parameters from a checkpoint, until initialize()
 };
 
+// The flat order every strategy keeps models in: every parameter's values, then every buffer's.
+// pack_values copies the model to `out` and returns the end; unpack_values copies it back from `in`.
+float* pack_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, float* out);
+const float* unpack_values(const float* in, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
+// Runs `fn` while the parameters and buffers hold `model` (flat), the replica kept in `backup` meanwhile and put
+// back afterwards, also when `fn` throws. Copies, not swaps of the vectors: layers may hold on to their storage.
+void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                     const std::vector<float>& model, std::vector<float>& backup, const std::function<void()>& fn);
+// The parameters' part of a flat centre as a checkpoint's /easgd/center.
+io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params);
+
 // The one list of strategies (STYLE.md item 5).
 struct StrategyEntry {
   const char* name;

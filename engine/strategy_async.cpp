@@ -184,42 +184,12 @@ std::vector<float> AsyncEasgdStrategy::fetch_center() const {
 void AsyncEasgdStrategy::with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                                                const std::function<void()>& fn) {
   check_layout(params, buffers);
-  const std::vector<float> center = fetch_center();
-  replica_.resize(total_);
-  // Copies, not swaps of the vectors: layers may hold on to a tensor's storage.
-  std::size_t offset = 0;
-  for_each_tensor(params, buffers, [&](std::vector<float>& x) {
-    std::copy(x.begin(), x.end(), replica_.begin() + static_cast<std::ptrdiff_t>(offset));
-    std::copy_n(center.begin() + static_cast<std::ptrdiff_t>(offset), x.size(), x.begin());
-    offset += x.size();
-  });
-  struct Restore {
-    const std::vector<Param*>& params;
-    const std::vector<Buffer*>& buffers;
-    const std::vector<float>& replica;
-    ~Restore() {
-      std::size_t at = 0;
-      for_each_tensor(params, buffers, [&](std::vector<float>& x) {
-        std::copy_n(replica.begin() + static_cast<std::ptrdiff_t>(at), x.size(), x.begin());
-        at += x.size();
-      });
-    }
-  } restore{params, buffers, replica_};
-  fn();
+  run_with_values(params, buffers, fetch_center(), replica_, fn);
 }
 
 void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw io::InternalError("async-easgd: save_state before initialize");
-  const std::vector<float> flat = fetch_center();
-  std::vector<std::vector<float>> center;
-  center.reserve(params.size());
-  std::size_t offset = 0;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const auto first = flat.begin() + static_cast<std::ptrdiff_t>(offset);
-    center.emplace_back(first, first + static_cast<std::ptrdiff_t>(sizes_[i]));
-    offset += sizes_[i];
-  }
-  checkpoint.easgd_center = to_checkpoint_center(center, params);
+  checkpoint.easgd_center = center_to_checkpoint(fetch_center(), params);
 }
 
 void AsyncEasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {

@@ -23,24 +23,6 @@ double seconds_since(clock_type::time_point start) {
 
 std::size_t bytes_of(std::size_t floats) { return floats * sizeof(float); }
 
-// Copies every parameter's values, then every buffer's, to `out` (or back from `in`): the order of the centre.
-float* pack_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, float* out) {
-  for (const auto* p : params) out = std::copy(p->value.begin(), p->value.end(), out);
-  for (const auto* b : buffers) out = std::copy(b->value.begin(), b->value.end(), out);
-  return out;
-}
-const float* unpack_values(const float* in, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
-  for (auto* p : params) {
-    std::copy_n(in, p->value.size(), p->value.begin());
-    in += p->value.size();
-  }
-  for (auto* b : buffers) {
-    std::copy_n(in, b->value.size(), b->value.begin());
-    in += b->value.size();
-  }
-  return in;
-}
-
 io::ConfigError bad_option(const std::string& key, const std::string& why) {
   return io::ConfigError(why, "", 0, fmt::format("distributed.{}", key));
 }
@@ -357,17 +339,7 @@ void TwoLevelStrategy::with_evaluation_model(const std::vector<Param*>& params, 
     return;
   }
   check_layout(params, &buffers);
-  // Copies, not swaps of the vectors: layers may hold on to a tensor's storage.
-  saved_.resize(center_.size());
-  pack_values(params, buffers, saved_.data());
-  unpack_values(center_.data(), params, buffers);
-  struct Restore {
-    const std::vector<Param*>& params;
-    const std::vector<Buffer*>& buffers;
-    const std::vector<float>& replica;
-    ~Restore() { unpack_values(replica.data(), params, buffers); }
-  } restore{params, buffers, saved_};
-  fn();
+  run_with_values(params, buffers, center_, saved_, fn);
 }
 
 void TwoLevelStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
@@ -378,14 +350,7 @@ void TwoLevelStrategy::save_state(const std::vector<Param*>& params, io::Checkpo
   }
   if (!initialized_ || center_.size() < layout_.params)
     throw io::InternalError("two-level: save_state before initialize");
-  std::vector<std::vector<float>> center;
-  center.reserve(params.size());
-  const float* c = center_.data();
-  for (const auto* p : params) {
-    center.emplace_back(c, c + static_cast<std::ptrdiff_t>(p->value.size()));
-    c += p->value.size();
-  }
-  checkpoint.easgd_center = to_checkpoint_center(center, params);
+  checkpoint.easgd_center = center_to_checkpoint(center_, params);
 }
 
 void TwoLevelStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {

@@ -20,6 +20,7 @@
 #include "io/comm.h"
 #include "io/error.h"
 #include "tests/engine/gradcheck.h"
+#include "tests/mpi/strategy_testing.h"
 #include "tests/engine/layer_testing.h"
 
 namespace tessera::engine {
@@ -27,29 +28,11 @@ namespace {
 
 using testing::all_near;
 
-// Several ranks share two cores: one OpenMP thread each.
-class Strategies : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { Context::get().set_threads(1); }
-  static void TearDownTestSuite() { Context::get().set_threads(0); }
-};
+using namespace strategy_testing;  // NOLINT(google-build-using-namespace): the suite's helpers
 
-// All values of the parameters, then of the buffers.
-std::vector<float> flatten(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
-  std::vector<float> all;
-  for (const auto* p : params) all.insert(all.end(), p->value.begin(), p->value.end());
-  for (const auto* b : buffers) all.insert(all.end(), b->value.begin(), b->value.end());
-  return all;
-}
+class Strategies : public OneThreadPerRank {};
 
-// True on every rank when `values` is the same, bit for bit, on every rank.
-bool same_on_all_ranks(const io::Comm& world, std::vector<float> values) {
-  auto max = values, min = values;
-  world.allreduce(max.data(), max.size(), io::ReduceOp::max);
-  world.allreduce(min.data(), min.size(), io::ReduceOp::min);
-  const bool same = max == values && min == values;
-  return world.allreduce_value<std::int64_t>(same ? 0 : 1, io::ReduceOp::max) == 0;
-}
+
 
 // ------------------------------------------------------------------------------------ hand-made vectors
 

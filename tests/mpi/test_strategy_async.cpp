@@ -24,44 +24,15 @@
 #include "io/comm.h"
 #include "io/error.h"
 #include "tests/engine/gradcheck.h"
+#include "tests/mpi/strategy_testing.h"
 
 namespace tessera::engine {
 namespace {
 
-// Several ranks share two cores: one OpenMP thread each.
-class AsyncEasgd : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { Context::get().set_threads(1); }
-  static void TearDownTestSuite() { Context::get().set_threads(0); }
-};
+using namespace strategy_testing;  // NOLINT(google-build-using-namespace): the suite's helpers
 
-std::vector<float> flatten(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
-  std::vector<float> all;
-  for (const auto* p : params) all.insert(all.end(), p->value.begin(), p->value.end());
-  for (const auto* b : buffers) all.insert(all.end(), b->value.begin(), b->value.end());
-  return all;
-}
+class AsyncEasgd : public OneThreadPerRank {};
 
-// Writes `flat` back into the tensors (the inverse of flatten()).
-void unflatten(const std::vector<float>& flat, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
-  std::size_t at = 0;
-  for (auto* p : params) {
-    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), p->value.size(), p->value.begin());
-    at += p->value.size();
-  }
-  for (auto* b : buffers) {
-    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), b->value.size(), b->value.begin());
-    at += b->value.size();
-  }
-}
-
-bool same_on_all_ranks(const io::Comm& world, std::vector<float> values) {
-  auto max = values, min = values;
-  world.allreduce(max.data(), max.size(), io::ReduceOp::max);
-  world.allreduce(min.data(), min.size(), io::ReduceOp::min);
-  const bool same = max == values && min == values;
-  return world.allreduce_value<std::int64_t>(same ? 0 : 1, io::ReduceOp::max) == 0;
-}
 
 double max_abs_difference(const std::vector<float>& a, const std::vector<double>& b) {
   double worst = a.size() == b.size() ? 0.0 : INFINITY;
@@ -103,7 +74,7 @@ TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
     start[k] = 0.25f * static_cast<float>(k) - 1.0f;
     mine[k] = start[k] + static_cast<float>(100 * r);
   }
-  unflatten(mine, t.params, t.buffers);
+  unpack_values(mine.data(), t.params, t.buffers);
 
   // α a power of two with α·p ≤ 1 (0.25 up to 4 ranks) and dyadic values: every float operation below is
   // exact, so the centre can be compared with ==.
@@ -127,7 +98,7 @@ TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
       x[k] = start[k] + 0.5f * static_cast<float>(q + 1) + 0.125f * static_cast<float>(k);
     return x;
   };
-  unflatten(replica_of(r), t.params, t.buffers);
+  unpack_values(replica_of(r).data(), t.params, t.buffers);
   std::vector<double> sent;
   for (int q = 0; q < p; ++q) {
     if (q == r) strategy.exchange(t.params, t.buffers, &sent);
@@ -180,7 +151,7 @@ TEST_F(AsyncEasgd, NoUpdateIsLostInUnsynchronizedExchanges) {
   Tensors t(1000, 37, 21);
   const std::size_t n = t.size();
   std::vector<float> initial = gradcheck::random_vector(n, 11);  // rank 0's, broadcast by initialize()
-  unflatten(initial, t.params, t.buffers);
+  unpack_values(initial.data(), t.params, t.buffers);
   AsyncEasgdStrategy strategy(world, {.tau = 1});  // α = 0.9 / p
   strategy.initialize(t.params, t.buffers);
   const std::vector<float> center_before = strategy.fetch_center();
@@ -201,7 +172,7 @@ TEST_F(AsyncEasgd, NoUpdateIsLostInUnsynchronizedExchanges) {
       x[k] += drift[k];
       replica[k] += drift[k];
     }
-    unflatten(x, t.params, t.buffers);
+    unpack_values(x.data(), t.params, t.buffers);
     std::vector<double> before = sent;
     strategy.exchange(t.params, t.buffers, &sent);
     for (std::size_t k = 0; k < n; ++k) replica[k] -= sent[k] - (before.empty() ? 0.0 : before[k]);

@@ -22,6 +22,7 @@
 #include "io/comm.h"
 #include "io/error.h"
 #include "tests/engine/gradcheck.h"
+#include "tests/mpi/strategy_testing.h"
 #include "tests/engine/layer_testing.h"
 
 namespace tessera::engine {
@@ -29,28 +30,11 @@ namespace {
 
 using testing::all_near;
 
-// Several ranks share two cores: one OpenMP thread each.
-class TwoLevel : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() { Context::get().set_threads(1); }
-  static void TearDownTestSuite() { Context::get().set_threads(0); }
-};
+using namespace strategy_testing;  // NOLINT(google-build-using-namespace): the suite's helpers
 
-std::vector<float> flatten(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
-  std::vector<float> all;
-  for (const auto* p : params) all.insert(all.end(), p->value.begin(), p->value.end());
-  for (const auto* b : buffers) all.insert(all.end(), b->value.begin(), b->value.end());
-  return all;
-}
+class TwoLevel : public OneThreadPerRank {};
 
-// True on every rank of `comm` when `values` is the same, bit for bit, on all its ranks.
-bool same_on_all_ranks(const io::Comm& comm, std::vector<float> values) {
-  auto max = values, min = values;
-  comm.allreduce(max.data(), max.size(), io::ReduceOp::max);
-  comm.allreduce(min.data(), min.size(), io::ReduceOp::min);
-  const bool same = max == values && min == values;
-  return comm.allreduce_value<std::int64_t>(same ? 0 : 1, io::ReduceOp::max) == 0;
-}
+
 
 // Ranks per group that make two groups of p / 2 ranks (one group of one rank on a single rank).
 int half_of(int ranks) { return std::max(1, ranks / 2); }
