@@ -1,5 +1,6 @@
 // The `tessera` program as a user runs it: output, files and exit codes.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -163,6 +164,23 @@ TEST(CliBench, PeakPrintsGflopsForOneThreadAndAll) {
   EXPECT_TRUE(contains(r.out, "GFLOP/s")) << r.out;
   // Two rows (1 thread and all cores) unless the machine has one core.
   EXPECT_TRUE(contains(r.out, "\n       1  ")) << r.out;
+}
+
+// Every job shipped in configs/ reads without error in the verb its name starts with (an unknown or mistyped key
+// would be refused), so the README's commands start.
+TEST(Configs, EveryShippedJobReads) {
+  const std::filesystem::path configs = testing::test_data_dir().parent_path().parent_path() / "configs";
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(configs)) {
+    if (entry.path().extension() != ".yaml") continue;
+    const std::string name = entry.path().filename().string();
+    const std::string verb = name.substr(0, name.find('-'));
+    ASSERT_TRUE(verb == "synth" || verb == "tile" || verb == "train") << name << ": which verb is it for?";
+    const auto r = testing::run(verb + " " + entry.path().string() + " --print-config");
+    EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
 }
 
 }  // namespace
