@@ -71,8 +71,10 @@ struct StrategyOptions {
 };
 
 // What a strategy's communication cost this rank so far.
-// Every collective is preceded by a barrier, so that the time a rank waits for the slowest one to arrive is told
-// apart from the time the data takes to move (a barrier costs a few microseconds on shared memory).
+// A blocking collective is preceded by a barrier, so that the time a rank waits for the slowest one to arrive is
+// told apart from the time the data takes to move (a barrier costs a few microseconds on shared memory).
+// Bucketed allreduce has no barrier: its `seconds` are the communication backward did not hide (the wait for the
+// buckets after backward, and the MPI calls during it). async-easgd's are its one-sided exchanges (see its header).
 struct CommStats {
   double seconds = 0.0;        // wall time moving data: inside collectives, once every rank has arrived
   double wait_seconds = 0.0;   // wall time waiting for the other ranks to arrive at a collective
