@@ -93,8 +93,37 @@ Action setup_bench(CLI::App& command) {
   CLI::App* infer_cmd = add_model_bench(
       command, "infer", "Inference speed of a model (batch norm folded) vs PyTorch under inference_mode", *infer);
 
-  return [peak, peak_cmd, tile, tile_cmd, train, train_cmd, infer, infer_cmd]() -> int {
+  auto comm = std::make_shared<CommBenchOptions>();
+  CLI::App* comm_cmd = command.add_subcommand(
+      "comm", "Distributed training's cost: allreduce bandwidth, and each strategy's images/s, communication and "
+              "waiting fractions and bytes per step against 1 rank with every core (child mpirun runs)");
+  comm_cmd->add_option("--ranks", comm->ranks, "Ranks of the distributed runs (more than cores: oversubscribed)")
+      ->check(CLI::Range(2, 1024))->capture_default_str();
+  comm_cmd->add_option("--model", comm->model, "Model architecture")->check(CLI::IsMember(engine::model_names()))
+      ->capture_default_str();
+  comm_cmd->add_option("--size", comm->size, "Input edge in px")->check(CLI::Range(1, 4096))->capture_default_str();
+  comm_cmd->add_option("--batch", comm->batch, "Images per rank and step")->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  comm_cmd->add_option("--steps", comm->steps, "Measured training steps per run")->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  comm_cmd->add_option("--rounds", comm->rounds, "Alternated rounds of all runs (best of each row)")
+      ->check(CLI::Range(1, 100))->capture_default_str();
+  comm_cmd->add_option("--timeout", comm->timeout, "Seconds a child run may take before it is stopped as hung")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  comm_cmd->add_option("--json", comm->json_file, "Also write the figures as JSON to this file");
+  // The child runs' side, hidden from --help.
+  comm_cmd->add_option("--worker", comm->worker)->check(CLI::IsMember({"bandwidth", "train"}))->group("");
+  comm_cmd->add_option("--strategy", comm->strategy)->group("");
+  comm_cmd->add_option("--threads", comm->threads)->check(CLI::NonNegativeNumber)->group("");
+  comm_cmd->add_option("--tau", comm->tau)->group("");
+  comm_cmd->add_option("--bucket-mb", comm->bucket_mb)->group("");
+  comm_cmd->add_option("--inter", comm->inter)->group("");
+
+  return [peak, peak_cmd, tile, tile_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd]() -> int {
+    // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
+    if (comm_cmd->parsed() && !comm->worker.empty()) return run_bench_comm_worker(*comm);
     if (!io::Comm::world().is_root()) return io::exit_ok;
+    if (comm_cmd->parsed()) return run_bench_comm(*comm);
     if (peak_cmd->parsed()) return run_peak(*peak);
     if (tile_cmd->parsed()) return run_bench_tile(*tile);
     if (train_cmd->parsed()) return run_bench_model(ModelBenchKind::train, *train);

@@ -36,4 +36,28 @@ struct ModelBenchOptions {
 
 int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& options);
 
+// `tessera bench comm` (bench_comm.cpp): allreduce bandwidth and each distributed strategy's exchange cost, in
+// child `mpirun` runs of this program against one rank using every core, measured in the same rounds.
+struct CommBenchOptions {
+  int ranks = 2;
+  std::string model = "compact";
+  int size = 64;   // input edge in px
+  int batch = 32;  // images per rank and step
+  int steps = 16;  // measured training steps per run: a multiple of every tau measured, so each exchanges at its rate
+  int rounds = 2;  // alternated rounds (best of each row)
+  double timeout = 600.0;  // seconds a child run may take before it is stopped and reported as hung
+  std::string json_file;   // also write the figures as JSON here
+  // The hidden worker side (a child run): "bandwidth" or "train"; empty in the parent.
+  std::string worker;
+  std::string strategy;  // train: empty = no strategy (the 1-rank reference)
+  int threads = 0;
+  int tau = 8;
+  double bucket_mb = 25.0;
+  std::string inter = "allreduce";
+};
+
+int run_bench_comm(const CommBenchOptions& options);
+// The child's side, on every rank of its mpirun job.
+int run_bench_comm_worker(const CommBenchOptions& options);
+
 }  // namespace tessera::app

@@ -14,6 +14,10 @@ const std::vector<Verb>& verbs() {
       {"train", "Train a tumour/normal CNN on tile shards (oneDNN; one replica per MPI rank)", setup_train},
       {"predict", "Score the tiles of shards with a trained checkpoint: P(tumour) per tile as CSV, AUC summary",
        setup_predict},
+      {"infer", "Run a trained checkpoint over whole slides: tumour-probability heatmaps per slide (parallel)",
+       setup_infer},
+      {"evaluate", "Score detections and predictions against the ground truth: CAMELYON16 FROC, slide and patch AUC",
+       setup_evaluate},
       {"info", "Show a slide's vendor, pyramid levels, resolution and associated images", setup_info},
       {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
   };

@@ -49,6 +49,8 @@ Action setup_synth(CLI::App& command);
 Action setup_tile(CLI::App& command);
 Action setup_train(CLI::App& command);
 Action setup_predict(CLI::App& command);
+Action setup_infer(CLI::App& command);
+Action setup_evaluate(CLI::App& command);
 Action setup_bench(CLI::App& command);
 
 }  // namespace tessera::app

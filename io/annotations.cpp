@@ -524,7 +524,7 @@ std::vector<Annotation> read_geojson(const std::string& path) {
 }
 
 void write_geojson(const std::string& path, const std::vector<Annotation>& annotations,
-                   const std::map<std::string, std::string>& class_colors) {
+                   const std::map<std::string, std::string>& class_colors, bool pretty) {
   json features = json::array();
   for (const auto& a : annotations) {
     json geometry;
@@ -557,7 +557,7 @@ void write_geojson(const std::string& path, const std::vector<Annotation>& annot
     features.push_back({{"type", "Feature"}, {"geometry", geometry}, {"properties", properties}});
   }
   const json doc = {{"type", "FeatureCollection"}, {"features", features}};
-  write_file_atomic(path, doc.dump(1, '\t') + "\n");
+  write_file_atomic(path, (pretty ? doc.dump(1, '\t') : doc.dump()) + "\n");
 }
 
 // -------------------------------------------------------------------------------------------------------------

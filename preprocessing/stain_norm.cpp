@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <utility>
@@ -411,6 +412,84 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const
   const MacenkoFit fit = fit_macenko(reference);
   if (!fit.target) throw io::InputError(what + fit.failure, reference_name);
   return std::make_unique<MacenkoNormalizer>(*fit.target, reference_source(reference_name));
+}
+
+namespace {
+
+// The numbers of "key=(a,b,c)" in a describe() text: exactly `n` finite values; nullopt otherwise. The last
+// occurrence of the key counts (a reference's file name comes before the numbers and might contain anything).
+std::optional<std::vector<double>> described_values(const std::string& text, const std::string& key, std::size_t n) {
+  const std::string opening = " " + key + "=(";
+  const std::size_t at = text.rfind(opening);
+  if (at == std::string::npos) return std::nullopt;
+  const std::size_t first = at + opening.size();
+  const std::size_t close = text.find(')', first);
+  if (close == std::string::npos) return std::nullopt;
+  std::vector<double> values;
+  std::size_t pos = first;
+  while (pos <= close) {
+    const std::size_t end = std::min(text.find(',', pos), close);
+    const std::string field = text.substr(pos, end - pos);
+    char* stop = nullptr;
+    const double v = std::strtod(field.c_str(), &stop);
+    if (field.empty() || stop != field.c_str() + field.size() || !std::isfinite(v)) return std::nullopt;
+    values.push_back(v);
+    pos = end + 1;
+  }
+  if (values.size() != n) return std::nullopt;
+  return values;
+}
+
+}  // namespace
+
+std::unique_ptr<StainNormalizer> stain_normalizer_from_description(const std::string& description,
+                                                                   const std::string& source) {
+  if (description.empty() || description == "none") return nullptr;
+  const std::size_t space = description.find(' ');
+  const std::string name = description.substr(0, space);
+  const auto method =
+      std::find_if(kMethods.begin(), kMethods.end(), [&](const MethodName& m) { return name == m.name; });
+  const auto refuse = [&](const std::string& why) {
+    return io::InputError("stain normalization '" + description + "': " + why, source);
+  };
+  if (method == kMethods.end() || method->method == StainMethod::none) {
+    throw refuse("unknown method '" + name + "' (known: reinhard, macenko, none)");
+  }
+  // A built-in target comes back exactly (describe() rounds the Ruifrok vectors to 4 decimals).
+  auto builtin = make_stain_normalizer(method->method);
+  if (builtin->describe() == description) return builtin;
+
+  const std::string first_key = method->method == StainMethod::reinhard ? " lab_mean=(" : " h=(";
+  const std::size_t keys = description.rfind(first_key);
+  if (space == std::string::npos || keys == std::string::npos || keys <= space) {
+    throw refuse("not a fitted target's description");
+  }
+  const std::string origin = description.substr(space + 1, keys - space - 1);
+  if (method->method == StainMethod::reinhard) {
+    const auto mean = described_values(description, "lab_mean", 3);
+    const auto std_dev = described_values(description, "lab_std", 3);
+    if (!mean || !std_dev) throw refuse("expected lab_mean=(L,a,b) and lab_std=(L,a,b)");
+    LabStats target;
+    for (std::size_t c = 0; c < 3; ++c) {
+      target.mean[c] = (*mean)[c];
+      target.std[c] = (*std_dev)[c];
+      if (!(target.std[c] >= 0.0)) throw refuse("a negative standard deviation");
+    }
+    return std::make_unique<ReinhardNormalizer>(target, origin);
+  }
+  const auto h = described_values(description, "h", 3);
+  const auto e = described_values(description, "e", 3);
+  const auto max_concentration = described_values(description, "max_concentration", 2);
+  if (!h || !e || !max_concentration) throw refuse("expected h=(r,g,b), e=(r,g,b) and max_concentration=(h,e)");
+  MacenkoTarget target;
+  target.stains.h = cv::Vec3d((*h)[0], (*h)[1], (*h)[2]);
+  target.stains.e = cv::Vec3d((*e)[0], (*e)[1], (*e)[2]);
+  target.max_concentration = cv::Vec2d((*max_concentration)[0], (*max_concentration)[1]);
+  if (!(cv::norm(target.stains.h) > 0.0 && cv::norm(target.stains.e) > 0.0 && target.max_concentration[0] > 0.0 &&
+        target.max_concentration[1] > 0.0)) {
+    throw refuse("zero stain vectors or concentrations");
+  }
+  return std::make_unique<MacenkoNormalizer>(target, origin);
 }
 
 }  // namespace tessera::prep

@@ -36,4 +36,11 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method);
 std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const cv::Mat& reference,
                                                        const std::string& reference_name);
 
+// The normalizer a describe() text stands for ("none" → nullptr): how inference rebuilds the target a model's
+// tiles were normalized with from the checkpoint's /meta. The built-in targets come back exactly; a target
+// fitted on a reference comes back with describe()'s 4 decimals. InputError naming `source` (the checkpoint)
+// when the text is not one describe() writes.
+std::unique_ptr<StainNormalizer> stain_normalizer_from_description(const std::string& description,
+                                                                   const std::string& source);
+
 }  // namespace tessera::prep

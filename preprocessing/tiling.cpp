@@ -285,6 +285,19 @@ SlidePlan plan_slide(const io::Slide& slide, const TissueMask& tissue, const std
   return plan;
 }
 
+std::vector<double> tissue_fractions(const TissueMask& tissue, const std::vector<std::int64_t>& xs,
+                                     const std::vector<std::int64_t>& ys, double side) {
+  const TissueIntegral integral(tissue);
+  std::vector<double> out;
+  out.reserve(xs.size() * ys.size());
+  for (const std::int64_t y : ys) {
+    for (const std::int64_t x : xs) {
+      out.push_back(integral.fraction(static_cast<double>(x), static_cast<double>(y), side));
+    }
+  }
+  return out;
+}
+
 void cap_tiles(SlidePlan& plan, std::int64_t max_tiles, double max_normal_per_tumour, std::uint64_t seed) {
   if (max_tiles < 0) throw io::ConfigError("max_tiles must be 0 (no cap) or positive", "", 0, "max_tiles");
   std::vector<std::size_t> tumour, normal;

@@ -69,6 +69,12 @@ double tumour_fraction(const std::vector<io::Annotation>& tumour, const std::vec
 SlidePlan plan_slide(const io::Slide& slide, const TissueMask& tissue, const std::vector<io::Annotation>& annotations,
                      const AnnotationClasses& classes, const GridOptions& options);
 
+// The tissue fraction of every level-0 square [xs[j], xs[j] + side) × [ys[i], ys[i] + side), row-major (i, then
+// j), by the rule plan_slide keeps tiles with: for grids that plan_slide's rounded origins do not describe
+// (inference's heatmap cells, whose level-0 step must be a whole number of pixels).
+std::vector<double> tissue_fractions(const TissueMask& tissue, const std::vector<std::int64_t>& xs,
+                                     const std::vector<std::int64_t>& ys, double side);
+
 // Caps a plan: at most `max_tiles` tiles (0 = no cap) and, when `max_normal_per_tumour` > 0, at most that many
 // normal tiles per tumour tile (slides without tumour keep up to max_tiles normal tiles). The choice is a
 // seeded random subset; the kept tiles stay in row-major order.

@@ -409,6 +409,46 @@ TEST_P(StainNormBoth, RejectsImagesThatAreNotRgb8) {
   EXPECT_THROW(normalizer->apply(grey), io::InternalError);
 }
 
+// Inference rebuilds the training tiles' target from the checkpoint's text: the same description, and on a tile
+// the same pixels up to describe()'s 4 decimals (exactly for the built-in targets).
+TEST_P(StainNormBoth, ADescriptionGivesBackItsNormalizer) {
+  const Fields f = make_fields(96, 6);
+  const cv::Mat reference = compose(f, ruifrok_he());
+  const SlideStain lab = other_lab();
+  const cv::Mat tile = compose(f, lab.vectors, lab.h_scale, lab.e_scale, 9);
+  for (const auto& original : {make_stain_normalizer(GetParam()),
+                               make_stain_normalizer(GetParam(), reference, "ref, with=(odd) name.png")}) {
+    const auto rebuilt = stain_normalizer_from_description(original->describe(), "model.h5");
+    ASSERT_NE(rebuilt, nullptr);
+    EXPECT_EQ(rebuilt->method(), GetParam());
+    EXPECT_EQ(rebuilt->describe(), original->describe());
+    cv::Mat a = tile.clone(), b = tile.clone();
+    original->apply(a);
+    rebuilt->apply(b);
+    EXPECT_LE(cv::norm(a, b, cv::NORM_INF), 1.0) << original->describe();
+  }
+  const auto builtin = make_stain_normalizer(GetParam());
+  cv::Mat a = tile.clone(), b = tile.clone();
+  builtin->apply(a);
+  stain_normalizer_from_description(builtin->describe(), "model.h5")->apply(b);
+  EXPECT_EQ(cv::norm(a, b, cv::NORM_INF), 0.0);
+}
+
+TEST(StainNormDescription, NoneGivesNullptrAndGarbageNamesTheFile) {
+  EXPECT_EQ(stain_normalizer_from_description("none", "model.h5"), nullptr);
+  EXPECT_EQ(stain_normalizer_from_description("", "model.h5"), nullptr);
+  for (const std::string bad : {"vahadane target=builtin", "reinhard target=builtin lab_mean=(1,2) lab_std=(1,2,3)",
+                                "macenko target=builtin h=(0.6,0.7,0.3) e=(0.1,x,0.1) max_concentration=(1,1)",
+                                "reinhard"}) {
+    try {
+      stain_normalizer_from_description(bad, "model.h5");
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const io::InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("model.h5"), std::string::npos) << e.what();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(StainNorm, StainNormBoth, ::testing::Values(StainMethod::reinhard, StainMethod::macenko),
                          [](const auto& param_info) { return std::string(to_string(param_info.param)); });
 

@@ -299,6 +299,43 @@ TEST(Tiling, TissueFractionIsTheMaskAreaUnderTheFootprint) {
   EXPECT_EQ(kept.tiles.size(), 4u * 5u);  // x = 0, 200, 400, 600 (0.2)
 }
 
+// Any grid's tissue fractions (inference's cells) by the rule plan_slide keeps tiles with: the mask area under the
+// square, row-major; on plan_slide's own grid the same numbers as its tiles.
+TEST(Tiling, TissueFractionsOfAnyGridFollowThePlanRule) {
+  testing::TempDir dir;
+  write_flat_slide(dir.file("flat.tif"), 2048, 1024, 0.5);
+  const io::Slide slide = io::Slide::open(dir.file("flat.tif"));
+  TissueMask half = uniform_mask(slide, 16.0, 0);
+  half.mask.colRange(0, 40).setTo(255);  // tissue at level-0 x < 640
+
+  const std::vector<std::int64_t> xs = {0, 550, 600, 640, 1800}, ys = {0, 300};
+  const auto fractions = tissue_fractions(half, xs, ys, 100.0);
+  ASSERT_EQ(fractions.size(), xs.size() * ys.size());
+  for (std::size_t i = 0; i < ys.size(); ++i) {
+    for (std::size_t j = 0; j < xs.size(); ++j) {
+      const auto x = static_cast<double>(xs[j]);
+      const double expected = overlap(x, 0, x + 100, 1, 0, 0, 640, 1) / 100;  // 1, 0.9, 0.4, 0, 0
+      EXPECT_NEAR(fractions[i * xs.size() + j], expected, 1e-9) << "x " << x;
+    }
+  }
+
+  GridOptions options;
+  options.tile_size = 100;
+  options.mpp = 1.0;  // footprint 200, step 200
+  options.min_tissue = 0.0;
+  const SlidePlan plan = plan_slide(slide, half, {}, AnnotationClasses{}, options);
+  std::vector<std::int64_t> plan_xs, plan_ys;
+  for (const auto& t : plan.tiles) {
+    if (t.y == 0) plan_xs.push_back(t.x);
+    if (t.x == 0) plan_ys.push_back(t.y);
+  }
+  const auto same = tissue_fractions(half, plan_xs, plan_ys, plan.footprint);
+  ASSERT_EQ(same.size(), plan.tiles.size());
+  for (std::size_t k = 0; k < same.size(); ++k) {
+    EXPECT_FLOAT_EQ(static_cast<float>(same[k]), plan.tiles[k].tissue_fraction) << "tile " << k;
+  }
+}
+
 // A slide whose tissue fills the middle and whose tumour is a rectangle placed so that tiles get many
 // different fractions; every edge is on the tile-pixel grid, so the exact oracle is rectangle overlap.
 struct LabelCase {

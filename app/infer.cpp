@@ -1,0 +1,464 @@
+// `tessera infer [job.yaml]`: a trained checkpoint over whole slides → tumour-probability heatmaps.
+//
+// The slides are files, globs, or one dataset.csv (columns slide, and optionally split, slide_id, mpp; `splits`
+// picks rows by split). The model, its tile size, µm/px and stain normalization come from the checkpoint
+// (engine/slide_inference.h), so the slides are read as the model's training tiles were. Slides go one after
+// another and every rank works on each slide (a contiguous share of its tiles), so a large slide uses every
+// rank; rank 0 gathers each map and writes the slide's outputs before the next slide.
+//
+// Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
+// preprocessing/heatmap_outputs.h (`outputs` picks some; default all):
+//   <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson, .xml, .detections.csv, .report.json
+// and for the job
+//   infer.json            per slide: outputs, cells, tiles, seconds, max probability, regions; the failures
+//   infer.config.yaml     the effective job
+// A slide that fails (missing, corrupt, unreadable region) is reported with the error naming its file, the
+// others go on, and the failures are listed at the end with exit code 3 (the outputs of the others are kept).
+#include <glob.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "app/cli.h"
+#include "engine/context.h"
+#include "engine/inference.h"
+#include "engine/slide_inference.h"
+#include "io/annotations.h"
+#include "io/comm.h"
+#include "io/error.h"
+#include "io/heatmap.h"
+#include "io/slide.h"
+#include "preprocessing/heatmap_outputs.h"
+
+namespace tessera::app {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const io::Schema& infer_schema() {
+  // One schema for the life of the process: a Config keeps a pointer to its schema.
+  static const io::Schema instance = [] {
+    io::Schema schema;
+    schema.string("checkpoint", "", "Trained model (tessera train's checkpoint.h5); required")
+        .string_list("slides", {},
+                     "Slides: files, globs (e.g. data/slides/*.svs), or one dataset.csv (columns slide, and optionally "
+                     "split, slide_id, mpp); required")
+        .string_list("splits", {}, "With a dataset.csv: only the slides of these splits (empty = every row)")
+        .string("output", "infer", "Folder for the per-slide outputs (<slide>.heatmap.h5, ...)")
+        .integer("infer.stride", 0,
+                 "Pixels at the model's resolution between heatmap cells; 0 = half a tile (cells overlap)", 0, 65536)
+        .integer("infer.batch_size", 32, "Tiles per forward pass on each rank", 1, 65536)
+        .string("infer.tta", "none",
+                "Test-time augmentation, probabilities averaged over the views: none, flips (4 mirror images), d8 "
+                "(8 rotations and mirror images)",
+                {"none", "flips", "d8"})
+        .number("infer.threshold", 0.5, "P(tumour) at and above which a cell counts as tumour in the summaries", 0, 1)
+        .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
+        .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a scored cell (as tile's tissue.min_fraction)",
+                0, 1)
+        .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
+        .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
+        .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
+        .string_list("outputs", {},
+                     "Outputs per slide (empty = all): heatmap.h5, overlay.png, heatmap.tif, geojson, xml, "
+                     "detections.csv, report.json")
+        .string("overlay.colormap", "inferno", "Colour map of overlay.png and heatmap.tif", {"inferno", "viridis"})
+        .integer("overlay.max_side", 2048, "Longer side of the slide thumbnail under the overlay, in pixels", 128,
+                 16384)
+        .boolean("geojson.tiles", true, "Every scored tile as a QuPath detection with a tumor_prob measurement")
+        .number("detections.min_prob", 0.1, "Cells below this P(tumour) are never detections (detections.csv)", 0, 1)
+        .number("detections.nms_radius_tiles", 2.0, "Non-maximum suppression radius of the detections, in tile widths",
+                0, 1000);
+    return schema;
+  }();
+  return instance;
+}
+
+struct SlideInput {
+  std::string id;
+  std::string path;
+  double mpp = 0.0;  // per-slide override (0 = from the slide or input.assume_mpp)
+};
+
+// Plain CSV: fields separated by commas, optionally "quoted" (with "" for a quote).
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        fields.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else if (c != '\r') {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
+
+std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::vector<std::string>& splits,
+                                        const io::Config& config) {
+  if (!fs::exists(csv_path)) throw io::FileNotFoundError(csv_path);
+  std::ifstream in(csv_path);
+  std::string line;
+  if (!in || !std::getline(in, line)) throw io::InputError("empty slide list (no header line)", csv_path);
+  const auto header = split_csv_line(line);
+  std::map<std::string, std::size_t> column;
+  for (std::size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
+  if (!column.contains("slide")) {
+    throw io::InputError("the slide list needs a 'slide' column (found: " + line + ")", csv_path);
+  }
+  if (!splits.empty() && !column.contains("split")) {
+    throw io::ConfigError(
+        fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
+        config.source(), 0, "splits");
+  }
+  const fs::path base = fs::path(csv_path).parent_path();
+  std::vector<SlideInput> inputs;
+  std::set<std::string> present;
+  for (int row = 2; std::getline(in, line); ++row) {
+    if (line.empty() || line == "\r") continue;
+    const auto fields = split_csv_line(line);
+    auto field = [&](const char* name) -> std::string {
+      auto it = column.find(name);
+      return it != column.end() && it->second < fields.size() ? fields[it->second] : std::string();
+    };
+    const std::string split = field("split");
+    present.insert(split.empty() ? "(none)" : split);
+    if (!splits.empty() && std::find(splits.begin(), splits.end(), split) == splits.end()) continue;
+    SlideInput s;
+    s.path = field("slide");
+    if (s.path.empty()) throw io::InputError(fmt::format("row {}: empty 'slide' field", row), csv_path);
+    if (fs::path(s.path).is_relative()) s.path = (base / s.path).string();
+    s.id = field("slide_id").empty() ? fs::path(s.path).stem().string() : field("slide_id");
+    if (const auto mpp = field("mpp"); !mpp.empty()) {
+      try {
+        s.mpp = std::stod(mpp);
+      } catch (const std::exception&) {
+        throw io::InputError(fmt::format("row {}: mpp '{}' is not a number", row, mpp), csv_path);
+      }
+    }
+    inputs.push_back(std::move(s));
+  }
+  if (inputs.empty() && !splits.empty()) {
+    throw io::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,
+                                      fmt::join(splits, ", "), fmt::join(present, ", ")),
+                          config.source(), 0, "splits");
+  }
+  return inputs;
+}
+
+// The slides to run, identical on every rank: one dataset.csv, or files and globs (a glob matching nothing is
+// a mistake in the job; a plain path that does not exist fails as that slide, later).
+std::vector<SlideInput> resolve_inputs(const io::Config& config) {
+  const auto& entries = config.get_string_list("slides");
+  const auto& splits = config.get_string_list("splits");
+  if (entries.empty())
+    throw io::ConfigError("no slides given (--slides or the job's 'slides' key)", config.source(), 0, "slides");
+  std::vector<SlideInput> inputs;
+  if (entries.size() == 1 && fs::path(entries.front()).extension() == ".csv") {
+    inputs = read_csv_inputs(entries.front(), splits, config);
+  } else {
+    if (!splits.empty()) {
+      throw io::ConfigError("splits select rows of a dataset.csv; the slides here are files or globs", config.source(),
+                            0, "splits");
+    }
+    for (const auto& pattern : entries) {
+      glob_t matches{};
+      const int rc = ::glob(pattern.c_str(), 0, nullptr, &matches);
+      std::vector<std::string> files(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
+      globfree(&matches);
+      if (rc == GLOB_NOMATCH || files.empty()) {
+        if (pattern.find_first_of("*?[") != std::string::npos) {
+          throw io::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "slides");
+        }
+        files = {pattern};
+      }
+      std::sort(files.begin(), files.end());
+      for (const auto& f : files) inputs.push_back({fs::path(f).stem().string(), f, 0.0});
+    }
+  }
+  std::set<std::string> ids;
+  for (const auto& s : inputs) {
+    if (!ids.insert(s.id).second) {
+      throw io::ConfigError("two slides share the id '" + s.id +
+                                "' (ids are file names without extension; the "
+                                "outputs would overwrite each other)",
+                            config.source(), 0, "slides");
+    }
+  }
+  if (inputs.empty()) throw io::ConfigError("no slides to run", config.source(), 0, "slides");
+  return inputs;
+}
+
+// "a, b,c" → {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (const char c : text) {
+    if (c == ',') {
+      items.emplace_back();
+    } else {
+      items.back() += c;
+    }
+  }
+  for (auto& item : items) {
+    const auto first = item.find_first_not_of(' ');
+    const auto last = item.find_last_not_of(' ');
+    item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
+  }
+  std::erase(items, std::string());
+  return items;
+}
+
+// A YAML flow-sequence item: quoted, so that globs, commas and colons in paths stay one string.
+std::string yaml_item(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string yaml_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + yaml_item(items[i]);
+  return out + "]";
+}
+
+struct InferOptions {
+  JobOptions job;
+  std::string checkpoint;
+  std::string slides;
+  std::string out;
+  std::string splits;
+  std::string tta;
+  std::int64_t stride = -1;
+  std::int64_t batch = 0;
+  double threshold = -1.0;
+  std::int64_t threads = -1;
+};
+
+int run_infer(const InferOptions& options) {
+  std::vector<std::string> overrides;
+  if (!options.checkpoint.empty()) overrides.push_back("checkpoint=" + options.checkpoint);
+  if (!options.slides.empty()) overrides.push_back("slides=" + yaml_list(comma_list(options.slides)));
+  if (!options.splits.empty()) overrides.push_back("splits=" + yaml_list(comma_list(options.splits)));
+  if (!options.out.empty()) overrides.push_back("output=" + options.out);
+  if (options.stride >= 0) overrides.push_back(fmt::format("infer.stride={}", options.stride));
+  if (options.batch > 0) overrides.push_back(fmt::format("infer.batch_size={}", options.batch));
+  if (!options.tta.empty()) overrides.push_back("infer.tta=" + options.tta);
+  if (options.threshold >= 0.0) overrides.push_back(fmt::format("infer.threshold={}", options.threshold));
+  if (options.threads >= 0) overrides.push_back(fmt::format("infer.threads={}", options.threads));
+  const auto config = load_job(infer_schema(), options.job, overrides);
+  if (maybe_print_config(config, options.job)) return io::exit_ok;
+
+  const std::string checkpoint = config.get_string("checkpoint");
+  if (checkpoint.empty()) {
+    throw io::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
+                          "checkpoint");
+  }
+  const auto inputs = resolve_inputs(config);
+  const fs::path out = config.get_string("output");
+  const double threshold = config.get_number("infer.threshold");
+  const auto& world = io::Comm::world();
+  engine::Context::get().set_threads(static_cast<int>(config.get_int("infer.threads")));
+
+  engine::SlideInferenceOptions inference_options;
+  inference_options.stride = static_cast<int>(config.get_int("infer.stride"));
+  inference_options.batch_size = static_cast<int>(config.get_int("infer.batch_size"));
+  inference_options.tta = engine::parse_tta(config.get_string("infer.tta"));
+  inference_options.min_tissue = config.get_number("tissue.min_fraction");
+  inference_options.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
+  inference_options.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
+  inference_options.assume_mpp = config.get_number("input.assume_mpp");
+
+  prep::OutputOptions output_options;
+  output_options.regions.threshold = threshold;
+  output_options.detections.min_prob = config.get_number("detections.min_prob");
+  output_options.detections.nms_radius_tiles = config.get_number("detections.nms_radius_tiles");
+  output_options.overlay.colormap = io::parse_colormap(config.get_string("overlay.colormap"));
+  output_options.overlay.max_side = static_cast<int>(config.get_int("overlay.max_side"));
+  output_options.tiff.colormap = output_options.overlay.colormap;
+  output_options.geojson.tiles = config.get_bool("geojson.tiles");
+  output_options.outputs = config.get_string_list("outputs");
+  for (const auto& name : output_options.outputs) {
+    if (prep::find_output_writer(name) == nullptr) {
+      throw io::ConfigError(fmt::format("unknown output '{}' (known: {})", name, prep::output_writer_names()),
+                            config.source(), 0, "outputs");
+    }
+  }
+  if (!(threshold > 0.0)) {
+    throw io::ConfigError("the threshold must be above 0 (regions are the cells with P >= threshold)", config.source(),
+                          0, "infer.threshold");
+  }
+
+  engine::LoadedModel model = engine::load_model(checkpoint);
+  const std::string checkpoint_path = fs::absolute(checkpoint).lexically_normal().string();
+  engine::SlideInference inference(model, checkpoint_path, inference_options);
+
+  if (world.is_root()) {
+    fs::create_directories(out);
+    config.save((out / "infer.config.yaml").string());
+    spdlog::info(
+        "inferring {} slide(s) with {} ({}, {} px at {:g} µm/px, stain {}, epoch {}), stride {} px, tta {}, "
+        "on {} rank(s) x {} thread(s)",
+        inputs.size(), checkpoint, model.meta.architecture, inference.input_size(), inference.mpp(),
+        model.meta.stain_normalization, model.meta.epoch, inference.stride(), engine::to_string(inference_options.tta),
+        world.size(), engine::threads());
+  }
+
+  const auto t_start = std::chrono::steady_clock::now();
+  std::map<std::string, std::string> failed;  // id → error
+  json slides = json::array();
+  std::int64_t total_tiles = 0;
+  for (std::size_t s = 0; s < inputs.size(); ++s) {
+    const auto& input = inputs[s];
+    engine::SlideInferenceStats stats;
+    io::Heatmap map;
+    try {
+      map = inference.run(input.path, input.id, world, &stats, input.mpp);
+    } catch (const io::Error& e) {
+      if (e.kind() != io::ErrorKind::input) throw;
+      failed[input.id] = e.what();
+      if (world.is_root()) spdlog::error("slide {}/{} failed: {}", s + 1, inputs.size(), e.what());
+      continue;
+    }
+    total_tiles += stats.tiles;
+    if (!world.is_root()) continue;
+
+    // The outputs (rank 0). The map is complete here: a slide whose analysis or picture fails is reported as
+    // failed with what was written so far kept (each file is complete).
+    const auto t_outputs = std::chrono::steady_clock::now();
+    std::vector<std::string> written;
+    prep::SlideResult result;
+    try {
+      result = prep::analyse_heatmap(std::move(map), output_options);
+      result.tissue_area_mm2 = stats.tissue_area_mm2;
+      const bool overlay = output_options.outputs.empty() ||
+                           std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
+                               output_options.outputs.end();
+      if (overlay) {
+        io::SlideOpenOptions open_options;
+        open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : inference_options.assume_mpp;
+        result.thumbnail = io::Slide::open(input.path, open_options).thumbnail(output_options.overlay.max_side);
+      }
+      written = prep::write_slide_outputs(out.string(), result, output_options);
+    } catch (const io::Error& e) {
+      if (e.kind() != io::ErrorKind::input) throw;
+      failed[input.id] = e.what();
+      spdlog::error("slide {}/{} failed while writing its outputs: {}", s + 1, inputs.size(), e.what());
+      continue;
+    }
+    const double output_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
+    const auto& heatmap = result.heatmap;
+    const float max_prob = heatmap.max_prob();
+    json outputs = json::array();
+    for (const auto& path : written) outputs.push_back(fs::path(path).filename().string());
+    spdlog::info(
+        "slide {}/{} {}: {} tiles of {} cells ({}x{}, step {} px) in {:.1f} s ({:.0f} tiles/s; plan {:.1f} s, "
+        "waiting for the reader {:.1f} s) + outputs {:.1f} s; max P {:.3f}, {} region(s) at P >= {:g}",
+        s + 1, inputs.size(), input.id, stats.tiles, stats.cells, heatmap.rows, heatmap.cols, heatmap.step,
+        stats.seconds, static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9), stats.plan_seconds,
+        stats.read_wait_seconds, output_seconds, std::isnan(max_prob) ? 0.0f : max_prob, result.regions.size(),
+        threshold);
+    slides.push_back({{"id", input.id},
+                      {"slide", input.path},
+                      {"outputs", outputs},
+                      {"rows", heatmap.rows},
+                      {"cols", heatmap.cols},
+                      {"step", heatmap.step},
+                      {"tiles", stats.tiles},
+                      {"regions", result.regions.size()},
+                      {"detections", result.detections.size()},
+                      {"max_prob", std::isnan(max_prob) ? json(nullptr) : json(max_prob)},
+                      {"seconds", stats.seconds},
+                      {"plan_seconds", stats.plan_seconds},
+                      {"read_wait_seconds", stats.read_wait_seconds},
+                      {"output_seconds", output_seconds},
+                      {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}});
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  if (!world.is_root()) return failed.empty() ? io::exit_ok : io::exit_input;
+
+  json failures = json::array();
+  for (const auto& [id, error] : failed) failures.push_back({{"id", id}, {"error", error}});
+  const json summary = {{"checkpoint", checkpoint_path},
+                        {"ranks", world.size()},
+                        {"threads_per_rank", engine::threads()},
+                        {"stride", inference.stride()},
+                        {"tta", engine::to_string(inference_options.tta)},
+                        {"threshold", threshold},
+                        {"tiles", total_tiles},
+                        {"seconds", seconds},
+                        {"tiles_per_second", static_cast<double>(total_tiles) / std::max(seconds, 1e-9)},
+                        {"slides", slides},
+                        {"failures", failures}};
+  io::write_file_atomic((out / "infer.json").string(), summary.dump(2) + "\n");
+
+  const std::string where = fs::absolute(out).lexically_normal().string();
+  spdlog::info(
+      "{} of {} slide(s) done, {} tiles in {:.1f} s ({:.0f} tiles/s); outputs in {} "
+      "(<slide>.<output> per slide; summary infer.json)",
+      inputs.size() - failed.size(), inputs.size(), total_tiles, seconds,
+      static_cast<double>(total_tiles) / std::max(seconds, 1e-9), where);
+  if (!failed.empty()) {
+    std::fprintf(stderr, "tessera infer: %zu of %zu slides failed (the others' outputs are in %s):\n", failed.size(),
+                 inputs.size(), where.c_str());
+    for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
+    return io::exit_input;
+  }
+  return io::exit_ok;
+}
+
+}  // namespace
+
+Action setup_infer(CLI::App& command) {
+  auto options = std::make_shared<InferOptions>();
+  add_job_options(command, options->job);
+  command.add_option("-c,--checkpoint", options->checkpoint,
+                     "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
+  command.add_option("--slides", options->slides,
+                     "Slides: a glob, a comma-separated list of files/globs, or a dataset.csv (slides)");
+  command.add_option("-o,--out", options->out, "Output folder (output)");
+  command.add_option("--splits", options->splits, "With a dataset.csv: comma-separated splits, e.g. test (splits)");
+  command.add_option("--stride", options->stride,
+                     "Pixels at the model's resolution between cells; 0 = half a tile "
+                     "(infer.stride)");
+  command.add_option("--batch", options->batch, "Tiles per forward pass (infer.batch_size)");
+  command.add_option("--tta", options->tta, "Test-time augmentation: none, flips, d8 (infer.tta)");
+  command.add_option("--threshold", options->threshold, "P(tumour) that counts as tumour (infer.threshold)");
+  command.add_option("--threads", options->threads, "OpenMP threads per rank, 0 = all cores (infer.threads)");
+  command.footer(
+      "Writes per slide <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson (QuPath), .xml (ASAP), "
+      ".detections.csv (CAMELYON16) and .report.json into the output folder, and infer.json. Runs the "
+      "same under mpirun/srun: every rank reads and scores a share of each slide's tiles, rank 0 writes. A failing "
+      "slide is reported and the rest go on (exit code 3 at the end).");
+  return [options] { return run_infer(*options); };
+}
+
+}  // namespace tessera::app

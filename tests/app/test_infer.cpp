@@ -1,0 +1,401 @@
+// `tessera infer` end to end on small synthetic slides with a tiny model trained for the suite: the heatmap's
+// geometry follows the slide, the model's resolution and the stride, and it scores exactly the tissue cells; a
+// cell on the tiling grid scores as `predict` scores that tile from the shards; one and two ranks give the same
+// map bit for bit; test-time augmentation changes the scores and keeps them probabilities; the map finds the
+// annotated tumour of a slide the model did not train on; a slide that cannot be opened or read fails alone (on
+// two ranks, only one of which reads the broken part), and job mistakes are refused naming the key.
+#include <tiffio.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/metrics.h"
+#include "io/annotations.h"
+#include "io/heatmap.h"
+#include "io/slide.h"
+#include "preprocessing/tiling.h"
+#include "preprocessing/tissue.h"
+#include "tests/app/run.h"
+#include "tests/testing/testing.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::contains;
+using testing::run;
+using testing::run_mpi;
+
+constexpr int kTile = 32;           // model input, pixels at kMpp
+constexpr double kMpp = 1.0;        // the model's µm/px
+constexpr double kSlideMpp = 0.25;  // tessera synth's default
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+// Four synthetic slides (two tumour, two normal: train, train, val, val) tiled at 32 px and 1 µm/px, and the tiny
+// CNN trained on the train split for a few epochs; made once for the suite.
+class Infer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    auto r = run("synth --out " + dir_->file("synth") +
+                 " --slides 4 --size 2048 --seed 5 --set preview.enabled=false --set tumour.max_regions=3"
+                 " --set split.train=0.5 --set split.val=0.5");
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ofstream(dir_->file("tile.yaml")) << "input:\n  csv: " << dir_->file("synth/dataset.csv") << "\n"
+                                           << "output: " << dir_->file("shards") << "\n"
+                                           << "tile:\n  size: " << kTile << "\n  mpp: " << kMpp << "\n"
+                                           << "tissue:\n  min_fraction: 0.3\n";
+    r = run("tile " + dir_->file("tile.yaml"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::ofstream(dir_->file("train.yaml"))
+        << "data:\n  shards: " << dir_->file("shards") << "\n  block_size: 16\n  shuffle_buffer: 256\n"
+        << "model:\n  architecture: tiny_cnn\n"
+        << "train:\n  batch_size: 16\n  seed: 5\n"
+        << "optimizer:\n  name: sgd\n  lr: 0.1\n  momentum: 0.9\n"
+        << "schedule:\n  name: cosine\n  reference_batch: 0\n";
+    r = run("train " + dir_->file("train.yaml") + " --out " + dir_->file("run") + " --epochs 4");
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  static std::string checkpoint() { return dir_->file("run/checkpoint.h5"); }
+  static std::string slide(const std::string& id) {
+    const std::string svs = dir_->file("synth/slides/" + id + ".svs");
+    return fs::exists(svs) ? svs : dir_->file("synth/slides/" + id + ".tif");
+  }
+  // `tessera infer` with the suite's checkpoint; only heatmap.h5 unless `args` says otherwise.
+  static testing::Run infer(const std::string& slides, const std::string& out, const std::string& args = "",
+                            int ranks = 1) {
+    const std::string line = "infer --checkpoint " + checkpoint() + " --slides " + slides + " --out " +
+                             dir_->file(out) + (contains(args, "outputs=") ? "" : " --set outputs=[heatmap.h5]") + " " +
+                             args;
+    return ranks == 1 ? run(line) : run_mpi(ranks, line);
+  }
+  static io::Heatmap heatmap(const std::string& out, const std::string& id) {
+    return io::read_heatmap(dir_->file(out + "/" + id + ".heatmap.h5"));
+  }
+
+  static testing::TempDir* dir_;
+};
+testing::TempDir* Infer::dir_ = nullptr;
+
+// Exactly equal, NaN where NaN: the bytes.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_F(Infer, TheMapCoversTheSlideAtTheStrideAndScoresTheTissueCells) {
+  const std::string id = "tumor_002";
+  for (const int stride : {0, 32}) {
+    const std::string out = "geometry" + std::to_string(stride);
+    const auto r = infer(slide(id), out, "--stride " + std::to_string(stride));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const io::Heatmap map = heatmap(out, id);
+
+    // Geometry: level-0 lengths from the model's resolution; the default stride is half a tile.
+    const auto slide_file = io::Slide::open(slide(id));
+    EXPECT_EQ(map.slide_id, id);
+    EXPECT_EQ(map.slide_width, slide_file.width());
+    EXPECT_EQ(map.slide_height, slide_file.height());
+    EXPECT_DOUBLE_EQ(map.slide_mpp, kSlideMpp);
+    EXPECT_DOUBLE_EQ(map.tile_mpp, kMpp);
+    EXPECT_EQ(map.checkpoint, fs::absolute(checkpoint()).lexically_normal().string());
+    const std::int64_t step = std::llround((stride == 0 ? kTile / 2 : stride) * kMpp / kSlideMpp);
+    const std::int64_t tile = std::llround(kTile * kMpp / kSlideMpp);
+    EXPECT_EQ(map.step, step);
+    EXPECT_EQ(map.tile, tile);
+    EXPECT_EQ(map.origin_x, 0);
+    EXPECT_EQ(map.origin_y, 0);
+    EXPECT_EQ(map.cols, (map.slide_width - tile) / step + 1);
+    EXPECT_EQ(map.rows, (map.slide_height - tile) / step + 1);
+    // Every cell lies inside the slide, and one more column or row would not.
+    EXPECT_LE(map.origin_x + (map.cols - 1) * step + tile, map.slide_width);
+    EXPECT_GT(map.origin_x + map.cols * step + tile, map.slide_width);
+    EXPECT_LE(map.origin_y + (map.rows - 1) * step + tile, map.slide_height);
+
+    // The scored cells are exactly those with at least half their tile on tissue (tile's default rule and mask).
+    const auto tissue = prep::detect_tissue(slide_file, prep::TissueOptions{});
+    std::vector<std::int64_t> xs, ys;
+    for (int j = 0; j < map.cols; ++j) xs.push_back(map.origin_x + j * step);
+    for (int i = 0; i < map.rows; ++i) ys.push_back(map.origin_y + i * step);
+    const auto fractions = prep::tissue_fractions(tissue, xs, ys, kTile * kMpp / kSlideMpp);
+    ASSERT_EQ(map.prob.size(), fractions.size());
+    std::int64_t scored = 0;
+    for (std::size_t c = 0; c < map.prob.size(); ++c) {
+      const float p = map.prob[c];
+      ASSERT_EQ(!std::isnan(p), fractions[c] >= 0.5) << "cell " << c << ": tissue fraction " << fractions[c];
+      if (!std::isnan(p)) {
+        ASSERT_GE(p, 0.0f);
+        ASSERT_LE(p, 1.0f);
+        ++scored;
+      }
+    }
+    EXPECT_GT(scored, 20);
+    EXPECT_LT(scored, static_cast<std::int64_t>(map.prob.size()));
+
+    const json summary = read_json(dir_->file(out + "/infer.json"));
+    ASSERT_EQ(summary["slides"].size(), 1u);
+    EXPECT_EQ(summary["slides"][0]["tiles"].get<std::int64_t>(), scored);
+    EXPECT_EQ(summary["stride"].get<int>(), stride == 0 ? kTile / 2 : stride);
+    EXPECT_TRUE(contains(r.err + r.out, dir_->file(out))) << "the end of the run says where the outputs are";
+  }
+}
+
+TEST_F(Infer, ACellScoresItsTileAsPredictScoresTheSameTileFromTheShards) {
+  // With the stride of the tiling grid (32 px at 1 µm/px: 128 level-0 px), cell (i, j) is the shard tile at
+  // (128 j, 128 i): read, resampled and scored as tile + predict did, so the same probability up to the float
+  // rounding of another batch composition.
+  const auto predicted = run("predict --checkpoint " + checkpoint() + " --shards " + dir_->file("shards") +
+                             " --splits val --out " + dir_->file("aligned/predictions.csv"));
+  ASSERT_EQ(predicted.code, 0) << predicted.err;
+  const auto r =
+      infer(slide("tumor_002") + "," + slide("normal_002"), "aligned", "--stride 32 --set tissue.min_fraction=0.3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream csv(dir_->file("aligned/predictions.csv"));
+  std::string line;
+  std::getline(csv, line);
+  ASSERT_EQ(line, "slide_id,x,y,label,p_tumor");
+  std::map<std::string, io::Heatmap> maps;
+  int compared = 0;
+  while (std::getline(csv, line)) {
+    std::stringstream fields(line);
+    std::string id, x, y, label, p;
+    std::getline(fields, id, ',');
+    std::getline(fields, x, ',');
+    std::getline(fields, y, ',');
+    std::getline(fields, label, ',');
+    std::getline(fields, p, ',');
+    if (!maps.contains(id)) maps.emplace(id, heatmap("aligned", id));
+    const io::Heatmap& map = maps.at(id);
+    ASSERT_EQ(map.step, 128);
+    ASSERT_EQ(std::stoll(x) % map.step, 0) << line;
+    ASSERT_EQ(std::stoll(y) % map.step, 0) << line;
+    const float cell = map.at(static_cast<int>(std::stoll(y) / map.step), static_cast<int>(std::stoll(x) / map.step));
+    ASSERT_FALSE(std::isnan(cell)) << "the tile " << line << " was not scored";
+    ASSERT_NEAR(cell, std::stof(p), 1e-5f) << line;
+    ++compared;
+  }
+  EXPECT_GT(compared, 100);
+}
+
+TEST_F(Infer, OneAndTwoRanksGiveTheSameMapBitForBit) {
+  // One rank takes the slides from the dataset.csv's val split, two ranks from a list of files. Small batches: the
+  // two ranks each take several, and a last partial one.
+  const auto one = infer(dir_->file("synth/dataset.csv"), "ranks1", "--splits val --batch 7");
+  ASSERT_EQ(one.code, 0) << one.err;
+  const auto two = infer(slide("tumor_002") + "," + slide("normal_002"), "ranks2", "--batch 7", 2);
+  ASSERT_EQ(two.code, 0) << two.err;
+  std::vector<std::string> ids;
+  const json summary = read_json(dir_->file("ranks1/infer.json"));
+  for (const auto& s : summary["slides"]) ids.push_back(s["id"]);
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"normal_002", "tumor_002"})) << "the val split's slides";
+  for (const auto& id : ids) {
+    const io::Heatmap a = heatmap("ranks1", id);
+    const io::Heatmap b = heatmap("ranks2", id);
+    EXPECT_EQ(a.rows, b.rows);
+    EXPECT_EQ(a.cols, b.cols);
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_TRUE(same_bits(a.prob, b.prob)) << id;
+    EXPECT_GT(a.scored_cells(), 0) << id;
+  }
+  EXPECT_EQ(read_json(dir_->file("ranks2/infer.json"))["ranks"].get<int>(), 2);
+
+  // Test-time augmentation: the mean over four views differs from the one view, and is still a probability.
+  const auto flips = infer(slide("tumor_002"), "tta_flips", "--tta flips");
+  ASSERT_EQ(flips.code, 0) << flips.err;
+  const io::Heatmap none = heatmap("ranks1", "tumor_002");
+  const io::Heatmap mean = heatmap("tta_flips", "tumor_002");
+  ASSERT_EQ(none.prob.size(), mean.prob.size());
+  double largest_change = 0.0;
+  for (std::size_t c = 0; c < none.prob.size(); ++c) {
+    ASSERT_EQ(std::isnan(none.prob[c]), std::isnan(mean.prob[c])) << "cell " << c;
+    if (std::isnan(none.prob[c])) continue;
+    ASSERT_GE(mean.prob[c], 0.0f);
+    ASSERT_LE(mean.prob[c], 1.0f);
+    largest_change = std::max(largest_change, std::fabs(static_cast<double>(none.prob[c]) - mean.prob[c]));
+  }
+  EXPECT_GT(largest_change, 1e-3) << "four views of each tile score as one does";
+  EXPECT_EQ(read_json(dir_->file("tta_flips/infer.json"))["tta"], "flips");
+}
+
+TEST_F(Infer, TheMapFindsTheTumourOfASlideTheModelDidNotTrainOn) {
+  // tumor_002 is in the val split: the model never trained on it.
+  const std::string id = "tumor_002";
+  const auto r = infer(slide(id), "truth", "--set outputs=[]");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* suffix :
+       {".heatmap.h5", ".overlay.png", ".heatmap.tif", ".geojson", ".xml", ".detections.csv", ".report.json"}) {
+    EXPECT_TRUE(fs::exists(dir_->file("truth/" + id + suffix))) << suffix;
+  }
+  EXPECT_EQ(read_json(dir_->file("truth/infer.json"))["slides"][0]["outputs"].size(), 7u);
+  EXPECT_TRUE(fs::exists(dir_->file("truth/infer.config.yaml")));
+  const io::Heatmap map = heatmap("truth", id);
+  std::vector<io::Annotation> tumour, exclusion;
+  prep::split_annotations(io::read_annotations(dir_->file("synth/slides/" + id + ".xml")), prep::AnnotationClasses{},
+                          tumour, exclusion);
+  ASSERT_FALSE(tumour.empty());
+
+  // Cells whose tile is mostly annotated tumour against cells without any: the map ranks them apart.
+  std::vector<float> scores;
+  std::vector<std::uint8_t> labels;
+  float best = -1.0f;
+  double best_fraction = 0.0;
+  for (int i = 0; i < map.rows; ++i) {
+    for (int j = 0; j < map.cols; ++j) {
+      const float p = map.at(i, j);
+      if (std::isnan(p)) continue;
+      const double fraction =
+          prep::tumour_fraction(tumour, exclusion, static_cast<double>(j * map.step), static_cast<double>(i * map.step),
+                                static_cast<double>(map.tile), 32);
+      if (p > best) {
+        best = p;
+        best_fraction = fraction;
+      }
+      if (fraction >= 0.5 || fraction == 0.0) {
+        scores.push_back(p);
+        labels.push_back(fraction >= 0.5 ? 1 : 0);
+      }
+    }
+  }
+  const auto positives = std::count(labels.begin(), labels.end(), 1);
+  ASSERT_GE(positives, 5);
+  const double auc = engine::roc_auc(scores, labels);
+  EXPECT_GT(auc, 0.85) << positives << " tumour cells of " << labels.size();
+  EXPECT_GT(best_fraction, 0.0) << "the highest-scoring cell (P " << best << ") has no annotated tumour";
+
+  // The report's regions are where the tumour is: the largest region's peak lies on annotated tumour.
+  const json report = read_json(dir_->file("truth/" + id + ".report.json"));
+  ASSERT_FALSE(report["regions"].empty()) << report.dump(2);
+  const auto peak = report["regions"][0]["peak"];
+  const double half = static_cast<double>(map.step) / 2.0;
+  EXPECT_GT(prep::tumour_fraction(tumour, exclusion, peak[0].get<double>() - half, peak[1].get<double>() - half,
+                                  2.0 * half, 16),
+            0.0)
+      << report["regions"][0].dump();
+}
+
+// Overwrites the tiles of `level` (a TIFF directory counted among the full-resolution images, 0 = level 0) whose
+// rows are at or below `from_row` with zeros: the file opens, its other levels read, those tiles do not decode.
+void zero_tiles(const std::string& path, int level, int from_row) {
+  TIFF* tif = TIFFOpen(path.c_str(), "r");
+  ASSERT_NE(tif, nullptr);
+  int seen = -1;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // offset, bytes
+  do {
+    if (!TIFFIsTiled(tif)) continue;  // associated images (thumbnail, label) are stripped
+    if (++seen != level) continue;
+    std::uint32_t width = 0, tile_width = 0, tile_height = 0;
+    TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
+    TIFFGetField(tif, TIFFTAG_TILEWIDTH, &tile_width);
+    TIFFGetField(tif, TIFFTAG_TILELENGTH, &tile_height);
+    std::uint64_t* offsets = nullptr;
+    std::uint64_t* counts = nullptr;
+    ASSERT_TRUE(TIFFGetField(tif, TIFFTAG_TILEOFFSETS, &offsets));
+    ASSERT_TRUE(TIFFGetField(tif, TIFFTAG_TILEBYTECOUNTS, &counts));
+    const std::uint32_t across = (width + tile_width - 1) / tile_width;
+    const auto tiles = TIFFNumberOfTiles(tif);
+    for (std::uint32_t t = 0; t < tiles; ++t) {
+      if (static_cast<int>(t / across) >= from_row) spans.emplace_back(offsets[t], counts[t]);
+    }
+    break;
+  } while (TIFFReadDirectory(tif));
+  TIFFClose(tif);
+  ASSERT_FALSE(spans.empty()) << "no tiles of level " << level << " at row " << from_row << " or below";
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (const auto& [offset, bytes] : spans) {
+    file.seekp(static_cast<std::streamoff>(offset));
+    const std::string zeros(bytes, '\0');
+    file.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+}
+
+TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
+  const fs::path bad = dir_->file("bad");
+  fs::create_directories(bad);
+  // Cut short: OpenSlide refuses it when rank 0 opens it to plan.
+  fs::copy_file(slide("tumor_001"), bad / "truncated.svs");
+  fs::resize_file(bad / "truncated.svs", fs::file_size(bad / "truncated.svs") / 3);
+  // Opens and plans (the tissue mask comes from its smallest level), but the level its tiles are read from has
+  // its lowest row of TIFF tiles zeroed: only the second rank, whose share holds the lower part of the tissue,
+  // fails, while reading.
+  const auto r = run("synth --out " + (bad / "big").string() +
+                     " --slides 1 --size 4096 --seed 9 --set preview.enabled=false --set slides.flavour=generic"
+                     " --set slides.tumour_fraction=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string broken = (bad / "unreadable.tif").string();
+  fs::copy_file(bad / "big/slides/tumor_001.tif", broken);
+  // 4096 px at 0.25 µm/px: levels 4096, 2048, 1024, 512. Tiles at 1 µm/px come from level 2 (1024 px, 4 rows of
+  // 256-px TIFF tiles, the last from level-0 y = 3072 on); the tissue mask at 8 µm/px from level 3.
+  zero_tiles(broken, 2, 3);
+  const auto slide_file = io::Slide::open(broken);
+  ASSERT_EQ(slide_file.level_count(), 4);
+  ASSERT_EQ(slide_file.best_level_for_mpp(kMpp), 2);
+
+  const std::string slides =
+      slide("tumor_001") + "," + (bad / "truncated.svs").string() + "," + broken + "," + slide("normal_002");
+  const auto two = infer(slides, "failures", "", 2);
+  EXPECT_EQ(two.code, 3) << two.err;
+  EXPECT_TRUE(contains(two.err, "truncated.svs")) << two.err;
+  EXPECT_TRUE(contains(two.err, "unreadable.tif") && contains(two.err, "cannot decode")) << two.err;
+  EXPECT_TRUE(contains(two.err, "2 of 4 slides failed")) << two.err;
+  EXPECT_TRUE(fs::exists(dir_->file("failures/tumor_001.heatmap.h5")));
+  EXPECT_TRUE(fs::exists(dir_->file("failures/normal_002.heatmap.h5")));
+  EXPECT_FALSE(fs::exists(dir_->file("failures/truncated.heatmap.h5")));
+  EXPECT_FALSE(fs::exists(dir_->file("failures/unreadable.heatmap.h5")));
+  const json summary = read_json(dir_->file("failures/infer.json"));
+  EXPECT_EQ(summary["slides"].size(), 2u);
+  EXPECT_EQ(summary["failures"].size(), 2u);
+  // The good slides' maps are the ones a run without the bad slides gives.
+  const auto clean = infer(slide("tumor_001") + "," + slide("normal_002"), "clean");
+  ASSERT_EQ(clean.code, 0) << clean.err;
+  for (const std::string id : {"tumor_001", "normal_002"}) {
+    EXPECT_TRUE(same_bits(heatmap("failures", id).prob, heatmap("clean", id).prob)) << id;
+  }
+}
+
+TEST_F(Infer, RefusesJobMistakesNamingTheKey) {
+  auto r = run("infer --slides " + slide("tumor_001") + " --out " + dir_->file("mistakes"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "checkpoint")) << r.err;
+
+  r = infer(dir_->file("synth/slides/*.nothing"), "mistakes");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "no slide matches")) << r.err;
+
+  r = infer(slide("tumor_001"), "mistakes", "--set outputs=[heatmap.h5,picture.gif]");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "picture.gif") && contains(r.err, "overlay.png")) << r.err;
+
+  r = run("infer --checkpoint " + dir_->file("synth/dataset.csv") + " --slides " + slide("tumor_001") + " --out " +
+          dir_->file("mistakes"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(contains(r.err, "dataset.csv")) << r.err;
+
+  r = run("infer --print-config --checkpoint c.h5 --stride 24");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "stride: 24")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tta: none")) << r.out;
+}
+
+}  // namespace
+}  // namespace tessera
