@@ -35,6 +35,7 @@
 #include "engine/metrics.h"
 #include "io/annotations.h"
 #include "io/comm.h"
+#include "io/csv.h"
 #include "io/error.h"
 #include "io/image.h"
 #include "io/slide.h"
@@ -82,31 +83,7 @@ struct DatasetSlide {
   std::string mpp;         // as written ("" = from the slide)
 };
 
-std::vector<std::string> split_csv_line(const std::string& line) {
-  // Fields separated by commas, optionally "quoted" (with "" for a quote).
-  std::vector<std::string> fields(1);
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        fields.back() += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        fields.back() += c;
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      fields.emplace_back();
-    } else if (c != '\r') {
-      fields.back() += c;
-    }
-  }
-  return fields;
-}
+using io::split_csv_line;
 
 // A CSV with a header: the column index of each name.
 class CsvHeader {

@@ -35,6 +35,7 @@
 #include "app/cli.h"
 #include "io/annotations.h"
 #include "io/comm.h"
+#include "io/csv.h"
 #include "io/error.h"
 #include "io/image.h"
 #include "io/progress.h"
@@ -104,31 +105,7 @@ std::string sibling_annotation(const std::string& slide_path) {
   return "";
 }
 
-std::vector<std::string> split_csv_line(const std::string& line) {
-  // Plain CSV: fields separated by commas, optionally "quoted" (with "" for a quote).
-  std::vector<std::string> fields(1);
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        fields.back() += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        fields.back() += c;
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      fields.emplace_back();
-    } else if (c != '\r') {
-      fields.back() += c;
-    }
-  }
-  return fields;
-}
+using io::split_csv_line;
 
 std::vector<SlideInput> read_csv_inputs(const std::string& csv_path) {
   std::ifstream in(csv_path);
