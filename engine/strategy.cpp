@@ -76,6 +76,20 @@ void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer
   fn();
 }
 
+void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes,
+                       const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
+  std::size_t i = 0;
+  bool same = params.size() + buffers.size() == sizes.size();
+  if (same) {
+    for_each_tensor(params, buffers, [&](const std::vector<float>& v) { same = same && v.size() == sizes[i++]; });
+  }
+  if (!same) {
+    throw io::InternalError(fmt::format("{}: the model's {} parameters and {} buffers are not the tensors the "
+                                        "strategy was initialized with ({} tensors)",
+                                        strategy, params.size(), buffers.size(), sizes.size()));
+  }
+}
+
 io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params) {
   std::vector<std::vector<float>> tensors;
   tensors.reserve(params.size());
@@ -322,17 +336,7 @@ EasgdStrategy::EasgdStrategy(const io::Comm& comm, const StrategyOptions& option
 }
 
 void EasgdStrategy::check_layout(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) const {
-  std::size_t i = 0;
-  bool same = params.size() + buffers.size() == sizes_.size();
-  if (same) {
-    for_each_tensor(params, buffers, [&](const std::vector<float>& v) { same = same && v.size() == sizes_[i++]; });
-  }
-  if (!same) {
-    throw io::InternalError(
-        fmt::format("easgd: the model's {} parameters and {} buffers are not the tensors the "
-                    "strategy was initialized with ({} tensors)",
-                    params.size(), buffers.size(), sizes_.size()));
-  }
+  check_flat_layout("easgd", sizes_, params, buffers);
 }
 
 void EasgdStrategy::initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {

@@ -247,6 +247,10 @@ const float* unpack_values(const float* in, const std::vector<Param*>& params, c
 // back afterwards, also when `fn` throws. Copies, not swaps of the vectors: layers may hold on to their storage.
 void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                      const std::vector<float>& model, std::vector<float>& backup, const std::function<void()>& fn);
+// Throws InternalError naming `strategy` when the tensors' count or sizes are not `sizes` (the element counts of
+// every parameter, then every buffer, that the strategy was initialized with).
+void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes,
+                       const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
 // The parameters' part of a flat centre as a checkpoint's /easgd/center.
 io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params);
 

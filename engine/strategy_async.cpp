@@ -55,17 +55,7 @@ std::pair<std::size_t, std::size_t> AsyncEasgdStrategy::shard(int rank) const {
 }
 
 void AsyncEasgdStrategy::check_layout(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) const {
-  std::size_t i = 0;
-  bool same = params.size() + buffers.size() == sizes_.size();
-  if (same) {
-    for_each_tensor(params, buffers, [&](const std::vector<float>& v) { same = same && v.size() == sizes_[i++]; });
-  }
-  if (!same) {
-    throw io::InternalError(
-        fmt::format("async-easgd: the model's {} parameters and {} buffers are not the tensors the "
-                    "strategy was initialized with ({} tensors)",
-                    params.size(), buffers.size(), sizes_.size()));
-  }
+  check_flat_layout("async-easgd", sizes_, params, buffers);
 }
 
 void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
