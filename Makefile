@@ -23,7 +23,9 @@ build: configure
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-demo: build
+# The demo needs only the tessera binary (the tests are built by `make test`).
+demo: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target tessera
 	@scripts/demo.sh $(BUILD)/app/tessera
 
 # The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this after `make test`).

@@ -4,7 +4,7 @@
 //   dataset      dataset.csv (tessera synth's, or any CSV with columns slide_id, slide, label, annotation_xml /
 //                annotation_geojson / annotation, split, optional mpp); paths relative to the CSV's folder
 //   detections   folder of `tessera infer` outputs: <slide>.detections.csv (CAMELYON16 prob,X,Y, level-0) and
-//                <slide>.report.json (slide-level "score"), also found as <slide>/<slide>.* or <slide>.csv
+//                <slide>.report.json (its "slide_score"), also found as <slide>/<slide>.* or <slide>.csv
 //   predictions  optional `tessera predict` CSV (slide_id,x,y,label,p_tumor) for the patch-level AUC
 // Scores (engine/evaluation.h states every rule): lesion-level FROC on the slides' annotations, slide-level ROC
 // AUC of the reports' scores, patch-level ROC AUC of the predictions.
@@ -160,11 +160,16 @@ double read_slide_score(const std::string& path) {
   } catch (const json::exception& e) {
     throw io::InputError(fmt::format("not valid JSON: {}", e.what()), path);
   }
-  if (!j.is_object() || !j.contains("score") || !j["score"].is_number()) {
-    throw io::InputError("the report has no numeric \"score\"", path);
+  // tessera infer's report.json (preprocessing/heatmap_outputs.h): "slide_score" is null when no tile of the
+  // slide was over tissue.
+  if (!j.is_object() || !j.contains("slide_score")) {
+    throw io::InputError("the report has no \"slide_score\" (not a tessera infer report.json)", path);
   }
-  const double score = j["score"].get<double>();
-  if (!std::isfinite(score)) throw io::InputError("the report's \"score\" is not finite", path);
+  if (!j["slide_score"].is_number()) {
+    throw io::InputError("the report's \"slide_score\" is not a number (no tile of the slide was scored)", path);
+  }
+  const double score = j["slide_score"].get<double>();
+  if (!std::isfinite(score)) throw io::InputError("the report's \"slide_score\" is not finite", path);
   return score;
 }
 

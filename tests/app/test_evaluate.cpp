@@ -68,7 +68,10 @@ void write_detections(const fs::path& path, const std::vector<std::array<double,
   for (const auto& [p, x, y] : rows) out << p << "," << x << "," << y << "\n";
 }
 
-void write_report(const fs::path& path, double score) { std::ofstream(path) << json{{"score", score}}.dump() << "\n"; }
+// The part of tessera infer's report.json that evaluate reads.
+void write_report(const fs::path& path, double score) {
+  std::ofstream(path) << json{{"format", "tessera-report"}, {"slide_score", score}}.dump() << "\n";
+}
 
 // Four synthetic slides (two tumour, two normal), 4096 px square at 0.25 µm/px, made once.
 class Evaluate : public ::testing::Test {

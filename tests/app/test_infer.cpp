@@ -292,6 +292,21 @@ TEST_F(Infer, TheMapFindsTheTumourOfASlideTheModelDidNotTrainOn) {
                                   2.0 * half, 16),
             0.0)
       << report["regions"][0].dump();
+
+  // tessera evaluate reads these outputs as they are: the slide is scored with its report's slide score and its
+  // detections hit its lesions. (The other val slides have no outputs here: listed, scored as without detections.)
+  const auto e = run("evaluate --dataset " + dir_->file("synth/dataset.csv") + " --detections " + dir_->file("truth") +
+                     " --splits val --out " + dir_->file("evaluation"));
+  ASSERT_EQ(e.code, 0) << e.out << e.err;
+  const json evaluation = read_json(dir_->file("evaluation/evaluation.json"));
+  bool found = false;
+  for (const auto& s : evaluation["per_slide"]) {
+    if (s["slide_id"] != id) continue;
+    found = true;
+    EXPECT_DOUBLE_EQ(s["score"].get<double>(), report["slide_score"].get<double>()) << s.dump();
+    EXPECT_GT(s["true_positives"].get<int>(), 0) << s.dump();
+  }
+  EXPECT_TRUE(found) << evaluation.dump(2);
 }
 
 // Overwrites the tiles of `level` (a TIFF directory counted among the full-resolution images, 0 = level 0) whose
