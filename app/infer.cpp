@@ -4,7 +4,7 @@
 // picks rows by split). The model, its tile size, µm/px and stain normalization come from the checkpoint
 // (engine/slide_inference.h), so the slides are read as the model's training tiles were. Slides go one after
 // another and every rank works on each slide (a contiguous share of its tiles), so a large slide uses every
-// rank; rank 0 gathers each map and writes the slide's outputs before the next slide.
+// rank; rank 0 gathers each map and writes the slide's outputs on a second thread while the next slide is scored.
 //
 // Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
 // preprocessing/heatmap_outputs.h (`outputs` picks some; default all):
@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <set>
@@ -240,6 +241,67 @@ struct InferOptions {
   std::int64_t threads = -1;
 };
 
+// One slide's outputs as the summary records them; `error` set when the slide failed while writing.
+struct WrittenSlide {
+  std::string id;
+  json entry;
+  std::string error;
+};
+
+// The outputs of one slide (rank 0). The map is complete here: a slide whose analysis or picture fails is
+// reported as failed with what was written so far kept (each file is complete).
+WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engine::SlideInferenceStats& stats,
+                           const std::string& position, const fs::path& out, const prep::OutputOptions& output_options,
+                           double assume_mpp, double threshold) {
+  const auto t_outputs = std::chrono::steady_clock::now();
+  std::vector<std::string> written;
+  prep::SlideResult result;
+  try {
+    result = prep::analyse_heatmap(std::move(map), output_options);
+    result.tissue_area_mm2 = stats.tissue_area_mm2;
+    const bool overlay = output_options.outputs.empty() ||
+                         std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
+                             output_options.outputs.end();
+    if (overlay) {
+      io::SlideOpenOptions open_options;
+      open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
+      result.thumbnail = io::Slide::open(input.path, open_options).thumbnail(output_options.overlay.max_side);
+    }
+    written = prep::write_slide_outputs(out.string(), result, output_options);
+  } catch (const io::Error& e) {
+    if (e.kind() != io::ErrorKind::input) throw;
+    spdlog::error("slide {} failed while writing its outputs: {}", position, e.what());
+    return {input.id, json(), e.what()};
+  }
+  const double output_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
+  const auto& heatmap = result.heatmap;
+  const float max_prob = heatmap.max_prob();
+  json outputs = json::array();
+  for (const auto& path : written) outputs.push_back(fs::path(path).filename().string());
+  spdlog::info(
+      "slide {} {}: {} tiles of {} cells ({}x{}, step {} px) in {:.1f} s ({:.0f} tiles/s; plan {:.1f} s, "
+      "waiting for the reader {:.1f} s); outputs written in {:.1f} s; max P {:.3f}, {} region(s) at P >= {:g}",
+      position, input.id, stats.tiles, stats.cells, heatmap.rows, heatmap.cols, heatmap.step, stats.seconds,
+      static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9), stats.plan_seconds, stats.read_wait_seconds,
+      output_seconds, std::isnan(max_prob) ? 0.0f : max_prob, result.regions.size(), threshold);
+  json entry = {{"id", input.id},
+                {"slide", input.path},
+                {"outputs", outputs},
+                {"rows", heatmap.rows},
+                {"cols", heatmap.cols},
+                {"step", heatmap.step},
+                {"tiles", stats.tiles},
+                {"regions", result.regions.size()},
+                {"detections", result.detections.size()},
+                {"max_prob", std::isnan(max_prob) ? json(nullptr) : json(max_prob)},
+                {"seconds", stats.seconds},
+                {"plan_seconds", stats.plan_seconds},
+                {"read_wait_seconds", stats.read_wait_seconds},
+                {"output_seconds", output_seconds},
+                {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}};
+  return {input.id, std::move(entry), ""};
+}
+
 int run_infer(const InferOptions& options) {
   std::vector<std::string> overrides;
   if (!options.checkpoint.empty()) overrides.push_back("checkpoint=" + options.checkpoint);
@@ -313,6 +375,19 @@ int run_infer(const InferOptions& options) {
   std::map<std::string, std::string> failed;  // id → error
   json slides = json::array();
   std::int64_t total_tiles = 0;
+
+  // Rank 0 writes a slide's outputs on a second thread while every rank scores the next slide (one slide in
+  // flight: memory stays at one extra map and thumbnail). Its outcome joins the summary in slide order.
+  std::future<WrittenSlide> writing;
+  auto collect = [&] {
+    if (!writing.valid()) return;
+    WrittenSlide done = writing.get();  // rethrows an internal error of the writer
+    if (done.error.empty()) {
+      slides.push_back(std::move(done.entry));
+    } else {
+      failed[done.id] = done.error;
+    }
+  };
   for (std::size_t s = 0; s < inputs.size(); ++s) {
     const auto& input = inputs[s];
     engine::SlideInferenceStats stats;
@@ -327,58 +402,14 @@ int run_infer(const InferOptions& options) {
     }
     total_tiles += stats.tiles;
     if (!world.is_root()) continue;
-
-    // The outputs (rank 0). The map is complete here: a slide whose analysis or picture fails is reported as
-    // failed with what was written so far kept (each file is complete).
-    const auto t_outputs = std::chrono::steady_clock::now();
-    std::vector<std::string> written;
-    prep::SlideResult result;
-    try {
-      result = prep::analyse_heatmap(std::move(map), output_options);
-      result.tissue_area_mm2 = stats.tissue_area_mm2;
-      const bool overlay = output_options.outputs.empty() ||
-                           std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
-                               output_options.outputs.end();
-      if (overlay) {
-        io::SlideOpenOptions open_options;
-        open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : inference_options.assume_mpp;
-        result.thumbnail = io::Slide::open(input.path, open_options).thumbnail(output_options.overlay.max_side);
-      }
-      written = prep::write_slide_outputs(out.string(), result, output_options);
-    } catch (const io::Error& e) {
-      if (e.kind() != io::ErrorKind::input) throw;
-      failed[input.id] = e.what();
-      spdlog::error("slide {}/{} failed while writing its outputs: {}", s + 1, inputs.size(), e.what());
-      continue;
-    }
-    const double output_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
-    const auto& heatmap = result.heatmap;
-    const float max_prob = heatmap.max_prob();
-    json outputs = json::array();
-    for (const auto& path : written) outputs.push_back(fs::path(path).filename().string());
-    spdlog::info(
-        "slide {}/{} {}: {} tiles of {} cells ({}x{}, step {} px) in {:.1f} s ({:.0f} tiles/s; plan {:.1f} s, "
-        "waiting for the reader {:.1f} s) + outputs {:.1f} s; max P {:.3f}, {} region(s) at P >= {:g}",
-        s + 1, inputs.size(), input.id, stats.tiles, stats.cells, heatmap.rows, heatmap.cols, heatmap.step,
-        stats.seconds, static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9), stats.plan_seconds,
-        stats.read_wait_seconds, output_seconds, std::isnan(max_prob) ? 0.0f : max_prob, result.regions.size(),
-        threshold);
-    slides.push_back({{"id", input.id},
-                      {"slide", input.path},
-                      {"outputs", outputs},
-                      {"rows", heatmap.rows},
-                      {"cols", heatmap.cols},
-                      {"step", heatmap.step},
-                      {"tiles", stats.tiles},
-                      {"regions", result.regions.size()},
-                      {"detections", result.detections.size()},
-                      {"max_prob", std::isnan(max_prob) ? json(nullptr) : json(max_prob)},
-                      {"seconds", stats.seconds},
-                      {"plan_seconds", stats.plan_seconds},
-                      {"read_wait_seconds", stats.read_wait_seconds},
-                      {"output_seconds", output_seconds},
-                      {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}});
+    collect();
+    const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
+    writing = std::async(std::launch::async, [&, input, stats, position, map = std::move(map)]() mutable {
+      return write_outputs(input, std::move(map), stats, position, out, output_options, inference_options.assume_mpp,
+                           threshold);
+    });
   }
+  collect();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (!world.is_root()) return failed.empty() ? io::exit_ok : io::exit_input;
 
