@@ -105,7 +105,7 @@ void write_regions_asap(const std::string& path, const std::vector<Region>& regi
 void write_detections_csv(const std::string& path, const std::vector<Detection>& detections);
 
 // The report (keys): format "tessera-report", version, slide {id, path, width, height, mpp}, model {checkpoint,
-// tile_mpp, tile_px (level 0), step_px (level 0)}, threshold, slide_score (the maximum tile probability, null
+// tile_mpp, tile_um (side of a tile), tile_level0_px, step_level0_px}, threshold, slide_score (the maximum tile probability, null
 // when no tissue was scored) with slide_score_definition, scored_tiles, tissue_area_mm2 and tissue_area_source
 // ("tissue mask" | "scored tiles"), tumour_area_mm2 (sum of the regions), tumour_fraction_of_tissue,
 // largest_size_class ("none" when there is no region), regions_per_size_class {isolated_tumour_cells,

@@ -222,6 +222,9 @@ TEST_F(SlideOutputs, ReportStatesAreasScoreAndRegions) {
   EXPECT_EQ(report["slide"]["id"], "tumor_007");
   EXPECT_EQ(report["slide"]["width"], 4000);
   EXPECT_EQ(report["model"]["checkpoint"], "/runs/demo/checkpoint.h5");
+  EXPECT_EQ(report["model"]["tile_level0_px"], 100);
+  EXPECT_EQ(report["model"]["step_level0_px"], 100);
+  EXPECT_DOUBLE_EQ(report["model"]["tile_um"].get<double>(), 100.0);  // 100 px at 1 µm/px
   EXPECT_DOUBLE_EQ(report["threshold"].get<double>(), 0.5);
   EXPECT_NEAR(report["slide_score"].get<double>(), 0.93, 1e-4);
   EXPECT_EQ(report["tissue_area_source"], "tissue mask");
