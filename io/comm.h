@@ -40,7 +40,7 @@ class MpiSession {
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
 
-  void finalize();  // collective; call once at the end of a successful run
+  void finalize();       // collective; call once at the end of a successful run
   static bool active();  // MPI initialized and not finalized
 };
 
@@ -62,7 +62,8 @@ class Comm {
 
   void barrier() const;
 
-  // In-place allreduce over `count` elements.
+  // In-place allreduce over `count` elements, in pieces of at most 4 MB (io/comm.cpp: large single messages are
+  // an order of magnitude slower per byte with Open MPI's shared-memory transport).
   void allreduce(float* data, std::size_t count, ReduceOp op) const;
   void allreduce(double* data, std::size_t count, ReduceOp op) const;
   void allreduce(std::int64_t* data, std::size_t count, ReduceOp op) const;

@@ -112,6 +112,29 @@ TEST(Comm, AllreduceInt64SumMaxMinBeyond32Bits) {
   EXPECT_EQ(min[1], -(n - 1));
 }
 
+// Large allreduces go in 4 MB pieces (io/comm.cpp): every element of a 10.5 MB buffer (two whole pieces and a
+// partial one), doubles and floats, gets every rank's value, and nothing beyond the count is touched.
+TEST(Comm, AllreduceInPiecesCoversEveryElement) {
+  auto world = Comm::world();
+  const int r = world.rank();
+  const int n = world.size();
+  const std::size_t floats = (std::size_t{21} << 20) / 8;  // 10.5 MB
+  std::vector<float> f(floats + 1);
+  for (std::size_t i = 0; i < floats; ++i) f[i] = static_cast<float>(i % 1024) + static_cast<float>(r);
+  f[floats] = -7.0f;  // a guard after the reduced range
+  world.allreduce(f.data(), floats, ReduceOp::sum);
+  const float rank_sum = static_cast<float>(n * (n - 1) / 2);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < floats; ++i)
+    wrong += f[i] != static_cast<float>(n) * static_cast<float>(i % 1024) + rank_sum;
+  EXPECT_EQ(wrong, 0u);
+  EXPECT_EQ(f[floats], -7.0f);
+
+  std::vector<double> d(floats / 2 + 3, static_cast<double>(r));
+  world.allreduce(d.data(), d.size(), ReduceOp::max);
+  EXPECT_EQ(std::count(d.begin(), d.end(), static_cast<double>(n - 1)), static_cast<std::ptrdiff_t>(d.size()));
+}
+
 TEST(Comm, AllreduceValueAndEmpty) {
   auto world = Comm::world();
   EXPECT_EQ(world.allreduce_value(static_cast<double>(world.rank()), ReduceOp::max), world.size() - 1.0);
