@@ -1,7 +1,12 @@
-// `mpirun -n 2 tessera train` with distributed.strategy easgd on small synthetic slides: the checkpoint holds the
-// centre (as the model and under /easgd/center) and every rank's replica, metrics.jsonl splits the step time into
-// computation and communication, a resumed run takes the centre back from the checkpoint and, on as many ranks,
-// continues bit for bit; a job killed with SIGKILL resumes on the same and on another number of ranks.
+// `mpirun -n N tessera train` end to end on small synthetic slides, under every distributed strategy. easgd: the
+// checkpoint holds the centre (as the model and under /easgd/center) and every rank's replica, metrics.jsonl splits the
+// step time into computation and communication, a resumed run takes the centre back from the checkpoint and, on as many
+// ranks, continues bit for bit. allreduce, async-easgd and two-level (inter easgd, two groups) train on two ranks into
+// a checkpoint that `tessera predict` scores as validation did. A job killed with SIGKILL resumes on the same and on
+// another number of ranks; a rank that dies takes the job down.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/checkpoint.h"
+#include "io/shard.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
 
@@ -65,9 +71,58 @@ class DistributedJob : public ::testing::Test {
     dir_ = nullptr;
   }
   static std::string job() { return dir_->file("train.yaml"); }
+  static std::string shards() { return dir_->file("shards"); }
+  // Tiles of the slides in `split`, as the manifest counts them.
+  static std::int64_t tiles_in(const std::string& split) {
+    std::int64_t tiles = 0;
+    for (const auto& s : io::read_manifest(shards() + "/manifest.json").slides) {
+      if (s.split == split) tiles += s.tiles;
+    }
+    return tiles;
+  }
   static testing::TempDir* dir_;
 };
 testing::TempDir* DistributedJob::dir_ = nullptr;
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+// The job's command-line settings for `strategy` (the job file names easgd). allreduce cuts tiny_cnn's gradients
+// into several buckets; two-level makes one group per rank (ranks_per_node 1), whose leaders exchange by EASGD.
+std::string strategy_settings(const std::string& strategy) {
+  std::string settings = " --set distributed.strategy=" + strategy;
+  if (strategy == "allreduce") settings += " --set distributed.bucket_mb=0.0001";
+  if (strategy == "two-level") settings += " --set distributed.inter=easgd --set distributed.ranks_per_node=1";
+  return settings;
+}
+
+// Whether checkpoints of `strategy` on `ranks` ranks carry every rank's replica (Strategy::replicas_differ()).
+bool keeps_replicas(const std::string& strategy, int ranks) { return strategy != "allreduce" && ranks > 1; }
+
+// A parameter's name in a test name: letters, digits and underscores only.
+std::string test_name(std::string text) {
+  for (char& c : text) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return text;
+}
+
+// The figures of a "val" line are there and sane: every held-out tile scored once, a finite positive loss, an
+// accuracy and an AUC between 0 and 1.
+void expect_sane_validation(const json& line, std::int64_t tiles) {
+  EXPECT_EQ(line["tiles"].get<std::int64_t>(), tiles) << "every held-out tile, once: " << line.dump();
+  for (const char* key : {"loss", "accuracy", "auc"}) {
+    ASSERT_TRUE(line[key].is_number()) << key << " is not finite: " << line.dump();  // written as null
+  }
+  EXPECT_GT(line["loss"].get<double>(), 0.0) << line.dump();
+  EXPECT_LT(line["loss"].get<double>(), 10.0) << line.dump();
+  for (const char* key : {"accuracy", "auc"}) {
+    EXPECT_GE(line[key].get<double>(), 0.0) << key;
+    EXPECT_LE(line[key].get<double>(), 1.0) << key;
+  }
+}
 
 TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   const fs::path out = dir_->file("run");
@@ -114,6 +169,49 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   ASSERT_EQ(val2.size(), 2u);
   EXPECT_EQ(val2[1]["loss"], val2[0]["loss"]) << "validation evaluates the centre";
 }
+
+
+// The other strategies end to end on two ranks: the job finishes, validation scores every held-out tile with finite
+// figures, and `tessera predict` takes the checkpoint and scores the validation tiles as the last validation did
+// (the checkpoint holds the model that was validated: the replica, or the centre).
+class EveryStrategy : public DistributedJob, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(EveryStrategy, TwoRanksTrainAndPredictScoresTheValidatedModel) {
+  const std::string strategy = GetParam();
+  const fs::path out = dir_->file("two-ranks-" + strategy);
+  auto r = run_mpi(2, "train " + job() + strategy_settings(strategy) + " --out " + out.string() + " --epochs 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "strategy " + strategy)) << r.err;
+
+  const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
+  EXPECT_EQ(last.meta.epoch, 2);
+  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy, 2) ? 2u : 0u);
+  if (keeps_replicas(strategy, 2)) {
+    EXPECT_EQ(last.easgd_center, last.params) << "the saved model is the centre";
+    EXPECT_NE(last.replicas[0].params, last.replicas[1].params) << "the replicas trained apart";
+  }
+  const auto val = read_jsonl(out / "metrics.jsonl", "val");
+  ASSERT_EQ(val.size(), 2u);
+  for (const auto& line : val) expect_sane_validation(line, tiles_in("val"));
+  const auto timing = read_jsonl(out / "metrics.jsonl", "timing");
+  ASSERT_EQ(timing.size(), 2u);
+  EXPECT_EQ(timing[0]["steps"].get<std::int64_t>() + timing[1]["steps"].get<std::int64_t>(), last.meta.step);
+  EXPECT_GT(timing[1]["comm_bytes_per_step"].get<double>(), 0.0) << "the ranks exchanged";
+
+  const fs::path csv = out / "val.csv";
+  r = run("predict --checkpoint " + (out / "checkpoint.h5").string() + " --shards " + shards() + " --out " +
+          csv.string() + " --splits val");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json summary = read_json(out / "val.json");
+  EXPECT_EQ(summary["tiles"].get<std::int64_t>(), tiles_in("val"));
+  ASSERT_TRUE(summary["auc"].is_number()) << summary.dump();
+  // Up to the rounding of folded batch norm (predict) and of the metrics' 6 digits.
+  EXPECT_NEAR(summary["auc"].get<double>(), val.back()["auc"].get<double>(), 2e-4);
+  EXPECT_NEAR(summary["accuracy"].get<double>(), val.back()["accuracy"].get<double>(), 2e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, EveryStrategy, ::testing::Values("allreduce", "async-easgd", "two-level"),
+                         [](const auto& instance) { return test_name(instance.param); });
 
 
 // Steps of the "train" lines of metrics.jsonl, in file order.
