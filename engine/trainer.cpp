@@ -375,6 +375,15 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
                    state_int("tiles_in_epoch").value_or(0));
     }
     if (comm.is_root()) spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
+    // The steps left are this run's: on another rank count (or batch size) an epoch has another number of steps
+    // than the checkpointed run's, whose steps `step` counts. On the same, this is the total computed above.
+    const std::int64_t left = steps_per_epoch * (epochs - epoch) - batch_in_epoch / accumulation;
+    total_steps = step + std::max<std::int64_t>(left, 0);
+    if (config.get_int("train.max_steps") > 0) total_steps = std::min(total_steps, config.get_int("train.max_steps"));
+    if (total_steps != shape.total_steps) {
+      shape.total_steps = total_steps;
+      schedule = build_schedule(config, shape);
+    }
   }
   strategy->attach(*model);
   strategy->initialize(params, buffers);
