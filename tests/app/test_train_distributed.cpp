@@ -3,7 +3,8 @@
 // step time into computation and communication, a resumed run takes the centre back from the checkpoint and, on as many
 // ranks, continues bit for bit. allreduce, async-easgd and two-level (inter easgd, two groups) train on two ranks into
 // a checkpoint that `tessera predict` scores as validation did. A job killed with SIGKILL resumes on the same, on fewer
-// and on more ranks (bit for bit on as many, for allreduce and easgd); a rank that dies takes the job down.
+// and on more ranks (bit for bit on as many, for allreduce and easgd); ranks whose shares of the tiles differ finish; a
+// rank that dies takes the job down.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -333,6 +334,42 @@ INSTANTIATE_TEST_SUITE_P(Strategies, KilledJob,
                            return test_name(instance.param.strategy) + "_" + std::to_string(instance.param.ranks) +
                                   "_to_" + std::to_string(instance.param.resume_ranks);
                          });
+
+// Three ranks on tiles that do not divide by three. Training: every rank takes the same number of steps (an equal
+// part of the shuffled tiles each, the remainder left out of the epoch). Validation, where every tile counts: the
+// parts differ by a tile and, at a batch size that divides the smallest part, by a batch. The job must finish (a
+// watchdog ends it otherwise) and score every validation tile once.
+class UnequalShares : public DistributedJob, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(UnequalShares, ThreeRanksFinishAndValidateEveryTileOnce) {
+  const std::string strategy = GetParam();
+  constexpr int kRanks = 3;
+  const std::int64_t train_tiles = tiles_in("train");
+  const std::int64_t val_tiles = tiles_in("val");
+  ASSERT_NE(train_tiles % kRanks, 0) << "the fixture's tiles must not divide evenly";
+  ASSERT_NE(val_tiles % kRanks, 0);
+  // Validation part r is [r·n/3, (r+1)·n/3): the smallest has n/3 tiles, the largest one more.
+  const std::int64_t smallest = val_tiles / kRanks;
+  std::int64_t batch = 4;
+  while (batch < 16 && smallest % batch != 0) ++batch;
+  ASSERT_EQ(smallest % batch, 0) << "no batch size between 4 and 16 divides " << smallest;
+  ASSERT_GE(train_tiles / kRanks / batch, 1) << "a step per epoch";
+
+  const fs::path out = dir_->file("unequal-" + strategy);
+  const auto r = run_script("timeout 300 $MPIEXEC -n " + std::to_string(kRanks) + " $TESSERA train " + job() +
+                            strategy_settings(strategy) + " --out " + out.string() + " --epochs 2" +
+                            " --set train.batch_size=" + std::to_string(batch) + " 2>&1\necho \"exit $?\"\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_TRUE(contains(r.out, "exit 0\n")) << "exit 124: the job hung\n" << r.out;
+  const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
+  EXPECT_EQ(last.meta.step, 2 * (train_tiles / kRanks / batch)) << "every rank took as many steps";
+  const auto val = read_jsonl(out / "metrics.jsonl", "val");
+  ASSERT_EQ(val.size(), 2u);
+  for (const auto& line : val) expect_sane_validation(line, val_tiles);
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, UnequalShares, ::testing::Values("allreduce", "easgd", "async-easgd", "two-level"),
+                         [](const auto& instance) { return test_name(instance.param); });
 
 TEST_F(DistributedJob, ARankThatDiesTakesTheJobDownNamingIt) {
   // Rank 1 is killed mid-training; the job must end by itself (no rank left waiting in a collective) with a
