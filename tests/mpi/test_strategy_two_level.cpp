@@ -1,7 +1,8 @@
 // The two-level strategy (engine/strategy_two_level.h) under 1, 2 and 4 ranks: with one group it is the
 // single-level allreduce, with two groups (ranks_per_node = p / 2) too up to float rounding; with inter = easgd a
-// group's ranks stay one replica, the groups differ, and one exchange among the leaders matches the EASGD formulas
-// worked by hand; bad group sizes are configuration errors. Every test is collective (tests/mpi/mpi_main.cpp).
+// group's ranks stay one replica, the groups differ, one exchange among the leaders matches the EASGD formulas
+// worked by hand, one rank per group is the single-level easgd and one group is one EASGD worker on the averaged
+// gradients; bad group sizes are configuration errors. Every test is collective (tests/mpi/mpi_main.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -292,6 +293,85 @@ TEST_F(TwoLevel, EasgdGroupsAreOneReplicaEachAndDifferFromEachOther) {
   TwoLevelStrategy again(world, {.tau = 3, .inter = "easgd", .ranks_per_node = k});
   EXPECT_EQ(train(again, "tiny_cnn", kSteps, world.rank()), replica);
   EXPECT_EQ(again.center(), two_level.center());
+}
+
+// With inter = easgd, "one node" is not the single-level easgd of p ranks, by design: easgd keeps p replicas, each
+// trained on its own rank's gradients and pulled with α = β / p, while a two-level group is one replica trained on
+// the group's averaged gradients. Its single-level counterparts: with one rank per group, easgd itself; with one
+// group of all ranks, one EASGD worker (α = β / 1) whose gradient is the allreduce average over the ranks.
+
+TEST_F(TwoLevel, EasgdWithOneRankPerGroupIsTheSingleLevelEasgd) {
+  const auto world = io::Comm::world();
+  constexpr int kSteps = 5;
+  EasgdStrategy single(world, {.tau = 2, .center_sync_every = 2});
+  const auto expected = train(single, "tiny_cnn", kSteps, world.rank());
+  TwoLevelStrategy two_level(world, {.tau = 2, .center_sync_every = 2, .inter = "easgd", .ranks_per_node = 1});
+  EXPECT_EQ(two_level.groups(), world.size());
+  const auto actual = train(two_level, "tiny_cnn", kSteps, world.rank());
+  // Groups of one rank: no shared-memory phase, and the leaders are all ranks, in world order: the same
+  // exchanges (steps 2 and 4, the centre re-broadcast after the second) on the same values.
+  EXPECT_EQ(actual, expected) << "each rank's replica, bit for bit";
+  EXPECT_EQ(two_level.center(), single.center());
+  EXPECT_EQ(two_level.stats().exchanges, single.stats().exchanges);
+  EXPECT_EQ(two_level.phases().shared.exchanges, 0);
+  if (world.size() > 1) {
+    EXPECT_FALSE(same_on_all_ranks(world, actual)) << "the ranks are replicas of their own";
+  }
+}
+
+// One EASGD worker on its own communicator whose gradients are first averaged over all ranks (single-level
+// allreduce, fused): what two-level with inter = easgd does with one group.
+class AveragedEasgdWorker final : public Strategy {
+ public:
+  AveragedEasgdWorker(const io::Comm& world, const StrategyOptions& options)
+      : Strategy(world),
+        self_(world.split(world.rank(), 0)),
+        allreduce_(world, {.bucket_mb = 0}),
+        easgd_(self_, options) {}
+  const char* name() const override { return "allreduce+easgd"; }
+  void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override {
+    allreduce_.initialize(params, buffers);
+    easgd_.initialize(params, buffers);
+  }
+  void reduce_gradients(const std::vector<Param*>& params) override { allreduce_.reduce_gradients(params); }
+  void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                    std::int64_t step) override {
+    allreduce_.after_update(params, buffers, step);  // rank 0's batch-norm statistics, as the group's leader's
+    easgd_.after_update(params, buffers, step);
+  }
+  const EasgdStrategy& easgd() const { return easgd_; }
+
+ private:
+  io::Comm self_;  // before easgd_, which refers to it
+  AllreduceStrategy allreduce_;
+  EasgdStrategy easgd_;
+};
+
+TEST_F(TwoLevel, EasgdWithOneGroupIsOneEasgdWorkerOnTheAveragedGradients) {
+  const auto world = io::Comm::world();
+  const int p = world.size();
+  constexpr int kSteps = 5;
+  const StrategyOptions options{.tau = 2, .center_sync_every = 2, .inter = "easgd", .ranks_per_node = p};
+  AveragedEasgdWorker single(world, options);
+  EXPECT_FLOAT_EQ(single.easgd().alpha(), 0.9f) << "one worker: α = β";
+  const auto expected = train(single, "tiny_cnn", kSteps, world.rank());
+  const auto untrained = Replica("tiny_cnn", 12);
+  ASSERT_FALSE(all_near(expected, flatten(untrained.params, untrained.buffers), 1e-3)) << "the steps moved the model";
+  ASSERT_NE(single.easgd().center(), expected) << "the centre lags the replica";
+
+  TwoLevelStrategy two_level(world, options);
+  EXPECT_EQ(two_level.groups(), 1);
+  const auto actual = train(two_level, "tiny_cnn", kSteps, world.rank());
+  if (p <= 2) {
+    // The group's sum of two (or one) gradients is MPI's, and both scale by 1/p (see the allreduce test above).
+    EXPECT_EQ(actual, expected);
+    EXPECT_EQ(two_level.center(), single.easgd().center());
+  } else {
+    EXPECT_TRUE(all_near(actual, expected, 1e-5));
+    EXPECT_TRUE(all_near(two_level.center(), single.easgd().center(), 1e-5));
+  }
+  EXPECT_TRUE(same_on_all_ranks(world, actual)) << "the group is one replica";
+  EXPECT_TRUE(same_on_all_ranks(world, two_level.center()));
 }
 
 // ------------------------------------------------------------------------------------------------ options
