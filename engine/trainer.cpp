@@ -178,37 +178,71 @@ void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
 
 // The training steps of one epoch (this run): their wall time, and the parts of it spent in the strategy's
-// collectives moving data and waiting for the other ranks to arrive (CommStats); means over the ranks. Collective.
-struct StepTiming {
-  std::int64_t steps = 0;
+// collectives moving data and waiting for the other ranks to arrive (CommStats), per rank and as means over the
+// ranks. Collective.
+struct RankTiming {
   double seconds = 0.0;
   double comm_seconds = 0.0;
   double wait_seconds = 0.0;
-  double comm_bytes = 0.0;  // payload per rank
+  double comm_bytes = 0.0;  // payload this rank sent
+};
+
+struct StepTiming {
+  std::int64_t steps = 0;
+  RankTiming mean;
+  std::vector<RankTiming> ranks;  // index = rank
 };
 
 StepTiming step_timing(const io::Comm& comm, clock_type::duration elapsed, std::int64_t steps, const CommStats& c) {
-  std::array<double, 4> sums = {std::chrono::duration<double>(elapsed).count(), c.seconds, c.wait_seconds,
-                                static_cast<double>(c.bytes)};
-  comm.allreduce(sums.data(), sums.size(), io::ReduceOp::sum);
+  // Every rank fills its own four slots; a sum gathers them (adding zeros is exact).
+  constexpr std::size_t kFigures = 4;
+  std::vector<double> all(kFigures * static_cast<std::size_t>(comm.size()), 0.0);
+  double* mine = all.data() + kFigures * static_cast<std::size_t>(comm.rank());
+  mine[0] = std::chrono::duration<double>(elapsed).count();
+  mine[1] = c.seconds;
+  mine[2] = c.wait_seconds;
+  mine[3] = static_cast<double>(c.bytes);
+  comm.allreduce(all.data(), all.size(), io::ReduceOp::sum);
+  StepTiming t;
+  t.steps = steps;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
+    const double* f = all.data() + kFigures * r;
+    t.ranks.push_back({f[0], f[1], f[2], f[3]});
+    t.mean.seconds += f[0];
+    t.mean.comm_seconds += f[1];
+    t.mean.wait_seconds += f[2];
+    t.mean.comm_bytes += f[3];
+  }
   const double ranks = comm.size();
-  return {steps, sums[0] / ranks, sums[1] / ranks, sums[2] / ranks, sums[3] / ranks};
+  t.mean = {t.mean.seconds / ranks, t.mean.comm_seconds / ranks, t.mean.wait_seconds / ranks,
+            t.mean.comm_bytes / ranks};
+  return t;
 }
 
 // metrics.jsonl's "timing" line: per step, seconds in total, in computation (everything but the strategy's
 // collectives: data, forward, backward, update), in communication and in waiting for other ranks; the fractions
-// of the step time communicating and waiting; the payload bytes each rank sent.
+// of the step time communicating and waiting; the payload bytes a rank sent. Means over the ranks, and under
+// "ranks" the same per step figures of every rank (index = rank).
 std::string timing_json(const StepTiming& t, std::int64_t epoch, std::int64_t step, std::int64_t global_batch) {
   const double n = static_cast<double>(std::max<std::int64_t>(t.steps, 1));
-  const double total = std::max(t.seconds, 1e-12);
+  const RankTiming& m = t.mean;
+  const double total = std::max(m.seconds, 1e-12);
+  std::vector<std::string> ranks;
+  for (const RankTiming& r : t.ranks) {
+    ranks.push_back(
+        fmt::format(R"({{"step_s": {}, "compute_s": {}, "comm_s": {}, "wait_s": {}, )"
+                    R"("comm_bytes_per_step": {}}})",
+                    json_number(r.seconds / n), json_number((r.seconds - r.comm_seconds - r.wait_seconds) / n),
+                    json_number(r.comm_seconds / n), json_number(r.wait_seconds / n), json_number(r.comm_bytes / n)));
+  }
   return fmt::format(R"({{"kind": "timing", "epoch": {}, "step": {}, "steps": {}, "step_s": {}, "compute_s": {}, )"
                      R"("comm_s": {}, "wait_s": {}, "comm_fraction": {}, "wait_fraction": {}, )"
-                     R"("comm_bytes_per_step": {}, "images_per_s": {}}})",
-                     epoch, step, t.steps, json_number(t.seconds / n),
-                     json_number((t.seconds - t.comm_seconds - t.wait_seconds) / n), json_number(t.comm_seconds / n),
-                     json_number(t.wait_seconds / n), json_number(t.comm_seconds / total),
-                     json_number(t.wait_seconds / total), json_number(t.comm_bytes / n),
-                     json_number(static_cast<double>(t.steps * global_batch) / total));
+                     R"("comm_bytes_per_step": {}, "images_per_s": {}, "ranks": [{}]}})",
+                     epoch, step, t.steps, json_number(m.seconds / n),
+                     json_number((m.seconds - m.comm_seconds - m.wait_seconds) / n), json_number(m.comm_seconds / n),
+                     json_number(m.wait_seconds / n), json_number(m.comm_seconds / total),
+                     json_number(m.wait_seconds / total), json_number(m.comm_bytes / n),
+                     json_number(static_cast<double>(t.steps * global_batch) / total), fmt::join(ranks, ", "));
 }
 
 }  // namespace

@@ -8,15 +8,17 @@
 //
 // Outputs in `output`: checkpoint.h5 (the latest; also checkpoint-epoch-NNN.h5 per epoch), metrics.jsonl
 // (one JSON object per log line, per validation, and per epoch a "timing" line splitting the step time into
-// computation, the strategy's communication and waiting for other ranks, with the bytes sent), metrics.csv
+// computation, the strategy's communication and waiting for other ranks, with the bytes sent: means over the
+// ranks, and every rank's own figures under "ranks"), metrics.csv
 // (one row per epoch), train.config.yaml. Validation and checkpoints use the strategy's evaluation model
 // (engine/strategy.h: the replica under allreduce, the EASGD centre under easgd).
 //
 // Determinism: the same job, seed and rank count give the same weights, bit for bit, and a run resumed from a
 // checkpoint continues exactly as the uninterrupted run would have (the data order, the augmentation of every
 // tile, the optimizer state and the step all come back; models with dropout draw their masks from (seed, step)).
-// Under easgd a resumed run restarts every replica from the saved centre (strategy.h), so only the uninterrupted
-// run is bit-reproducible.
+// Under easgd the checkpoint carries every rank's replica, so a run resumed on as many ranks continues bit for bit
+// too; on another rank count every replica restarts from the saved centre (strategy.h). async-easgd is not
+// bit-reproducible (its ranks reach the centre in whatever order they run).
 #pragma once
 
 #include <cstdint>

@@ -1,10 +1,10 @@
 // `mpirun -n N tessera train` end to end on small synthetic slides, under every distributed strategy. easgd: the
-// checkpoint holds the centre (as the model and under /easgd/center) and every rank's replica, metrics.jsonl splits the
-// step time into computation and communication, a resumed run takes the centre back from the checkpoint and, on as many
-// ranks, continues bit for bit. allreduce, async-easgd and two-level (inter easgd, two groups) train on two ranks into
-// a checkpoint that `tessera predict` scores as validation did. A job killed with SIGKILL resumes on the same, on fewer
-// and on more ranks (bit for bit on as many, for allreduce and easgd); ranks whose shares of the tiles differ finish; a
-// rank that dies takes the job down.
+// checkpoint holds the centre (as the model and under /easgd/center) and every rank's replica, metrics.jsonl splits
+// the step time into computation and communication (also for every rank), a resumed run takes the centre back from
+// the checkpoint and, on as many ranks, continues bit for bit. allreduce, async-easgd and two-level (inter easgd, two
+// groups) train on two ranks into a checkpoint that `tessera predict` scores as validation did. A job killed with
+// SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd); ranks
+// whose shares of the tiles differ finish; a rank that dies takes the job down.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -155,6 +155,11 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   const double bytes_per_step =
       static_cast<double>((exchanges + exchanges / 3) * values * 4) / static_cast<double>(first.meta.step);
   EXPECT_NEAR(timing[0]["comm_bytes_per_step"].get<double>(), bytes_per_step, 1e-4 * bytes_per_step);
+  // Every rank sends as much.
+  ASSERT_EQ(timing[0]["ranks"].size(), 2u) << timing[0].dump();
+  for (const auto& rank : timing[0]["ranks"]) {
+    EXPECT_NEAR(rank["comm_bytes_per_step"].get<double>(), bytes_per_step, 1e-4 * bytes_per_step);
+  }
 
   // Resume for a second epoch with α = 0: the replicas train on, but the centre must stay exactly the one the
   // checkpoint holds, and so must everything evaluated and saved from it.
@@ -172,6 +177,51 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   EXPECT_EQ(val2[1]["loss"], val2[0]["loss"]) << "validation evaluates the centre";
 }
 
+
+// A "timing" line's figures per rank (under "ranks", index = rank): every rank's step time splits into
+// computation, communication and waiting, none negative, and the top-level figures are their means.
+void expect_timing_of_every_rank(const json& line, int ranks) {
+  ASSERT_EQ(line["ranks"].size(), static_cast<std::size_t>(ranks)) << line.dump();
+  // Printed with 6 significant digits.
+  auto near = [](double a, double b) { return std::abs(a - b) <= 1e-4 * std::max(std::abs(a), std::abs(b)) + 1e-9; };
+  for (const char* key : {"step_s", "compute_s", "comm_s", "wait_s", "comm_bytes_per_step"}) {
+    double sum = 0.0;
+    for (const auto& rank : line["ranks"]) {
+      ASSERT_TRUE(rank[key].is_number()) << key << ": " << line.dump();
+      sum += rank[key].get<double>();
+    }
+    EXPECT_TRUE(near(sum / ranks, line[key].get<double>())) << key << ": " << line.dump();
+  }
+  for (const auto& rank : line["ranks"]) {
+    EXPECT_GE(rank["comm_s"].get<double>(), 0.0);
+    EXPECT_GE(rank["wait_s"].get<double>(), 0.0);
+    EXPECT_GE(rank["compute_s"].get<double>(), 0.0);
+    EXPECT_TRUE(near(rank["compute_s"].get<double>() + rank["comm_s"].get<double>() + rank["wait_s"].get<double>(),
+                     rank["step_s"].get<double>()))
+        << line.dump();
+  }
+}
+
+TEST_F(DistributedJob, TimingLinesGiveEveryRanksOwnBytes) {
+  // Two-level with both ranks in one group (inter allreduce): every step each rank hands its gradients to the
+  // shared window, and the leader (rank 0) also its batch-norm statistics to the other rank.
+  const fs::path out = dir_->file("timing");
+  const auto r = run_mpi(2, "train " + job() + " --out " + out.string() +
+                                " --epochs 1 --set distributed.strategy=two-level --set distributed.ranks_per_node=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint checkpoint = io::read_checkpoint((out / "checkpoint.h5").string());
+  std::int64_t params = 0, buffers = 0;
+  for (const auto& [name, tensor] : checkpoint.params) params += tensor.numel();
+  for (const auto& [name, tensor] : checkpoint.buffers) buffers += tensor.numel();
+  ASSERT_GT(buffers, 0) << "tiny_cnn has batch norm";
+  const auto timing = read_jsonl(out / "metrics.jsonl", "timing");
+  ASSERT_EQ(timing.size(), 1u);
+  expect_timing_of_every_rank(timing[0], 2);
+  EXPECT_DOUBLE_EQ(timing[0]["ranks"][0]["comm_bytes_per_step"].get<double>(),
+                   static_cast<double>(4 * (params + buffers)));
+  EXPECT_DOUBLE_EQ(timing[0]["ranks"][1]["comm_bytes_per_step"].get<double>(), static_cast<double>(4 * params));
+  EXPECT_DOUBLE_EQ(timing[0]["comm_bytes_per_step"].get<double>(), static_cast<double>(4 * params + 2 * buffers));
+}
 
 // The other strategies end to end on two ranks: the job finishes, validation scores every held-out tile with finite
 // figures, and `tessera predict` takes the checkpoint and scores the validation tiles as the last validation did
@@ -199,6 +249,7 @@ TEST_P(EveryStrategy, TwoRanksTrainAndPredictScoresTheValidatedModel) {
   ASSERT_EQ(timing.size(), 2u);
   EXPECT_EQ(timing[0]["steps"].get<std::int64_t>() + timing[1]["steps"].get<std::int64_t>(), last.meta.step);
   EXPECT_GT(timing[1]["comm_bytes_per_step"].get<double>(), 0.0) << "the ranks exchanged";
+  for (const auto& line : timing) expect_timing_of_every_rank(line, 2);
 
   const fs::path csv = out / "val.csv";
   r = run("predict --checkpoint " + (out / "checkpoint.h5").string() + " --shards " + shards() + " --out " +
