@@ -3,8 +3,8 @@
 // `mpirun -n R`, and the peak memory of one rank on that slide and on one with four times its area.
 //   The slides come from `tessera synth` (made once per size in the work folder), the checkpoint is the model's
 //   initialized weights written through the checkpoint code with /meta as training writes it (architecture,
-//   tile size, µm/px, stain normalization): untrained weights cost the same to run as trained ones; only the
-//   regions and detections the outputs draw differ.
+//   tile size, µm/px, stain normalization, tissue settings): untrained weights cost the same to run as trained
+//   ones; only the regions and detections the outputs draw differ.
 //   Tiles/s: the tiles `infer` scored (its infer.json) over the child's wall time from spawn to exit (start-up,
 //   model load and MPI included), and over the scoring of the slide alone (plan, read, CNN, gather: infer.json's
 //   per-slide seconds). The machine may be shared: the 1-rank and R-rank runs alternate in rounds (reversed
@@ -133,6 +133,7 @@ void write_untrained_checkpoint(const InferSlideBenchOptions& o, const std::stri
   checkpoint.meta.class_names = kClassNames;
   checkpoint.meta.mpp = o.mpp;
   checkpoint.meta.stain_normalization = normalizer ? normalizer->describe() : "none";
+  checkpoint.meta.tissue = io::TissueSettings{};  // what training records from a tiling with the default tissue keys
   checkpoint.meta.config_yaml = fmt::format("# tessera bench infer-slide: {} with initialized weights (seed {})\n",
                                             o.model, kModelSeed);
   engine::store_checkpoint_tensors(model->parameters(), model->buffers(), checkpoint);

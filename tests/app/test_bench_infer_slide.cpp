@@ -48,6 +48,8 @@ TEST(BenchInferSlide, MeasuresInferEndToEndAndAgreesWithItsRuns) {
   EXPECT_EQ(meta.input_size, kTile);
   EXPECT_DOUBLE_EQ(meta.mpp, 1.0);
   EXPECT_TRUE(contains(meta.stain_normalization, "reinhard")) << meta.stain_normalization;
+  ASSERT_TRUE(meta.tissue.has_value());
+  EXPECT_EQ(*meta.tissue, io::TissueSettings{});
 
   // The tiles are those infer scored, on one rank and on two (the same map), and the runs wrote every output.
   const json one = read_json(work / "infer-1rank" / "infer.json");
