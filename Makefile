@@ -40,6 +40,7 @@ bench: build
 	@scripts/install-deps.sh --bench
 	@$(BUILD)/app/tessera bench peak
 	@$(BUILD)/app/tessera bench tile
+	@$(BUILD)/app/tessera bench infer-slide
 	@$(BUILD)/app/tessera bench train --model compact --size 96 --batch 64
 	@$(BUILD)/app/tessera bench infer --model compact --size 96 --batch 64
 	@$(BUILD)/app/tessera bench train --model resnet18 --size 96 --batch 64

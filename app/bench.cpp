@@ -86,6 +86,32 @@ Action setup_bench(CLI::App& command) {
   tile_cmd->add_option("--read-mb", tile->read_set_mb, "Least size of the shard set the readers are compared on")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
 
+  auto slide = std::make_shared<InferSlideBenchOptions>();
+  CLI::App* slide_cmd = command.add_subcommand(
+      "infer-slide", "Whole-slide inference end to end (read, decode, normalize, CNN, every output): tiles/s with 1 "
+                     "and 2 ranks (child runs), peak memory for a slide and a 4x larger one");
+  slide_cmd->add_option("--size", slide->size, "Level-0 side of the slide in pixels (the second slide: twice it)")
+      ->check(CLI::Range(512, 100000))->capture_default_str();
+  slide_cmd->add_option("--tile", slide->tile_size, "The model's input in pixels")->check(CLI::Range(16, 1024))
+      ->capture_default_str();
+  slide_cmd->add_option("--mpp", slide->mpp, "The model's resolution in um/px")->check(CLI::Range(0.25, 16.0))
+      ->capture_default_str();
+  slide_cmd->add_option("--model", slide->model, "Model architecture")->check(CLI::IsMember(engine::model_names()))
+      ->capture_default_str();
+  slide_cmd->add_option("--stain", slide->stain, "The checkpoint's stain normalization (built-in target)")
+      ->check(CLI::IsMember({"none", "reinhard", "macenko"}))->capture_default_str();
+  slide_cmd->add_option("--batch", slide->batch, "Tiles per forward pass (0 = infer's default)")
+      ->check(CLI::Range(0, 65536))->capture_default_str();
+  slide_cmd->add_option("--ranks", slide->ranks, "Ranks of the multi-rank run (more than cores: oversubscribed)")
+      ->check(CLI::Range(2, 1024))->capture_default_str();
+  slide_cmd->add_option("--rounds", slide->rounds, "Alternated rounds of the 1-rank and multi-rank runs (best of each)")
+      ->check(CLI::Range(1, 100))->capture_default_str();
+  slide_cmd->add_option("--workdir", slide->workdir, "Folder for the slides, the checkpoint, outputs and logs")
+      ->capture_default_str();
+  slide_cmd->add_option("--timeout", slide->timeout, "Seconds a child run may take before it is stopped as hung")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  slide_cmd->add_option("--json", slide->json_file, "Also write the figures as JSON to this file");
+
   auto train = std::make_shared<ModelBenchOptions>();
   CLI::App* train_cmd = add_model_bench(
       command, "train", "Training speed of a model (images/s, GFLOP/s, fraction of peak) vs PyTorch", *train);
@@ -119,13 +145,14 @@ Action setup_bench(CLI::App& command) {
   comm_cmd->add_option("--bucket-mb", comm->bucket_mb)->group("");
   comm_cmd->add_option("--inter", comm->inter)->group("");
 
-  return [peak, peak_cmd, tile, tile_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd]() -> int {
+  return [peak, peak_cmd, tile, tile_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
     if (comm_cmd->parsed() && !comm->worker.empty()) return run_bench_comm_worker(*comm);
     if (!io::Comm::world().is_root()) return io::exit_ok;
     if (comm_cmd->parsed()) return run_bench_comm(*comm);
     if (peak_cmd->parsed()) return run_peak(*peak);
     if (tile_cmd->parsed()) return run_bench_tile(*tile);
+    if (slide_cmd->parsed()) return run_bench_infer_slide(*slide);
     if (train_cmd->parsed()) return run_bench_model(ModelBenchKind::train, *train);
     if (infer_cmd->parsed()) return run_bench_model(ModelBenchKind::infer, *infer);
     return io::exit_usage;

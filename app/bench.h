@@ -17,6 +17,25 @@ struct TileBenchOptions {
 
 int run_bench_tile(const TileBenchOptions& options);
 
+// `tessera bench infer-slide` (bench_infer_slide.cpp): `tessera infer` end to end (every output) on a generated
+// slide in child runs with 1 rank and with `mpirun -n ranks`, tiles/s by wall and CPU time in alternated rounds,
+// and one rank's peak memory on that slide and on one with four times its area.
+struct InferSlideBenchOptions {
+  int size = 8192;  // level-0 side of the slide (tessera synth: 0.25 um/px); the memory run's second has twice it
+  int tile_size = 96;  // the model's input in px
+  double mpp = 1.0;    // the model's um/px
+  std::string model = "compact";
+  std::string stain = "reinhard";  // the checkpoint's stain normalization: none, reinhard, macenko (built-in target)
+  int batch = 0;                   // tiles per forward pass; 0 = infer's default
+  int ranks = 2;
+  int rounds = 3;  // alternated rounds (best of each)
+  std::string workdir = "data/bench-infer-slide";
+  double timeout = 3600.0;  // seconds a child run may take before it is stopped and reported as hung
+  std::string json_file;    // also write the figures as JSON here
+};
+
+int run_bench_infer_slide(const InferSlideBenchOptions& options);
+
 // `tessera bench train` and `tessera bench infer` (bench_train.cpp): a model's images/s on synthetic data,
 // as GFLOP/s and a fraction of the sgemm peak measured in the same run, against PyTorch on the same machine.
 enum class ModelBenchKind { train, infer };

@@ -15,10 +15,7 @@
 // The machine may be shared and its speed drifts: the runs alternate in rounds (reversed every other round) and
 // each row reports its best round; ratios are taken between figures of the same run.
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/bench.h"
+#include "app/bench_child.h"
 #include "engine/context.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
@@ -49,8 +47,6 @@
 #include "engine/strategy.h"
 #include "io/comm.h"
 #include "io/error.h"
-
-extern char** environ;
 
 namespace tessera::app {
 namespace {
@@ -77,9 +73,6 @@ constexpr std::size_t kMaxMessage = std::size_t{64} << 20;
 constexpr std::size_t kMinCalls = 3;
 constexpr std::size_t kMaxCalls = 200;
 constexpr double kMinSizeSeconds = 0.2;
-// How long a stopped child gets between SIGTERM and SIGKILL, and how often a running one is polled.
-constexpr double kTermGraceSeconds = 5.0;
-constexpr auto kPollInterval = std::chrono::milliseconds(20);
 const char* const kResultPrefix = "tessera-bench-comm: ";
 const char* const kBusConvention =
     "busbw = 2(p-1)/p x bytes / time (the NCCL convention: per second, the bytes each rank sends, and receives, in a "
@@ -95,13 +88,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const std::size_t mid = values.size() / 2;
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  double one = 0, five = 0, fifteen = 0;
-  if (!(in >> one >> five >> fifteen)) return "unknown";
-  return fmt::format("{:.2f} {:.2f} {:.2f}", one, five, fifteen);
 }
 
 std::string cpu_name() {
@@ -295,82 +281,21 @@ std::vector<Case> strategy_cases(int ranks, int threads) {
   return cases;
 }
 
-// This process is an MPI singleton: Open MPI and PMIx left variables in its environment that would make a child
-// `mpirun` try to join this process's job. Children get the environment without them (as bench tile's).
-std::vector<std::string> child_environment() {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string var = *e;
-    const bool mpi_runtime = var.rfind("OMPI_", 0) == 0 || var.rfind("PMIX_", 0) == 0 || var.rfind("OPAL_", 0) == 0 ||
-                             var.rfind("ORTE_", 0) == 0;
-    if (mpi_runtime && var.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) != 0) continue;
-    env.push_back(var);
-  }
-  return env;
-}
-
-std::optional<std::string> find_in_path(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / program;
-    if (access(candidate.c_str(), X_OK) == 0 && fs::is_regular_file(candidate)) return candidate.string();
-  }
-  return std::nullopt;
-}
-
 struct ChildRun {
   int code = -1;  // exit code; -1: killed by a signal or stopped
   bool timed_out = false;
   std::vector<json> results;  // the result lines rank 0 printed
 };
 
-// Runs `args` (args[0] a path) in its own process group with stdout and stderr appended to `log`; stops the group
-// (SIGTERM, then SIGKILL) after `timeout` seconds.
-ChildRun run_child(const std::vector<std::string>& args, const std::string& log, double timeout) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  auto env_strings = child_environment();
-  std::vector<char*> envp;
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  { std::ofstream(log, std::ios::app) << "$ " << fmt::format("{}", fmt::join(args, " ")) << "\n"; }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);  // a group of its own: a hung mpirun is stopped with its ranks
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
-  if (rc != 0) throw io::InternalError(fmt::format("cannot start {}: {}", args[0], std::strerror(rc)));
-
+// Runs `args` (args[0] a path) with stdout and stderr appended to `log`, stopped after `timeout` seconds
+// (bench_child.h), and collects the result lines rank 0 printed.
+ChildRun run_mpi_child(const std::vector<std::string>& args, const std::string& log, double timeout) {
+  const ChildResult child = run_child(args, log, timeout);
   ChildRun run;
-  const auto t0 = clock_type::now();
-  int status = 0;
-  bool terminated = false;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) throw io::InternalError(fmt::format("waitpid: {}", std::strerror(errno)));
-    const double elapsed = seconds_since(t0);
-    if (!terminated && elapsed > timeout) {
-      run.timed_out = true;
-      terminated = true;
-      kill(-pid, SIGTERM);
-    } else if (terminated && elapsed > timeout + kTermGraceSeconds) {
-      kill(-pid, SIGKILL);
-    }
-    std::this_thread::sleep_for(kPollInterval);
-  }
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  // The result lines of this run: the log is appended to, so only lines after the command line written above
-  // count; the last command line in the file is this run's.
+  run.code = child.code;
+  run.timed_out = child.timed_out;
+  // The result lines of this run: the log is appended to, so only lines after the "$ <command>" line run_child
+  // wrote count; the last command line in the file is this run's.
   std::ifstream in(log);
   std::vector<json> results;
   for (std::string line; std::getline(in, line);) {
@@ -536,7 +461,7 @@ int run_bench_comm(const CommBenchOptions& o) {
     for (Case* c : this_round) {
       if (!c->failure.empty()) continue;  // a run that failed once is not tried again
       const int ranks = c->ranks;
-      const auto run = run_child(command(*c, ranks), log, o.timeout);
+      const auto run = run_mpi_child(command(*c, ranks), log, o.timeout);
       const std::string what = fmt::format("`{}` ({} rank(s))", c->label, ranks);
       if (run.timed_out) {
         c->failure = fmt::format("stopped after {:g} s (hung?)", o.timeout);

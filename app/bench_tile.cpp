@@ -16,9 +16,7 @@
 //      both, alternated rounds;
 //   5. peak memory of tiling one slide and one with four times the area.
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <tiffio.h>
 #include <unistd.h>
 
@@ -40,12 +38,11 @@
 #include <fmt/format.h>
 
 #include "app/bench.h"
+#include "app/bench_child.h"
 #include "io/error.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 #include "io/slide.h"
-
-extern char** environ;
 
 namespace tessera::app {
 namespace {
@@ -65,79 +62,10 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  double one = 0, five = 0, fifteen = 0;
-  if (!(in >> one >> five >> fifteen)) return "unknown";
-  return fmt::format("{:.2f} {:.2f} {:.2f}", one, five, fifteen);
-}
-
 double thread_cpu_seconds() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
-}
-
-double cpu_seconds(const timeval& user, const timeval& system) {
-  return static_cast<double>(user.tv_sec + system.tv_sec) + static_cast<double>(user.tv_usec + system.tv_usec) * 1e-6;
-}
-
-struct ChildResult {
-  int code = -1;
-  double seconds = 0.0;
-  double cpu_seconds = 0.0;  // user + system, the child and the descendants it waited for (mpirun's ranks)
-  long max_rss_kb = 0;
-};
-
-// This process is an MPI singleton: Open MPI and PMIx left variables in its environment that would make a
-// child `mpirun` (or a child singleton) try to join this process's job. Children get the environment without
-// them (the run-as-root permissions stay).
-std::vector<std::string> child_environment() {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string var = *e;
-    const bool mpi_runtime = var.rfind("OMPI_", 0) == 0 || var.rfind("PMIX_", 0) == 0 || var.rfind("OPAL_", 0) == 0 ||
-                             var.rfind("ORTE_", 0) == 0;
-    if (mpi_runtime && var.rfind("OMPI_ALLOW_RUN_AS_ROOT", 0) != 0) continue;
-    env.push_back(var);
-  }
-  return env;
-}
-
-// Runs a program (argv[0] is looked up in PATH) with its output appended to `log_file`, waits, and reports wall
-// time and peak memory.
-ChildResult run_child(const std::vector<std::string>& args, const std::string& log_file) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  auto env_strings = child_environment();
-  std::vector<char*> envp;
-  for (auto& e : env_strings) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const auto t0 = clock_type::now();
-  const int rc = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) throw io::InternalError("cannot start " + args[0] + ": " + std::strerror(rc));
-  int status = 0;
-  struct rusage usage {};
-  wait4(pid, &status, 0, &usage);
-  ChildResult result;
-  result.seconds = seconds_since(t0);
-  result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  result.cpu_seconds = cpu_seconds(usage.ru_utime, usage.ru_stime);
-  result.max_rss_kb = usage.ru_maxrss;
-  return result;
-}
-
-std::string self_path() { return fs::read_symlink("/proc/self/exe").string(); }
-
-void require_ok(const ChildResult& r, const std::string& what, const std::string& log) {
-  if (r.code != 0) throw io::InternalError(fmt::format("{} failed with exit code {}; see {}", what, r.code, log));
 }
 
 // One `tessera tile` run: wall time, and the extract phase's time from its final progress line

@@ -70,10 +70,16 @@ const io::Schema& infer_schema() {
                 {"none", "flips", "d8"})
         .number("infer.threshold", 0.5, "P(tumour) at and above which a cell counts as tumour in the summaries", 0, 1)
         .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
-        .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a scored cell (as tile's tissue.min_fraction)",
+        .number("tissue.min_fraction", 0.5,
+                "Minimum tissue fraction of a scored cell; unset: the checkpoint's (its tiling's tissue.min_fraction), "
+                "else this default",
                 0, 1)
-        .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
-        .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
+        .number("tissue.mask_mpp", 8.0,
+                "Resolution of the tissue mask in um/px; unset: the checkpoint's (its tiling's), else this default", 1,
+                64)
+        .boolean("tissue.reject_pen_marks", true,
+                 "Remove green/blue/black marker ink from the tissue mask; unset: the checkpoint's (its tiling's), "
+                 "else this default")
         .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
         .string_list("outputs", {},
                      "Outputs per slide (empty = all): heatmap.h5, overlay.png, heatmap.tif, geojson, xml, "
@@ -313,7 +319,7 @@ int run_infer(const InferOptions& options) {
   if (!options.tta.empty()) overrides.push_back("infer.tta=" + options.tta);
   if (options.threshold >= 0.0) overrides.push_back(fmt::format("infer.threshold={}", options.threshold));
   if (options.threads >= 0) overrides.push_back(fmt::format("infer.threads={}", options.threads));
-  const auto config = load_job(infer_schema(), options.job, overrides);
+  auto config = load_job(infer_schema(), options.job, overrides);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
 
   const std::string checkpoint = config.get_string("checkpoint");
@@ -331,9 +337,6 @@ int run_infer(const InferOptions& options) {
   inference_options.stride = static_cast<int>(config.get_int("infer.stride"));
   inference_options.batch_size = static_cast<int>(config.get_int("infer.batch_size"));
   inference_options.tta = engine::parse_tta(config.get_string("infer.tta"));
-  inference_options.min_tissue = config.get_number("tissue.min_fraction");
-  inference_options.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
-  inference_options.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
   inference_options.assume_mpp = config.get_number("input.assume_mpp");
 
   prep::OutputOptions output_options;
@@ -358,6 +361,28 @@ int run_infer(const InferOptions& options) {
 
   engine::LoadedModel model = engine::load_model(checkpoint);
   const std::string checkpoint_path = fs::absolute(checkpoint).lexically_normal().string();
+  // Tissue is found as the tiling found it for training, unless the job says otherwise: each tissue.* key the
+  // job leaves unset takes the checkpoint's value (a checkpoint from before they were recorded has none; the
+  // defaults stand). infer.config.yaml then holds the values used.
+  if (const auto& tissue = model.meta.tissue) {
+    const std::vector<std::pair<const char*, std::string>> from_checkpoint = {
+        {"tissue.min_fraction", fmt::format("{}", tissue->min_fraction)},
+        {"tissue.mask_mpp", fmt::format("{}", tissue->mask_mpp)},
+        {"tissue.reject_pen_marks", tissue->reject_pen_marks ? "true" : "false"}};
+    for (const auto& [key, value] : from_checkpoint) {
+      if (config.is_set(key)) continue;
+      try {
+        config.set(fmt::format("{}={}", key, value));
+      } catch (const io::ConfigError& e) {
+        throw io::InputError(fmt::format("/meta records the tiling's {} as {}, which inference cannot use: {}", key,
+                                         value, e.message()),
+                             checkpoint);
+      }
+    }
+  }
+  inference_options.min_tissue = config.get_number("tissue.min_fraction");
+  inference_options.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
+  inference_options.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   if (world.is_root()) {
@@ -365,9 +390,12 @@ int run_infer(const InferOptions& options) {
     config.save((out / "infer.config.yaml").string());
     spdlog::info(
         "inferring {} slide(s) with {} ({}, {} px at {:g} µm/px, stain {}, epoch {}), stride {} px, tta {}, "
-        "on {} rank(s) x {} thread(s)",
+        "tissue >= {:g} of a tile on a {:g} µm/px mask{} ({}), on {} rank(s) x {} thread(s)",
         inputs.size(), checkpoint, model.meta.architecture, inference.input_size(), inference.mpp(),
         model.meta.stain_normalization, model.meta.epoch, inference.stride(), engine::to_string(inference_options.tta),
+        inference_options.min_tissue, inference_options.tissue.mask_mpp,
+        inference_options.tissue.reject_pen_marks ? ", pen marks rejected" : "",
+        model.meta.tissue ? "the checkpoint's tiling unless set" : "the job's; the checkpoint records none",
         world.size(), engine::threads());
   }
 

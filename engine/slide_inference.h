@@ -54,6 +54,7 @@ struct SlideInferenceOptions {
   int stride = 0;       // model-input pixels between cell origins; 0 = half the input size
   int batch_size = 32;  // tiles per forward pass
   Tta tta = Tta::none;
+  // Tissue as the tiling found it: tessera infer fills these from /meta's tissue settings unless its job sets them.
   double min_tissue = 0.5;     // minimum tissue fraction of a scored cell (tiling's tissue.min_fraction)
   prep::TissueOptions tissue;  // the tissue mask (tiling's tissue.mask_mpp, tissue.reject_pen_marks)
   double assume_mpp = 0.0;     // µm/px for slides that record none (0 = such slides fail)

@@ -454,6 +454,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     checkpoint.meta.class_names = kClassNames;
     checkpoint.meta.mpp = manifest.attributes.mpp;
     checkpoint.meta.stain_normalization = manifest.attributes.stain_normalization;
+    checkpoint.meta.tissue = manifest.tissue;  // so that inference finds tissue as the tiling did
     checkpoint.meta.config_yaml = config.to_yaml();
     checkpoint.meta.step = step;
     checkpoint.meta.epoch = epoch;

@@ -137,6 +137,12 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
             std::to_string(c.meta.num_classes) + " classes");
   }
   if (!(c.meta.mpp >= 0.0) || !std::isfinite(c.meta.mpp)) h5.fail("checkpoint meta: mpp must be a finite number >= 0");
+  if (c.meta.tissue && !(c.meta.tissue->min_fraction >= 0.0 && c.meta.tissue->min_fraction <= 1.0)) {
+    h5.fail("checkpoint meta: tissue min_fraction must be in [0, 1]");
+  }
+  if (c.meta.tissue && (!(c.meta.tissue->mask_mpp > 0.0) || !std::isfinite(c.meta.tissue->mask_mpp))) {
+    h5.fail("checkpoint meta: tissue mask_mpp must be a finite number > 0");
+  }
   validate_tensors(h5, params_group, c.params);
   validate_tensors(h5, buffers_group, c.buffers);
   validate_optimizer(h5, optimizer_group, c.optimizer);
@@ -290,6 +296,11 @@ class CheckpointWriter {
     write_int(g, "epoch", meta.epoch);
     write_string(g, "created", meta.created.empty() ? utc_now() : meta.created);
     if (!meta.tessera_version.empty()) write_string(g, "tessera_version", meta.tessera_version);
+    if (meta.tissue) {
+      write_double(g, "tissue_min_fraction", meta.tissue->min_fraction);
+      write_double(g, "tissue_mask_mpp", meta.tissue->mask_mpp);
+      write_int(g, "tissue_reject_pen_marks", meta.tissue->reject_pen_marks ? 1 : 0);
+    }
     h5_.close(group, "cannot close group '/meta'");
   }
 
@@ -618,6 +629,26 @@ class CheckpointReader {
     optional_int("epoch", m.epoch);
     optional_string("created", m.created);
     optional_string("tessera_version", m.tessera_version);
+    // The tiling's tissue settings: all three or none (a checkpoint from before they were recorded).
+    if (has_attribute(g, "tissue_min_fraction") || has_attribute(g, "tissue_mask_mpp") ||
+        has_attribute(g, "tissue_reject_pen_marks")) {
+      TissueSettings tissue;
+      tissue.min_fraction = read_double(g, "tissue_min_fraction");
+      if (!(tissue.min_fraction >= 0.0 && tissue.min_fraction <= 1.0)) {
+        fail("attribute 'tissue_min_fraction' in /meta must be in [0, 1], got " + std::to_string(tissue.min_fraction));
+      }
+      tissue.mask_mpp = read_double(g, "tissue_mask_mpp");
+      if (!(tissue.mask_mpp > 0.0) || !std::isfinite(tissue.mask_mpp)) {
+        fail("attribute 'tissue_mask_mpp' in /meta must be a finite number > 0, got " +
+             std::to_string(tissue.mask_mpp));
+      }
+      const std::int64_t pen = read_int(g, "tissue_reject_pen_marks");
+      if (pen != 0 && pen != 1) {
+        fail("attribute 'tissue_reject_pen_marks' in /meta must be 0 or 1, got " + std::to_string(pen));
+      }
+      tissue.reject_pen_marks = pen == 1;
+      m.tissue = tissue;
+    }
     return m;
   }
 

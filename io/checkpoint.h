@@ -5,7 +5,9 @@
 //   /buffers/<name>           float32  persistent buffers (batch-norm running_mean / running_var [C])
 //   /meta                     attributes: format = "tessera-checkpoint", version, architecture, input_size (tile
 //                                      px), num_classes, class_names, mpp, stain_normalization, stain_target,
-//                                      config_yaml, step, epoch, created (ISO 8601 UTC), tessera_version
+//                                      config_yaml, step, epoch, created (ISO 8601 UTC), tessera_version, and
+//                                      the tiling's tissue_min_fraction, tissue_mask_mpp (float64) and
+//                                      tissue_reject_pen_marks (int64 0/1): all three or none
 //   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
 //                                      parameter; attributes name, step
 //   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
@@ -40,9 +42,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
+
+#include "io/tissue_settings.h"
 
 namespace tessera::io {
 
@@ -69,6 +74,9 @@ struct CheckpointMeta {
   std::string stain_normalization = "none";  // "none", "reinhard", "macenko"
   std::string stain_target;                  // the fitted target's text (StainNormalizer::describe())
   std::string config_yaml;                   // the effective job
+  // How the training tiles' tissue was found (the shards' tiling job); nullopt in checkpoints written before it
+  // was recorded, or converted from elsewhere (inference then uses its own tissue.* defaults).
+  std::optional<TissueSettings> tissue;
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::string created;                               // ISO 8601 UTC; the writer fills in the current time when empty

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "io/annotations.h"
 #include "io/error.h"
@@ -768,6 +769,33 @@ class ManifestFields {
   std::string file_;
 };
 
+// The tiling's tissue settings from the effective job a manifest carries (Config::to_yaml writes every key, so a
+// manifest of tessera tile has all three; a key an older job lacked takes today's default). nullopt when the text
+// has no tissue section.
+std::optional<TissueSettings> tissue_settings_of(const std::string& yaml_text, const std::string& path) {
+  if (yaml_text.empty()) return std::nullopt;
+  TissueSettings settings;
+  try {
+    const YAML::Node root = YAML::Load(yaml_text);
+    const YAML::Node tissue = root.IsMap() ? root["tissue"] : YAML::Node();
+    if (!tissue || !tissue.IsMap()) return std::nullopt;
+    if (const YAML::Node v = tissue["min_fraction"]) settings.min_fraction = v.as<double>();
+    if (const YAML::Node v = tissue["mask_mpp"]) settings.mask_mpp = v.as<double>();
+    if (const YAML::Node v = tissue["reject_pen_marks"]) settings.reject_pen_marks = v.as<bool>();
+  } catch (const YAML::Exception& e) {
+    throw InputError(std::string("config_yaml: the tiling job's tissue settings cannot be read: ") + e.what(), path);
+  }
+  if (!(settings.min_fraction >= 0.0 && settings.min_fraction <= 1.0)) {
+    throw InputError("config_yaml: tissue.min_fraction " + std::to_string(settings.min_fraction) +
+                         " is not a fraction in [0, 1]",
+                     path);
+  }
+  if (!(settings.mask_mpp > 0.0) || !std::isfinite(settings.mask_mpp)) {
+    throw InputError("config_yaml: tissue.mask_mpp " + std::to_string(settings.mask_mpp) + " is not positive", path);
+  }
+  return settings;
+}
+
 }  // namespace
 
 Manifest read_manifest(const std::string& path) {
@@ -806,6 +834,7 @@ Manifest read_manifest(const std::string& path) {
   Manifest manifest;
   manifest.config_hash = f.string(doc, "", "config_hash", false);
   manifest.config_yaml = f.string(doc, "", "config_yaml", false);
+  manifest.tissue = tissue_settings_of(manifest.config_yaml, path);
 
   const json* attributes = f.find(doc, "", "attributes", true);
   if (!attributes->is_object()) f.fail("attributes", std::string("expected an object, got ") + attributes->type_name());

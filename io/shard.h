@@ -16,10 +16,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <opencv2/core.hpp>
+
+#include "io/tissue_settings.h"
 
 namespace tessera::io {
 
@@ -130,6 +133,9 @@ struct Manifest {
   std::string config_hash;   // of the settings that decide the tiles (resume skips when equal)
   std::string config_yaml;   // the effective job
   ShardAttributes attributes;
+  // The tissue.* settings the tiles were kept by, read from config_yaml (the effective job has every key); nullopt
+  // when config_yaml has no tissue section (a manifest not written by tessera tile). Not written separately.
+  std::optional<TissueSettings> tissue;
   std::vector<ManifestShard> shards;
   std::vector<ManifestSlide> slides;
   std::vector<ManifestFailure> failures;

@@ -7,7 +7,10 @@ A Tessera checkpoint (io/checkpoint.h, DESIGN.md "Checkpoints") is one HDF5 file
                                     "layer1.0.conv1.weight" is one dataset directly in its group
   /meta                             attributes: format = "tessera-checkpoint", version, architecture,
                                     input_size, num_classes, class_names, mpp, stain_normalization,
-                                    stain_target, config_yaml, step, epoch, created, tessera_version
+                                    stain_target, config_yaml, step, epoch, created, tessera_version, and
+                                    optionally the tiling's tissue_min_fraction, tissue_mask_mpp,
+                                    tissue_reject_pen_marks (`export` writes none: inference then uses its
+                                    defaults)
 Training state for resuming (/optimizer, /easgd, /replicas/<rank>/..., /state) is ignored here: `import`
 converts /params and /buffers only.
 BatchNorm's `num_batches_tracked` is not stored (Tessera's batch norm uses a fixed momentum); `import` sets it

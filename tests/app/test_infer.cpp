@@ -22,6 +22,7 @@
 
 #include "engine/metrics.h"
 #include "io/annotations.h"
+#include "io/checkpoint.h"
 #include "io/heatmap.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
@@ -98,6 +99,13 @@ class Infer : public ::testing::Test {
 };
 testing::TempDir* Infer::dir_ = nullptr;
 
+// 0.7 → "0.7", 0.5 → "0.5": a number as the saved job writes it.
+std::string fmt_number(double v) {
+  std::ostringstream text;
+  text << v;
+  return text.str();
+}
+
 // Exactly equal, NaN where NaN: the bytes.
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -107,7 +115,11 @@ TEST_F(Infer, TheMapCoversTheSlideAtTheStrideAndScoresTheTissueCells) {
   const std::string id = "tumor_002";
   for (const int stride : {0, 32}) {
     const std::string out = "geometry" + std::to_string(stride);
-    const auto r = infer(slide(id), out, "--stride " + std::to_string(stride));
+    // The tissue rule: the checkpoint's (its tiling kept tiles with 0.3 tissue), or the job's when it sets one.
+    const double min_fraction = stride == 0 ? 0.3 : 0.5;
+    const auto r = infer(slide(id), out,
+                         "--stride " + std::to_string(stride) +
+                             (stride == 0 ? std::string() : " --set tissue.min_fraction=0.5"));
     ASSERT_EQ(r.code, 0) << r.err;
     const io::Heatmap map = heatmap(out, id);
 
@@ -132,7 +144,8 @@ TEST_F(Infer, TheMapCoversTheSlideAtTheStrideAndScoresTheTissueCells) {
     EXPECT_GT(map.origin_x + map.cols * step + tile, map.slide_width);
     EXPECT_LE(map.origin_y + (map.rows - 1) * step + tile, map.slide_height);
 
-    // The scored cells are exactly those with at least half their tile on tissue (tile's default rule and mask).
+    // The scored cells are exactly those with at least min_fraction of their tile on tissue (tile's rule and
+    // mask).
     const auto tissue = prep::detect_tissue(slide_file, prep::TissueOptions{});
     std::vector<std::int64_t> xs, ys;
     for (int j = 0; j < map.cols; ++j) xs.push_back(map.origin_x + j * step);
@@ -142,7 +155,7 @@ TEST_F(Infer, TheMapCoversTheSlideAtTheStrideAndScoresTheTissueCells) {
     std::int64_t scored = 0;
     for (std::size_t c = 0; c < map.prob.size(); ++c) {
       const float p = map.prob[c];
-      ASSERT_EQ(!std::isnan(p), fractions[c] >= 0.5) << "cell " << c << ": tissue fraction " << fractions[c];
+      ASSERT_EQ(!std::isnan(p), fractions[c] >= min_fraction) << "cell " << c << ": tissue fraction " << fractions[c];
       if (!std::isnan(p)) {
         ASSERT_GE(p, 0.0f);
         ASSERT_LE(p, 1.0f);
@@ -167,8 +180,8 @@ TEST_F(Infer, ACellScoresItsTileAsPredictScoresTheSameTileFromTheShards) {
   const auto predicted = run("predict --checkpoint " + checkpoint() + " --shards " + dir_->file("shards") +
                              " --splits val --out " + dir_->file("aligned/predictions.csv"));
   ASSERT_EQ(predicted.code, 0) << predicted.err;
-  const auto r =
-      infer(slide("tumor_002") + "," + slide("normal_002"), "aligned", "--stride 32 --set tissue.min_fraction=0.3");
+  // No tissue setting: the checkpoint brings its tiling's (0.3), so the map scores exactly the tiles the shards hold.
+  const auto r = infer(slide("tumor_002") + "," + slide("normal_002"), "aligned", "--stride 32");
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream csv(dir_->file("aligned/predictions.csv"));
   std::string line;
@@ -195,6 +208,67 @@ TEST_F(Infer, ACellScoresItsTileAsPredictScoresTheSameTileFromTheShards) {
     ++compared;
   }
   EXPECT_GT(compared, 100);
+}
+
+TEST_F(Infer, TissueIsFoundAsTheCheckpointsTilingFoundItUnlessTheJobSaysOtherwise) {
+  // Training recorded its shards' tiling settings (tile.yaml: min_fraction 0.3, the default mask).
+  const auto meta = io::read_checkpoint_meta(checkpoint());
+  ASSERT_TRUE(meta.tissue.has_value());
+  EXPECT_EQ(*meta.tissue, (io::TissueSettings{0.3, 8.0, true}));
+
+  // The same model recording other settings, and as a checkpoint from before they were recorded.
+  io::Checkpoint other = io::read_checkpoint(checkpoint());
+  other.meta.tissue = io::TissueSettings{0.7, 16.0, false};
+  io::write_checkpoint(dir_->file("tissue_other.h5"), other);
+  io::Checkpoint old = other;
+  old.meta.tissue.reset();
+  io::write_checkpoint(dir_->file("tissue_none.h5"), old);
+
+  const std::string id = "tumor_002";
+  const auto slide_file = io::Slide::open(slide(id));
+  struct Case {
+    std::string checkpoint, args;
+    io::TissueSettings expected;
+  };
+  const std::vector<Case> cases = {
+      {"tissue_other.h5", "", {0.7, 16.0, false}},                                 // all three from /meta
+      {"tissue_other.h5", "--set tissue.min_fraction=0.4", {0.4, 16.0, false}},  // the job's key wins
+      {"tissue_none.h5", "", {0.5, 8.0, true}},                                    // none recorded: the defaults
+  };
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    const Case& c = cases[k];
+    SCOPED_TRACE(c.checkpoint + " " + c.args);
+    const std::string out = "tissue" + std::to_string(k);
+    const auto r = run("infer --checkpoint " + dir_->file(c.checkpoint) + " --slides " + slide(id) + " --out " +
+                       dir_->file(out) + " --set outputs=[heatmap.h5] --stride 32 " + c.args);
+    ASSERT_EQ(r.code, 0) << r.err;
+    // The scored cells are those the expected mask and rule give, so every setting reached the tissue mask.
+    const io::Heatmap map = heatmap(out, id);
+    prep::TissueOptions tissue_options;
+    tissue_options.mask_mpp = c.expected.mask_mpp;
+    tissue_options.reject_pen_marks = c.expected.reject_pen_marks;
+    const auto tissue = prep::detect_tissue(slide_file, tissue_options);
+    std::vector<std::int64_t> xs, ys;
+    for (int j = 0; j < map.cols; ++j) xs.push_back(map.origin_x + j * map.step);
+    for (int i = 0; i < map.rows; ++i) ys.push_back(map.origin_y + i * map.step);
+    const auto fractions = prep::tissue_fractions(tissue, xs, ys, kTile * kMpp / kSlideMpp);
+    ASSERT_EQ(map.prob.size(), fractions.size());
+    std::int64_t scored = 0;
+    for (std::size_t cell = 0; cell < fractions.size(); ++cell) {
+      ASSERT_EQ(!std::isnan(map.prob[cell]), fractions[cell] >= c.expected.min_fraction)
+          << "cell " << cell << ": tissue fraction " << fractions[cell];
+      scored += std::isnan(map.prob[cell]) ? 0 : 1;
+    }
+    EXPECT_GT(scored, 10);
+    // The effective job records the values used.
+    std::ifstream saved(dir_->file(out + "/infer.config.yaml"));
+    const std::string yaml((std::istreambuf_iterator<char>(saved)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(contains(yaml, "min_fraction: " + fmt_number(c.expected.min_fraction))) << yaml;
+    EXPECT_TRUE(contains(yaml, std::string("reject_pen_marks: ") + (c.expected.reject_pen_marks ? "true" : "false")))
+        << yaml;
+  }
+  // Scoring fewer cells with the stricter rule is what the first case's check above relies on; the rules differ.
+  EXPECT_NE(heatmap("tissue0", id).scored_cells(), heatmap("tissue2", id).scored_cells());
 }
 
 TEST_F(Infer, OneAndTwoRanksGiveTheSameMapBitForBit) {

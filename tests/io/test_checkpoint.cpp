@@ -232,10 +232,13 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   c.state["losses"] = std::vector<double>{0.7, 0.25};
   c.state["empty"] = std::vector<double>{};
   c.state["sampler"] = std::string("balanced");
+  c.meta.tissue = io::TissueSettings{0.3, 16.0, false};  // the tiling's, not the defaults
   io::write_checkpoint(path, c);
 
   const io::Checkpoint r = io::read_checkpoint(path);
   EXPECT_EQ(r.meta, c.meta);
+  ASSERT_TRUE(r.meta.tissue.has_value());
+  EXPECT_EQ(*r.meta.tissue, (io::TissueSettings{0.3, 16.0, false}));
   expect_bit_exact(r.params, c.params, "params");
   expect_bit_exact(r.buffers, c.buffers, "buffers");
   EXPECT_EQ(r.optimizer.name, "sgd");
@@ -286,6 +289,7 @@ TEST(Checkpoint, WriterFillsInCreatedAndLeavesOutEmptyOptionalParts) {
   EXPECT_EQ(r.meta.created[10], 'T');
   EXPECT_EQ(r.meta.created[19], 'Z');
   EXPECT_TRUE(r.meta.class_names.empty());
+  EXPECT_FALSE(r.meta.tissue.has_value()) << "no tissue settings recorded: none read back";
   EXPECT_TRUE(r.optimizer.empty());
   EXPECT_TRUE(r.easgd_center.empty());
   EXPECT_TRUE(r.state.empty());
@@ -293,6 +297,9 @@ TEST(Checkpoint, WriterFillsInCreatedAndLeavesOutEmptyOptionalParts) {
   H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
   for (const char* absent : {"optimizer", "easgd", "state"}) {
     EXPECT_EQ(H5Lexists(file.id, absent, H5P_DEFAULT), 0) << absent;
+  }
+  for (const char* absent : {"tissue_min_fraction", "tissue_mask_mpp", "tissue_reject_pen_marks"}) {
+    EXPECT_EQ(H5Aexists_by_name(file.id, "meta", absent, H5P_DEFAULT), 0) << absent;
   }
 }
 
@@ -563,6 +570,10 @@ TEST(CheckpointAtomic, ArgumentMistakesAreRefusedBeforeAnythingIsWritten) {
          c.meta.class_names = {"a", "b", "c"};
        },
        "3 class names for 2 classes"},
+      {"tissue fraction", [](io::Checkpoint& c) { c.meta.tissue = io::TissueSettings{1.5, 8.0, true}; },
+       "tissue min_fraction must be in [0, 1]"},
+      {"tissue mask", [](io::Checkpoint& c) { c.meta.tissue = io::TissueSettings{0.5, 0.0, true}; },
+       "tissue mask_mpp must be a finite number > 0"},
       {"optimizer",
        [](io::Checkpoint& c) {
          c.optimizer.slots["m"]["fc.bias"] = {{2}, {1.0f, 2.0f}};

@@ -771,6 +771,41 @@ TEST_F(ManifestBroken, EachProblemIsNamed) {
             "field 'failures[0]': expected an object, got string");
 }
 
+// The tiling's tissue settings come from the effective job the manifest carries: what training records in the
+// checkpoint for inference.
+TEST(Manifest, TissueSettingsComeFromTheTilingJob) {
+  TempDir dir;
+  const std::string path = dir.file("manifest.json");
+  io::Manifest m = sample_manifest();
+  io::write_manifest(path, m);
+  EXPECT_FALSE(io::read_manifest(path).tissue.has_value()) << "config_yaml has no tissue section";
+  m.config_yaml = "# doc\ntile:\n  size: 96\ntissue:\n  # Minimum tissue fraction\n  min_fraction: 0.3\n"
+                  "  mask_mpp: 16\n  reject_pen_marks: false\n";
+  io::write_manifest(path, m);
+  auto tissue = io::read_manifest(path).tissue;
+  ASSERT_TRUE(tissue.has_value());
+  EXPECT_EQ(*tissue, (io::TissueSettings{0.3, 16.0, false}));
+  // A key an older job lacked takes today's default.
+  m.config_yaml = "tissue:\n  min_fraction: 0.25\n";
+  io::write_manifest(path, m);
+  tissue = io::read_manifest(path).tissue;
+  ASSERT_TRUE(tissue.has_value());
+  EXPECT_EQ(*tissue, (io::TissueSettings{0.25, 8.0, true}));
+  // Settings that cannot be used are an error naming the manifest.
+  for (const std::string bad : {"tissue:\n  min_fraction: lots\n", "tissue:\n  min_fraction: 1.5\n",
+                                "tissue:\n  mask_mpp: 0\n", "tissue: [\n"}) {
+    m.config_yaml = bad;
+    io::write_manifest(path, m);
+    try {
+      io::read_manifest(path);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const io::InputError& e) {
+      EXPECT_EQ(e.file(), path);
+      EXPECT_NE(e.message().find("config_yaml"), std::string::npos) << e.message();
+    }
+  }
+}
+
 TEST(Manifest, MissingFile) {
   TempDir dir;
   EXPECT_THROW(io::read_manifest(dir.file("manifest.json")), io::FileNotFoundError);
