@@ -145,11 +145,55 @@ Action setup_bench(CLI::App& command) {
   comm_cmd->add_option("--bucket-mb", comm->bucket_mb)->group("");
   comm_cmd->add_option("--inter", comm->inter)->group("");
 
-  return [peak, peak_cmd, tile, tile_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd]() -> int {
+  auto scale = std::make_shared<ScaleBenchOptions>();
+  CLI::App* scale_cmd = command.add_subcommand(
+      "scale", "SIMULATED scaling to 1024 ranks: the strategies' exchange code on SimGrid SMPI clusters, computation "
+               "calibrated here; validated against a measured 2-rank run (sim/README.md)");
+  scale_cmd->add_option("--platforms", scale->platforms, "Platform names in sim/platforms, or platform files")
+      ->capture_default_str();
+  scale_cmd->add_option("--ranks", scale->ranks, "Rank counts to simulate")->capture_default_str();
+  scale_cmd->add_option("--strategies", scale->strategies,
+                        "Strategies (the registry's, and central-easgd: the parameter-server baseline)")
+      ->capture_default_str();
+  scale_cmd->add_option("--models", scale->models, "Models whose layout and step time are simulated")
+      ->capture_default_str();
+  scale_cmd->add_option("--sizes", scale->sizes, "Input edge in px per model, for the calibration")
+      ->capture_default_str();
+  scale_cmd->add_option("--batch", scale->batch, "Images per rank and step")->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  scale_cmd->add_option("--compute", scale->compute,
+                        "model=seconds per step on one core here, instead of measuring it (e.g. resnet50=12.5)");
+  scale_cmd->add_option("--node-speed", scale->node_speed,
+                        "How many times faster than one core here a simulated rank computes")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  scale_cmd->add_option("--tau", scale->tau, "tau of the easgd-type strategies in the rank sweep")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
+  scale_cmd->add_option("--tau-sweep", scale->tau_sweep, "easgd's tau values at --tau-sweep-ranks")
+      ->capture_default_str();
+  scale_cmd->add_option("--tau-sweep-ranks", scale->tau_sweep_ranks, "Ranks of the tau sweep")
+      ->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  scale_cmd->add_option("--steps", scale->steps, "Simulated steps per run (a multiple of every tau)")
+      ->check(CLI::Range(1, 100000))->capture_default_str();
+  scale_cmd->add_option("--payload-kb", scale->payload_kb,
+                        "Each rank's model shrinks to about this size, the bandwidths by as much")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  scale_cmd->add_option("--ranks-per-node", scale->ranks_per_node, "Ranks per simulated node")
+      ->check(CLI::Range(1, 1024))->capture_default_str();
+  scale_cmd->add_option("--out", scale->out, "Folder for scale.csv, scale.json and the plots")->capture_default_str();
+  scale_cmd->add_option("--simulator", scale->simulator, "The SMPI simulator (default: the one built with Tessera)");
+  scale_cmd->add_option("--timeout", scale->timeout, "Seconds one simulation may take")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale_cmd->add_flag("--validate,!--no-validate", scale->validate,
+                      "First simulate this machine and compare with a measured 2-rank run")
+      ->capture_default_str();
+
+  return [peak, peak_cmd, tile, tile_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd,
+          scale, scale_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
     if (comm_cmd->parsed() && !comm->worker.empty()) return run_bench_comm_worker(*comm);
     if (!io::Comm::world().is_root()) return io::exit_ok;
     if (comm_cmd->parsed()) return run_bench_comm(*comm);
+    if (scale_cmd->parsed()) return run_bench_scale(*scale);
     if (peak_cmd->parsed()) return run_peak(*peak);
     if (tile_cmd->parsed()) return run_bench_tile(*tile);
     if (slide_cmd->parsed()) return run_bench_infer_slide(*slide);

@@ -1,7 +1,20 @@
 // Benchmarks behind `tessera bench` that need more than a few lines.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
+
+#include "engine/parameters.h"
+#include "engine/tensor.h"
+
+namespace tessera::engine {
+class Model;
+class Optimizer;
+class SoftmaxCrossEntropy;
+class Strategy;
+}  // namespace tessera::engine
 
 namespace tessera::app {
 
@@ -76,6 +89,62 @@ struct CommBenchOptions {
 };
 
 int run_bench_comm(const CommBenchOptions& options);
+
+// One rank's training on a random batch held in memory (bench_comm.cpp): a registry model with two classes,
+// cross-entropy, SGD with momentum, each step taken as the trainer takes it (engine/trainer.cpp), with the
+// strategy's calls when one is given. `bench comm` drives strategies with it; `bench scale` times its steps to
+// calibrate the simulated computation.
+class SyntheticTraining {
+ public:
+  SyntheticTraining(const std::string& architecture, int size, int batch, int rank);
+  ~SyntheticTraining();
+  SyntheticTraining(const SyntheticTraining&) = delete;
+  SyntheticTraining& operator=(const SyntheticTraining&) = delete;
+
+  // Forward, loss, backward, the strategy's reduce_gradients, the optimizer's update number `number`, the
+  // strategy's after_update. `strategy` may be null.
+  void step(engine::Strategy* strategy, std::int64_t number);
+
+  engine::Model& model() { return *model_; }
+  std::vector<engine::Param*>& params() { return params_; }
+  std::vector<engine::Buffer*>& buffers() { return buffers_; }
+  double last_loss() const { return last_loss_; }
+
+ private:
+  std::unique_ptr<engine::Model> model_;
+  std::unique_ptr<engine::SoftmaxCrossEntropy> loss_;
+  std::unique_ptr<engine::Optimizer> optimizer_;
+  engine::Tensor input_;
+  std::vector<int> labels_;
+  std::vector<engine::Param*> params_;
+  std::vector<engine::Buffer*> buffers_;
+  double last_loss_ = 0.0;
+};
+
+// `tessera bench scale` (bench_scale.cpp): the strategies' real exchange code on simulated clusters of 2 to 1024
+// ranks (SimGrid SMPI, sim/README.md), computation replaced by the step time measured here.
+struct ScaleBenchOptions {
+  std::string platforms = "infiniband-100g,ethernet-10g";  // names in sim/platforms, or paths to platform files
+  std::string ranks = "2,4,8,16,32,64,128,256,512,1024";
+  std::string strategies = "allreduce,easgd,async-easgd,two-level,central-easgd";
+  std::string models = "compact,resnet50";
+  int tau = 8;                         // easgd-type strategies in the rank sweep
+  std::string tau_sweep = "1,4,8,16";  // easgd's tau at --tau-sweep-ranks ranks on each platform
+  int tau_sweep_ranks = 64;
+  int steps = 16;                // simulated steps per run: a multiple of every tau
+  int batch = 32;                // images per rank and step (calibration)
+  std::string sizes = "compact=64,resnet50=224";  // input edge per model (calibration)
+  std::string compute;           // "model=seconds,...": skip the calibration for these models
+  double node_speed = 1.0;       // a simulated rank computes this many times faster than one core here
+  double payload_kb = 256.0;     // each rank's model is shrunk to about this size (bandwidths by as much)
+  int ranks_per_node = 4;        // ranks per simulated node (hosts of the platform files have 4 cores)
+  std::string out = "bench-scale";
+  std::string simulator;         // path of tessera-simulate.so (default: the one built beside this binary)
+  double timeout = 1800.0;       // seconds one simulation may take
+  bool validate = true;          // first compare a 2-rank simulation of this machine with a measured 2-rank run
+};
+
+int run_bench_scale(const ScaleBenchOptions& options);
 // The child's side, on every rank of its mpirun job.
 int run_bench_comm_worker(const CommBenchOptions& options);
 

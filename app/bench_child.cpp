@@ -147,3 +147,24 @@ std::string load_average() {
 std::string self_path() { return fs::read_symlink("/proc/self/exe").string(); }
 
 }  // namespace tessera::app
+
+namespace tessera::app {
+
+std::vector<nlohmann::json> result_lines(const std::string& log, const std::string& prefix) {
+  std::ifstream in(log);
+  std::vector<nlohmann::json> results;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("$ ", 0) == 0) {
+      results.clear();
+    } else if (line.rfind(prefix, 0) == 0) {
+      try {
+        results.push_back(nlohmann::json::parse(line.substr(prefix.size())));
+      } catch (const nlohmann::json::exception&) {
+        // A line cut off by a crash: left out, the run then lacks its result.
+      }
+    }
+  }
+  return results;
+}
+
+}  // namespace tessera::app

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace tessera::app {
 
 struct ChildResult {
@@ -22,6 +24,10 @@ struct ChildResult {
 // of its own, which is stopped (SIGTERM, then SIGKILL) after that time: a hung mpirun goes with its ranks.
 // InternalError when the program cannot be started.
 ChildResult run_child(const std::vector<std::string>& args, const std::string& log, double timeout_seconds = 0.0);
+
+// The lines the last run logged in `log` (those after its "$ <command line>" line) that start with `prefix`, the
+// rest of each parsed as JSON; a line cut off by a crash is left out.
+std::vector<nlohmann::json> result_lines(const std::string& log, const std::string& prefix);
 
 // InternalError "<what> failed with exit code N; see <log>" (or "was stopped after ... s") unless `r` succeeded.
 void require_ok(const ChildResult& r, const std::string& what, const std::string& log);

@@ -147,43 +147,12 @@ int bandwidth_worker(const io::Comm& comm) {
 }
 
 int train_worker(const CommBenchOptions& o, const io::Comm& comm) {
-  auto& context = engine::Context::get();
-  context.set_threads(o.threads);
-
-  engine::ModelOptions model_options;
-  model_options.architecture = o.model;
-  model_options.input_size = o.size;
-  model_options.num_classes = kClasses;
-  model_options.seed = kSeed;
-  auto model = engine::make_model(model_options);
-  std::vector<engine::Param*> params;
-  std::vector<engine::Buffer*> buffers;
-  model->collect(params, buffers);
-
-  // One random batch per rank (each rank its own, as each would read its own tiles).
-  engine::Tensor input = engine::Tensor::plain({o.batch, 3, o.size, o.size});
-  std::mt19937 rng(static_cast<std::uint32_t>(kSeed + static_cast<std::uint64_t>(comm.rank())));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  float* x = input.data();
-  for (std::int64_t i = 0; i < input.numel(); ++i) x[i] = normal(rng);
-  std::uniform_int_distribution<int> label(0, kClasses - 1);
-  std::vector<int> labels(static_cast<std::size_t>(o.batch));
-  for (int& l : labels) l = label(rng);
-
-  engine::SoftmaxCrossEntropy loss;
-  engine::Sgd optimizer(engine::OptimizerOptions{.momentum = kMomentum, .weight_decay = kWeightDecay});
+  engine::Context::get().set_threads(o.threads);
+  SyntheticTraining training(o.model, o.size, o.batch, comm.rank());
+  auto& params = training.params();
+  auto& buffers = training.buffers();
   std::unique_ptr<engine::Strategy> strategy;
-  double last_loss = 0.0;
-  // One step as the trainer takes it (engine/trainer.cpp), with one micro-batch per step.
-  auto step = [&](std::int64_t number) {
-    engine::Optimizer::zero_grad(params);
-    last_loss = loss.forward(model->forward(input), labels);
-    if (strategy) strategy->before_backward(true);
-    model->backward(loss.backward());
-    if (strategy) strategy->reduce_gradients(params);
-    optimizer.step(params, kLearningRate);
-    if (strategy) strategy->after_update(params, buffers, number);
-  };
+  auto step = [&](std::int64_t number) { training.step(strategy.get(), number); };
   for (int i = 0; i < kWarmupSteps; ++i) step(0);
 
   if (!o.strategy.empty()) {
@@ -192,7 +161,7 @@ int train_worker(const CommBenchOptions& o, const io::Comm& comm) {
     options.bucket_mb = o.bucket_mb;
     options.inter = o.inter;
     strategy = engine::make_strategy(o.strategy, comm, options);
-    strategy->attach(*model);
+    strategy->attach(training.model());
     strategy->initialize(params, buffers);
   }
   const engine::CommStats before = strategy ? strategy->stats() : engine::CommStats{};
@@ -204,12 +173,12 @@ int train_worker(const CommBenchOptions& o, const io::Comm& comm) {
   const engine::CommStats c = strategy ? strategy->stats() - before : engine::CommStats{};
 
   json mine = {{"seconds", seconds}, {"comm_s", c.seconds},      {"wait_s", c.wait_seconds},
-               {"bytes", c.bytes},   {"exchanges", c.exchanges}, {"loss", last_loss}};
+               {"bytes", c.bytes},   {"exchanges", c.exchanges}, {"loss", training.last_loss()}};
   const auto all = comm.gather_bytes(mine.dump(), 0);
   if (comm.is_root()) {
     json ranks = json::array();
     for (const auto& text : all) ranks.push_back(json::parse(text));
-    json result = {{"kind", "train"},  {"strategy", o.strategy}, {"threads", context.threads()},
+    json result = {{"kind", "train"},  {"strategy", o.strategy}, {"threads", engine::Context::get().threads()},
                    {"steps", o.steps}, {"batch", o.batch},       {"ranks", ranks}};
     if (const auto* allreduce = dynamic_cast<const engine::AllreduceStrategy*>(strategy.get())) {
       result["buckets"] = allreduce->buckets();
@@ -294,22 +263,7 @@ ChildRun run_mpi_child(const std::vector<std::string>& args, const std::string& 
   ChildRun run;
   run.code = child.code;
   run.timed_out = child.timed_out;
-  // The result lines of this run: the log is appended to, so only lines after the "$ <command>" line run_child
-  // wrote count; the last command line in the file is this run's.
-  std::ifstream in(log);
-  std::vector<json> results;
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("$ ", 0) == 0) {
-      results.clear();
-    } else if (line.rfind(kResultPrefix, 0) == 0) {
-      try {
-        results.push_back(json::parse(line.substr(std::strlen(kResultPrefix))));
-      } catch (const json::exception&) {
-        // A line cut off by a crash: left out, the run then lacks its result.
-      }
-    }
-  }
-  run.results = std::move(results);
+  run.results = result_lines(log, kResultPrefix);
   return run;
 }
 
@@ -366,6 +320,43 @@ std::string table_row(const std::string& what, const std::string& a, const std::
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// SyntheticTraining (bench.h)
+
+SyntheticTraining::SyntheticTraining(const std::string& architecture, int size, int batch, int rank)
+    : loss_(std::make_unique<engine::SoftmaxCrossEntropy>()),
+      optimizer_(std::make_unique<engine::Sgd>(
+          engine::OptimizerOptions{.momentum = kMomentum, .weight_decay = kWeightDecay})),
+      input_(engine::Tensor::plain({batch, 3, size, size})) {
+  engine::ModelOptions model_options;
+  model_options.architecture = architecture;
+  model_options.input_size = size;
+  model_options.num_classes = kClasses;
+  model_options.seed = kSeed;
+  model_ = engine::make_model(model_options);
+  model_->collect(params_, buffers_);
+  // One random batch per rank (each rank its own, as each would read its own tiles).
+  std::mt19937 rng(static_cast<std::uint32_t>(kSeed + static_cast<std::uint64_t>(rank)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  float* x = input_.data();
+  for (std::int64_t i = 0; i < input_.numel(); ++i) x[i] = normal(rng);
+  std::uniform_int_distribution<int> label(0, kClasses - 1);
+  labels_.resize(static_cast<std::size_t>(batch));
+  for (int& l : labels_) l = label(rng);
+}
+
+SyntheticTraining::~SyntheticTraining() = default;
+
+void SyntheticTraining::step(engine::Strategy* strategy, std::int64_t number) {
+  engine::Optimizer::zero_grad(params_);
+  last_loss_ = loss_->forward(model_->forward(input_), labels_);
+  if (strategy) strategy->before_backward(true);
+  model_->backward(loss_->backward());
+  if (strategy) strategy->reduce_gradients(params_);
+  optimizer_->step(params_, kLearningRate);
+  if (strategy) strategy->after_update(params_, buffers_, number);
+}
 
 int run_bench_comm_worker(const CommBenchOptions& o) {
   const io::Comm comm = io::Comm::world();

@@ -2,7 +2,19 @@
 find_package(PkgConfig REQUIRED)
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
-find_package(MPI REQUIRED COMPONENTS C)
+# MPI: Open MPI, or SimGrid's SMPI for the simulator build (TESSERA_SMPI, sim/README.md). Everything that talks
+# MPI links tessera_mpi.
+add_library(tessera_mpi INTERFACE)
+if(TESSERA_SMPI)
+  find_path(SMPI_INCLUDE_DIR smpi/mpi.h REQUIRED)
+  find_library(SIMGRID_LIBRARY simgrid REQUIRED)
+  # SMPI's mpi.h comes first, so every `#include <mpi.h>` is SimGrid's.
+  target_include_directories(tessera_mpi SYSTEM BEFORE INTERFACE ${SMPI_INCLUDE_DIR}/smpi)
+  target_link_libraries(tessera_mpi INTERFACE ${SIMGRID_LIBRARY})
+else()
+  find_package(MPI REQUIRED COMPONENTS C)
+  target_link_libraries(tessera_mpi INTERFACE MPI::MPI_C)
+endif()
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(yaml-cpp REQUIRED)
 find_package(CLI11 REQUIRED)

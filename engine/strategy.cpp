@@ -217,13 +217,13 @@ void AllreduceStrategy::ready(Param* p) {
   }
   std::copy(p->grad.begin(), p->grad.end(), b.data.begin() + static_cast<std::ptrdiff_t>(slot->offset));
   --b.pending;
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = io::MpiClock::now();
   start_ready_buckets();
   // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight.
   for (std::size_t i = 0; i < next_start_; ++i) {
     if (buckets_[i].request != MPI_REQUEST_NULL) io::Comm::test(buckets_[i].request);
   }
-  pass_comm_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  pass_comm_seconds_ += std::chrono::duration<double>(io::MpiClock::now() - t0).count();
 }
 
 void AllreduceStrategy::start_ready_buckets() {
@@ -244,7 +244,7 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     throw io::InternalError(fmt::format("allreduce: {} parameters to reduce, {} were attached", params.size(),
                                         slots_.size()));
   }
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = io::MpiClock::now();
   // Parameters backward did not report (none in Tessera's models): packed now, their buckets started in order.
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const Slot* slot = find_slot(*it);
@@ -266,7 +266,7 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     bytes += b.data.size() * sizeof(float);
   }
   // No barrier here: the time counted is what the step waited for communication backward did not hide.
-  stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(io::MpiClock::now() - t0).count();
   stats_.bytes += static_cast<std::int64_t>(bytes);
   stats_.exchanges += static_cast<std::int64_t>(buckets_.size());
   pass_comm_seconds_ = 0.0;

@@ -274,7 +274,7 @@ StrategyOptions strategy_options(const io::Config& config);
 
 template <class F>
 void Strategy::timed(std::size_t bytes, F&& fn) {
-  using clock = std::chrono::steady_clock;
+  using clock = io::MpiClock;
   const auto arrived = clock::now();
   if (comm_.size() > 1) comm_.barrier();
   const auto start = clock::now();

@@ -13,7 +13,7 @@ namespace tessera::engine {
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using clock_type = io::MpiClock;  // simulated time under SMPI (io/comm.h)
 
 constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
 

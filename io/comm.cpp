@@ -20,6 +20,18 @@ constexpr std::size_t max_mpi_count = static_cast<std::size_t>(INT_MAX);
 // World rank, remembered at MPI init so that errors and abort_job() can name it even when MPI is down.
 std::atomic<int> g_world_rank{0};
 
+// This rank in MPI_COMM_WORLD: asked of MPI while it runs (under SimGrid's SMPI every rank is a thread of one
+// process, so a remembered value would be whichever rank wrote it last), remembered otherwise.
+int current_world_rank() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = 0;
+  if (initialized && !finalized && MPI_Comm_rank(MPI_COMM_WORLD, &rank) == MPI_SUCCESS) return rank;
+  return g_world_rank.load();
+}
+
 // "/work/main/io/comm.cpp" -> "io/comm.cpp": enough to find the line, short enough to read.
 std::string short_path(std::string_view file) {
   auto last = file.rfind('/');
@@ -124,7 +136,7 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
     if (MPI_Error_string(code, text, &length) == MPI_SUCCESS) reason.assign(text, static_cast<std::size_t>(length));
   }
   InternalError error(std::string(call) + " failed (" + short_path(file) + ":" + std::to_string(line) + "): " + reason);
-  error.add_context("rank", static_cast<std::int64_t>(g_world_rank.load()));
+  error.add_context("rank", static_cast<std::int64_t>(current_world_rank()));
   throw error;
 }
 
@@ -167,7 +179,7 @@ bool MpiSession::active() {
 }
 
 void abort_job(const std::string& message, int exit_code) {
-  std::fprintf(stderr, "tessera: rank %d: %s\n", g_world_rank.load(), message.c_str());
+  std::fprintf(stderr, "tessera: rank %d: %s\n", current_world_rank(), message.c_str());
   std::fflush(stderr);
   if (MpiSession::active()) {
     MPI_Abort(MPI_COMM_WORLD, exit_code);

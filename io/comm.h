@@ -11,7 +11,9 @@
 // C API only: tessera_io defines OMPI_SKIP_MPICXX for every includer (io/CMakeLists.txt).
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
+#include <ratio>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -49,6 +51,18 @@ class MpiSession {
 [[noreturn]] void abort_job(const std::string& message, int exit_code);
 
 enum class ReduceOp { sum, max, min };
+
+// MPI's wall clock (MPI_Wtime) as a std::chrono clock. Code that times communication uses it rather than
+// steady_clock, so that under SimGrid's SMPI (sim/), where the network is simulated, it reads simulated time;
+// with a real MPI it is an ordinary monotonic wall clock. Valid while MPI is initialized.
+struct MpiClock {
+  using rep = double;
+  using period = std::ratio<1>;
+  using duration = std::chrono::duration<double>;
+  using time_point = std::chrono::time_point<MpiClock>;
+  static constexpr bool is_steady = true;
+  static time_point now() { return time_point(duration(MPI_Wtime())); }
+};
 
 class Comm {
  public:

@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
   libtiff-dev libjpeg-dev
+  libsimgrid-dev
 )
 
 # `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
