@@ -45,6 +45,7 @@ bench: build
 	@$(BUILD)/app/tessera bench infer --model compact --size 96 --batch 64
 	@$(BUILD)/app/tessera bench train --model resnet18 --size 96 --batch 64
 	@$(BUILD)/app/tessera bench infer --model resnet18 --size 96 --batch 64
+	@$(BUILD)/app/tessera bench scale --out $(BUILD)/bench-scale
 
 format:
 	@git ls-files '*.cpp' '*.h' | xargs clang-format -i

@@ -238,8 +238,7 @@ class Simulator {
     args.push_back(fmt::format("--cfg=smpi/send-is-detached-thresh:{}",
                                std::max<long>(1, std::lround(kEagerBytes / payload_scale))));
     args.insert(args.end(), extra.begin(), extra.end());
-    const std::string strategy_name = strategy == "two-level" ? "two-level" : strategy;
-    args.insert(args.end(), {library_, "--strategy", strategy_name, "--layout", model.layout, "--payload-scale",
+    args.insert(args.end(), {library_, "--strategy", strategy, "--layout", model.layout, "--payload-scale",
                              fmt::format("{:.10g}", payload_scale), "--steps", std::to_string(steps), "--compute",
                              fmt::format("{:.10g}", compute), "--tau", std::to_string(tau)});
     if (!inter.empty()) args.insert(args.end(), {"--inter", inter});

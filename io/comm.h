@@ -13,8 +13,8 @@
 
 #include <chrono>
 #include <cstddef>
-#include <ratio>
 #include <cstdint>
+#include <ratio>
 #include <string>
 #include <type_traits>
 #include <vector>
