@@ -275,7 +275,9 @@ void Comm::broadcast(std::string& text, int root) const {
   std::uint64_t n = text.size();
   broadcast(&n, sizeof n, root);
   text.resize(n);
-  broadcast(text.data(), n, root);
+  // Every rank knows n now: an empty text needs no second call (SimGrid's SMPI 3.32 divides by zero in its
+  // pipelined broadcast of 0 bytes).
+  if (n > 0) broadcast(text.data(), n, root);
 }
 
 std::vector<std::string> Comm::gather_bytes(const std::string& mine, int root) const {

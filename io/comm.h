@@ -101,7 +101,7 @@ class Comm {
     std::uint64_t n = values.size();
     broadcast(&n, sizeof n, root);
     values.resize(n);
-    broadcast(values.data(), n * sizeof(T), root);
+    if (n > 0) broadcast(values.data(), n * sizeof(T), root);  // as broadcast(std::string&): see io/comm.cpp
   }
 
   // Variable-size gather of raw bytes to `root`: on root, one entry per rank (rank order); elsewhere empty.
