@@ -130,7 +130,15 @@ ModelFacts calibrate(const std::string& name, int size, int batch, const std::st
   }
   m.layout = (dir / (name + ".layout")).string();
   if (!given_seconds.empty()) {
-    m.step_seconds = std::stod(given_seconds);
+    try {
+      m.step_seconds = std::stod(given_seconds);
+    } catch (const std::logic_error&) {
+      m.step_seconds = 0.0;
+    }
+    if (!(m.step_seconds > 0.0)) {
+      throw io::UsageError(fmt::format("bench scale: --compute {}={}: not a positive number of seconds", name,
+                                       given_seconds));
+    }
     return m;
   }
   for (int i = 0; i < kCalibrationWarmup; ++i) training.step(nullptr, 0);
@@ -433,7 +441,12 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   // 1. Calibration.
   std::vector<ModelFacts> models;
   for (const auto& name : split_list(o.models)) {
-    const int size = sizes.count(name) ? std::stoi(sizes.at(name)) : 224;
+    const auto size_text = sizes.count(name) ? sizes.at(name) : std::string("224");
+    const auto sizes_of = int_list(size_text, "--sizes");
+    if (sizes_of.size() != 1 || sizes_of.front() < 1) {
+      throw io::UsageError(fmt::format("bench scale: --sizes {}={}: not an input edge in px", name, size_text));
+    }
+    const int size = sizes_of.front();
     std::cout << fmt::format("calibration: {} at {} px, batch {}, one core ...", name, size, o.batch) << std::flush;
     models.push_back(calibrate(name, size, o.batch, given.count(name) ? given.at(name) : "", work));
     const auto& m = models.back();
