@@ -204,12 +204,12 @@ void write_scaled_platform(const Platform& p, double scale, const fs::path& out)
   if (!doc.save_file(out.c_str(), "  ", pugi::format_default | pugi::format_no_declaration)) throw io::InputError("cannot write the platform file", out.string());
 }
 
-// `per_host` ranks on each host in order: rank r on host r / per_host.
+bool fits(const Platform& p, int ranks, int per_host) {
+  return ranks <= static_cast<int>(p.hosts.size()) * per_host;
+}
+
+// `per_host` ranks on each host in order: rank r on host r / per_host. The ranks must fit().
 void write_hostfile(const Platform& p, int ranks, int per_host, const fs::path& out) {
-  if (ranks > static_cast<int>(p.hosts.size()) * per_host) {
-    throw io::UsageError(fmt::format("bench scale: {} ranks do not fit on {} ({} hosts x {} ranks)", ranks, p.name,
-                                     p.hosts.size(), per_host));
-  }
   std::ofstream f(out);
   for (int r = 0; r < ranks; ++r) f << p.hosts[static_cast<std::size_t>(r / per_host)] << "\n";
   if (!f) throw io::InputError("cannot write the host file", out.string());
@@ -236,6 +236,11 @@ class Simulator {
                  const std::string& inter, int steps, const std::vector<std::string>& extra = {}) {
     Simulation s{platform.name, model.name, strategy, ranks, tau, inter, {}, {}, 0.0};
     const int np = strategy == "central-easgd" ? ranks + 1 : ranks;
+    if (!fits(platform, np, per_host)) {  // a failed point of the sweep, which goes on
+      s.failure = fmt::format("{} ranks do not fit on {} ({} hosts x {} ranks)", np, platform.name,
+                              platform.hosts.size(), per_host);
+      return s;
+    }
     const fs::path hostfile = work_ / fmt::format("hosts-{}-{}-{}", platform.name, np, per_host);
     write_hostfile(platform, np, per_host, hostfile);
     std::vector<std::string> args = {smpirun_, "-np", std::to_string(np), "-platform", platform_file.string(),
