@@ -13,8 +13,6 @@
 //      model's, latencies are unchanged (sim/README.md says what that leaves out).
 // Written into --out: scale.csv (one row per simulation), scale.json (the same, the calibration, validation
 // and assumptions), efficiency-<platform>-<model>.png and comm-<platform>-<model>.png. Every figure is simulated.
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>

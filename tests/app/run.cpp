@@ -51,4 +51,15 @@ Run run_script(const std::string& script) {
                      " --oversubscribe --allow-run-as-root' sh " + file);
 }
 
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path, const std::string& kind) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == kind) lines.push_back(std::move(j));
+  }
+  return lines;
+}
+
 }  // namespace tessera::testing

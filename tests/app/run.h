@@ -1,7 +1,11 @@
 // Running the `tessera` program from tests, as a user would: output, exit code.
 #pragma once
 
+#include <filesystem>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace tessera::testing {
 
@@ -19,6 +23,9 @@ Run run_mpi(int ranks, const std::string& args);
 // A POSIX shell script, with $TESSERA (the program) and $MPIEXEC (mpirun with --oversubscribe
 // --allow-run-as-root) set: for what one command cannot say, such as killing a job mid-run.
 Run run_script(const std::string& script);
+
+// The lines of a JSON-lines file (metrics.jsonl) whose "kind" is `kind`, in order.
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path, const std::string& kind);
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

@@ -30,6 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::contains;
+using testing::read_jsonl;
 using testing::run;
 using testing::run_mpi;
 
@@ -81,17 +82,6 @@ class Train : public ::testing::Test {
   static testing::TempDir* dir_;
 };
 testing::TempDir* Train::dir_ = nullptr;
-
-std::vector<json> read_jsonl(const fs::path& path, const std::string& kind) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    auto j = json::parse(line);
-    if (j.value("kind", "") == kind) lines.push_back(std::move(j));
-  }
-  return lines;
-}
 
 json read_json(const fs::path& path) {
   std::ifstream in(path);

@@ -30,20 +30,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::contains;
+using testing::read_jsonl;
 using testing::run;
 using testing::run_mpi;
 using testing::run_script;
-
-std::vector<json> read_jsonl(const fs::path& path, const std::string& kind) {
-  std::vector<json> lines;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    auto j = json::parse(line);
-    if (j.value("kind", "") == kind) lines.push_back(std::move(j));
-  }
-  return lines;
-}
 
 // Four small slides (two train, two validate) tiled at 32 px, and an easgd job on them; made once for the tests
 // below.
