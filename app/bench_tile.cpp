@@ -216,21 +216,27 @@ std::int64_t read_epoch(io::ShardDataset& dataset, std::int64_t epoch, io::Batch
   return bytes;
 }
 
-// A table row: wall seconds and rate, CPU seconds and rate (negative: not measured), ratios by wall and CPU time.
+// A measured figure, or "-" when it could not be measured: negative (not measured), or not finite (a time below the
+// clock's resolution, such as a tiny job's CPU time, makes a rate or a ratio infinite).
+bool measured(double value) { return value >= 0 && std::isfinite(value); }
+
+// A table row: wall seconds and rate, CPU seconds and rate ("-": not measured), ratios by wall and CPU time.
 std::string row(const std::string& what, double seconds, double rate, double cpu, double cpu_rate,
                 const std::string& ratio_wall = "", const std::string& ratio_cpu = "") {
-  const std::string cpu_text = cpu >= 0 ? fmt::format("{:.3f}", cpu) : "-";
-  const std::string cpu_rate_text = cpu_rate >= 0 ? fmt::format("{:.0f}", cpu_rate) : "-";
-  return fmt::format("{:<58} {:>7.3f} {:>8.0f} {:>7} {:>8}  {:>7} {:>7}\n", what, seconds, rate, cpu_text,
+  const std::string rate_text = measured(rate) && seconds > 0 ? fmt::format("{:.0f}", rate) : "-";
+  const std::string cpu_text = measured(cpu) ? fmt::format("{:.3f}", cpu) : "-";
+  const std::string cpu_rate_text = measured(cpu_rate) && cpu > 0 ? fmt::format("{:.0f}", cpu_rate) : "-";
+  return fmt::format("{:<58} {:>7.3f} {:>8} {:>7} {:>8}  {:>7} {:>7}\n", what, seconds, rate_text, cpu_text,
                      cpu_rate_text, ratio_wall, ratio_cpu);
 }
 
 // Two significant digits below 10% (an ASan build's extraction can cost 300x the decode: "0.31%", not "0%").
 std::string percent(double ratio) {
+  if (!measured(ratio)) return "-";
   const double p = 100.0 * ratio;
   return p < 10.0 ? fmt::format("{:.2g}%", p) : fmt::format("{:.0f}%", p);
 }
-std::string times(double ratio) { return fmt::format("{:.2f}x", ratio); }
+std::string times(double ratio) { return measured(ratio) ? fmt::format("{:.2f}x", ratio) : "-"; }
 
 }  // namespace
 

@@ -28,6 +28,7 @@
 #include "engine/strategy.h"
 #include "io/annotations.h"
 #include "io/checkpoint.h"
+#include "io/fault.h"
 #include "io/error.h"
 #include "io/progress.h"
 #include "io/shard_dataset.h"
@@ -470,6 +471,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     checkpoint.state["seed"] = static_cast<std::uint64_t>(seed);
     checkpoint.state["ranks"] = static_cast<std::int64_t>(comm.size());
     io::write_checkpoint(path.string(), checkpoint);
+    if (path.filename() == "checkpoint.h5") io::fault::at("train.checkpoint-written");
   };
 
   InputBuilder train_inputs(prep::augment_options_from_config(config));
@@ -562,6 +564,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
         t_window = clock_type::now();
       }
       if (checkpoint_every > 0 && step % checkpoint_every == 0) write_checkpoint(out / "checkpoint.h5", batch_in_epoch);
+      io::fault::at("train.step");  // after the step's metrics line and checkpoint
     }
     const StepTiming timing =
         step_timing(comm, clock_type::now() - t_steps, epoch_steps, strategy->stats() - comm_before);

@@ -312,17 +312,16 @@ TEST_P(KilledJob, ResumesFromItsLastCheckpoint) {
       job() + strategy_settings(strategy) + " --epochs 3 --set train.checkpoint_every=2 --set train.log_every=1";
   const std::string name = strategy + "-" + std::to_string(ranks) + "-to-" + std::to_string(resume_ranks);
   const fs::path out = dir_->file("killed-" + name);
-  // The whole job (mpirun and its ranks, one process group) gets SIGKILL once the first checkpoint is there.
-  const auto r = run_script("setsid $MPIEXEC -n " + std::to_string(ranks) + " $TESSERA train " + args + " --out " +
-                            out.string() + " >/dev/null 2>&1 &\n"
-                            "job=$!\n"
-                            "i=0; while [ ! -f " + (out / "checkpoint.h5").string() +
-                            " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\n"
-                            "kill -9 -$job\nwait $job\necho $?\n");
+  // Rank 0 is killed (SIGKILL, by the fault-injection hook) right after it published the first rolling checkpoint,
+  // at step 2, in the first epoch: a deterministic point, whatever the machine's load. mpirun then ends the job.
+  const auto r = run_script("TESSERA_FAULT='train.checkpoint-written after=1 rank=0' $MPIEXEC -n " +
+                            std::to_string(ranks) + " $TESSERA train " + args + " --out " + out.string() +
+                            " >/dev/null 2>&1\necho $?\n");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, "137\n") << "the job was killed before it finished";
+  EXPECT_NE(r.out, "0\n") << "the job was killed before it finished";
+  EXPECT_FALSE(fs::exists(out / "checkpoint-epoch-001.h5")) << "killed in the first epoch";
   const io::Checkpoint killed = io::read_checkpoint((out / "checkpoint.h5").string());
-  ASSERT_GT(killed.meta.step, 0);
+  ASSERT_EQ(killed.meta.step, 2) << "the checkpoint of step 2 (train.checkpoint_every=2)";
   EXPECT_EQ(killed.replicas.size(), keeps_replicas(strategy, ranks) ? static_cast<std::size_t>(ranks) : 0u);
 
   const auto resumed = run_mpi(resume_ranks, "train " + args + " --out " + out.string() + " --resume auto");
@@ -413,22 +412,14 @@ INSTANTIATE_TEST_SUITE_P(Strategies, UnequalShares, ::testing::Values("allreduce
                          [](const auto& instance) { return test_name(instance.param); });
 
 TEST_F(DistributedJob, ARankThatDiesTakesTheJobDownNamingIt) {
-  // Rank 1 is killed mid-training; the job must end by itself (no rank left waiting in a collective) with a
-  // message naming the rank. A watchdog kills everything after 120 s and leaves a file saying so.
+  // Rank 1 is killed (SIGKILL, by the fault-injection hook) after its third step; the job must end by itself (no
+  // rank left waiting in a collective) with a message naming the rank. A watchdog, for hangs only, kills everything
+  // after 120 s and leaves a file saying so.
   const fs::path out = dir_->file("dies");
   const auto r = run_script(
-      "setsid $MPIEXEC -n 2 $TESSERA train " + job() + " --out " + out.string() +
-      " --epochs 200 >" + (out.string() + ".log") + " 2>&1 &\n"
+      "setsid env TESSERA_FAULT='train.step after=3 rank=1' $MPIEXEC -n 2 $TESSERA train " + job() + " --out " +
+      out.string() + " --epochs 200 >" + (out.string() + ".log") + " 2>&1 &\n"
       "job=$!\n"
-      "victim=''\n"
-      "i=0; while [ -z \"$victim\" ] && [ $i -lt 1200 ]; do\n"
-      "  sleep 0.05; i=$((i+1))\n"
-      "  [ -f " + (out / "metrics.jsonl").string() + " ] || continue\n"
-      "  for pid in $(pgrep -s $job); do\n"
-      "    if tr '\\0' '\\n' </proc/$pid/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then victim=$pid; fi\n"
-      "  done\n"
-      "done\n"
-      "[ -n \"$victim\" ] && kill -9 $victim\n"
       "( sleep 120; touch " + (out.string() + ".hung") + "; kill -9 -$job ) >/dev/null 2>&1 &\n"
       "watchdog=$!\n"
       "wait $job\necho $?\n"
