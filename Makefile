@@ -7,7 +7,10 @@ BUILD_ASAN ?= build-asan
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test demo test-asan bench format lint clean
+REPEAT ?= 10
+ASAN_EXTENDED ?= $(shell cat tests/asan-extended.txt 2>/dev/null | grep -v '^\#' | paste -sd'|')
+
+.PHONY: all deps configure build test test-load test-repeat demo test-asan test-asan-all asan-build ci-extended bench format lint clean
 
 all: build
 
@@ -20,20 +23,49 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# Random order: a test that needs another to run first, or leaves something behind for the next, fails here.
 test: build
-	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS)
+
+# The unit tests again while stress-ng keeps every core busy: a test that depends on timing fails here.
+test-load: build
+	@scripts/under-load.sh ctest --test-dir $(BUILD) -L unit --output-on-failure --schedule-random -j $(JOBS)
+
+# The whole suite REPEAT times on one build, then REPEAT times under load; stops at the first failing run.
+test-repeat: build
+	@for i in $$(seq $(REPEAT)); do echo "== run $$i of $(REPEAT)"; \
+	  (cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) > $(CURDIR)/$(BUILD)/repeat-$$i.log 2>&1) \
+	    || { tail -40 $(BUILD)/repeat-$$i.log; echo "run $$i failed: $(BUILD)/repeat-$$i.log"; exit 1; }; \
+	  tail -3 $(BUILD)/repeat-$$i.log; done
+	@for i in $$(seq $(REPEAT)); do echo "== run $$i of $(REPEAT) under load"; \
+	  scripts/under-load.sh ctest --test-dir $(BUILD) --output-on-failure --schedule-random -j $(JOBS) \
+	    > $(BUILD)/repeat-load-$$i.log 2>&1 \
+	    || { tail -40 $(BUILD)/repeat-load-$$i.log; echo "run $$i under load failed: $(BUILD)/repeat-load-$$i.log"; exit 1; }; \
+	  tail -3 $(BUILD)/repeat-load-$$i.log; done
 
 # The demo needs only the tessera binary (the tests are built by `make test`).
 demo: configure
 	@cmake --build $(BUILD) -j $(JOBS) --target tessera
 	@scripts/demo.sh $(BUILD)/app/tessera
 
-# The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (CI runs this after `make test`).
-test-asan: deps
+# The tests under AddressSanitizer + UndefinedBehaviorSanitizer with -Werror (CI runs this after `make test`),
+# except the slowest sanitizer cases listed in tests/asan-extended.txt, which `make test-asan-all` adds.
+test-asan: asan-build
+	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
+	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --schedule-random -j $(JOBS) \
+	  $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
+
+test-asan-all: asan-build
+	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --schedule-random -j $(JOBS)
+
+asan-build: deps
 	@cmake -S . -B $(BUILD_ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTESSERA_SANITIZE=ON -DTESSERA_WERROR=ON -DTESSERA_SIMULATOR=OFF > /dev/null
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
-	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
-	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure -j $(JOBS)
+
+# What CI leaves out for time, run before resolving an issue: the suite REPEAT times (also under load), every
+# sanitizer case, and each fuzz target for FUZZ_SECONDS (default 600).
+ci-extended: test-repeat test-asan-all
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$${FUZZ_SECONDS:-600}
 
 # The benchmarks, with the Python tools they compare against (scripts/install-deps.sh --bench).
 bench: build

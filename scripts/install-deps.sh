@@ -14,6 +14,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
   libtiff-dev libjpeg-dev
   libsimgrid-dev
+  ccache stress-ng
 )
 
 # `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).

@@ -48,6 +48,18 @@ TEST(Cli, UnknownVerbSuggestsTheClosestAndExitsWithUsageCode) {
   EXPECT_FALSE(contains(r.err, "terminate")) << r.err;
 }
 
+TEST(Cli, AMalformedFaultInjectionIsRefusedBeforeAnyWork) {
+  for (const std::string spec : {"", "after=2", "train.step after=0", "train.step after=two", "train.step do=explode",
+                                 "train.step when=now"}) {
+    if (spec.empty()) continue;
+    const auto r = testing::run_script("TESSERA_FAULT='" + spec + "' $TESSERA --version");
+    EXPECT_EQ(r.code, 2) << spec;
+    EXPECT_TRUE(contains(r.err, "TESSERA_FAULT='" + spec + "'")) << r.err;
+  }
+  const auto ok = testing::run_script("TESSERA_FAULT='train.step after=2 rank=1 do=enospc' $TESSERA --version");
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 TEST(Cli, MissingArgumentIsAUsageError) {
   const auto r = run("info");
   EXPECT_EQ(r.code, 2);

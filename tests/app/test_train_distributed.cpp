@@ -304,6 +304,23 @@ void PrintTo(const Kill& kill, std::ostream* os) {
   *os << kill.strategy << " killed on " << kill.ranks << " rank(s), resumed on " << kill.resume_ranks;
 }
 
+// The fault-injection hook kills at the n-th time a point is reached, on the rank it names: here one process, after
+// its second step (the metrics line of step 2 is written, the third step never starts).
+TEST_F(DistributedJob, AFaultKillsAtItsPointAndNowhereElse) {
+  const fs::path out = dir_->file("fault-after-2");
+  const auto r = run_script("TESSERA_FAULT='train.step after=2' $TESSERA train " + job() + " --out " + out.string() +
+                            " --epochs 3 --set train.log_every=1 2>&1\necho \"exit $?\"\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "fault injected at train.step")) << r.out;
+  EXPECT_TRUE(contains(r.out, "exit 137\n")) << r.out;
+  EXPECT_EQ(logged_steps(out), (std::vector<std::int64_t>{1, 2}));
+  // Another rank's fault does not fire in a single process (rank 0).
+  const fs::path other = dir_->file("fault-other-rank");
+  const auto spared = run_script("TESSERA_FAULT='train.step after=1 rank=1' $TESSERA train " + job() + " --out " +
+                                 other.string() + " --epochs 1 >/dev/null 2>&1\necho $?\n");
+  EXPECT_EQ(spared.out, "0\n");
+}
+
 class KilledJob : public DistributedJob, public ::testing::WithParamInterface<Kill> {};
 
 TEST_P(KilledJob, ResumesFromItsLastCheckpoint) {
@@ -396,7 +413,7 @@ TEST_P(UnequalShares, ThreeRanksFinishAndValidateEveryTileOnce) {
   ASSERT_GE(train_tiles / kRanks / batch, 1) << "a step per epoch";
 
   const fs::path out = dir_->file("unequal-" + strategy);
-  const auto r = run_script("timeout 300 $MPIEXEC -n " + std::to_string(kRanks) + " $TESSERA train " + job() +
+  const auto r = run_script("timeout 900 $MPIEXEC -n " + std::to_string(kRanks) + " $TESSERA train " + job() +
                             strategy_settings(strategy) + " --out " + out.string() + " --epochs 2" +
                             " --set train.batch_size=" + std::to_string(batch) + " 2>&1\necho \"exit $?\"\n");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -414,13 +431,13 @@ INSTANTIATE_TEST_SUITE_P(Strategies, UnequalShares, ::testing::Values("allreduce
 TEST_F(DistributedJob, ARankThatDiesTakesTheJobDownNamingIt) {
   // Rank 1 is killed (SIGKILL, by the fault-injection hook) after its third step; the job must end by itself (no
   // rank left waiting in a collective) with a message naming the rank. A watchdog, for hangs only, kills everything
-  // after 120 s and leaves a file saying so.
+  // after 600 s and leaves a file saying so.
   const fs::path out = dir_->file("dies");
   const auto r = run_script(
       "setsid env TESSERA_FAULT='train.step after=3 rank=1' $MPIEXEC -n 2 $TESSERA train " + job() + " --out " +
       out.string() + " --epochs 200 >" + (out.string() + ".log") + " 2>&1 &\n"
       "job=$!\n"
-      "( sleep 120; touch " + (out.string() + ".hung") + "; kill -9 -$job ) >/dev/null 2>&1 &\n"
+      "( sleep 600; touch " + (out.string() + ".hung") + "; kill -9 -$job ) >/dev/null 2>&1 &\n"
       "watchdog=$!\n"
       "wait $job\necho $?\n"
       "kill $watchdog\n");

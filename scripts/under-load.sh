@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs a command while stress-ng keeps every core busy (CI's check that no test depends on timing or load), and
+# returns the command's exit code. stress-ng comes from Debian (scripts/install-deps.sh).
+set -uo pipefail
+if ! command -v stress-ng >/dev/null 2>&1; then
+  echo "under-load.sh: stress-ng is missing (scripts/install-deps.sh installs it)" >&2
+  exit 2
+fi
+stress-ng --cpu "$(nproc)" --cpu-method matrixprod --timeout 3h --quiet &
+load=$!
+trap 'kill "$load" 2>/dev/null; wait "$load" 2>/dev/null' EXIT
+echo "under-load.sh: stress-ng --cpu $(nproc) running (pid $load)"
+"$@"
