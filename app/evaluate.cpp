@@ -197,8 +197,8 @@ SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
   }
   // As tile does: clipped to the slide, and a ground truth that labels no tumour would count every detection
   // of this tumour slide as a false positive.
-  annotations = prep::prepare_annotations(annotations, settings.classes,
-                                          {s.annotation, "classes.tumour", true, width, height});
+  annotations =
+      prep::prepare_annotations(annotations, settings.classes, {s.annotation, "classes.tumour", true, width, height});
   try {
     const engine::EvaluationMask mask(annotations, settings.classes, r.mpp, width, height, settings.froc);
     r.froc = engine::match_detections(s.id, detections, &mask);

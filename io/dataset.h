@@ -27,9 +27,9 @@ enum class SlideLabel { unknown, normal, tumour };
 const char* to_string(SlideLabel label);
 
 struct DatasetRow {
-  int line = 0;            // 1-based line in the file
+  int line = 0;  // 1-based line in the file
   std::string id;
-  std::string slide;       // resolved path; "" when the file has no slide column (only slide_id)
+  std::string slide;  // resolved path; "" when the file has no slide column (only slide_id)
   SlideLabel label = SlideLabel::unknown;
   std::string split;
   std::string annotation;  // resolved path; "" = none

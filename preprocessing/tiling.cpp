@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <opencv2/imgproc.hpp>
 #include <spdlog/spdlog.h>
+#include <opencv2/imgproc.hpp>
 
 #include "io/config.h"
 #include "io/error.h"
@@ -196,7 +196,6 @@ void choose(std::vector<std::size_t>& indices, std::size_t k, std::mt19937_64& r
   indices.resize(k);
 }
 
-
 // Sutherland–Hodgman clipping of a ring to the rectangle [0, width] × [0, height]. Exact for any simple ring
 // (the clip window is convex); where a concave ring leaves and re-enters, the result runs along the border,
 // which adds no area. Computed in long double so that absurd but finite coordinates (±1e300) cannot overflow.
@@ -277,7 +276,9 @@ std::string groups_found(const std::vector<io::Annotation>& annotations) {
     }
   }
   for (const auto& s : suggested) message += "; " + s;
-  if (!annotations.empty()) {
+  const bool any_tumour_class = std::any_of(annotations.begin(), annotations.end(),
+                                            [&](const io::Annotation& a) { return classes.is_tumour(a.group); });
+  if (!annotations.empty() && !any_tumour_class) {
     message += fmt::format(" (to count another group as tumour, add it to {})", check.setting);
   }
   throw io::InputError(message, check.path);
@@ -311,12 +312,19 @@ std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation
                                                 const AnnotationClasses& classes, const AnnotationCheck& check) {
   std::vector<io::Annotation> out;
   out.reserve(annotations.size());
-  const bool clip = check.width > 0 && check.height > 0;
-  const auto width = static_cast<double>(check.width);
-  const auto height = static_cast<double>(check.height);
+  // Without the slide's size, polygons are still clipped to the level-0 range any slide can have: coordinates
+  // are never negative, and no scanner makes a slide 10^7 pixels (2.5 m at 0.25 µm/px) across. Absurd
+  // coordinates (±1e300) must not reach the rasterizers, whose masks span the annotations' bounding box.
+  constexpr double kMaxExtent = 1e7;
+  const bool known = check.width > 0 && check.height > 0;
+  const double width = known ? static_cast<double>(check.width) : kMaxExtent;
+  const double height = known ? static_cast<double>(check.height) : kMaxExtent;
+  const std::string slide_text =
+      known ? fmt::format("the slide ({} x {} level-0 pixels)", check.width, check.height)
+            : fmt::format("the level-0 range of any slide (0 to {:g} pixels; the slide's size is unknown)", kMaxExtent);
   std::size_t clipped = 0, dropped = 0;
   for (const auto& a : annotations) {
-    if (!clip || is_point_type(a.type) || a.outer.size() < 3) {
+    if (is_point_type(a.type) || a.outer.size() < 3) {
       out.push_back(a);
       continue;
     }
@@ -342,9 +350,9 @@ std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation
   }
   if (clipped + dropped > 0) {
     std::vector<std::string> parts;
-    if (clipped > 0) parts.push_back(fmt::format("{} annotation polygon(s) reach past it and are clipped to it", clipped));
+    if (clipped > 0) parts.push_back(fmt::format("{} annotation polygon(s) reach past it and are clipped", clipped));
     if (dropped > 0) parts.push_back(fmt::format("{} lie wholly outside it and are ignored", dropped));
-    spdlog::warn("{}: the slide is {} x {} level-0 pixels; {}", check.path, check.width, check.height, join(parts));
+    spdlog::warn("{}: not all annotations lie inside {}: {}", check.path, slide_text, join(parts));
   }
   if (!check.tumour_slide) return out;
 
@@ -366,9 +374,8 @@ std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation
   if (tumour.empty()) {
     cv::Rect2d box = io::bounding_box(tumour_read.front().outer);
     for (const auto& a : tumour_read) box |= io::bounding_box(a.outer);
-    labels_nothing(fmt::format("its tumour polygons lie wholly outside the slide ({} x {} level-0 pixels): they span "
-                               "x {:g} to {:g}, y {:g} to {:g}",
-                               check.width, check.height, box.x, box.x + box.width, box.y, box.y + box.height),
+    labels_nothing(fmt::format("its tumour polygons lie wholly outside {}: they span x {:g} to {:g}, y {:g} to {:g}",
+                               slide_text, box.x, box.x + box.width, box.y, box.y + box.height),
                    annotations, classes, check);
   }
   labels_nothing("its tumour polygons have no area", annotations, classes, check);

@@ -63,16 +63,17 @@ void split_annotations(const std::vector<io::Annotation>& annotations, const Ann
 
 // How prepare_annotations checks one slide's annotations.
 struct AnnotationCheck {
-  std::string path;                                // the annotation file, named in warnings and errors
-  std::string setting = "labels.tumour_classes";   // the setting that lists the tumour classes (for messages)
-  bool tumour_slide = false;                       // the slide is labelled tumour: the file must label tumour
-  std::int64_t width = 0;                          // the slide's level-0 size; 0 = unknown (nothing is clipped)
+  std::string path;                               // the annotation file, named in warnings and errors
+  std::string setting = "labels.tumour_classes";  // the setting that lists the tumour classes (for messages)
+  bool tumour_slide = false;                      // the slide is labelled tumour: the file must label tumour
+  std::int64_t width = 0;                         // the slide's level-0 size; 0 = unknown
   std::int64_t height = 0;
 };
 
 // One slide's annotations made ready to label it:
-//  - areas are clipped to the slide's level-0 rectangle [0, width] × [0, height]; polygons that reach past it are
-//    clipped and those wholly outside it dropped, with one warning naming the file;
+//  - areas are clipped to the slide's level-0 rectangle [0, width] × [0, height] (size unknown: [0, 10^7]², the
+//    range of any slide); polygons that reach past it are clipped and those wholly outside it dropped, with one
+//    warning naming the file;
 //  - on a slide labelled tumour, annotations that leave no tumour area inside the slide (no annotations, no
 //    group/class that is a tumour class, tumour given only as points, tumour polygons wholly outside the slide)
 //    are an io::InputError naming the file, the groups/classes found and the tumour classes configured, with a

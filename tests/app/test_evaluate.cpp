@@ -347,7 +347,6 @@ TEST_F(Evaluate, BrokenAnnotationFailsAloneMissingFilesAreListedAndBadUsageIsRef
   EXPECT_TRUE(contains(missing.err, "nowhere")) << missing.err;
 }
 
-
 TEST_F(Evaluate, TumourGroundTruthThatLabelsNothingFailsTheSlide) {
   testing::TempDir work;
   const fs::path root = work.path();
@@ -364,8 +363,8 @@ TEST_F(Evaluate, TumourGroundTruthThatLabelsNothingFailsTheSlide) {
   write_detections(root / "det/s1.detections.csv", {{{0.9, centre(20), centre(20)}}});
   write_detections(root / "det/s2.detections.csv", {{{0.5, centre(20), centre(20)}}});
 
-  const std::string args = "evaluate --dataset " + (root / "gt.csv").string() + " --detections " +
-                           (root / "det").string() + " --out ";
+  const std::string args =
+      "evaluate --dataset " + (root / "gt.csv").string() + " --detections " + (root / "det").string() + " --out ";
   const auto r = run(args + (root / "out").string());
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, (root / "s1.xml").string())) << r.err;

@@ -275,8 +275,8 @@ TEST_F(Tile, TumourSlideWhoseAnnotationLabelsNothingFailsAlone) {
                                      << tumour->slide << ",tumor," << annotation << "\n"
                                      << normal->slide << ",normal,\n";
   const std::string path = dir_->file("nothing.yaml");
-  std::ofstream(path) << "input:\n  csv: " << (folder / "list.csv").string() << "\noutput: " << dir_->file("nothing-out")
-                      << "\ntile:\n  size: 32\n  mpp: 1.0\n";
+  std::ofstream(path) << "input:\n  csv: " << (folder / "list.csv").string()
+                      << "\noutput: " << dir_->file("nothing-out") << "\ntile:\n  size: 32\n  mpp: 1.0\n";
 
   const auto r = run("tile " + path);
   EXPECT_EQ(r.code, 3) << r.err;
@@ -294,8 +294,8 @@ TEST_F(Tile, TumourSlideWhoseAnnotationLabelsNothingFailsAlone) {
   EXPECT_GT(manifest.slides[0].tiles, 0);
 
   // With the group configured as tumour the same slides tile, the tumour slide with tumour tiles.
-  const auto fixed = run("tile " + path + " --set 'labels.tumour_classes=[metastasis]' --set output=" +
-                         dir_->file("nothing-fixed"));
+  const auto fixed =
+      run("tile " + path + " --set 'labels.tumour_classes=[metastasis]' --set output=" + dir_->file("nothing-fixed"));
   ASSERT_EQ(fixed.code, 0) << fixed.err;
   const auto tiled = io::read_manifest(dir_->file("nothing-fixed") + "/manifest.json");
   EXPECT_TRUE(tiled.failures.empty());

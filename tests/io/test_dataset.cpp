@@ -104,8 +104,7 @@ TEST(DatasetCsv, MissingFileIsFileNotFound) {
 
 TEST(CsvLine, AnOpenQuoteIsReportedOnlyWhenAFileIsNamed) {
   EXPECT_EQ(io::split_csv_line("a,\"b,c"), (std::vector<std::string>{"a", "b,c"}));
-  EXPECT_EQ(io::split_csv_line("a,\"b,\"\"c\"\"\",d\r", "f.csv", 7),
-            (std::vector<std::string>{"a", "b,\"c\"", "d"}));
+  EXPECT_EQ(io::split_csv_line("a,\"b,\"\"c\"\"\",d\r", "f.csv", 7), (std::vector<std::string>{"a", "b,\"c\"", "d"}));
   try {
     io::split_csv_line("a,\"b,c", "f.csv", 7, {"one", "two"});
     ADD_FAILURE() << "no error";

@@ -23,7 +23,9 @@ namespace fs = std::filesystem;
 // The slide every data-driven case is checked against.
 constexpr std::int64_t kSide = 10000;
 
-io::Ring square(double x, double y, double side) { return {{x, y}, {x + side, y}, {x + side, y + side}, {x, y + side}}; }
+io::Ring square(double x, double y, double side) {
+  return {{x, y}, {x + side, y}, {x + side, y + side}, {x, y + side}};
+}
 
 io::Annotation polygon(const std::string& group, io::Ring outer, std::vector<io::Ring> holes = {}) {
   io::Annotation a;
@@ -161,19 +163,30 @@ TEST(TumourAnnotations, AbsurdButFiniteCoordinatesAreClippedExactly) {
   }
 }
 
-TEST(TumourAnnotations, UnknownSlideSizeClipsNothing) {
-  const std::vector<io::Annotation> read = {polygon("_0", square(-500, -500, 1000))};
+TEST(TumourAnnotations, UnknownSlideSizeClipsToTheRangeOfAnySlide) {
+  // evaluate without the slide file: negative coordinates and absurd ones are still off any slide.
+  const std::vector<io::Annotation> read = {polygon("_0", square(-500, -500, 1000)),
+                                            polygon("_0", square(5e6, 5e6, 1000)),
+                                            polygon("_0", square(1e300, 1e300, 1e299))};
   const auto out = prep::prepare_annotations(read, {}, tumour_slide("e.xml", 0, 0));
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].outer, read[0].outer);
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_DOUBLE_EQ(io::annotation_area(out[0]), 500.0 * 500.0);
+  EXPECT_EQ(out[1].outer, read[1].outer);
+  try {
+    prep::prepare_annotations({read[2]}, {}, tumour_slide("e.xml", 0, 0));
+    ADD_FAILURE() << "no error";
+  } catch (const io::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("its tumour polygons lie wholly outside the level-0 range of any slide"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // The CAMELYON16 ground truth of tumor_009 names its group "metastasis" (CAMELYON17's spelling is
 // "metastases"): with the default classes the slide would have been all normal.
 TEST(TumourAnnotations, Camelyon16FileWithMetastasisGroup) {
-  const fs::path file =
-      tessera::testing::test_data_dir().parent_path().parent_path().parent_path() / "shared" / "data" /
-      "real-slides" / "camelyon16-tumor_009.xml";
+  const fs::path file = tessera::testing::test_data_dir().parent_path().parent_path().parent_path() / "shared" /
+                        "data" / "real-slides" / "camelyon16-tumor_009.xml";
   if (!fs::exists(file)) GTEST_SKIP() << "shared real data not found: " << file;
   const auto annotations = io::read_annotations(file.string());
   ASSERT_FALSE(annotations.empty());
@@ -183,8 +196,7 @@ TEST(TumourAnnotations, Camelyon16FileWithMetastasisGroup) {
   } catch (const io::InputError& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find(file.string()), std::string::npos) << message;
-    EXPECT_NE(message.find("'metastasis' (" + std::to_string(annotations.size()) + ")"), std::string::npos)
-        << message;
+    EXPECT_NE(message.find("'metastasis' (" + std::to_string(annotations.size()) + ")"), std::string::npos) << message;
     EXPECT_NE(message.find("did you mean 'metastases' for 'metastasis'?"), std::string::npos) << message;
   }
   // With the group configured as tumour (--set labels.tumour_classes=[metastasis]) the file labels tumour.
