@@ -293,10 +293,19 @@ TEST_F(Tile, TumourSlideWhoseAnnotationLabelsNothingFailsAlone) {
   EXPECT_EQ(manifest.slides[0].id, normal->id);
   EXPECT_GT(manifest.slides[0].tiles, 0);
 
-  // With the group configured as tumour the same slides tile, the tumour slide with tumour tiles.
+  // With the group configured as tumour the same slides tile, the tumour slide with tumour tiles; a polygon
+  // added over the slide's top-left corner is clipped to the slide, with a warning naming the file.
+  auto annotations = io::read_asap_xml(annotation);
+  io::Annotation corner;
+  corner.group = "metastasis";
+  corner.outer = {{-1000, -1000}, {300, -1000}, {300, 300}, {-1000, 300}};
+  annotations.push_back(corner);
+  io::write_asap_xml(annotation, annotations);
   const auto fixed =
       run("tile " + path + " --set 'labels.tumour_classes=[metastasis]' --set output=" + dir_->file("nothing-fixed"));
   ASSERT_EQ(fixed.code, 0) << fixed.err;
+  EXPECT_TRUE(contains(fixed.err, annotation + ": not all annotations lie inside the slide")) << fixed.err;
+  EXPECT_TRUE(contains(fixed.err, "1 annotation polygon(s) reach past it and are clipped")) << fixed.err;
   const auto tiled = io::read_manifest(dir_->file("nothing-fixed") + "/manifest.json");
   EXPECT_TRUE(tiled.failures.empty());
   ASSERT_EQ(tiled.slides.size(), 2u);
