@@ -36,6 +36,7 @@
 #include "io/annotations.h"
 #include "io/comm.h"
 #include "io/csv.h"
+#include "io/dataset.h"
 #include "io/error.h"
 #include "io/image.h"
 #include "io/slide.h"
@@ -73,19 +74,12 @@ const io::Schema& evaluate_schema() {
 
 // ---- dataset.csv ------------------------------------------------------------------------------------------------
 
-struct DatasetSlide {
-  int row = 0;  // line in the CSV
-  std::string id;
-  std::string path;
-  std::string label;
-  std::string split;
-  std::string annotation;  // "" = none
-  std::string mpp;         // as written ("" = from the slide)
-};
-
+// io/dataset.h reads it: every row needs an id (slide_id, or the slide file's name) and a tumor/normal label; the
+// slide file is optional (without it the mpp column gives the resolution).
+using DatasetSlide = io::DatasetRow;
 using io::split_csv_line;
 
-// A CSV with a header: the column index of each name.
+// A CSV with a header: the column index of each name (for the predictions file).
 class CsvHeader {
  public:
   explicit CsvHeader(const std::string& line) {
@@ -103,40 +97,11 @@ class CsvHeader {
 };
 
 std::vector<DatasetSlide> read_dataset(const std::string& path) {
-  if (!fs::exists(path)) throw io::FileNotFoundError(path);
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line)) throw io::InputError("empty dataset (no header line)", path);
-  const CsvHeader header(line);
-  if (!header.has("slide") && !header.has("slide_id")) {
-    throw io::InputError(fmt::format("the dataset needs a 'slide_id' or 'slide' column (header: {})", line), path);
-  }
-  if (!header.has("label"))
-    throw io::InputError(fmt::format("the dataset needs a 'label' column (header: {})", line), path);
-  const fs::path base = fs::path(path).parent_path();
-  const auto resolve = [&](const std::string& p) {
-    return p.empty() || fs::path(p).is_absolute() ? p : (base / p).string();
-  };
-  std::vector<DatasetSlide> slides;
+  auto slides = io::read_dataset_csv(path, {.slide = false, .label = true}).rows;
   std::set<std::string> ids;
-  for (int row = 2; std::getline(in, line); ++row) {
-    if (line.empty() || line == "\r") continue;
-    const auto fields = split_csv_line(line);
-    DatasetSlide s;
-    s.row = row;
-    s.path = resolve(header.field(fields, "slide"));
-    s.id = header.field(fields, "slide_id");
-    if (s.id.empty()) s.id = fs::path(s.path).stem().string();
-    if (s.id.empty()) throw io::InputError(fmt::format("row {}: no slide id", row), path);
+  for (const auto& s : slides) {
     if (!ids.insert(s.id).second)
-      throw io::InputError(fmt::format("row {}: slide '{}' is listed twice", row, s.id), path);
-    s.label = header.field(fields, "label");
-    s.split = header.field(fields, "split");
-    for (const char* name : {"annotation_xml", "annotation", "annotation_geojson"}) {
-      if (s.annotation.empty()) s.annotation = resolve(header.field(fields, name));
-    }
-    s.mpp = header.field(fields, "mpp");
-    slides.push_back(std::move(s));
+      throw io::InputError(fmt::format("line {}: slide '{}' is listed twice", s.line, s.id), path);
   }
   if (slides.empty()) throw io::InputError("the dataset lists no slide", path);
   return slides;
@@ -173,13 +138,6 @@ double read_slide_score(const std::string& path) {
   return score;
 }
 
-bool parse_label(const DatasetSlide& s, const std::string& dataset) {
-  if (s.label == "tumor" || s.label == "tumour" || s.label == "1" || s.label == "Tumor") return true;
-  if (s.label == "normal" || s.label == "0" || s.label == "Normal") return false;
-  throw io::InputError(
-      fmt::format("row {}: slide '{}' has label '{}' (expected tumor or normal)", s.row, s.id, s.label), dataset);
-}
-
 struct SlideResult {
   const DatasetSlide* slide = nullptr;
   bool tumour = false;
@@ -203,7 +161,7 @@ struct Settings {
 SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
   SlideResult r;
   r.slide = &s;
-  r.tumour = parse_label(s, settings.dataset);
+  r.tumour = s.label == io::SlideLabel::tumour;
   const fs::path& dir = settings.detections;
   r.detections_file = find_file(dir, {fmt::format("{}.detections.csv", s.id),
                                       fmt::format("{0}/{0}.detections.csv", s.id), fmt::format("{}.csv", s.id)});
@@ -217,34 +175,30 @@ SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
   }
 
   if (s.annotation.empty()) {
-    throw io::InputError(fmt::format("row {}: slide '{}' is labelled tumour but has no annotation file", s.row, s.id),
+    throw io::InputError(fmt::format("line {}: slide '{}' is labelled tumour but has no annotation file", s.line, s.id),
                          settings.dataset);
   }
-  const auto annotations = io::read_annotations(s.annotation);
+  auto annotations = io::read_annotations(s.annotation);
   // The slide's µm/px and size: the dataset's mpp column wins; the slide file gives its size (and the µm/px when
   // the column is empty). Without the slide file the mask is not clipped to the slide.
   std::int64_t width = 0, height = 0;
-  if (!s.mpp.empty()) {
-    try {
-      std::size_t used = 0;
-      r.mpp = std::stod(s.mpp, &used);
-      if (used != s.mpp.size() || !(r.mpp > 0.0)) throw std::invalid_argument("mpp");
-    } catch (const std::exception&) {
-      throw io::InputError(fmt::format("row {}: mpp '{}' is not a positive number", s.row, s.mpp), settings.dataset);
-    }
-  }
-  if (!s.path.empty() && fs::exists(s.path)) {
+  r.mpp = s.mpp.value_or(0.0);
+  if (!s.slide.empty() && fs::exists(s.slide)) {
     io::SlideOpenOptions open;
     open.assume_mpp = r.mpp > 0.0 ? r.mpp : settings.assume_mpp;
-    const auto slide = io::Slide::open(s.path, open);
+    const auto slide = io::Slide::open(s.slide, open);
     width = slide.width();
     height = slide.height();
     if (!(r.mpp > 0.0)) r.mpp = slide.mpp();
   } else if (!(r.mpp > 0.0)) {
     throw io::InputError(
         fmt::format("slide '{}' not found: its µm/px is needed for the evaluation mask (or give an mpp column)", s.id),
-        s.path.empty() ? settings.dataset : s.path);
+        s.slide.empty() ? settings.dataset : s.slide);
   }
+  // As tile does: clipped to the slide, and a ground truth that labels no tumour would count every detection
+  // of this tumour slide as a false positive.
+  annotations =
+      prep::prepare_annotations(annotations, settings.classes, {s.annotation, "classes.tumour", true, width, height});
   try {
     const engine::EvaluationMask mask(annotations, settings.classes, r.mpp, width, height, settings.froc);
     r.froc = engine::match_detections(s.id, detections, &mask);

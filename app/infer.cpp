@@ -39,7 +39,7 @@
 #include "engine/slide_inference.h"
 #include "io/annotations.h"
 #include "io/comm.h"
-#include "io/csv.h"
+#include "io/dataset.h"
 #include "io/error.h"
 #include "io/heatmap.h"
 #include "io/slide.h"
@@ -102,51 +102,23 @@ struct SlideInput {
   double mpp = 0.0;  // per-slide override (0 = from the slide or input.assume_mpp)
 };
 
-using io::split_csv_line;
-
+// dataset.csv (io/dataset.h); `splits` selects rows by their split column.
 std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::vector<std::string>& splits,
                                         const io::Config& config) {
-  if (!fs::exists(csv_path)) throw io::FileNotFoundError(csv_path);
-  std::ifstream in(csv_path);
-  std::string line;
-  if (!in || !std::getline(in, line)) throw io::InputError("empty slide list (no header line)", csv_path);
-  const auto header = split_csv_line(line);
-  std::map<std::string, std::size_t> column;
-  for (std::size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
-  if (!column.contains("slide")) {
-    throw io::InputError("the slide list needs a 'slide' column (found: " + line + ")", csv_path);
+  const auto dataset = io::read_dataset_csv(csv_path, {.slide = true, .label = false});
+  if (!splits.empty()) {
+    if (!dataset.has_column("split")) {
+      throw io::ConfigError(
+          fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
+          config.source(), 0, "splits");
+    }
   }
-  if (!splits.empty() && !column.contains("split")) {
-    throw io::ConfigError(
-        fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
-        config.source(), 0, "splits");
-  }
-  const fs::path base = fs::path(csv_path).parent_path();
   std::vector<SlideInput> inputs;
   std::set<std::string> present;
-  for (int row = 2; std::getline(in, line); ++row) {
-    if (line.empty() || line == "\r") continue;
-    const auto fields = split_csv_line(line);
-    auto field = [&](const char* name) -> std::string {
-      auto it = column.find(name);
-      return it != column.end() && it->second < fields.size() ? fields[it->second] : std::string();
-    };
-    const std::string split = field("split");
-    present.insert(split.empty() ? "(none)" : split);
-    if (!splits.empty() && std::find(splits.begin(), splits.end(), split) == splits.end()) continue;
-    SlideInput s;
-    s.path = field("slide");
-    if (s.path.empty()) throw io::InputError(fmt::format("row {}: empty 'slide' field", row), csv_path);
-    if (fs::path(s.path).is_relative()) s.path = (base / s.path).string();
-    s.id = field("slide_id").empty() ? fs::path(s.path).stem().string() : field("slide_id");
-    if (const auto mpp = field("mpp"); !mpp.empty()) {
-      try {
-        s.mpp = std::stod(mpp);
-      } catch (const std::exception&) {
-        throw io::InputError(fmt::format("row {}: mpp '{}' is not a number", row, mpp), csv_path);
-      }
-    }
-    inputs.push_back(std::move(s));
+  for (const auto& row : dataset.rows) {
+    present.insert(row.split.empty() ? "(none)" : row.split);
+    if (!splits.empty() && std::find(splits.begin(), splits.end(), row.split) == splits.end()) continue;
+    inputs.push_back({row.id, row.slide, row.mpp.value_or(0.0)});
   }
   if (inputs.empty() && !splits.empty()) {
     throw io::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,

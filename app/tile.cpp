@@ -35,7 +35,7 @@
 #include "app/cli.h"
 #include "io/annotations.h"
 #include "io/comm.h"
-#include "io/csv.h"
+#include "io/dataset.h"
 #include "io/error.h"
 #include "io/image.h"
 #include "io/progress.h"
@@ -105,48 +105,13 @@ std::string sibling_annotation(const std::string& slide_path) {
   return "";
 }
 
-using io::split_csv_line;
-
+// dataset.csv (io/dataset.h): the slide file is needed on every row; the label is optional here (a slide with none
+// is tiled without the tumour-annotation check).
 std::vector<SlideInput> read_csv_inputs(const std::string& csv_path) {
-  std::ifstream in(csv_path);
-  if (!fs::exists(csv_path)) throw io::FileNotFoundError(csv_path);
-  if (!in) throw io::InputError("cannot read the slide list", csv_path);
-  std::string line;
-  if (!std::getline(in, line)) throw io::InputError("empty slide list (no header line)", csv_path);
-  const auto header = split_csv_line(line);
-  std::map<std::string, std::size_t> column;
-  for (std::size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
-  if (!column.contains("slide")) {
-    throw io::InputError("the slide list needs a 'slide' column (found: " + line + ")", csv_path);
-  }
-  const fs::path base = fs::path(csv_path).parent_path();
-  auto resolve = [&](const std::string& p) { return p.empty() || fs::path(p).is_absolute() ? p : (base / p).string(); };
-
   std::vector<SlideInput> inputs;
-  for (int row = 2; std::getline(in, line); ++row) {
-    if (line.empty() || line == "\r") continue;
-    const auto fields = split_csv_line(line);
-    auto field = [&](const char* name) -> std::string {
-      auto it = column.find(name);
-      return it != column.end() && it->second < fields.size() ? fields[it->second] : std::string();
-    };
-    SlideInput s;
-    s.path = resolve(field("slide"));
-    if (s.path.empty()) throw io::InputError(fmt::format("row {}: empty 'slide' field", row), csv_path);
-    s.id = field("slide_id").empty() ? slide_id_of(s.path) : field("slide_id");
-    s.label = field("label");
-    s.split = field("split");
-    for (const char* name : {"annotation", "annotation_xml", "annotation_geojson"}) {
-      if (s.annotation.empty()) s.annotation = resolve(field(name));
-    }
-    if (const auto mpp = field("mpp"); !mpp.empty()) {
-      try {
-        s.mpp = std::stod(mpp);
-      } catch (const std::exception&) {
-        throw io::InputError(fmt::format("row {}: mpp '{}' is not a number", row, mpp), csv_path);
-      }
-    }
-    inputs.push_back(std::move(s));
+  for (auto& row : io::read_dataset_csv(csv_path, {.slide = true, .label = false}).rows) {
+    inputs.push_back({std::move(row.id), std::move(row.slide), io::to_string(row.label), std::move(row.split),
+                      std::move(row.annotation), row.mpp.value_or(0.0)});
   }
   return inputs;
 }
@@ -289,10 +254,15 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     io::SlideOpenOptions open_options;
     open_options.assume_mpp = result.assume_mpp;
     const auto slide = io::Slide::open(input.path, open_options);
+    const bool tumour_slide = input.label == io::to_string(io::SlideLabel::tumour);
     std::vector<io::Annotation> annotations;
     if (!input.annotation.empty()) {
-      annotations = io::read_annotations(input.annotation);
-    } else if (input.label == "tumor" || input.label == "tumour") {
+      // Clipped to the slide; on a tumour slide, a file that labels no tumour area fails the slide (it would
+      // otherwise be tiled as all normal).
+      annotations = prep::prepare_annotations(
+          io::read_annotations(input.annotation), settings.classes,
+          {input.annotation, "labels.tumour_classes", tumour_slide, slide.width(), slide.height()});
+    } else if (tumour_slide) {
       throw io::InputError("the slide is labelled tumour but has no annotation file", input.path);
     }
     const auto tissue = prep::detect_tissue(slide, settings.tissue);

@@ -220,7 +220,11 @@ cv::Point2d read_position(const json& value, const std::string& where, const std
   if (!value.is_array() || value.size() < 2 || !value[0].is_number() || !value[1].is_number()) {
     throw InputError(where + ": coordinates must be [x, y] pairs of numbers (got " + value.dump() + ")", path);
   }
-  return {value[0].get<double>(), value[1].get<double>()};
+  const cv::Point2d p(value[0].get<double>(), value[1].get<double>());
+  if (!std::isfinite(p.x) || !std::isfinite(p.y)) {
+    throw InputError(where + ": coordinates must be finite numbers (got " + value.dump() + ")", path);
+  }
+  return p;
 }
 
 Ring read_ring(const json& value, const std::string& where, const std::string& path) {
@@ -501,6 +505,14 @@ std::vector<Annotation> read_geojson(const std::string& path) {
       detail.erase(0, tag + 2);
     }
     throw InputError("invalid JSON at byte " + std::to_string(e.byte) + ": " + detail, path);
+  } catch (const json::exception& e) {
+    // A number too large for a double ("1e400") is an out_of_range error, not a parse_error: still the file's
+    // fault, and the message names the number.
+    std::string detail = e.what();
+    if (const auto tag = detail.find("] "); detail.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
+      detail.erase(0, tag + 2);
+    }
+    throw InputError("invalid JSON: " + detail, path);
   }
   const json* features = nullptr;
   json single = json::array();

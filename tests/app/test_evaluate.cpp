@@ -347,5 +347,51 @@ TEST_F(Evaluate, BrokenAnnotationFailsAloneMissingFilesAreListedAndBadUsageIsRef
   EXPECT_TRUE(contains(missing.err, "nowhere")) << missing.err;
 }
 
+TEST_F(Evaluate, TumourGroundTruthThatLabelsNothingFailsTheSlide) {
+  testing::TempDir work;
+  const fs::path root = work.path();
+  const auto rows = dataset();
+  const fs::path tumour_slide = synth() / rows.at("tumor_001")[1];
+  const fs::path normal_slide = synth() / rows.at("normal_001")[1];
+  // s1's lesion is drawn in a group that is no tumour class: as it is, every detection on it would be a false
+  // positive of a slide with no lesion.
+  io::write_asap_xml((root / "s1.xml").string(), {cells(10, 10, 42, 42, "metastasis")});
+  std::ofstream(root / "gt.csv") << "slide_id,slide,label,annotation\n"
+                                 << "s1," << tumour_slide.string() << ",Tumour,s1.xml\n"
+                                 << "s2," << normal_slide.string() << ",normal,\n";
+  fs::create_directories(root / "det");
+  write_detections(root / "det/s1.detections.csv", {{{0.9, centre(20), centre(20)}}});
+  write_detections(root / "det/s2.detections.csv", {{{0.5, centre(20), centre(20)}}});
+
+  const std::string args =
+      "evaluate --dataset " + (root / "gt.csv").string() + " --detections " + (root / "det").string() + " --out ";
+  const auto r = run(args + (root / "out").string());
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, (root / "s1.xml").string())) << r.err;
+  EXPECT_TRUE(contains(r.err, "tumour classes (classes.tumour)")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'metastases' for 'metastasis'?")) << r.err;
+  const json j = read_json(root / "out/evaluation.json");
+  ASSERT_EQ(j["failed"].size(), 1u);
+  EXPECT_EQ(j["failed"][0]["slide"], "s1");
+  EXPECT_EQ(j["evaluated_slides"], 1);
+
+  // With the group configured as tumour, s1's detection hits its lesion.
+  const auto fixed = run(args + (root / "out2").string() + " --set 'classes.tumour=[metastasis]'");
+  EXPECT_EQ(fixed.code, 0) << fixed.out << fixed.err;
+  const json k = read_json(root / "out2/evaluation.json");
+  EXPECT_EQ(k["evaluated_slides"], 2);
+  EXPECT_EQ(k["froc"]["false_positives"], 1) << "only s2's detection";
+
+  // A label that is neither tumor nor normal stops the job before any slide, naming the line and column.
+  std::ofstream(root / "gt.csv") << "slide_id,slide,label,annotation\n"
+                                 << "s1," << tumour_slide.string() << ",tumor,s1.xml\n"
+                                 << "s2," << normal_slide.string() << ",nromal,\n";
+  const auto bad = run(args + (root / "out3").string());
+  EXPECT_EQ(bad.code, 3) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "gt.csv")) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "line 3, column 'label': 'nromal' is not tumor or normal; did you mean 'normal'?"))
+      << bad.err;
+}
+
 }  // namespace
 }  // namespace tessera

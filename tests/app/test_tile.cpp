@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/annotations.h"
+#include "io/dataset.h"
 #include "io/shard.h"
 #include "preprocessing/tiling.h"
 #include "tests/app/run.h"
@@ -248,6 +250,88 @@ TEST_F(Tile, BadSlidesFailAloneAndAreListed) {
     }
   }
   EXPECT_GT(manifest.total_tiles(), 0);
+}
+
+TEST_F(Tile, TumourSlideWhoseAnnotationLabelsNothingFailsAlone) {
+  // A tumour slide whose annotation names its group "metastasis" (as CAMELYON16's tumor_009 does), which is no
+  // tumour class, and a normal slide. Tiled as it was, the tumour slide would give only normal tiles.
+  const auto rows = io::read_dataset_csv(dir_->file("synth/dataset.csv")).rows;
+  const io::DatasetRow* tumour = nullptr;
+  const io::DatasetRow* normal = nullptr;
+  for (const auto& row : rows) {
+    if (!tumour && row.label == io::SlideLabel::tumour) tumour = &row;
+    if (!normal && row.label == io::SlideLabel::normal) normal = &row;
+  }
+  ASSERT_TRUE(tumour && normal);
+  const fs::path folder = dir_->file("nothing");
+  fs::create_directories(folder);
+  std::ifstream in(tumour->annotation);
+  std::string xml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(contains(xml, "\"_0\""));
+  for (std::size_t at; (at = xml.find("\"_0\"")) != std::string::npos;) xml.replace(at, 4, "\"metastasis\"");
+  const std::string annotation = (folder / (tumour->id + ".xml")).string();
+  std::ofstream(annotation) << xml;
+  std::ofstream(folder / "list.csv") << "slide,label,annotation\n"
+                                     << tumour->slide << ",tumor," << annotation << "\n"
+                                     << normal->slide << ",normal,\n";
+  const std::string path = dir_->file("nothing.yaml");
+  std::ofstream(path) << "input:\n  csv: " << (folder / "list.csv").string()
+                      << "\noutput: " << dir_->file("nothing-out") << "\ntile:\n  size: 32\n  mpp: 1.0\n";
+
+  const auto r = run("tile " + path);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "1 of 2 slides failed")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did you mean 'metastases' for 'metastasis'?")) << r.err;
+  const auto manifest = io::read_manifest(dir_->file("nothing-out") + "/manifest.json");
+  ASSERT_EQ(manifest.failures.size(), 1u);
+  EXPECT_EQ(manifest.failures[0].slide, tumour->id);
+  EXPECT_TRUE(contains(manifest.failures[0].error, annotation)) << manifest.failures[0].error;
+  EXPECT_TRUE(contains(manifest.failures[0].error, "no annotation is of a tumour class")) << manifest.failures[0].error;
+  EXPECT_TRUE(contains(manifest.failures[0].error, "tumour classes (labels.tumour_classes)"))
+      << manifest.failures[0].error;
+  ASSERT_EQ(manifest.slides.size(), 1u);
+  EXPECT_EQ(manifest.slides[0].id, normal->id);
+  EXPECT_GT(manifest.slides[0].tiles, 0);
+
+  // With the group configured as tumour the same slides tile, the tumour slide with tumour tiles; a polygon
+  // added over the slide's top-left corner is clipped to the slide, with a warning naming the file.
+  auto annotations = io::read_asap_xml(annotation);
+  io::Annotation corner;
+  corner.group = "metastasis";
+  corner.outer = {{-1000, -1000}, {300, -1000}, {300, 300}, {-1000, 300}};
+  annotations.push_back(corner);
+  io::write_asap_xml(annotation, annotations);
+  const auto fixed =
+      run("tile " + path + " --set 'labels.tumour_classes=[metastasis]' --set output=" + dir_->file("nothing-fixed"));
+  ASSERT_EQ(fixed.code, 0) << fixed.err;
+  EXPECT_TRUE(contains(fixed.err, annotation + ": not all annotations lie inside the slide")) << fixed.err;
+  EXPECT_TRUE(contains(fixed.err, "1 annotation polygon(s) reach past it and are clipped")) << fixed.err;
+  const auto tiled = io::read_manifest(dir_->file("nothing-fixed") + "/manifest.json");
+  EXPECT_TRUE(tiled.failures.empty());
+  ASSERT_EQ(tiled.slides.size(), 2u);
+  for (const auto& s : tiled.slides) {
+    if (s.id == tumour->id) {
+      EXPECT_GT(s.tumour, 0);
+      EXPECT_EQ(s.label, "tumor");
+    }
+  }
+}
+
+TEST_F(Tile, BrokenSlideListNamesTheLineAndColumn) {
+  testing::TempDir dir;
+  const std::string list = dir.file("list.csv");
+  std::ofstream(list) << "slide,label,mpp\na.svs,normal,0.25\nb.svs,tumr,0.25\n";
+  const std::string path = dir.file("job.yaml");
+  std::ofstream(path) << "input:\n  csv: " << list << "\noutput: " << dir.file("out") << "\n";
+  auto r = run("tile " + path);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, list + "': line 3, column 'label': 'tumr' is not tumor or normal; did you mean 'tumor'?"))
+      << r.err;
+  std::ofstream(list) << "slide,label,mpp\na.svs,normal,0.25 um\n";
+  r = run("tile " + path);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "line 2, column 'mpp': '0.25 um' is not a positive number")) << r.err;
+  EXPECT_FALSE(fs::exists(dir.file("out") + "/manifest.json")) << "nothing is tiled from a broken list";
 }
 
 TEST_F(Tile, MissingResolutionNamesTheSetting) {
