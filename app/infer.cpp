@@ -42,6 +42,7 @@
 #include "io/csv.h"
 #include "io/error.h"
 #include "io/heatmap.h"
+#include "io/output_dir.h"
 #include "io/slide.h"
 #include "preprocessing/heatmap_outputs.h"
 
@@ -331,6 +332,8 @@ int run_infer(const InferOptions& options) {
   const fs::path out = config.get_string("output");
   const double threshold = config.get_number("infer.threshold");
   const auto& world = io::Comm::world();
+  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
+  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "infer");
   engine::Context::get().set_threads(static_cast<int>(config.get_int("infer.threads")));
 
   engine::SlideInferenceOptions inference_options;
