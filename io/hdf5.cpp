@@ -1,4 +1,5 @@
 #include "io/hdf5.h"
+#include "io/hdf5_library.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -29,3 +30,9 @@ Failure last_failure() {
 }
 
 }  // namespace tessera::io::hdf5
+
+namespace tessera::io {
+
+void skip_hdf5_exit_cleanup() { H5dont_atexit(); }
+
+}  // namespace tessera::io
