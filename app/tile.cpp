@@ -466,17 +466,40 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
   }
 }
 
+// A finished shard as the file system sees it (size, modification time, inode): the state file records it when
+// the manifest is written, so that a shard replaced or rewritten since is noticed without reading its pixels.
+json file_identity(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return nullptr;
+  return {{"size", st.st_size},
+          {"mtime", fmt::format("{}.{:09d}", st.st_mtim.tv_sec, st.st_mtim.tv_nsec)},
+          {"inode", st.st_ino}};
+}
+
 // "Up to date" needs the state file, the manifest and the shards to agree: the manifest was written by this job
-// (its config_hash) and every shard it lists is there with the tiles it lists. Says why not in the log.
-bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const std::string& hash) {
+// (its config_hash), and every shard it lists is there, is the file the state file recorded when the manifest was
+// written and has the tiles the manifest lists. Says why not in the log.
+bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const std::string& hash,
+                      const json& state) {
   try {
+    const json recorded = state.value("shards", json::object());
     const auto manifest = io::read_manifest(manifest_path.string());
     if (manifest.config_hash != hash) {
       spdlog::warn("{} was written by another job (config_hash {}, this job {}); rebuilding", manifest_path.string(),
                    manifest.config_hash, hash);
       return false;
     }
+    if (recorded.size() != manifest.shards.size()) {
+      spdlog::warn("{} lists {} shards, the state file {}; rebuilding", manifest_path.string(), manifest.shards.size(),
+                   recorded.size());
+      return false;
+    }
     for (const auto& entry : manifest.shards) {
+      if (!recorded.contains(entry.file) || recorded[entry.file] != file_identity(out / entry.file)) {
+        spdlog::warn("{}: not the file this job finished (replaced or changed since); rebuilding",
+                     (out / entry.file).string());
+        return false;
+      }
       const auto shard = io::ShardFile::open((out / entry.file).string());
       if (shard.size() != entry.tiles || shard.slides() != entry.slides) {
         spdlog::warn("{}: {} tiles of {} slide(s), the manifest lists {} of {}; rebuilding", shard.path(), shard.size(),
@@ -681,16 +704,18 @@ int run_tile(const TileOptions& options) {
     fs::create_directories(out);
     if (settings.preview_size > 0) fs::create_directories(settings.previews);
     bool same_job = false;
+    json state;
     if (!options.force && fs::exists(state_path)) {
       try {
         std::ifstream in(state_path);
-        same_job = json::parse(in).value("hash", "") == hash;
+        state = json::parse(in);
+        same_job = state.value("hash", "") == hash;
       } catch (const std::exception&) {
         same_job = false;  // an unreadable state file means: start over
       }
     }
     if (same_job && !preview_only && fs::exists(manifest_path)) {
-      if (manifest_matches(out, manifest_path, hash)) {
+      if (manifest_matches(out, manifest_path, hash, state)) {
         up_to_date = 1;
       } else {
         same_job = false;  // what is there cannot be trusted as this job's: start over
@@ -878,6 +903,10 @@ int run_tile(const TileOptions& options) {
       if (slides.contains(p.input.id)) manifest.slides.push_back(slides[p.input.id]);
     }
     for (const auto& [id, error] : failed) manifest.failures.push_back({id, error});
+    // The state file first: a manifest without the shards it lists recorded is rebuilt, never trusted.
+    json finished = json::object();
+    for (const auto& entry : manifest.shards) finished[entry.file] = file_identity(out / entry.file);
+    io::write_file_atomic(state_path.string(), json({{"hash", hash}, {"shards", finished}}).dump() + "\n");
     io::write_manifest(manifest_path.string(), manifest);
     config.save((out / "tile.config.yaml").string());
 

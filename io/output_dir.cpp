@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cerrno>
+#include <cstdlib>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -25,20 +27,33 @@ namespace fs = std::filesystem;
 
 std::string reason(int error) { return std::strerror(error); }
 
+std::string host_name() {
+  char host[HOST_NAME_MAX + 1] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "?";
+  return host;
+}
+
 // What the lock file says about its holder ("tessera tile, pid 123 on host h, started 2026-..."), or "" when it
-// says nothing yet (the holder has just taken the lock and not written it).
+// says nothing that can be trusted: the holder has just taken the lock and not written it yet, or the text is left
+// from a job of this host that has ended (a killed job cannot clear it; the lock is then held by something else).
 std::string read_holder(int fd) {
   char buffer[512] = {};
   const ssize_t got = ::pread(fd, buffer, sizeof buffer - 1, 0);
   if (got <= 0) return "";
   std::string text(buffer, static_cast<std::size_t>(got));
   while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+  const auto pid_at = text.find(", pid ");
+  const auto host_at = text.find(" on host ");
+  if (pid_at != std::string::npos && host_at != std::string::npos && host_at > pid_at) {
+    const std::string host = text.substr(host_at + 9, text.find(',', host_at) - (host_at + 9));
+    const long pid = std::strtol(text.c_str() + pid_at + 6, nullptr, 10);
+    if (host == host_name() && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return "";
+  }
   return text;
 }
 
 std::string describe_self(const std::string& verb) {
-  char host[HOST_NAME_MAX + 1] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  const std::string host = host_name();
   const std::time_t now = std::time(nullptr);
   std::tm utc{};
   ::gmtime_r(&now, &utc);
@@ -113,7 +128,9 @@ void prepare_output_file(const Comm& world, const std::string& file) {
 }
 
 OutputLock::~OutputLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+  if (fd_ < 0) return;
+  [[maybe_unused]] const int cleared = ::ftruncate(fd_, 0);  // this job no longer holds it
+  ::close(fd_);                                             // closing the last descriptor releases the flock
 }
 
 OutputLock::OutputLock(OutputLock&& other) noexcept
@@ -121,7 +138,10 @@ OutputLock::OutputLock(OutputLock&& other) noexcept
 
 OutputLock& OutputLock::operator=(OutputLock&& other) noexcept {
   if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) {
+      [[maybe_unused]] const int cleared = ::ftruncate(fd_, 0);
+      ::close(fd_);
+    }
     fd_ = std::exchange(other.fd_, -1);
     folder_ = std::move(other.folder_);
   }
@@ -134,22 +154,24 @@ OutputLock OutputLock::acquire(const std::string& folder, const std::string& ver
   // O_CLOEXEC: a child process (a bench worker, a shell) must not keep the folder locked after this job ends.
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) refuse("output folder '" + folder + "' is not writable: cannot create '" + path + "': " + reason(errno));
-  OutputLock lock;
-  lock.fd_ = fd;
-  lock.folder_ = folder;
   int rc = 0;
   do {
     rc = ::flock(fd, LOCK_EX | LOCK_NB);
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
-    if (errno != EWOULDBLOCK) {
-      refuse("cannot lock the output folder '" + folder + "' (" + path + "): " + reason(errno));
+    const int error = errno;
+    const std::string holder = error == EWOULDBLOCK ? read_holder(fd) : "";
+    ::close(fd);  // not ours: closed untouched (an OutputLock clears the file when it lets go)
+    if (error != EWOULDBLOCK) {
+      refuse("cannot lock the output folder '" + folder + "' (" + path + "): " + reason(error));
     }
-    const std::string holder = read_holder(fd);
     refuse("output folder '" + folder + "' is in use by another Tessera job (" +
            (holder.empty() ? std::string("its lock file is ") + path : holder) +
            "): wait for it to end or write elsewhere");
   }
+  OutputLock lock;
+  lock.fd_ = fd;
+  lock.folder_ = folder;
   // Who holds it, for the message of a job refused later. Best effort: the lock is what protects the folder.
   const std::string text = describe_self(verb) + "\n";
   if (::ftruncate(fd, 0) == 0) {
