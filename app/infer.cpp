@@ -287,7 +287,8 @@ std::string job_key(const io::Config& config, const std::string& checkpoint_path
 }
 
 std::string slide_key(const std::string& job, const std::string& path, double mpp) {
-  return fmt::format("{:016x}", fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
+  return fmt::format("{:016x}",
+                     fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
 }
 
 fs::path slide_record_path(const fs::path& out, const std::string& id) { return out / kRecordFolder / (id + ".json"); }
@@ -384,7 +385,8 @@ WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engin
                 {"read_wait_seconds", stats.read_wait_seconds},
                 {"output_seconds", output_seconds},
                 {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}};
-  io::write_file_atomic(slide_record_path(out, input.id).string(), json({{"key", key}, {"entry", entry}}).dump() + "\n");
+  io::write_file_atomic(slide_record_path(out, input.id).string(),
+                        json({{"key", key}, {"entry", entry}}).dump() + "\n");
   // Fault point "infer.slide-finished" (io/fault.h): after a slide's outputs and its record are complete, e.g.
   // "infer.slide-finished after=1 do=kill" kills the job once its first slide is done.
   io::fault::at("infer.slide-finished");
@@ -524,9 +526,10 @@ int run_infer(const InferOptions& options) {
     if (skip[s]) {
       if (!world.is_root()) continue;
       collect();  // the summary stays in slide order
-      spdlog::info("slide {}/{} {}: up to date (its outputs are from an earlier run with this checkpoint and these "
-                   "settings; --force redoes it)",
-                   s + 1, inputs.size(), input.id);
+      spdlog::info(
+          "slide {}/{} {}: up to date (its outputs are from an earlier run with this checkpoint and these "
+          "settings; --force redoes it)",
+          s + 1, inputs.size(), input.id);
       slides.push_back(finished[input.id]);
       continue;
     }

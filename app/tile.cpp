@@ -404,7 +404,7 @@ struct ShardRecord {
   std::int64_t index = -1;
   std::int64_t first = 0;
   std::int64_t count = 0;
-  std::string checksum;                        // PixelChecksum of the extracted (unchecked) shard
+  std::string checksum;                       // PixelChecksum of the extracted (unchecked) shard
   std::map<std::string, std::string> failed;  // slide id → error, found while writing this shard
 };
 
@@ -422,9 +422,10 @@ std::optional<ShardRecord> read_record(const fs::path& out, const std::string& j
   try {
     std::ifstream in(path);
     const json doc = json::parse(in);
-    ShardRecord record{doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
-                       doc.at("first").get<std::int64_t>(),    doc.at("count").get<std::int64_t>(),
-                       doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
+    ShardRecord record{
+        doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
+        doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
+        doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
     if (record.job != job || record.index != span.index || record.first != span.first || record.count != span.count) {
       return std::nullopt;
     }
@@ -479,8 +480,7 @@ json file_identity(const fs::path& path) {
 // "Up to date" needs the state file, the manifest and the shards to agree: the manifest was written by this job
 // (its config_hash), and every shard it lists is there, is the file the state file recorded when the manifest was
 // written and has the tiles the manifest lists. Says why not in the log.
-bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const std::string& hash,
-                      const json& state) {
+bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const std::string& hash, const json& state) {
   try {
     const json recorded = state.value("shards", json::object());
     const auto manifest = io::read_manifest(manifest_path.string());
@@ -874,6 +874,10 @@ int run_tile(const TileOptions& options) {
   // Manifest (rank 0), from the shards as they are on disk.
   int code = failed.empty() ? io::exit_ok : io::exit_input;
   if (world.is_root()) {
+    // Every shard of this job is in place now; an unchecked one left is of an earlier run on another rank count.
+    for (const auto& entry : fs::directory_iterator(out)) {
+      if (entry.path().filename().string().ends_with(".unchecked")) fs::remove(entry.path());
+    }
     io::Manifest manifest;
     manifest.config_hash = hash;
     manifest.config_yaml = config.to_yaml();

@@ -5,10 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <cerrno>
-#include <cstdlib>
 #include <climits>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -130,7 +130,7 @@ void prepare_output_file(const Comm& world, const std::string& file) {
 OutputLock::~OutputLock() {
   if (fd_ < 0) return;
   [[maybe_unused]] const int cleared = ::ftruncate(fd_, 0);  // this job no longer holds it
-  ::close(fd_);                                             // closing the last descriptor releases the flock
+  ::close(fd_);                                              // closing the last descriptor releases the flock
 }
 
 OutputLock::OutputLock(OutputLock&& other) noexcept

@@ -48,10 +48,10 @@ class Outputs : public ::testing::Test {
     ASSERT_EQ(r.code, 0) << r.err;
     r = run("tile " + tile_job() + " --out " + dir_->file("shards"));
     ASSERT_EQ(r.code, 0) << r.err;
-    std::ofstream(dir_->file("train.yaml")) << "data:\n  shards: " << dir_->file("shards")
-                                            << "\n  block_size: 16\n  shuffle_buffer: 64\n"
-                                            << "model:\n  architecture: tiny_cnn\n"
-                                            << "train:\n  batch_size: 16\n  seed: 3\n";
+    std::ofstream(dir_->file("train.yaml"))
+        << "data:\n  shards: " << dir_->file("shards") << "\n  block_size: 16\n  shuffle_buffer: 64\n"
+        << "model:\n  architecture: tiny_cnn\n"
+        << "train:\n  batch_size: 16\n  seed: 3\n";
     r = run("train " + dir_->file("train.yaml") + " --out " + dir_->file("run") + " --epochs 1");
     ASSERT_EQ(r.code, 0) << r.err;
   }
@@ -189,8 +189,8 @@ TEST_F(Outputs, ALockHeldByAnotherProcessRefusesATwoRankJob) {
   const std::string out = dir_->file("flocked");
   fs::create_directories(out);
   // util-linux's flock holds the same flock(2) lock while the job runs under it.
-  const auto r = run_script("flock " + out + "/.tessera.lock $MPIEXEC -n 2 $TESSERA " + verb_line("tile", out) +
-                            "\necho rc=$?\n");
+  const auto r =
+      run_script("flock " + out + "/.tessera.lock $MPIEXEC -n 2 $TESSERA " + verb_line("tile", out) + "\necho rc=$?\n");
   EXPECT_EQ(shell_status(r), 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "output folder '" + out + "' is in use by another Tessera job")) << r.err;
   EXPECT_FALSE(fs::exists(out + "/.tessera-tile-state.json")) << "refused before any work";
@@ -250,8 +250,8 @@ TEST_F(Outputs, AFolderTheUserMayNotWriteIsAUsageError) {
   // Root's folder, readable by everyone, writable by root only; the job runs as nobody (65534).
   const std::string out = dir_->file("root-only");
   fs::create_directories(out);
-  fs::permissions(out, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
-                           fs::perms::others_read | fs::perms::others_exec);
+  fs::permissions(out, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                           fs::perms::others_exec);
   fs::permissions(dir_->path(), fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                                     fs::perms::others_read | fs::perms::others_exec);
   for (const auto& verb : kFolderVerbs) {
@@ -275,8 +275,7 @@ void expect_disk_full_during_tile(int ranks, const std::string& out, const std::
   SCOPED_TRACE(std::to_string(ranks) + " rank(s)");
   const std::string fault = ranks == 1 ? "shard.write after=4 do=enospc" : "shard.write after=4 rank=1 do=enospc";
   const std::string launcher = ranks == 1 ? "" : "$MPIEXEC -n 2 ";
-  const auto r = run_script("TESSERA_FAULT='" + fault + "' " + launcher + "$TESSERA " + tile_line +
-                            "\necho rc=$?\n");
+  const auto r = run_script("TESSERA_FAULT='" + fault + "' " + launcher + "$TESSERA " + tile_line + "\necho rc=$?\n");
   const int status = shell_status(r);
   EXPECT_TRUE(status == 1 || status == 3) << "exit status " << status << " (128 + N is signal N)\n" << r.err;
   EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
@@ -319,8 +318,8 @@ TEST_F(Outputs, ARealFullDiskDuringTileEndsWithTheErrorNeverASignal) {
 
 TEST_F(Outputs, AFullDiskWritingAHeatmapOrACheckpointEndsWithTheError) {
   const std::string heatmaps = dir_->file("enospc-infer");
-  auto r = run_script("TESSERA_FAULT='heatmap.write do=enospc' $TESSERA " + verb_line("infer", heatmaps) +
-                      "\necho rc=$?\n");
+  auto r =
+      run_script("TESSERA_FAULT='heatmap.write do=enospc' $TESSERA " + verb_line("infer", heatmaps) + "\necho rc=$?\n");
   EXPECT_EQ(shell_status(r), 1) << r.err;
   EXPECT_TRUE(contains(r.err, "cannot write dataset '/prob': No space left on device")) << r.err;
   for (const auto& name : names_in(heatmaps)) EXPECT_FALSE(contains(name, ".heatmap.h5")) << name;
@@ -355,6 +354,30 @@ TEST_F(Outputs, TileKilledAfterAShardKeepsItAndRedoesOnlyTheRest) {
   EXPECT_EQ(inode_of(out + "/shard-00000.h5"), finished) << "the finished shard was put in place, not rewritten";
   EXPECT_TRUE(read_tiles(out) == read_tiles(whole)) << "the same tiles as an uninterrupted run";
   for (const auto& name : names_in(out)) EXPECT_FALSE(name.ends_with(".unchecked")) << name;
+}
+
+TEST_F(Outputs, TileKilledOnOneOfTwoRanksKeepsEveryShardFinishedWithItsRecord) {
+  const std::string out = dir_->file("tile-killed-2");
+  auto r = run_script("TESSERA_FAULT='tile.shard-finished after=1 rank=1 do=kill' $MPIEXEC -n 2 $TESSERA " +
+                      verb_line("tile", out) + "\necho rc=$?\n");
+  ASSERT_NE(shell_status(r), 0) << r.err;
+  ASSERT_FALSE(fs::exists(out + "/manifest.json"));
+  // Rank 1 was killed right after its first shard and that shard's record; rank 0, ended by mpirun at some point,
+  // may have finished shards too. Every shard finished with its record is kept by the rerun, as it is.
+  std::map<std::string, ino_t> finished;
+  for (const auto& name : names_in(out)) {
+    if (!name.ends_with(".h5.unchecked")) continue;
+    const std::string shard = name.substr(0, name.size() - std::strlen(".unchecked"));
+    if (fs::exists(out + "/.tessera-tile-shards/" + shard + ".json")) finished[shard] = inode_of(out + "/" + name);
+  }
+  ASSERT_FALSE(finished.empty()) << "rank 1's first shard";
+  r = run_mpi(2, verb_line("tile", out));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const auto& [shard, inode] : finished) {
+    EXPECT_TRUE(contains(r.err, shard + ": kept from an earlier run of this job")) << shard << "\n" << r.err;
+    EXPECT_EQ(inode_of(out + "/" + shard), inode) << shard;
+  }
+  EXPECT_TRUE(read_tiles(out) == read_tiles(dir_->file("shards"))) << "the same tiles as an uninterrupted run";
 }
 
 TEST_F(Outputs, AKeptShardWhosePixelsChangedIsExtractedAgain) {
