@@ -212,8 +212,8 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
     }
     for (const std::string& a : {tessera, std::string("infer"), std::string("--checkpoint"), checkpoint,
                                  std::string("--slides"), dataset, std::string("--out"), out.string(),
-                                 std::string("--log-level"), std::string("info")}) {
-      command.push_back(a);
+                                 std::string("--log-level"), std::string("info"), std::string("--force")}) {
+      command.push_back(a);  // --force: every round scores the slide (a rerun would skip it as up to date)
     }
     if (o.batch > 0) {
       command.push_back("--batch");

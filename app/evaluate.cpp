@@ -39,6 +39,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/image.h"
+#include "io/output_dir.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
 
@@ -480,6 +481,8 @@ int run_evaluate(const EvaluateOptions& options) {
   settings.classes.tumour = config.get_string_list("classes.tumour");
   settings.classes.exclusion = config.get_string_list("classes.exclusion");
   const fs::path out = config.get_string("output");
+  // Checked and held before any scoring: a folder that cannot be written fails now, not after the work.
+  const io::OutputLock lock = io::OutputLock::acquire(out.string(), "evaluate");
 
   // The slides to evaluate.
   const auto all = read_dataset(settings.dataset);

@@ -15,6 +15,7 @@
 // A slide that fails (missing, corrupt, unreadable region) is reported with the error naming its file, the
 // others go on, and the failures are listed at the end with exit code 3 (the outputs of the others are kept).
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -41,7 +43,9 @@
 #include "io/comm.h"
 #include "io/dataset.h"
 #include "io/error.h"
+#include "io/fault.h"
 #include "io/heatmap.h"
+#include "io/output_dir.h"
 #include "io/slide.h"
 #include "preprocessing/heatmap_outputs.h"
 
@@ -217,7 +221,83 @@ struct InferOptions {
   std::int64_t batch = 0;
   double threshold = -1.0;
   std::int64_t threads = -1;
+  bool force = false;
 };
+
+// ---------------------------------------------------------------------------------------------------------
+// Resume: a record per finished slide.
+//
+// Once a slide's outputs are all written, rank 0 records them in `.tessera-infer/<slide id>.json` with a key made
+// of the checkpoint (path, size, modification time), the settings that shape the outputs and the slide file (path,
+// size, modification time, mpp override). A rerun skips a slide whose record has this run's key and whose outputs
+// are all there (--force redoes every slide), so a job killed after N slides redoes only the rest.
+
+const char* const kRecordFolder = ".tessera-infer";
+
+// 64-bit FNV-1a: stable across platforms and library versions (unlike std::hash).
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return path + "|missing";
+  return fmt::format("{}|{}|{}.{:09d}", path, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+}
+
+// What every slide's outputs depend on: the checkpoint file and the effective job, less the keys that pick the
+// slides, the folder or the threads (they change no slide's outputs).
+std::string job_key(const io::Config& config, const std::string& checkpoint_path) {
+  io::Config keyed = config;
+  for (const char* neutral : {"slides=[]", "splits=[]", "output=\"\"", "infer.threads=0"}) keyed.set(neutral);
+  return file_identity(checkpoint_path) + "\n" + keyed.to_yaml();
+}
+
+std::string slide_key(const std::string& job, const std::string& path, double mpp) {
+  return fmt::format("{:016x}",
+                     fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
+}
+
+fs::path slide_record_path(const fs::path& out, const std::string& id) { return out / kRecordFolder / (id + ".json"); }
+
+// The summary entry of a slide whose outputs an earlier run made with `key` and that are all still there.
+std::optional<json> finished_entry(const fs::path& out, const std::string& id, const std::string& key) {
+  const fs::path path = slide_record_path(out, id);
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    std::ifstream in(path);
+    const json record = json::parse(in);
+    if (record.at("key").get<std::string>() != key) return std::nullopt;
+    const json& entry = record.at("entry");
+    for (const auto& file : entry.at("outputs")) {
+      if (!fs::exists(out / file.get<std::string>())) return std::nullopt;
+    }
+    return entry;
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: unreadable ({}); the slide is done again", path.string(), e.what());
+    return std::nullopt;
+  }
+}
+
+// Files of a killed run that were never finished: `<output>.tmp-<pid>` and the pyramid levels of a TIFF,
+// `<output>.tmp-<pid>.levelN`. Under the folder's lock no live job writes them.
+void remove_temporaries(const fs::path& out) {
+  int removed = 0;
+  for (const fs::path& folder : {out, out / kRecordFolder}) {
+    if (!fs::is_directory(folder)) continue;
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (entry.path().filename().string().find(".tmp-") == std::string::npos) continue;
+      fs::remove(entry.path());
+      ++removed;
+    }
+  }
+  if (removed > 0) spdlog::info("removed {} unfinished file(s) of an earlier run from {}", removed, out.string());
+}
 
 // One slide's outputs as the summary records them; `error` set when the slide failed while writing.
 struct WrittenSlide {
@@ -230,7 +310,7 @@ struct WrittenSlide {
 // reported as failed with what was written so far kept (each file is complete).
 WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engine::SlideInferenceStats& stats,
                            const std::string& position, const fs::path& out, const prep::OutputOptions& output_options,
-                           double assume_mpp, double threshold) {
+                           double assume_mpp, double threshold, const std::string& key) {
   const auto t_outputs = std::chrono::steady_clock::now();
   std::vector<std::string> written;
   prep::SlideResult result;
@@ -277,6 +357,11 @@ WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engin
                 {"read_wait_seconds", stats.read_wait_seconds},
                 {"output_seconds", output_seconds},
                 {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}};
+  io::write_file_atomic(slide_record_path(out, input.id).string(),
+                        json({{"key", key}, {"entry", entry}}).dump() + "\n");
+  // Fault point "infer.slide-finished" (io/fault.h): after a slide's outputs and its record are complete, e.g.
+  // "infer.slide-finished after=1 do=kill" kills the job once its first slide is done.
+  io::fault::at("infer.slide-finished");
   return {input.id, std::move(entry), ""};
 }
 
@@ -303,6 +388,8 @@ int run_infer(const InferOptions& options) {
   const fs::path out = config.get_string("output");
   const double threshold = config.get_number("infer.threshold");
   const auto& world = io::Comm::world();
+  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
+  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "infer");
   engine::Context::get().set_threads(static_cast<int>(config.get_int("infer.threads")));
 
   engine::SlideInferenceOptions inference_options;
@@ -357,6 +444,24 @@ int run_infer(const InferOptions& options) {
   inference_options.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
+  // Slides finished by an earlier run of this job are skipped (rank 0 decides, every rank follows).
+  const std::string job = job_key(config, checkpoint_path);
+  std::vector<std::string> keys;
+  for (const auto& input : inputs) keys.push_back(slide_key(job, input.path, input.mpp));
+  std::vector<std::uint8_t> skip(inputs.size(), 0);
+  std::map<std::string, json> finished;  // id → summary entry (rank 0)
+  if (world.is_root()) {
+    remove_temporaries(out);
+    fs::create_directories(out / kRecordFolder);
+    for (std::size_t s = 0; s < inputs.size() && !options.force; ++s) {
+      if (auto entry = finished_entry(out, inputs[s].id, keys[s])) {
+        finished[inputs[s].id] = std::move(*entry);
+        skip[s] = 1;
+      }
+    }
+  }
+  world.broadcast(skip, 0);
+
   if (world.is_root()) {
     fs::create_directories(out);
     config.save((out / "infer.config.yaml").string());
@@ -390,6 +495,16 @@ int run_infer(const InferOptions& options) {
   };
   for (std::size_t s = 0; s < inputs.size(); ++s) {
     const auto& input = inputs[s];
+    if (skip[s]) {
+      if (!world.is_root()) continue;
+      collect();  // the summary stays in slide order
+      spdlog::info(
+          "slide {}/{} {}: up to date (its outputs are from an earlier run with this checkpoint and these "
+          "settings; --force redoes it)",
+          s + 1, inputs.size(), input.id);
+      slides.push_back(finished[input.id]);
+      continue;
+    }
     engine::SlideInferenceStats stats;
     io::Heatmap map;
     try {
@@ -404,9 +519,9 @@ int run_infer(const InferOptions& options) {
     if (!world.is_root()) continue;
     collect();
     const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
-    writing = std::async(std::launch::async, [&, input, stats, position, map = std::move(map)]() mutable {
+    writing = std::async(std::launch::async, [&, input, stats, position, key = keys[s], map = std::move(map)]() mutable {
       return write_outputs(input, std::move(map), stats, position, out, output_options, inference_options.assume_mpp,
-                           threshold);
+                           threshold, key);
     });
   }
   collect();
@@ -461,6 +576,9 @@ Action setup_infer(CLI::App& command) {
   command.add_option("--tta", options->tta, "Test-time augmentation: none, flips, d8 (infer.tta)");
   command.add_option("--threshold", options->threshold, "P(tumour) that counts as tumour (infer.threshold)");
   command.add_option("--threads", options->threads, "OpenMP threads per rank, 0 = all cores (infer.threads)");
+  command.add_flag("--force", options->force,
+                   "Redo every slide, also those whose outputs an earlier run made with the same checkpoint and "
+                   "settings (skipped otherwise)");
   command.footer(
       "Writes per slide <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson (QuPath), .xml (ASAP), "
       ".detections.csv (CAMELYON16) and .report.json into the output folder, and infer.json. Runs the "

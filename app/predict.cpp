@@ -36,6 +36,7 @@
 #include "io/annotations.h"
 #include "io/comm.h"
 #include "io/error.h"
+#include "io/output_dir.h"
 #include "io/progress.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
@@ -210,6 +211,8 @@ int run_predict(const PredictOptions& options) {
   const std::string shards = config.get_string("data.shards");
   const fs::path out = config.get_string("output");
   const auto& world = io::Comm::world();
+  // A predictions file that cannot be written fails now, not after every tile is scored.
+  io::prepare_output_file(world, out.string());
   engine::Context::get().set_threads(static_cast<int>(config.get_int("predict.threads")));
 
   const engine::LoadedModel model = engine::load_model(checkpoint);

@@ -25,6 +25,7 @@
 #include "io/comm.h"
 #include "io/error.h"
 #include "io/image.h"
+#include "io/output_dir.h"
 #include "io/slide.h"
 #include "io/progress.h"
 #include "preprocessing/overlay.h"
@@ -187,6 +188,8 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
 
   const auto& world = io::Comm::world();
   const fs::path out = config.get_string("output");
+  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
+  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "synth");
   const fs::path slides_dir = out / "slides";
   const fs::path previews_dir = out / "previews";
   const int preview_size = config.get_bool("preview.enabled") ? static_cast<int>(config.get_int("preview.size")) : 0;

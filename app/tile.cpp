@@ -37,7 +37,9 @@
 #include "io/comm.h"
 #include "io/dataset.h"
 #include "io/error.h"
+#include "io/fault.h"
 #include "io/image.h"
+#include "io/output_dir.h"
 #include "io/progress.h"
 #include "io/shard.h"
 #include "io/slide.h"
@@ -326,6 +328,162 @@ std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks,
   return spans;
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Resume: a record per finished shard.
+//
+// A shard is extracted to `shard-NNNNN.h5.unchecked` (complete: ShardWriter renames it into place when finished) and
+// then a record of it is written to `.tessera-tile-shards/shard-NNNNN.h5.json`: the job's hash, the shard's span
+// of the job's tiles, its tile count, a checksum of its pixels and the slides whose tiles could not be read while
+// writing it. Once every rank is done, the shards are checked (rewritten without the tiles of failed slides) and
+// renamed to their final names. A rerun of the same job after a kill keeps every shard whose record matches
+// (the job, the span) and whose file still holds what the record says (the tile count and the checksum); only the
+// rest is extracted again. The records stay until the job changes (or --force), so that the failures seen while
+// writing a kept shard still reach the manifest.
+
+// FNV-1a over 64-bit words (and the bytes of a tail): a checksum of a shard's pixels as they are written, checked
+// when a rerun keeps the shard.
+class PixelChecksum {
+ public:
+  void add(const std::uint8_t* data, std::size_t bytes) {
+    std::size_t i = 0;
+    for (; i + sizeof(std::uint64_t) <= bytes; i += sizeof(std::uint64_t)) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, data + i, sizeof word);
+      mix(word);
+    }
+    for (; i < bytes; ++i) mix(data[i]);
+  }
+  std::string hex() const { return fmt::format("{:016x}", hash_); }
+
+ private:
+  void mix(std::uint64_t value) {
+    hash_ ^= value;
+    hash_ *= 1099511628211ULL;
+  }
+  std::uint64_t hash_ = 1469598103934665603ULL;
+};
+
+const char* const kRecordFolder = ".tessera-tile-shards";
+
+fs::path record_path(const fs::path& out, std::int64_t index) {
+  return out / kRecordFolder / (shard_name(index) + ".json");
+}
+
+struct ShardRecord {
+  std::string job;  // the job's hash
+  std::int64_t index = -1;
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  std::string checksum;                       // PixelChecksum of the extracted (unchecked) shard
+  std::map<std::string, std::string> failed;  // slide id → error, found while writing this shard
+};
+
+void write_record(const fs::path& out, const ShardRecord& record) {
+  const json doc = {{"job", record.job},     {"index", record.index},       {"first", record.first},
+                    {"count", record.count}, {"checksum", record.checksum}, {"failed", record.failed}};
+  io::write_file_atomic(record_path(out, record.index).string(), doc.dump() + "\n");
+}
+
+// The record of shard `span` of this job, if there is one that matches; nullopt otherwise (no record, another job's,
+// another span: the rank count changed, unreadable).
+std::optional<ShardRecord> read_record(const fs::path& out, const std::string& job, const ShardSpan& span) {
+  const fs::path path = record_path(out, span.index);
+  if (!fs::exists(path)) return std::nullopt;
+  try {
+    std::ifstream in(path);
+    const json doc = json::parse(in);
+    ShardRecord record{
+        doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
+        doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
+        doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
+    if (record.job != job || record.index != span.index || record.first != span.first || record.count != span.count) {
+      return std::nullopt;
+    }
+    return record;
+  } catch (const std::exception& e) {
+    spdlog::warn("{}: unreadable ({}); its shard is extracted again", path.string(), e.what());
+    return std::nullopt;
+  }
+}
+
+// True when the shard at `path` holds what `record` says: it opens as a shard, has the record's tile count and,
+// for an extracted (unchecked) shard, the record's pixel checksum. Says why not in the log.
+bool shard_matches(const std::string& path, const ShardRecord& record, bool check_pixels) {
+  try {
+    const auto shard = io::ShardFile::open(path);
+    if (!check_pixels) return true;
+    if (shard.size() != record.count) {
+      spdlog::warn("{}: {} tiles, its record says {}; extracted again", path, shard.size(), record.count);
+      return false;
+    }
+    PixelChecksum checksum;
+    constexpr std::int64_t block = 64;
+    std::vector<std::uint8_t> pixels;
+    for (std::int64_t first = 0; first < shard.size(); first += block) {
+      const std::int64_t n = std::min(block, shard.size() - first);
+      pixels.resize(static_cast<std::size_t>(n) * shard.tile_bytes());
+      shard.read_images(first, n, pixels.data());
+      checksum.add(pixels.data(), pixels.size());
+    }
+    if (checksum.hex() != record.checksum) {
+      spdlog::warn("{}: its pixels do not match its record (checksum {} vs {}); extracted again", path, checksum.hex(),
+                   record.checksum);
+      return false;
+    }
+    return true;
+  } catch (const io::Error& e) {
+    spdlog::warn("{}; extracted again", e.what());
+    return false;
+  }
+}
+
+// A finished shard as the file system sees it (size, modification time, inode): the state file records it when
+// the manifest is written, so that a shard replaced or rewritten since is noticed without reading its pixels.
+json file_identity(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return nullptr;
+  return {{"size", st.st_size},
+          {"mtime", fmt::format("{}.{:09d}", st.st_mtim.tv_sec, st.st_mtim.tv_nsec)},
+          {"inode", st.st_ino}};
+}
+
+// "Up to date" needs the state file, the manifest and the shards to agree: the manifest was written by this job
+// (its config_hash), and every shard it lists is there, is the file the state file recorded when the manifest was
+// written and has the tiles the manifest lists. Says why not in the log.
+bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const std::string& hash, const json& state) {
+  try {
+    const json recorded = state.value("shards", json::object());
+    const auto manifest = io::read_manifest(manifest_path.string());
+    if (manifest.config_hash != hash) {
+      spdlog::warn("{} was written by another job (config_hash {}, this job {}); rebuilding", manifest_path.string(),
+                   manifest.config_hash, hash);
+      return false;
+    }
+    if (recorded.size() != manifest.shards.size()) {
+      spdlog::warn("{} lists {} shards, the state file {}; rebuilding", manifest_path.string(), manifest.shards.size(),
+                   recorded.size());
+      return false;
+    }
+    for (const auto& entry : manifest.shards) {
+      if (!recorded.contains(entry.file) || recorded[entry.file] != file_identity(out / entry.file)) {
+        spdlog::warn("{}: not the file this job finished (replaced or changed since); rebuilding",
+                     (out / entry.file).string());
+        return false;
+      }
+      const auto shard = io::ShardFile::open((out / entry.file).string());
+      if (shard.size() != entry.tiles || shard.slides() != entry.slides) {
+        spdlog::warn("{}: {} tiles of {} slide(s), the manifest lists {} of {}; rebuilding", shard.path(), shard.size(),
+                     shard.slides().size(), entry.tiles, entry.slides.size());
+        return false;
+      }
+    }
+    return true;
+  } catch (const io::Error& e) {
+    spdlog::warn("{}; rebuilding", e.what());
+    return false;
+  }
+}
+
 class Extractor {
  public:
   Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
@@ -333,9 +491,9 @@ class Extractor {
       : plans_(plans), attributes_(attributes), normalizer_(normalizer), write_batch_(write_batch) {}
 
   // Writes one shard of `tiles` to `path`; slides whose tiles cannot be read are added to `failed` (their
-  // tiles are left blank here; the caller rewrites the shard without them).
-  void write_shard(const std::string& path, const std::vector<JobTile>& tiles, std::map<std::string, std::string>& failed,
-                   io::Progress& progress) {
+  // tiles are left blank here; the caller rewrites the shard without them). Returns the checksum of its pixels.
+  std::string write_shard(const std::string& path, const std::vector<JobTile>& tiles,
+                          std::map<std::string, std::string>& failed, io::Progress& progress) {
     std::vector<std::string> slide_ids;
     std::map<std::uint32_t, std::uint32_t> local_index;
     for (const auto& t : tiles) {
@@ -349,9 +507,11 @@ class Extractor {
     std::vector<io::ShardTileRecord> records;
     std::vector<std::uint8_t> images;
     std::int64_t batch_first = 0;
+    PixelChecksum checksum;
     auto flush = [&] {
       if (records.empty()) return;
       writer.write(batch_first, records, images.data());
+      checksum.add(images.data(), images.size());
       progress.advance(static_cast<std::int64_t>(records.size()));
       batch_first += static_cast<std::int64_t>(records.size());
       records.clear();
@@ -379,6 +539,7 @@ class Extractor {
     }
     flush();
     writer.finish();
+    return checksum.hex();
   }
 
  private:
@@ -473,6 +634,8 @@ int run_tile(const TileOptions& options) {
   const auto& world = io::Comm::world();
   const fs::path out = config.get_string("output");
   const auto inputs = resolve_inputs(config);
+  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
+  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "tile");
 
   TileSettings settings;
   settings.grid.tile_size = static_cast<int>(config.get_int("tile.size"));
@@ -511,28 +674,40 @@ int run_tile(const TileOptions& options) {
     fs::create_directories(out);
     if (settings.preview_size > 0) fs::create_directories(settings.previews);
     bool same_job = false;
+    json state;
     if (!options.force && fs::exists(state_path)) {
       try {
         std::ifstream in(state_path);
-        same_job = json::parse(in).value("hash", "") == hash;
+        state = json::parse(in);
+        same_job = state.value("hash", "") == hash;
       } catch (const std::exception&) {
         same_job = false;  // an unreadable state file means: start over
       }
     }
     if (same_job && !preview_only && fs::exists(manifest_path)) {
-      up_to_date = 1;
-    } else if (!same_job && !preview_only) {
+      if (manifest_matches(out, manifest_path, hash, state)) {
+        up_to_date = 1;
+      } else {
+        same_job = false;  // what is there cannot be trusted as this job's: start over
+      }
+    }
+    if (!same_job && !preview_only) {
       // A different job (or --force): nothing of the old one may be mistaken for this one's output.
       for (const auto& entry : fs::directory_iterator(out)) {
         const auto name = entry.path().filename().string();
         if (name.rfind("shard-", 0) == 0 || name == "manifest.json") fs::remove(entry.path());
       }
+      fs::remove_all(out / kRecordFolder);
       io::write_file_atomic(state_path.string(), json({{"hash", hash}}).dump() + "\n");
     }
-    // Leftovers of a killed run are never complete: remove them.
-    for (const auto& entry : fs::directory_iterator(out)) {
-      const auto name = entry.path().filename().string();
-      if (name.find(".tmp-") != std::string::npos || name.ends_with(".unchecked")) fs::remove(entry.path());
+    if (!preview_only) fs::create_directories(out / kRecordFolder);
+    // Half-written files of a killed run are never complete: remove them. Finished (unchecked) shards stay for
+    // the extraction below to verify and keep.
+    for (const fs::path& folder : {out, out / kRecordFolder}) {
+      if (!fs::is_directory(folder)) continue;
+      for (const auto& entry : fs::directory_iterator(folder)) {
+        if (entry.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(entry.path());
+      }
     }
   }
   world.broadcast(&up_to_date, sizeof up_to_date, 0);
@@ -598,17 +773,38 @@ int run_tile(const TileOptions& options) {
 
   Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")));
   std::map<std::string, std::string> extract_failed;
-  std::vector<ShardSpan> written;  // shards this rank wrote now (not kept from an earlier run)
+  std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
     io::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
       const fs::path final_path = out / shard_name(span.index);
-      if (fs::exists(final_path)) {  // finished by an earlier run of this same job
-        progress.advance(span.count);
-        continue;
+      const std::string unchecked = final_path.string() + ".unchecked";
+      // Finished by an earlier run of this same job: kept when its record and its file agree.
+      if (const auto record = read_record(out, hash, span)) {
+        const bool checked = fs::exists(final_path);
+        if ((checked || fs::exists(unchecked)) &&
+            shard_matches(checked ? final_path.string() : unchecked, *record, !checked)) {
+          spdlog::info("{}: kept from an earlier run of this job ({} tiles{})", shard_name(span.index), span.count,
+                       checked ? "" : ", pixels verified");
+          extract_failed.insert(record->failed.begin(), record->failed.end());
+          if (!checked) written.push_back(span);
+          progress.advance(span.count);
+          continue;
+        }
       }
+      fs::remove(final_path);
+      fs::remove(unchecked);
       const std::vector<JobTile> tiles(job.begin() + span.first, job.begin() + span.first + span.count);
-      extractor.write_shard(final_path.string() + ".unchecked", tiles, extract_failed, progress);
+      const auto failed_before = extract_failed;
+      ShardRecord record{hash, span.index, span.first, span.count, {}, {}};
+      record.checksum = extractor.write_shard(unchecked, tiles, extract_failed, progress);
+      for (const auto& [id, error] : extract_failed) {
+        if (!failed_before.contains(id)) record.failed.emplace(id, error);
+      }
+      write_record(out, record);
+      // Fault point "tile.shard-finished" (io/fault.h): after a shard and its record are complete, e.g.
+      // "tile.shard-finished after=1 do=kill" kills the job once its first shard is finished.
+      io::fault::at("tile.shard-finished");
       written.push_back(span);
     }
     progress.finish();
@@ -648,6 +844,10 @@ int run_tile(const TileOptions& options) {
   // Manifest (rank 0), from the shards as they are on disk.
   int code = failed.empty() ? io::exit_ok : io::exit_input;
   if (world.is_root()) {
+    // Every shard of this job is in place now; an unchecked one left is of an earlier run on another rank count.
+    for (const auto& entry : fs::directory_iterator(out)) {
+      if (entry.path().filename().string().ends_with(".unchecked")) fs::remove(entry.path());
+    }
     io::Manifest manifest;
     manifest.config_hash = hash;
     manifest.config_yaml = config.to_yaml();
@@ -677,6 +877,10 @@ int run_tile(const TileOptions& options) {
       if (slides.contains(p.input.id)) manifest.slides.push_back(slides[p.input.id]);
     }
     for (const auto& [id, error] : failed) manifest.failures.push_back({id, error});
+    // The state file first: a manifest without the shards it lists recorded is rebuilt, never trusted.
+    json finished = json::object();
+    for (const auto& entry : manifest.shards) finished[entry.file] = file_identity(out / entry.file);
+    io::write_file_atomic(state_path.string(), json({{"hash", hash}, {"shards", finished}}).dump() + "\n");
     io::write_manifest(manifest_path.string(), manifest);
     config.save((out / "tile.config.yaml").string());
 

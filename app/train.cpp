@@ -11,6 +11,7 @@
 #include "engine/trainer.h"
 #include "io/comm.h"
 #include "io/error.h"
+#include "io/output_dir.h"
 
 namespace tessera::app {
 namespace {
@@ -32,6 +33,8 @@ int run_train(const TrainOptions& options) {
   const auto config = load_job(engine::train_schema(), options.job, overrides);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
   const auto& world = io::Comm::world();
+  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
+  const io::OutputLock lock = io::lock_output_folder(world, config.get_string("output"), "train");
   const auto result = engine::train(config, world);
   if (world.is_root()) {
     spdlog::info("trained {} steps ({} epochs) in {:.1f} s, {:.1f} images/s; validation AUC {:.3f}; checkpoint {}",

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "io/error.h"
+#include "io/fault.h"
 #include "io/hdf5.h"
 
 namespace tessera::io {
@@ -220,6 +221,8 @@ class CheckpointWriter {
   void write_data() {
     for (auto& p : pending_) {
       const std::string what = "cannot write " + p.label;
+      // Fault point "checkpoint.write" (io/fault.h): do=enospc|eio fails a tensor's write as a full disk would.
+      if (const int error = fault::error_at("checkpoint.write"); error != 0) h5_.fail_system(what, error);
       if (!p.tensor->data.empty()) {
         h5_.check(H5Dwrite(p.dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.tensor->data.data()),
                   what);

@@ -4,6 +4,7 @@
 
 #include <hdf5.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -67,6 +68,7 @@ struct Failure {
   std::string api;        // outermost description (the API call)
   std::string detail;     // innermost description (where the problem was found)
   std::string truncated;  // the description of an H5E_TRUNCATED entry, if any
+  int system_error = 0;   // the errno of a failing system call (a full disk: ENOSPC), 0 if none was recorded
   std::string text() const {
     if (api.empty()) return detail;
     if (detail.empty() || detail == api) return api;
@@ -85,22 +87,38 @@ class Hdf5Checker {
 
   template <typename T>
   T check(T result, const std::string& what) const {
-    if (result < 0) fail(what, last_failure().text());
+    if (result < 0) fail(what, last_failure());
     return result;
   }
   Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
   void close(Handle& handle, const std::string& what) const { check(handle.close(), what); }
 
+  // A failing system call under HDF5 (a full disk, an I/O error) is named by its errno, as a failing write of
+  // Tessera's own says it ("No space left on device"); HDF5's long description of it adds nothing for a user.
+  [[noreturn]] void fail(const std::string& what, const Failure& failure) const {
+    if (failure.system_error != 0) fail_system(what, failure.system_error, failure.api);
+    fail(what, failure.text());
+  }
+  [[noreturn]] void fail_system(const std::string& what, int error, const std::string& api = {}) const {
+    std::string message = what + ": " + std::strerror(error);
+    if (!api.empty()) message.append(" (HDF5: ").append(api).append(")");
+    throw_error(message);
+  }
+
   [[noreturn]] void fail(const std::string& what, const std::string& hdf5 = {}) const {
     std::string message = what;
     if (!hdf5.empty()) message.append(": HDF5: ").append(hdf5);
+    throw_error(message);
+  }
+
+ private:
+  [[noreturn]] void throw_error(const std::string& message) const {
     if (kind_ == ErrorKind::input) throw InputError(message, file_);
     InternalError error(message);
     error.add_context("file", file_);
     throw error;
   }
 
- private:
   std::string file_;
   ErrorKind kind_;
 };

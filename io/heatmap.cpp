@@ -17,6 +17,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "io/error.h"
+#include "io/fault.h"
 #include "io/hdf5.h"
 #include "io/tiff_writer.h"
 
@@ -264,6 +265,8 @@ void write_heatmap(const std::string& path, const Heatmap& h) {
     h5.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), what);
     Handle dataset = h5.own(H5Dcreate2(root, "prob", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                             H5Dclose, what);
+    // Fault point "heatmap.write" (io/fault.h): do=enospc|eio fails the map's write as a full disk would.
+    if (const int error = fault::error_at("heatmap.write"); error != 0) h5.fail_system(what, error);
     if (!h.prob.empty()) {
       h5.check(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.prob.data()), what);
     }

@@ -24,6 +24,7 @@
 
 #include "io/annotations.h"
 #include "io/error.h"
+#include "io/fault.h"
 #include "io/hdf5.h"
 
 namespace tessera::io {
@@ -404,8 +405,12 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
   h5.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
            "cannot select tiles");
   Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
+  const std::string what = "cannot write tiles " + std::to_string(first) + ".." + std::to_string(first + count - 1);
+  // Fault point "shard.write" (io/fault.h): do=enospc|eio fails this block of tiles as a full disk or a failing
+  // device would, through the same error as a failing H5Dwrite.
+  if (const int error = fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
   h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
-           "cannot write tiles " + std::to_string(first) + ".." + std::to_string(first + count - 1));
+           what);
 
   for (std::int64_t k = 0; k < count; ++k) {
     const auto i = static_cast<std::size_t>(first + k);
