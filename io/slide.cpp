@@ -355,9 +355,8 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
                      path_);
   }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
-  if (const auto error = osr_->run(path_, [&](openslide_t* osr) {
-        openslide_read_associated_image(osr, name.c_str(), argb.data());
-      })) {
+  if (const auto error = osr_->run(
+          path_, [&](openslide_t* osr) { openslide_read_associated_image(osr, name.c_str(), argb.data()); })) {
     InputError e("openslide: " + *error, path_);
     e.add_context("associated image", name);
     throw e;
@@ -395,8 +394,9 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
     }
   }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height));
-  if (const auto message = osr_->run(
-          path_, [&](openslide_t* osr) { openslide_read_region(osr, argb.data(), x, y, level_index, width, height); })) {
+  if (const auto message = osr_->run(path_, [&](openslide_t* osr) {
+        openslide_read_region(osr, argb.data(), x, y, level_index, width, height);
+      })) {
     // OpenSlide fails a read for damaged tile data ("Bogus marker length", "Corrupt JPEG data", "Cannot read
     // TIFF tile"); the slide opened, so the damage is in the pixels.
     CorruptTileError error(fmt::format("cannot read the region: openslide: {}", *message), path_);

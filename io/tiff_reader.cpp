@@ -232,14 +232,13 @@ struct TiffTileReader::Impl {
     Handle& handle = *lease;
     handle.last_error.clear();
     const auto where = [&] {
-      return fmt::format("tile {} (column {}, row {}) of level {} (TIFF directory {})", index, column, row,
-                         level_index, level.directory);
+      return fmt::format("tile {} (column {}, row {}) of level {} (TIFF directory {})", index, column, row, level_index,
+                         level.directory);
     };
     if (!select(handle, level)) {
-      const InputError error(
-          fmt::format("cannot select the directory of {}{}", where(),
-                      handle.last_error.empty() ? "" : ": " + handle.last_error),
-          path);
+      const InputError error(fmt::format("cannot select the directory of {}{}", where(),
+                                         handle.last_error.empty() ? "" : ": " + handle.last_error),
+                             path);
       lease.discard();
       throw error;
     }

@@ -35,9 +35,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::contains;
 using testing::damage_tiles;
-using testing::TileDamage;
 using testing::run;
 using testing::run_mpi;
+using testing::TileDamage;
 
 constexpr int kTile = 32;           // model input, pixels at kMpp
 constexpr double kMpp = 1.0;        // the model's µm/px

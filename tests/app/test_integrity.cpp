@@ -189,8 +189,8 @@ TEST_F(Integrity, InferListsTheDamagedSlideAsFailedAndScoresTheOther) {
   const std::string checkpoint = (testing::test_data_dir() / "checkpoints" / "tiny_torch.h5").string();
   const std::string slides =
       dir_->file("damaged/slides/tumor_001.svs") + "," + dir_->file("damaged/slides/normal_001.tif");
-  const auto r = run("infer --checkpoint " + checkpoint + " --slides " + slides + " --out " +
-                     dir_->file("infer") + " --set outputs=[heatmap.h5] --set infer.stride=8");
+  const auto r = run("infer --checkpoint " + checkpoint + " --slides " + slides + " --out " + dir_->file("infer") +
+                     " --set outputs=[heatmap.h5] --set infer.stride=8");
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_TRUE(contains(r.err, "1 of 2 slides failed")) << r.err;
   EXPECT_TRUE(contains(r.err, "tumor_001.svs") && contains(r.err, "Corrupt JPEG data")) << r.err;
@@ -212,8 +212,8 @@ TEST_F(Integrity, SymlinkLoopSaysSo) {
   EXPECT_TRUE(contains(info.err, "too many levels of symbolic links (a symlink loop)")) << info.err;
   EXPECT_TRUE(contains(info.err, "loop-a.svs")) << info.err;
   EXPECT_FALSE(contains(info.err, "not found")) << info.err;
-  const auto tile = run("tile --set input.slides=[" + a + "," + dir_->file("intact/slides/normal_001.tif") +
-                        "] -o " + dir_->file("loop-tiles") + " --set tile.size=32 --set tile.mpp=0.5");
+  const auto tile = run("tile --set input.slides=[" + a + "," + dir_->file("intact/slides/normal_001.tif") + "] -o " +
+                        dir_->file("loop-tiles") + " --set tile.size=32 --set tile.mpp=0.5");
   EXPECT_EQ(tile.code, 3) << tile.err;
   EXPECT_TRUE(contains(tile.err, "1 of 2 slides failed")) << tile.err;
   EXPECT_TRUE(contains(tile.err, "symlink loop")) << tile.err;
@@ -250,8 +250,9 @@ TEST_F(Integrity, PermissionDeniedSaysSo) {
     EXPECT_FALSE(contains(info.err, "unsupported slide format")) << info.err;
     EXPECT_FALSE(contains(info.err, "not found")) << info.err;
   }
-  const auto tile = run_script(as_user + "\"$TESSERA\" tile --set 'input.slides=[" + (base / "unreadable.tif").string() +
-                               "]' -o " + (base / "out").string() + " --set tile.size=32 --set tile.mpp=0.5");
+  const auto tile =
+      run_script(as_user + "\"$TESSERA\" tile --set 'input.slides=[" + (base / "unreadable.tif").string() + "]' -o " +
+                 (base / "out").string() + " --set tile.size=32 --set tile.mpp=0.5");
   EXPECT_EQ(tile.code, 3) << tile.err;
   EXPECT_TRUE(contains(tile.err, "unreadable.tif") && contains(tile.err, "permission denied")) << tile.err;
 }

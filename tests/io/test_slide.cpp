@@ -614,7 +614,8 @@ TEST(SlideRead, DamagedTileFailsWithLevelAndRegion) {
       EXPECT_EQ(e.file(), path);
       EXPECT_EQ(e.context("level"), "0");
       EXPECT_EQ(e.context("region"), "(10, 20, 30x40)");
-      const std::string cause = direct ? "cannot decode tile 0 (column 0, row 0) of level 0 (TIFF directory 0)" : "openslide";
+      const std::string cause =
+          direct ? "cannot decode tile 0 (column 0, row 0) of level 0 (TIFF directory 0)" : "openslide";
       EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << e.what();
     }
   }

@@ -81,7 +81,9 @@ int damage_tiles(const std::string& path, int level, const std::function<bool(st
     TIFFGetField(tif, TIFFTAG_TILELENGTH, &tile_height);
     const std::uint32_t across = (width + tile_width - 1) / tile_width;
     for (std::uint32_t t = 0; t < TIFFNumberOfTiles(tif); ++t) {
-      if (which(t % across, t / across)) spans.emplace_back(TIFFGetStrileOffset(tif, t), TIFFGetStrileByteCount(tif, t));
+      if (which(t % across, t / across)) {
+        spans.emplace_back(TIFFGetStrileOffset(tif, t), TIFFGetStrileByteCount(tif, t));
+      }
     }
     break;
   } while (TIFFReadDirectory(tif));
