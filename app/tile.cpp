@@ -7,7 +7,9 @@
 // 3. Extract, parallel over tiles: the job's tiles in slide order are cut into equal contiguous parts, one
 //    per rank; each rank reads its part (best level + area resampling, stain normalization) into its own
 //    shards. Shards are written under temporary names; a shard touched by a slide that failed anywhere is
-//    rewritten without that slide's tiles; rank 0 writes manifest.json last.
+//    rewritten without that slide's tiles; rank 0 writes manifest.json last. A damaged tile (its decode fails or
+//    warns) fails its slide like any unreadable region; with tile.on_corrupt_tile: skip it is left out of its shard
+//    instead, and the manifest counts per slide the planned tiles no shard holds (corrupt_tiles).
 // Resume: the job's hash (config + slide files) is kept in `.tessera-tile-state.json`; a rerun with the same
 // hash keeps every finished shard and writes only the missing ones; `--force` starts over.
 #include <fnmatch.h>
