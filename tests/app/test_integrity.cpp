@@ -237,8 +237,20 @@ TEST_F(Integrity, PermissionDeniedSaysSo) {
   fs::permissions(dir_->path(), fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
   fs::permissions(base, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec);
   fs::permissions(base / "out", fs::perms::all);
-  fs::permissions(base / "closed", fs::perms::owner_all);
-  fs::permissions(base / "unreadable.tif", fs::perms::owner_read | fs::perms::owner_write);
+  // Run as root, the commands' user is another one: the owner keeps its rights. Run as any other user, the
+  // commands run as the owner, who loses them (and gets them back at the end, so the folder can be removed).
+  const bool owner_keeps = !as_user.empty();
+  fs::permissions(base / "closed", owner_keeps ? fs::perms::owner_all : fs::perms::none);
+  fs::permissions(base / "unreadable.tif",
+                  owner_keeps ? fs::perms::owner_read | fs::perms::owner_write : fs::perms::none);
+  struct Restore {
+    fs::path base;
+    ~Restore() {
+      std::error_code ec;
+      fs::permissions(base / "closed", fs::perms::owner_all, ec);
+      fs::permissions(base / "unreadable.tif", fs::perms::owner_read | fs::perms::owner_write, ec);
+    }
+  } restore{base};
 
   for (const std::string name : {"closed/in-closed-folder.tif", "unreadable.tif"}) {
     SCOPED_TRACE(name);
