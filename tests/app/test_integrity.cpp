@@ -184,6 +184,26 @@ TEST_F(Integrity, SkipLeavesTheDamagedTilesOutAndCountsThem) {
   EXPECT_TRUE(contains(bad_key.err, "tile.on_corrupt_tile")) << bad_key.err;
 }
 
+TEST_F(Integrity, SkipFailsASlideWhoseTilesAreAllDamaged) {
+  fs::copy(dir_->file("intact"), dir_->file("all-damaged"), fs::copy_options::recursive);
+  ASSERT_EQ(damage_tiles(
+                dir_->file("all-damaged/slides/tumor_001.svs"), 1, [](std::uint32_t, std::uint32_t) { return true; },
+                TileDamage::zeros),
+            16);
+  const auto r = run("tile " + job("all-damaged", "all-damaged-tiles") + " --on-corrupt-tile skip");
+  EXPECT_EQ(r.code, 3) << r.err;
+  const auto manifest = io::read_manifest(dir_->file("all-damaged-tiles/manifest.json"));
+  ASSERT_EQ(manifest.failures.size(), 1u);
+  EXPECT_EQ(manifest.failures[0].slide, "tumor_001");
+  EXPECT_TRUE(contains(manifest.failures[0].error, "tumor_001.svs")) << manifest.failures[0].error;
+  EXPECT_TRUE(contains(manifest.failures[0].error, "of its tiles are damaged")) << manifest.failures[0].error;
+  ASSERT_EQ(manifest.slides.size(), 1u);
+  EXPECT_EQ(manifest.slides[0].id, "normal_001");
+  for (const auto& [key, sum] : tiles_of(dir_->file("all-damaged-tiles"))) {
+    EXPECT_EQ(std::get<0>(key), "normal_001");
+  }
+}
+
 TEST_F(Integrity, InferListsTheDamagedSlideAsFailedAndScoresTheOther) {
   // A committed 8-px model at 0.5 µm/px: it reads level 1, the damaged one.
   const std::string checkpoint = (testing::test_data_dir() / "checkpoints" / "tiny_torch.h5").string();
