@@ -1,6 +1,8 @@
 // tessera info SLIDE... — what a pathologist or an HPC admin checks before a job: vendor, pyramid,
-// resolution and where it came from, objective power, associated images. Unreadable slides are listed at
-// the end and the rest are still shown.
+// resolution and where it came from, objective power, associated images. Unreadable slides (including slides whose
+// smallest level does not decode) are listed at the end and the rest are still shown.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -103,6 +105,16 @@ nlohmann::json to_json(const io::Slide& slide) {
           {"associated_images", associated}};
 }
 
+// A header can be sound over pixels that do not decode (damaged JPEG tiles): the smallest level is read (its
+// top-left kProbeSide² pixels at most), so that such a slide is reported here rather than when tiling. Damage
+// in other levels is found by the jobs that read them (tile, infer).
+void check_pixels(const io::Slide& slide) {
+  constexpr std::int64_t kProbeSide = 4096;
+  const int last = slide.level_count() - 1;
+  const auto& level = slide.level(last);
+  slide.read_region(0, 0, last, std::min(level.width, kProbeSide), std::min(level.height, kProbeSide));
+}
+
 int run_info(const InfoOptions& options) {
   // Reading a few headers needs no parallelism; under mpirun only rank 0 answers.
   if (!io::Comm::world().is_root()) return io::exit_ok;
@@ -113,6 +125,7 @@ int run_info(const InfoOptions& options) {
   for (const auto& path : options.slides) {
     try {
       const auto slide = io::Slide::open(path, open_options);
+      check_pixels(slide);
       if (options.json) {
         all.push_back(to_json(slide));
       } else {

@@ -7,7 +7,9 @@
 // 3. Extract, parallel over tiles: the job's tiles in slide order are cut into equal contiguous parts, one
 //    per rank; each rank reads its part (best level + area resampling, stain normalization) into its own
 //    shards. Shards are written under temporary names; a shard touched by a slide that failed anywhere is
-//    rewritten without that slide's tiles; rank 0 writes manifest.json last.
+//    rewritten without that slide's tiles; rank 0 writes manifest.json last. A damaged tile (its decode fails or
+//    warns) fails its slide like any unreadable region; with tile.on_corrupt_tile: skip it is left out of its shard
+//    instead, and the manifest counts per slide the planned tiles no shard holds (corrupt_tiles).
 // Resume: the job's hash (config + slide files) is kept in `.tessera-tile-state.json`; a rerun with the same
 // hash keeps every finished shard and writes only the missing ones; `--force` starts over.
 #include <fnmatch.h>
@@ -63,6 +65,10 @@ const io::Schema& tile_schema() {
       .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05, 64)
       .integer("tile.stride", 0, "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)",
                0, 4096)
+      .string("tile.on_corrupt_tile", "fail",
+              "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
+              "in the manifest",
+              {"fail", "skip"})
       .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a kept tile", 0, 1)
       .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
       .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
@@ -484,14 +490,34 @@ bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const 
   }
 }
 
+std::int64_t rewrite_without(const std::string& from, const std::string& to, const std::set<std::string>& failed,
+                             const std::set<std::int64_t>& dropped = {});
+
+// Damaged tiles skipped on one slide (tile.on_corrupt_tile: skip).
+struct CorruptTiles {
+  std::int64_t count = 0;
+  std::string first;  // the first one's error
+};
+
 class Extractor {
  public:
   Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
-            const prep::StainNormalizer* normalizer, int write_batch)
-      : plans_(plans), attributes_(attributes), normalizer_(normalizer), write_batch_(write_batch) {}
+            const prep::StainNormalizer* normalizer, int write_batch, bool skip_corrupt)
+      : plans_(plans),
+        attributes_(attributes),
+        normalizer_(normalizer),
+        write_batch_(write_batch),
+        skip_corrupt_(skip_corrupt) {}
+
+  // Damaged tiles skipped so far, by slide id.
+  const std::map<std::string, CorruptTiles>& corrupt() const { return corrupt_; }
 
   // Writes one shard of `tiles` to `path`; slides whose tiles cannot be read are added to `failed` (their
-  // tiles are left blank here; the caller rewrites the shard without them). Returns the checksum of its pixels.
+  // tiles are left blank here; the caller rewrites the shard without them). With skip_corrupt, a tile whose
+  // pixels are damaged (CorruptTileError) is left out instead and counted in corrupt(); its slide goes on. Such a
+  // shard holds fewer tiles than planned (none at all: no file; a rerun of the job then tries it again), and its
+  // record's tile count (the planned one) no longer matches it: a rerun extracts it again rather than keep it.
+  // Returns the checksum of the pixels the shard holds.
   std::string write_shard(const std::string& path, const std::vector<JobTile>& tiles,
                           std::map<std::string, std::string>& failed, io::Progress& progress) {
     std::vector<std::string> slide_ids;
@@ -508,16 +534,22 @@ class Extractor {
     std::vector<std::uint8_t> images;
     std::int64_t batch_first = 0;
     PixelChecksum checksum;
+    std::set<std::int64_t> dropped;  // tiles of this shard with damaged pixels (skip_corrupt)
     auto flush = [&] {
       if (records.empty()) return;
       writer.write(batch_first, records, images.data());
-      checksum.add(images.data(), images.size());
+      for (std::size_t j = 0; j < records.size(); ++j) {  // the pixels of the tiles the shard keeps
+        if (!dropped.contains(batch_first + static_cast<std::int64_t>(j))) {
+          checksum.add(images.data() + j * tile_bytes, tile_bytes);
+        }
+      }
       progress.advance(static_cast<std::int64_t>(records.size()));
       batch_first += static_cast<std::int64_t>(records.size());
       records.clear();
       images.clear();
     };
-    for (const auto& t : tiles) {
+    for (std::size_t k = 0; k < tiles.size(); ++k) {
+      const auto& t = tiles[k];
       const auto& plan = plans_[t.slide];
       const auto& planned = plan.tiles[t.tile];
       records.push_back({planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide]});
@@ -530,15 +562,29 @@ class Extractor {
           std::memcpy(images.data() + images.size() - tile_bytes, rgb.data, tile_bytes);
         } catch (const io::Error& e) {
           if (e.kind() != io::ErrorKind::input) throw;
-          failed[plan.input.id] = e.what();
-          spdlog::error("{}", e.what());
-          close_slide();
+          if (skip_corrupt_ && dynamic_cast<const io::CorruptTileError*>(&e) != nullptr) {
+            dropped.insert(static_cast<std::int64_t>(k));
+            auto& corrupt = corrupt_[plan.input.id];
+            if (corrupt.count++ == 0) corrupt.first = e.what();
+          } else {
+            failed[plan.input.id] = e.what();
+            spdlog::error("{}", e.what());
+            close_slide();
+          }
         }
       }
       if (static_cast<int>(records.size()) >= write_batch_) flush();
     }
     flush();
     writer.finish();
+    if (!dropped.empty()) {
+      // Written whole (the writer wants its tile count up front), then copied without the damaged tiles. The
+      // ".unchecked" ending: a killed run's leftover is removed by the next.
+      const std::string whole = path + ".whole.unchecked";
+      std::filesystem::rename(path, whole);
+      rewrite_without(whole, path, {}, dropped);
+      std::filesystem::remove(whole);
+    }
     return checksum.hex();
   }
 
@@ -556,11 +602,14 @@ class Extractor {
   }
   void close_slide() {
     window_.reset();
+    damaged_window_.reset();
     open_.reset();
   }
 
   // Tiles come in grid order: one OpenSlide read covers the next kWindowTiles tiles of a row, and the tiles
   // are cut from it (exactly the pixels a per-tile read gives; OpenSlide's per-call cost dominates small tiles).
+  // With skip_corrupt, the tiles of a window that holds damaged pixels are read one by one, so that only the
+  // damaged ones fail.
   cv::Mat read_tile(std::uint32_t index, std::int64_t x, std::int64_t y) {
     constexpr int kWindowTiles = 32;
     const auto& s = slide(index);
@@ -570,7 +619,14 @@ class Extractor {
       window_.reset();
       const auto side0 = static_cast<std::int64_t>(std::ceil(t_size * mpp / s.mpp()));
       const auto width0 = std::min<std::int64_t>(side0 * kWindowTiles, std::max<std::int64_t>(side0, s.width() - x));
-      window_.emplace(s, x, y, width0, side0, mpp);
+      if (damaged_window_ && damaged_window_->holds(x, y, side0)) return s.read_at_mpp(x, y, t_size, t_size, mpp);
+      try {
+        window_.emplace(s, x, y, width0, side0, mpp);
+      } catch (const io::CorruptTileError&) {
+        if (!skip_corrupt_) throw;
+        damaged_window_ = Area{x, y, width0, side0};
+        return s.read_at_mpp(x, y, t_size, t_size, mpp);
+      }
       if (!window_->contains(x, y, t_size, t_size, mpp)) {  // rounding at odd resolutions: read this tile alone
         window_.reset();
         return s.read_at_mpp(x, y, t_size, t_size, mpp);
@@ -583,13 +639,25 @@ class Extractor {
   io::ShardAttributes attributes_;
   const prep::StainNormalizer* normalizer_;
   int write_batch_;
+  bool skip_corrupt_;
+  std::map<std::string, CorruptTiles> corrupt_;
   std::optional<io::Slide> open_;
   std::uint32_t open_index_ = 0;
   std::optional<io::SlideWindow> window_;
+  // A level-0 rectangle.
+  struct Area {
+    std::int64_t x, y, width, height;
+    bool holds(std::int64_t ax, std::int64_t ay, std::int64_t side) const {
+      return ax >= x && ay >= y && ax + side <= x + width && ay + side <= y + height;
+    }
+  };
+  std::optional<Area> damaged_window_;  // level-0 area of the last window read that hit damaged pixels
 };
 
-// Rewrites the shard at `from` into `to` without the tiles of `failed` slides; returns the tiles kept.
-std::int64_t rewrite_without(const std::string& from, const std::string& to, const std::set<std::string>& failed) {
+// Rewrites the shard at `from` into `to` without the tiles of `failed` slides and the `dropped` tiles (indices in
+// `from`); returns the tiles kept (none: `to` is not written).
+std::int64_t rewrite_without(const std::string& from, const std::string& to, const std::set<std::string>& failed,
+                             const std::set<std::int64_t>& dropped) {
   const auto shard = io::ShardFile::open(from);
   std::vector<std::string> slides;
   std::map<std::uint32_t, std::uint32_t> remap;
@@ -601,7 +669,7 @@ std::int64_t rewrite_without(const std::string& from, const std::string& to, con
   }
   std::vector<std::int64_t> keep;
   for (std::int64_t i = 0; i < shard.size(); ++i) {
-    if (remap.contains(shard.slide_indices()[static_cast<std::size_t>(i)])) keep.push_back(i);
+    if (remap.contains(shard.slide_indices()[static_cast<std::size_t>(i)]) && !dropped.contains(i)) keep.push_back(i);
   }
   if (keep.empty()) return 0;
   io::ShardWriter writer(to, shard.attributes(), static_cast<std::int64_t>(keep.size()), slides);
@@ -622,12 +690,14 @@ struct TileOptions {
   bool force = false;
   bool preview = false;
   std::string out;
+  std::string on_corrupt_tile;
 };
 
 int run_tile(const TileOptions& options) {
   std::vector<std::string> extra;
   if (!options.out.empty()) extra.push_back("output=" + options.out);
   if (options.preview) extra.emplace_back("preview.enabled=true");
+  if (!options.on_corrupt_tile.empty()) extra.push_back("tile.on_corrupt_tile=" + options.on_corrupt_tile);
   const auto config = load_job(tile_schema(), options.job, extra);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
 
@@ -771,7 +841,9 @@ int run_tile(const TileOptions& options) {
   attributes.mpp = settings.grid.mpp;
   attributes.stain_normalization = normalizer ? normalizer->describe() : "none";
 
-  Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")));
+  const bool skip_corrupt = config.get_string("tile.on_corrupt_tile") == "skip";
+  Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")),
+                      skip_corrupt);
   std::map<std::string, std::string> extract_failed;
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
@@ -809,6 +881,10 @@ int run_tile(const TileOptions& options) {
     }
     progress.finish();
   }
+  for (const auto& [id, corrupt] : extractor.corrupt()) {
+    spdlog::warn("slide {}: skipped {} damaged tile(s) (tile.on_corrupt_tile: skip); the first: {}", id, corrupt.count,
+                 corrupt.first);
+  }
 
   // Slides that failed on any rank are dropped everywhere; then shards are checked and put in place.
   std::string failures_text;
@@ -828,6 +904,7 @@ int run_tile(const TileOptions& options) {
   for (const auto& span : written) {
     const fs::path final_path = out / shard_name(span.index);
     const std::string unchecked = final_path.string() + ".unchecked";
+    if (!fs::exists(unchecked)) continue;  // every tile of it was damaged and skipped
     bool touched = false;
     for (std::int64_t k = span.first; k < span.first + span.count; ++k) {
       touched = touched || failed_ids.contains(plans[job[static_cast<std::size_t>(k)].slide].input.id);
@@ -874,7 +951,20 @@ int run_tile(const TileOptions& options) {
       manifest.shards.push_back(std::move(entry));
     }
     for (const auto& p : plans) {
-      if (slides.contains(p.input.id)) manifest.slides.push_back(slides[p.input.id]);
+      if (!slides.contains(p.input.id)) continue;
+      auto& slide = slides[p.input.id];
+      // The shards on disk are the record (they survive a resumed run; this run's counts do not): a planned
+      // tile that no shard holds was skipped as damaged.
+      if (skip_corrupt) slide.corrupt_tiles = static_cast<std::int64_t>(p.tiles.size()) - slide.tiles;
+      if (!p.tiles.empty() && slide.tiles == 0 && slide.corrupt_tiles > 0) {
+        failed[p.input.id] =
+            io::InputError(fmt::format("all {} of its tiles are damaged (tile.on_corrupt_tile: skip)", p.tiles.size()),
+                           p.input.path)
+                .what();
+        code = io::exit_input;
+        continue;
+      }
+      manifest.slides.push_back(slide);
     }
     for (const auto& [id, error] : failed) manifest.failures.push_back({id, error});
     // The state file first: a manifest without the shards it lists recorded is rebuilt, never trusted.
@@ -904,6 +994,11 @@ Action setup_tile(CLI::App& command) {
   add_job_options(command, options->job);
   command.add_option("-o,--out", options->out, "Output folder (same as --set output=...)");
   command.add_flag("--force", options->force, "Rebuild everything even if the output is up to date");
+  command
+      .add_option("--on-corrupt-tile", options->on_corrupt_tile,
+                  "fail: a slide with a damaged tile fails (default); skip: leave damaged tiles out, count them in "
+                  "the manifest (same as --set tile.on_corrupt_tile=...)")
+      ->check(CLI::IsMember({"fail", "skip"}));
   command.add_flag("--preview", options->preview,
                    "Only plan and write previews/<slide>.png (tissue mask, tile grid by label); no shards");
   return [options] { return run_tile(*options); };

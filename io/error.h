@@ -96,6 +96,14 @@ class FileNotFoundError : public InputError {
   explicit FileNotFoundError(const std::string& file) : InputError("file not found", file) {}
 };
 
+// Damaged pixel data: a region of a slide whose tiles the decoder rejects or warns about ("Corrupt JPEG data"),
+// while the slide itself opens. Its own type so that a job may skip such tiles (`tile --on-corrupt-tile skip`)
+// while every other input error still fails the slide.
+class CorruptTileError : public InputError {
+ public:
+  CorruptTileError(std::string message, std::string file) : InputError(std::move(message), std::move(file)) {}
+};
+
 // A bug or a failing system call or library that is not about bad input.
 class InternalError : public Error {
  public:

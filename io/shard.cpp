@@ -879,6 +879,7 @@ Manifest read_manifest(const std::string& path) {
     slide.tiles = f.count(s, field, "tiles", false);
     slide.normal = f.count(s, field, "normal", false);
     slide.tumour = f.count(s, field, "tumour", false);
+    slide.corrupt_tiles = f.count(s, field, "corrupt_tiles", false);
     manifest.slides.push_back(std::move(slide));
   }
 
@@ -912,7 +913,8 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
                              {"split", s.split},
                              {"tiles", s.tiles},
                              {"normal", s.normal},
-                             {"tumour", s.tumour}});
+                             {"tumour", s.tumour},
+                             {"corrupt_tiles", s.corrupt_tiles}});
   }
   doc["failures"] = ordered_json::array();
   for (const auto& failure : manifest.failures) {

@@ -122,6 +122,9 @@ struct ManifestSlide {
   std::int64_t tiles = 0;
   std::int64_t normal = 0;
   std::int64_t tumour = 0;
+  // Planned tiles left out because their pixels are damaged (`tile.on_corrupt_tile: skip`); 0 in manifests
+  // written before the field existed.
+  std::int64_t corrupt_tiles = 0;
 };
 
 struct ManifestFailure {

@@ -10,10 +10,16 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <shared_mutex>
 #include <system_error>
 #include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <opencv2/imgproc.hpp>
 #include <tiffio.h>
@@ -113,7 +119,77 @@ std::optional<std::string> tiff_damage(const std::string& path) {
   return std::nullopt;
 }
 
+// Says why `path` cannot be read, in open(2)'s terms, before any library looks at it: OpenSlide calls a file it
+// may not read "unsupported format", and std::filesystem calls a symlink loop "not found".
+void check_readable(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO named like a slide must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) {
+    ::close(fd);
+    return;
+  }
+  const int error = errno;
+  switch (error) {
+    case ENOENT:
+      throw FileNotFoundError(path);
+    case EACCES:
+    case EPERM:
+      throw InputError("permission denied (this user may not read the file or a folder on its path)", path);
+    case ELOOP:
+      throw InputError("too many levels of symbolic links (a symlink loop)", path);
+    default:
+      throw InputError(std::string("cannot open: ") + std::strerror(error), path);
+  }
+}
+
 }  // namespace
+
+// The OpenSlide handle of a slide. OpenSlide 3.4.1's errors are sticky: once a read fails, every later call on
+// the handle fails too, so a failed read replaces the handle.
+struct Slide::OpenSlideHandle {
+  std::shared_mutex mutex;  // shared: OpenSlide calls; exclusive: a retry and the replacement of `osr`
+  openslide_t* osr = nullptr;
+
+  explicit OpenSlideHandle(openslide_t* handle) : osr(handle) {}
+  OpenSlideHandle(const OpenSlideHandle&) = delete;
+  OpenSlideHandle& operator=(const OpenSlideHandle&) = delete;
+  ~OpenSlideHandle() {
+    if (osr != nullptr) openslide_close(osr);
+  }
+
+  // Runs call(osr) and returns OpenSlide's error after it (nullopt: it succeeded). A failed call may have failed
+  // for another thread's damaged tile (the error is the handle's, not the call's), so it runs again alone on a
+  // fresh handle: its error then is its own. The handle is fresh again after a call that failed.
+  template <class Call>
+  std::optional<std::string> run(const std::string& path, const Call& call) {
+    {
+      const std::shared_lock lock(mutex);
+      call(osr);
+      if (openslide_get_error(osr) == nullptr) return std::nullopt;
+    }
+    const std::unique_lock lock(mutex);
+    reopen(path);
+    call(osr);
+    const char* error = openslide_get_error(osr);
+    if (error == nullptr) return std::nullopt;
+    std::string message = error;
+    reopen(path);
+    return message;
+  }
+
+  // With the exclusive lock held. Keeps the old handle (whose calls then fail) when the file no longer opens.
+  void reopen(const std::string& path) {
+    openslide_t* fresh = openslide_open(path.c_str());
+    const char* error = fresh != nullptr ? openslide_get_error(fresh) : "the file is no longer a readable slide";
+    if (error != nullptr) {
+      const std::string message = error;
+      if (fresh != nullptr) openslide_close(fresh);
+      throw InputError("cannot reopen the slide after a failed read: " + message, path);
+    }
+    openslide_close(osr);
+    osr = fresh;
+  }
+};
 
 const char* to_string(MppSource source) {
   switch (source) {
@@ -125,6 +201,7 @@ const char* to_string(MppSource source) {
 }
 
 Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
+  check_readable(path);
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw FileNotFoundError(path);
   if (!std::filesystem::is_regular_file(path, ec)) throw InputError("not a regular file", path);
@@ -147,7 +224,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   Slide slide;
   slide.path_ = path;
   slide.vendor_ = vendor;
-  slide.osr_ = osr;
+  slide.osr_ = std::make_unique<OpenSlideHandle>(osr);
 
   for (const char* const* name = openslide_get_property_names(osr); name != nullptr && *name != nullptr; ++name) {
     const char* value = openslide_get_property_value(osr, *name);
@@ -239,40 +316,10 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   return slide;
 }
 
-Slide::Slide(Slide&& other) noexcept
-    : path_(std::move(other.path_)),
-      vendor_(std::move(other.vendor_)),
-      osr_(std::exchange(other.osr_, nullptr)),
-      tiff_(std::move(other.tiff_)),
-      reader_(std::move(other.reader_)),
-      levels_(std::move(other.levels_)),
-      properties_(std::move(other.properties_)),
-      associated_(std::move(other.associated_)),
-      mpp_x_(other.mpp_x_),
-      mpp_y_(other.mpp_y_),
-      mpp_source_(other.mpp_source_) {}
-
-Slide& Slide::operator=(Slide&& other) noexcept {
-  if (this != &other) {
-    if (osr_ != nullptr) openslide_close(osr_);
-    path_ = std::move(other.path_);
-    vendor_ = std::move(other.vendor_);
-    osr_ = std::exchange(other.osr_, nullptr);
-    tiff_ = std::move(other.tiff_);
-    reader_ = std::move(other.reader_);
-    levels_ = std::move(other.levels_);
-    properties_ = std::move(other.properties_);
-    associated_ = std::move(other.associated_);
-    mpp_x_ = other.mpp_x_;
-    mpp_y_ = other.mpp_y_;
-    mpp_source_ = other.mpp_source_;
-  }
-  return *this;
-}
-
-Slide::~Slide() {
-  if (osr_ != nullptr) openslide_close(osr_);
-}
+Slide::Slide() = default;
+Slide::Slide(Slide&&) noexcept = default;
+Slide& Slide::operator=(Slide&&) noexcept = default;
+Slide::~Slide() = default;
 
 std::string Slide::id() const { return std::filesystem::path(path_).stem().string(); }
 
@@ -308,9 +355,9 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
                      path_);
   }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
-  openslide_read_associated_image(osr_, name.c_str(), argb.data());
-  if (const char* error = openslide_get_error(osr_)) {
-    InputError e(std::string("openslide: ") + error, path_);
+  if (const auto error = osr_->run(
+          path_, [&](openslide_t* osr) { openslide_read_associated_image(osr, name.c_str(), argb.data()); })) {
+    InputError e("openslide: " + *error, path_);
     e.add_context("associated image", name);
     throw e;
   }
@@ -347,8 +394,16 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
     }
   }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(width) * static_cast<std::size_t>(height));
-  openslide_read_region(osr_, argb.data(), x, y, level_index, width, height);
-  if (const char* error = openslide_get_error(osr_)) throw fail(std::string("openslide: ") + error);
+  if (const auto message = osr_->run(path_, [&](openslide_t* osr) {
+        openslide_read_region(osr, argb.data(), x, y, level_index, width, height);
+      })) {
+    // OpenSlide fails a read for damaged tile data ("Bogus marker length", "Corrupt JPEG data", "Cannot read
+    // TIFF tile"); the slide opened, so the damage is in the pixels.
+    CorruptTileError error(fmt::format("cannot read the region: openslide: {}", *message), path_);
+    error.add_context("region", region_text(x, y, width, height));
+    error.add_context("level", level_index);
+    throw error;
+  }
   return argb_to_rgb(argb, width, height);
 }
 

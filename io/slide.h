@@ -25,9 +25,15 @@
 // round(x/downsample), unresampled — what read_level_window() means to read, so that SlideWindow and per-tile
 // reads agree exactly on such levels too.
 //
+// Damaged pixels are an error, never data: a region whose tiles the decoder rejects or warns about (libjpeg's
+// "Corrupt JPEG data" is a warning) throws CorruptTileError naming the file, level, region and the decoder's
+// message, on both paths. OpenSlide 3.4.1's errors are sticky (every later call on that handle fails), so after
+// a failed read the slide reopens its OpenSlide handle: the next read of an intact region works.
+//
 // Thread safety: every read method is const and may be called from several threads at once. OpenSlide handles
-// are thread-safe; the direct path gives each concurrent read its own libtiff handle from a pool and guards
-// its tile cache with a mutex.
+// are thread-safe; reads share the handle under a shared lock, and a failed read is retried alone on a fresh
+// handle (exclusive lock), so that one thread's damaged tile never fails another thread's read. The direct path
+// gives each concurrent read its own libtiff handle from a pool and guards its tile cache with a mutex.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +72,9 @@ struct SlideOpenOptions {
 
 class Slide {
  public:
-  // Throws FileNotFoundError (missing), InputError "unsupported format" (OpenSlide does not recognize it),
+  // Throws FileNotFoundError (missing), InputError "permission denied" (not readable by this user), InputError
+  // "too many levels of symbolic links (a symlink loop)", InputError "unsupported format" (OpenSlide does not
+  // recognize it),
   // InputError "corrupt slide: <openslide message>" (recognized but unreadable), InputError for a missing
   // resolution (message names the `assume_mpp` setting).
   static Slide open(const std::string& path, const SlideOpenOptions& options = {});
@@ -105,7 +113,8 @@ class Slide {
   cv::Mat read_associated_image(const std::string& name) const;
 
   // Reads a `width`×`height` region of `level` whose top-left is (x, y) in level-0 coordinates.
-  // Regions may extend past the slide (that part is white). Errors carry file, level and region.
+  // Regions may extend past the slide (that part is white). Errors carry file, level and region; damaged tiles
+  // throw CorruptTileError.
   // The direct TIFF path starts at level pixel (round(x/downsample), round(y/downsample)).
   cv::Mat read_region(std::int64_t x, std::int64_t y, int level, std::int64_t width, std::int64_t height) const;
 
@@ -134,10 +143,11 @@ class Slide {
  private:
   friend class SlideWindow;
   cv::Mat read_level_window(const LevelRead& r) const;
-  Slide() = default;
+  struct OpenSlideHandle;
+  Slide();
   std::string path_;
   std::string vendor_;
-  openslide_t* osr_ = nullptr;
+  std::unique_ptr<OpenSlideHandle> osr_;
   std::unique_ptr<TiffTileReader> tiff_;  // the direct path; null = OpenSlide
   std::string reader_ = "OpenSlide";
   std::vector<SlideLevel> levels_;

@@ -27,11 +27,13 @@ constexpr std::uint16_t kJpeg2000Aperio = 33003;     // YCbCr JPEG 2000 in Aperi
 constexpr std::uint16_t kJpeg2000AperioRgb = 33005;  // RGB JPEG 2000 in Aperio files
 const cv::Scalar kWhite(255, 255, 255);
 
-// One libtiff handle with its own last error message (libtiff reports through callbacks) and the directory it
-// is set to. Lives at a fixed address while open: libtiff holds a pointer to it.
+// One libtiff handle with its own first error and warning messages (libtiff reports through callbacks, set per
+// handle with TIFFOpenOptions, so that concurrent handles in other threads never mix their messages) and the
+// directory it is set to. Lives at a fixed address while open: libtiff holds a pointer to it.
 struct Handle {
   TIFF* tif = nullptr;
   std::string last_error;
+  std::string first_warning;
   std::optional<tdir_t> directory;
 
   Handle() = default;
@@ -42,26 +44,34 @@ struct Handle {
   }
 };
 
-int keep_error(TIFF*, void* user_data, const char* module, const char* fmt, va_list ap) {
+// Keeps the first message in `kept`: it is the cause; later ones ("cannot read tile") only repeat it.
+void keep_first(std::string& kept, const char* module, const char* fmt, va_list ap) {
+  if (!kept.empty()) return;
   std::array<char, 1024> buffer{};
   std::vsnprintf(buffer.data(), buffer.size(), fmt, ap);
-  auto* handle = static_cast<Handle*>(user_data);
-  // The first message is the cause; later ones ("cannot read tile") only repeat it.
-  if (handle->last_error.empty()) {
-    handle->last_error =
-        module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data() : std::string(buffer.data());
-  }
+  kept = module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data() : std::string(buffer.data());
+}
+
+int keep_error(TIFF*, void* user_data, const char* module, const char* fmt, va_list ap) {
+  keep_first(static_cast<Handle*>(user_data)->last_error, module, fmt, ap);
   return 1;  // handled: libtiff must not print
 }
 
-int ignore_warning(TIFF*, void*, const char*, const char*, va_list) { return 1; }
+// Warnings are kept too: libjpeg reports damaged entropy-coded data ("Corrupt JPEG data: 12 extraneous bytes
+// before marker 0xd9", "Premature end of JPEG file") as a warning and fills what it could not decode with grey,
+// which would reach the tiles as pixels. tile() fails a decode that warned; warnings while reading a directory
+// (unknown vendor tags, for instance) are harmless and cleared before each decode.
+int keep_warning(TIFF*, void* user_data, const char* module, const char* fmt, va_list ap) {
+  keep_first(static_cast<Handle*>(user_data)->first_warning, module, fmt, ap);
+  return 1;
+}
 
 // Opens `path` for reading; nullptr (with handle->last_error) when libtiff cannot.
 std::unique_ptr<Handle> open_handle(const std::string& path) {
   auto handle = std::make_unique<Handle>();
   TIFFOpenOptions* options = TIFFOpenOptionsAlloc();
   TIFFOpenOptionsSetErrorHandlerExtR(options, keep_error, handle.get());
-  TIFFOpenOptionsSetWarningHandlerExtR(options, ignore_warning, nullptr);
+  TIFFOpenOptionsSetWarningHandlerExtR(options, keep_warning, handle.get());
   handle->tif = TIFFOpenExt(path.c_str(), "r", options);
   TIFFOpenOptionsFree(options);
   return handle;
@@ -221,18 +231,30 @@ struct TiffTileReader::Impl {
     Lease lease = acquire();
     Handle& handle = *lease;
     handle.last_error.clear();
-    const auto fail = [&](const std::string& what) {
-      InputError error(fmt::format("{} tile {} (column {}, row {}) of TIFF directory {}{}", what, index, column, row,
-                                   level.directory, handle.last_error.empty() ? "" : ": " + handle.last_error),
-                       path);
-      lease.discard();
-      return error;
+    const auto where = [&] {
+      return fmt::format("tile {} (column {}, row {}) of level {} (TIFF directory {})", index, column, row, level_index,
+                         level.directory);
     };
-    if (!select(handle, level)) throw fail("cannot select the directory of");
+    if (!select(handle, level)) {
+      const InputError error(fmt::format("cannot select the directory of {}{}", where(),
+                                         handle.last_error.empty() ? "" : ": " + handle.last_error),
+                             path);
+      lease.discard();
+      throw error;
+    }
+    handle.first_warning.clear();
     if (missing_tiles_blank && TIFFGetStrileByteCount(handle.tif, index) == 0) {
       pixels.setTo(kWhite);
-    } else if (TIFFReadEncodedTile(handle.tif, index, pixels.data, bytes) != bytes) {
-      throw fail("cannot decode");
+    } else {
+      const bool decoded = TIFFReadEncodedTile(handle.tif, index, pixels.data, bytes) == bytes;
+      if (!decoded || !handle.first_warning.empty()) {
+        // The decoder's own words: its error, else the warning by which it let damaged data through.
+        const std::string& cause = !handle.last_error.empty() ? handle.last_error : handle.first_warning;
+        const CorruptTileError error(
+            fmt::format("cannot decode {}: {}", where(), cause.empty() ? "libtiff gave no reason" : cause), path);
+        lease.discard();  // the codec's state after damaged data is not worth trusting
+        throw error;
+      }
     }
     cache.insert(key, pixels);
     return pixels;

@@ -23,7 +23,9 @@
 // current directory and codec state), so the reader keeps a pool of handles: each read takes one for itself
 // (opening another when all are busy) and gives it back afterwards; the pool grows to the number of threads
 // that read at the same time. The cache has its own mutex; two threads that miss the same tile both decode it
-// (same pixels), which is cheaper than holding a lock across a decode.
+// (same pixels), which is cheaper than holding a lock across a decode. libtiff's error and warning messages go to
+// per-handle callbacks (TIFFOpenOptions), never to process-wide state, so a thread only ever sees its own decode's
+// messages; a handle whose decode failed is closed, not returned to the pool.
 #pragma once
 
 #include <cstddef>
@@ -58,7 +60,9 @@ class TiffTileReader {
   TiffTileReader& operator=(const TiffTileReader&) = delete;
 
   // Level pixels [lx, lx+width) × [ly, ly+height) as RGB CV_8UC3, white outside the level. width, height ≥ 1.
-  // Throws InputError naming the file, the TIFF directory and the tile when a tile cannot be decoded.
+  // Throws CorruptTileError naming the file, the tile, the level and its TIFF directory, and the decoder's message
+  // when a tile's decode fails or warns: libjpeg reports damaged entropy-coded data ("Corrupt JPEG data: ...")
+  // only as a warning and returns made-up pixels, which must never pass for the slide's.
   cv::Mat read(int level, std::int64_t lx, std::int64_t ly, int width, int height) const;
 
   // The tile encodings, e.g. "JPEG tiles" or "JPEG, deflate tiles" (levels may differ).

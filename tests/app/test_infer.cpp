@@ -4,8 +4,6 @@
 // map bit for bit; test-time augmentation changes the scores and keeps them probabilities; the map finds the
 // annotated tumour of a slide the model did not train on; a slide that cannot be opened or read fails alone (on
 // two ranks, only one of which reads the broken part), and job mistakes are refused naming the key.
-#include <tiffio.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,8 +34,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using testing::contains;
+using testing::damage_tiles;
 using testing::run;
 using testing::run_mpi;
+using testing::TileDamage;
 
 constexpr int kTile = 32;           // model input, pixels at kMpp
 constexpr double kMpp = 1.0;        // the model's µm/px
@@ -383,41 +383,6 @@ TEST_F(Infer, TheMapFindsTheTumourOfASlideTheModelDidNotTrainOn) {
   EXPECT_TRUE(found) << evaluation.dump(2);
 }
 
-// Overwrites the tiles of `level` (a TIFF directory counted among the full-resolution images, 0 = level 0) whose
-// rows are at or below `from_row` with zeros: the file opens, its other levels read, those tiles do not decode.
-void zero_tiles(const std::string& path, int level, int from_row) {
-  TIFF* tif = TIFFOpen(path.c_str(), "r");
-  ASSERT_NE(tif, nullptr);
-  int seen = -1;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // offset, bytes
-  do {
-    if (!TIFFIsTiled(tif)) continue;  // associated images (thumbnail, label) are stripped
-    if (++seen != level) continue;
-    std::uint32_t width = 0, tile_width = 0, tile_height = 0;
-    TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
-    TIFFGetField(tif, TIFFTAG_TILEWIDTH, &tile_width);
-    TIFFGetField(tif, TIFFTAG_TILELENGTH, &tile_height);
-    std::uint64_t* offsets = nullptr;
-    std::uint64_t* counts = nullptr;
-    ASSERT_TRUE(TIFFGetField(tif, TIFFTAG_TILEOFFSETS, &offsets));
-    ASSERT_TRUE(TIFFGetField(tif, TIFFTAG_TILEBYTECOUNTS, &counts));
-    const std::uint32_t across = (width + tile_width - 1) / tile_width;
-    const auto tiles = TIFFNumberOfTiles(tif);
-    for (std::uint32_t t = 0; t < tiles; ++t) {
-      if (static_cast<int>(t / across) >= from_row) spans.emplace_back(offsets[t], counts[t]);
-    }
-    break;
-  } while (TIFFReadDirectory(tif));
-  TIFFClose(tif);
-  ASSERT_FALSE(spans.empty()) << "no tiles of level " << level << " at row " << from_row << " or below";
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  for (const auto& [offset, bytes] : spans) {
-    file.seekp(static_cast<std::streamoff>(offset));
-    const std::string zeros(bytes, '\0');
-    file.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
-  }
-}
-
 TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
   const fs::path bad = dir_->file("bad");
   fs::create_directories(bad);
@@ -435,7 +400,9 @@ TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
   fs::copy_file(bad / "big/slides/tumor_001.tif", broken);
   // 4096 px at 0.25 µm/px: levels 4096, 2048, 1024, 512. Tiles at 1 µm/px come from level 2 (1024 px, 4 rows of
   // 256-px TIFF tiles, the last from level-0 y = 3072 on); the tissue mask at 8 µm/px from level 3.
-  zero_tiles(broken, 2, 3);
+  ASSERT_EQ(damage_tiles(
+                broken, 2, [](std::uint32_t, std::uint32_t row) { return row >= 3; }, TileDamage::zeros),
+            4);
   const auto slide_file = io::Slide::open(broken);
   ASSERT_EQ(slide_file.level_count(), 4);
   ASSERT_EQ(slide_file.best_level_for_mpp(kMpp), 2);

@@ -2,7 +2,13 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <random>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <tiffio.h>
 
 namespace tessera::testing {
 
@@ -29,6 +35,10 @@ std::filesystem::path test_data_dir() {
   return dir ? std::filesystem::path(dir) : std::filesystem::path(TESSERA_SOURCE_DIR) / "tests" / "data";
 }
 
+std::filesystem::path shared_data_dir() {
+  return (std::filesystem::path(TESSERA_SOURCE_DIR) / ".." / "shared" / "data").lexically_normal();
+}
+
 cv::Vec3b pattern_pixel(std::int64_t x, std::int64_t y) {
   // Smooth in both directions (so JPEG and area-averaging keep it within a few levels) and different along
   // x and y (so a transposed or shifted read is caught).
@@ -52,6 +62,58 @@ void write_pattern_slide(const std::string& path, std::int64_t width, std::int64
     writer.write_strip(strip);
   }
   writer.finish();
+}
+
+int damage_tiles(const std::string& path, int level, const std::function<bool(std::uint32_t, std::uint32_t)>& which,
+                 TileDamage damage) {
+  TIFF* tif = TIFFOpen(path.c_str(), "r");
+  if (tif == nullptr) throw std::runtime_error("damage_tiles: libtiff cannot open " + path);
+  int seen = -1;
+  bool found = false;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // offset, bytes
+  do {
+    if (!TIFFIsTiled(tif)) continue;  // associated images (thumbnail, label) are stripped
+    if (++seen != level) continue;
+    found = true;
+    std::uint32_t width = 0, tile_width = 0, tile_height = 0;
+    TIFFGetField(tif, TIFFTAG_IMAGEWIDTH, &width);
+    TIFFGetField(tif, TIFFTAG_TILEWIDTH, &tile_width);
+    TIFFGetField(tif, TIFFTAG_TILELENGTH, &tile_height);
+    const std::uint32_t across = (width + tile_width - 1) / tile_width;
+    for (std::uint32_t t = 0; t < TIFFNumberOfTiles(tif); ++t) {
+      if (which(t % across, t / across)) {
+        spans.emplace_back(TIFFGetStrileOffset(tif, t), TIFFGetStrileByteCount(tif, t));
+      }
+    }
+    break;
+  } while (TIFFReadDirectory(tif));
+  TIFFClose(tif);
+  if (!found) throw std::runtime_error("damage_tiles: " + path + " has no level " + std::to_string(level));
+
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  for (const auto& [offset, bytes] : spans) {
+    std::string data(bytes, '\0');
+    if (damage == TileDamage::scramble) {
+      file.seekg(static_cast<std::streamoff>(offset));
+      file.read(data.data(), static_cast<std::streamsize>(data.size()));
+      // Eight bytes from the middle of the tile, well inside the entropy-coded data of a JPEG tile; bytes next to
+      // 0xFF are left alone, and none becomes 0xFF, so that no marker appears or disappears: the damage stays
+      // in the coded data, where libjpeg warns instead of failing.
+      int changed = 0;
+      for (std::size_t i = data.size() / 2; i + 1 < data.size() && changed < 8; ++i) {
+        const auto byte = static_cast<unsigned char>(data[i]);
+        const auto before = static_cast<unsigned char>(data[i - 1]);
+        const auto changed_byte = static_cast<unsigned char>(byte ^ 0x5a);
+        if (byte == 0xff || before == 0xff || changed_byte == 0xff) continue;
+        data[i] = static_cast<char>(changed_byte);
+        ++changed;
+      }
+    }
+    file.seekp(static_cast<std::streamoff>(offset));
+    file.write(data.data(), static_cast<std::streamsize>(data.size()));
+  }
+  if (!file) throw std::runtime_error("damage_tiles: cannot rewrite the tiles of " + path);
+  return static_cast<int>(spans.size());
 }
 
 }  // namespace tessera::testing
