@@ -138,8 +138,8 @@ Action setup_info(CLI::App& command) {
   auto options = std::make_shared<InfoOptions>();
   command.add_option("slides", options->slides, "Slide files (.svs .tif .ndpi .mrxs ...)")->required();
   command.add_flag("--json", options->json, "Print one JSON array instead of text");
-  command.add_option("--assume-mpp", options->assume_mpp,
-                     "Resolution (um/px) to use for slides that do not record one")
+  command
+      .add_option("--assume-mpp", options->assume_mpp, "Resolution (um/px) to use for slides that do not record one")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
             // The same bounds as the verbs' `assume_mpp` keys, and a message that does not print DBL_MAX.

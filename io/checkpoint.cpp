@@ -16,7 +16,6 @@
 #include <fstream>
 #include <limits>
 #include <set>
-#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -714,14 +713,10 @@ class CheckpointReader {
       return "element " + std::to_string(it - tensor.data.begin()) + " is " + fmt::format("{}", *it);
     };
     if (bad != tensor.data.end()) {
-      fail(label + ": " + at(bad) + " (a checkpoint's numbers must be finite; the run that wrote it diverged or "
-           "the file is damaged)");
+      fail(label + ": " + at(bad) +
+           " (a checkpoint's numbers must be finite; the run that wrote it diverged or the file is damaged)");
     }
-    constexpr std::string_view variance = "running_var";
-    const bool is_variance = name == variance || (name.size() > variance.size() &&
-                                                  name.compare(name.size() - variance.size() - 1, std::string::npos,
-                                                               "." + std::string(variance)) == 0);
-    if (!is_variance) return;
+    if (name != "running_var" && !name.ends_with(".running_var")) return;
     const auto not_positive = std::find_if(tensor.data.begin(), tensor.data.end(), [](float v) { return !(v > 0.0f); });
     if (not_positive != tensor.data.end()) {
       fail(label + ": " + at(not_positive) + " (a BatchNorm running variance must be above 0)");

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <map>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -126,14 +126,14 @@ void check_slide_counts(const Manifest& manifest, const std::vector<ShardFile>& 
         (!gives_classes || (c.normal == slide.normal && c.tumour == slide.tumour))) {
       continue;
     }
-    std::string where = "no shard";
+    std::string held_by = "no shard holds any";
     if (files.contains(slide.id)) {
-      where.clear();
-      for (const auto& file : files.at(slide.id)) where += (where.empty() ? "'" : ", '") + file + "'";
+      std::string names;
+      for (const auto& file : files.at(slide.id)) names += (names.empty() ? "'" : ", '") + file + "'";
+      held_by = "its shards (" + names + ") hold " + std::to_string(c.tiles) + " (" + describe(c) + ")";
     }
     throw InputError("slide '" + slide.id + "': the manifest lists " + std::to_string(slide.tiles) + " tiles (" +
-                         describe({slide.tiles, slide.normal, slide.tumour}) + "), its shards (" + where +
-                         ") hold " + std::to_string(c.tiles) + " (" + describe(c) + ")",
+                         describe({slide.tiles, slide.normal, slide.tumour}) + "), " + held_by,
                      manifest_path);
   }
 }

@@ -33,8 +33,9 @@ json read_json(const fs::path& path) {
 }
 
 // The shared real slides (../shared/data/real-slides beside the repository; not committed).
-fs::path real_slides() { return testing::test_data_dir().parent_path().parent_path().parent_path() / "shared" /
-                                "data" / "real-slides"; }
+fs::path real_slides() {
+  return testing::test_data_dir().parent_path().parent_path().parent_path() / "shared" / "data" / "real-slides";
+}
 
 // Every probability infer wrote for a slide: the heatmap's scored cells, the detections' first column and the
 // report's slide score. Each must lie in [0, 1]; returns how many were checked.
@@ -113,8 +114,8 @@ TEST_F(Probabilities, InferOnUnseenSeedsWritesWhatEvaluateAccepts) {
     for (const auto& slide : summary["slides"]) {
       EXPECT_GT(expect_probabilities(out, slide["id"].get<std::string>()), 0u) << slide.dump();
     }
-    const auto e = run("evaluate --dataset " + synth + "/dataset.csv --detections " + out + " --out " + synth +
-                       "/evaluation");
+    const auto e =
+        run("evaluate --dataset " + synth + "/dataset.csv --detections " + out + " --out " + synth + "/evaluation");
     EXPECT_EQ(e.code, 0) << e.out << e.err;
     EXPECT_FALSE(contains(e.err, "outside [0, 1]")) << e.err;
     EXPECT_TRUE(fs::exists(synth + "/evaluation/evaluation.json"));
@@ -238,16 +239,16 @@ TEST_F(Probabilities, ShardsWithImpossibleLabelsAreRefused) {
 // Numeric flags
 
 struct BadFlag {
-  std::string verb;   // with the arguments the verb needs to get as far as reading its job
-  std::string flag;   // as given
+  std::string verb;  // with the arguments the verb needs to get as far as reading its job
+  std::string flag;  // as given
   std::string value;
   std::string expected;  // the message after "<flag>: "
   std::string named;     // the name the error gives the flag, when not `flag` (CLI11 gives the long name)
 };
 
 std::string case_name(const ::testing::TestParamInfo<BadFlag>& info) {
-  std::string name = info.param.verb.substr(0, info.param.verb.find(' ')) + "_" + info.param.flag + "_" +
-                     info.param.value;
+  std::string name =
+      info.param.verb.substr(0, info.param.verb.find(' ')) + "_" + info.param.flag + "_" + info.param.value;
   for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   }
@@ -279,38 +280,36 @@ TEST_P(NumericFlags, BadValuesAreRefusedNamingTheFlag) {
 const char* kNotInteger = "expected an integer, got ";
 const char* kNotNumber = "expected a number, got ";
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryVerb, NumericFlags,
-    ::testing::Values(
-        bad("infer", "--batch", "0", "must be between 1 and 65536, got 0"),
-        bad("infer", "--batch", "-5", "must be between 1 and 65536, got -5"),
-        bad("infer", "--batch", "many", std::string(kNotInteger) + "'many'"),
-        bad("infer", "--batch", "2.5", std::string(kNotInteger) + "'2.5'"),
-        bad("infer", "--stride", "-1", "must be between 0"),
-        bad("infer", "--stride", "wide", std::string(kNotInteger) + "'wide'"),
-        bad("infer", "--threads", "-1", "must be between 0 and 1024, got -1"),
-        bad("infer", "--threads", "all", std::string(kNotInteger) + "'all'"),
-        bad("infer", "--threshold", "-5", "must be between 0 and 1, got -5"),
-        bad("infer", "--threshold", "1.5", "must be between 0 and 1, got 1.5"),
-        bad("infer", "--threshold", "half", std::string(kNotNumber) + "'half'"),
-        bad("infer", "--threshold", "nan", std::string(kNotNumber) + "'nan'"),
-        bad("predict", "--batch", "0", "must be between 1 and 65536, got 0"),
-        bad("predict", "--batch", "-5", "must be between 1 and 65536, got -5"),
-        bad("predict", "--threads", "-1", "must be between 0 and 1024, got -1"),
-        bad("predict", "--threads", "x", std::string(kNotInteger) + "'x'"),
-        bad("train", "--epochs", "0", "must be between 1 and 100000, got 0"),
-        bad("train", "--epochs", "-5", "must be between 1 and 100000, got -5"),
-        bad("train", "--epochs", "ten", std::string(kNotInteger) + "'ten'"),
-        bad("synth", "--slides", "0", "must be between 1 and 100000, got 0"),
-        bad("synth", "-n", "-5", "must be between 1 and 100000, got -5", "--slides"),
-        bad("synth", "--size", "0", "must be between 512"),
-        bad("synth", "--size", "-5", "must be between 512"),
-        bad("synth", "--size", "big", std::string(kNotInteger) + "'big'"),
-        bad("synth", "--seed", "-5", "must be between 0"),
-        bad("synth", "--seed", "lucky", std::string(kNotInteger) + "'lucky'"),
-        bad("evaluate", "--assume-mpp", "-5", "must be between 0 and 100, got -5"),
-        bad("evaluate", "--assume-mpp", "fine", std::string(kNotNumber) + "'fine'")),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(EveryVerb, NumericFlags,
+                         ::testing::Values(bad("infer", "--batch", "0", "must be between 1 and 65536, got 0"),
+                                           bad("infer", "--batch", "-5", "must be between 1 and 65536, got -5"),
+                                           bad("infer", "--batch", "many", std::string(kNotInteger) + "'many'"),
+                                           bad("infer", "--batch", "2.5", std::string(kNotInteger) + "'2.5'"),
+                                           bad("infer", "--stride", "-1", "must be between 0"),
+                                           bad("infer", "--stride", "wide", std::string(kNotInteger) + "'wide'"),
+                                           bad("infer", "--threads", "-1", "must be between 0 and 1024, got -1"),
+                                           bad("infer", "--threads", "all", std::string(kNotInteger) + "'all'"),
+                                           bad("infer", "--threshold", "-5", "must be between 0 and 1, got -5"),
+                                           bad("infer", "--threshold", "1.5", "must be between 0 and 1, got 1.5"),
+                                           bad("infer", "--threshold", "half", std::string(kNotNumber) + "'half'"),
+                                           bad("infer", "--threshold", "nan", std::string(kNotNumber) + "'nan'"),
+                                           bad("predict", "--batch", "0", "must be between 1 and 65536, got 0"),
+                                           bad("predict", "--batch", "-5", "must be between 1 and 65536, got -5"),
+                                           bad("predict", "--threads", "-1", "must be between 0 and 1024, got -1"),
+                                           bad("predict", "--threads", "x", std::string(kNotInteger) + "'x'"),
+                                           bad("train", "--epochs", "0", "must be between 1 and 100000, got 0"),
+                                           bad("train", "--epochs", "-5", "must be between 1 and 100000, got -5"),
+                                           bad("train", "--epochs", "ten", std::string(kNotInteger) + "'ten'"),
+                                           bad("synth", "--slides", "0", "must be between 1 and 100000, got 0"),
+                                           bad("synth", "-n", "-5", "must be between 1 and 100000, got -5", "--slides"),
+                                           bad("synth", "--size", "0", "must be between 512"),
+                                           bad("synth", "--size", "-5", "must be between 512"),
+                                           bad("synth", "--size", "big", std::string(kNotInteger) + "'big'"),
+                                           bad("synth", "--seed", "-5", "must be between 0"),
+                                           bad("synth", "--seed", "lucky", std::string(kNotInteger) + "'lucky'"),
+                                           bad("evaluate", "--assume-mpp", "-5", "must be between 0 and 100, got -5"),
+                                           bad("evaluate", "--assume-mpp", "fine", std::string(kNotNumber) + "'fine'")),
+                         case_name);
 
 // Good values still reach the config, from the flag and not from a default.
 TEST(NumericFlagValues, ReachTheirKeys) {

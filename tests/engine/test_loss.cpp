@@ -133,8 +133,8 @@ TEST(SoftmaxCrossEntropy, ProbabilitiesNeverLeaveZeroOne) {
   const auto check = [&](const std::vector<float>& p) {
     ASSERT_EQ(p.size(), z.size());
     for (std::size_t i = 0; i < p.size(); ++i) {
-      ASSERT_TRUE(p[i] >= 0.0f && p[i] <= 1.0f) << "p[" << i << "] = " << p[i] << " for logits " << z[i & ~1u]
-                                               << ", " << z[i | 1u];
+      ASSERT_TRUE(p[i] >= 0.0f && p[i] <= 1.0f)
+          << "p[" << i << "] = " << p[i] << " for logits " << z[i & ~1u] << ", " << z[i | 1u];
     }
   };
   check(loss.predict(make_tensor({n, 2}, z)));

@@ -943,12 +943,12 @@ TEST(CheckpointReplicas, CheckedReadNamesTheBadTensorAndItsReplica) {
        "tensor 'fc.bias' in /replicas/1/optimizer/momentum_buffer: element 1 is nan (a checkpoint's numbers must be "
        "finite; the run that wrote it diverged or the file is damaged)"},
       {"infinite replica weight",
-       [](io::Checkpoint& c) { c.replicas[2].params["fc.weight"].data[3] = std::numeric_limits<float>::infinity(); },
-       2,
+       [](io::Checkpoint& c) { c.replicas[2].params["fc.weight"].data[3] = std::numeric_limits<float>::infinity(); }, 2,
        "tensor 'fc.weight' in /replicas/2/params: element 3 is inf (a checkpoint's numbers must be finite; the run "
        "that wrote it diverged or the file is damaged)"},
       {"negative replica variance", [](io::Checkpoint& c) { c.replicas[0].buffers["bn1.running_var"].data[0] = -1.0f; },
-       0, "tensor 'bn1.running_var' in /replicas/0/buffers: element 0 is -1 (a BatchNorm running variance must be "
+       0,
+       "tensor 'bn1.running_var' in /replicas/0/buffers: element 0 is -1 (a BatchNorm running variance must be "
        "above 0)"},
   };
   for (const auto& k : cases) {

@@ -589,8 +589,9 @@ TEST(ShardDatasetFolder, ManifestClassCountsMatchTheShards) {
     FAIL() << "stale per-slide counts";
   } catch (const io::InputError& e) {
     EXPECT_EQ(e.file(), manifest_path);
-    EXPECT_EQ(e.message(), "slide 'B': the manifest lists 11 tiles (9 normal and 2 tumour), its shards ('shard-0.h5', "
-                           "'shard-1.h5') hold 11 (8 normal and 3 tumour)");
+    EXPECT_EQ(e.message(),
+              "slide 'B': the manifest lists 11 tiles (9 normal and 2 tumour), its shards ('shard-0.h5', "
+              "'shard-1.h5') hold 11 (8 normal and 3 tumour)");
   }
 }
 
