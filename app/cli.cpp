@@ -34,16 +34,31 @@ void add_job_options(CLI::App& command, JobOptions& options) {
                    "Print the full effective config (every key, its default and doc) and exit");
 }
 
+CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::string& names,
+                          std::vector<std::string> keys, const std::string& doc) {
+  KeyFlag& flag = options.key_flags.emplace_back();
+  flag.keys = std::move(keys);
+  // A string, not the key's type: CLI11's own conversion would report "could not be converted" in its words,
+  // and the schema's check is the one the YAML key gets.
+  flag.option = command.add_option(names, flag.value, doc)->type_name("VALUE");
+  return flag.option;
+}
+
 io::Config load_job(const io::Schema& schema, const JobOptions& options,
                     const std::vector<std::string>& extra_overrides) {
   std::vector<std::string> overrides = options.overrides;
   overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
+  io::Config config(schema);
   if (options.file.empty()) {
-    io::Config config(schema);
     for (const auto& assignment : overrides) config.set(assignment);
-    return config;
+  } else {
+    config = io::Config::load(schema, options.file, overrides);
   }
-  return io::Config::load(schema, options.file, overrides);
+  for (const KeyFlag& flag : options.key_flags) {
+    if (flag.option->count() == 0) continue;
+    for (const auto& key : flag.keys) config.set_value(key, flag.value, flag.option->get_name());
+  }
+  return config;
 }
 
 bool maybe_print_config(const io::Config& config, const JobOptions& options) {

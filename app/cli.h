@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <list>
 #include <string>
 #include <vector>
 
@@ -24,17 +25,33 @@ struct Verb {
 // Every verb, in the order `tessera --help` lists them (STYLE.md: an explicit registry).
 const std::vector<Verb>& verbs();
 
-// The options of a verb that runs a YAML job: an optional job file, `--set a.b=value` overrides and
-// `--print-config`.
+// A verb flag that stands for config keys (--batch for infer.batch_size; synth's --size for two keys). Its text is
+// kept as given and checked by the keys' schema like a YAML value, so `--batch 0` fails as `batch_size: 0` would,
+// and the error names the flag ("--batch: must be between 1 and 65536, got 0"). A flag that was not given changes
+// nothing: no value of the flag's own type stands for "not set".
+struct KeyFlag {
+  std::vector<std::string> keys;
+  std::string value;
+  CLI::Option* option = nullptr;
+};
+
+// The options of a verb that runs a YAML job: an optional job file, `--set a.b=value` overrides,
+// `--print-config`, and the verb's key flags.
 struct JobOptions {
   std::string file;
   std::vector<std::string> overrides;
   bool print_config = false;
+  std::list<KeyFlag> key_flags;  // a list: CLI11 keeps pointers to each value
 };
 void add_job_options(CLI::App& command, JobOptions& options);
 
+// Declares a key flag (see KeyFlag); `names` as CLI11 takes them ("-n,--slides").
+CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::string& names,
+                          std::vector<std::string> keys, const std::string& doc);
+
 // Loads the job against `schema` (defaults when no file was given) with the overrides applied.
-// `extra_overrides` come from verb-specific flags (e.g. --out) and win over the file and --set.
+// `extra_overrides` come from verb-specific flags (e.g. --out) and win over the file and --set; the key flags
+// that were given win over all of them.
 io::Config load_job(const io::Schema& schema, const JobOptions& options,
                     const std::vector<std::string>& extra_overrides = {});
 // The config points at its schema, which must outlive it: no temporaries.

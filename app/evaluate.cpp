@@ -428,7 +428,6 @@ struct EvaluateOptions {
   std::string out;
   std::string splits;
   bool include_itc = false;
-  double assume_mpp = -1.0;
 };
 
 std::vector<std::string> comma_list(const std::string& text) {
@@ -453,7 +452,6 @@ int run_evaluate(const EvaluateOptions& options) {
   if (!options.splits.empty())
     overrides.push_back(fmt::format("splits=[{}]", fmt::join(comma_list(options.splits), ", ")));
   if (options.include_itc) overrides.push_back("froc.include_itc=true");
-  if (options.assume_mpp >= 0.0) overrides.push_back(fmt::format("slides.assume_mpp={}", options.assume_mpp));
   const auto config = load_job(evaluate_schema(), options.job, overrides);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
   // One process does the work; under mpirun the other ranks have nothing to do.
@@ -658,7 +656,8 @@ Action setup_evaluate(CLI::App& command) {
                      "Comma-separated splits to evaluate, e.g. test (splits; default: all)");
   command.add_flag("--include-itc", options->include_itc,
                    "Count isolated-tumour-cell lesions like the others (froc.include_itc)");
-  command.add_option("--assume-mpp", options->assume_mpp, "um/px for slides that record none (slides.assume_mpp)");
+  add_key_flag(command, options->job, "--assume-mpp", {"slides.assume_mpp"},
+               "um/px for slides that record none (slides.assume_mpp)");
   command.footer(
       "Lesion-level FROC exactly as CAMELYON16 scores it (evaluation mask at 32x the level-0 um/px, borders grown by "
       "37.5 um, ITC lesions < 275 um ignored, one true positive per lesion; score = mean sensitivity at 1/4, 1/2, "

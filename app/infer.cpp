@@ -217,10 +217,6 @@ struct InferOptions {
   std::string out;
   std::string splits;
   std::string tta;
-  std::int64_t stride = -1;
-  std::int64_t batch = 0;
-  double threshold = -1.0;
-  std::int64_t threads = -1;
   bool force = false;
 };
 
@@ -371,11 +367,7 @@ int run_infer(const InferOptions& options) {
   if (!options.slides.empty()) overrides.push_back("slides=" + yaml_list(comma_list(options.slides)));
   if (!options.splits.empty()) overrides.push_back("splits=" + yaml_list(comma_list(options.splits)));
   if (!options.out.empty()) overrides.push_back("output=" + options.out);
-  if (options.stride >= 0) overrides.push_back(fmt::format("infer.stride={}", options.stride));
-  if (options.batch > 0) overrides.push_back(fmt::format("infer.batch_size={}", options.batch));
   if (!options.tta.empty()) overrides.push_back("infer.tta=" + options.tta);
-  if (options.threshold >= 0.0) overrides.push_back(fmt::format("infer.threshold={}", options.threshold));
-  if (options.threads >= 0) overrides.push_back(fmt::format("infer.threads={}", options.threads));
   auto config = load_job(infer_schema(), options.job, overrides);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
 
@@ -569,13 +561,14 @@ Action setup_infer(CLI::App& command) {
                      "Slides: a glob, a comma-separated list of files/globs, or a dataset.csv (slides)");
   command.add_option("-o,--out", options->out, "Output folder (output)");
   command.add_option("--splits", options->splits, "With a dataset.csv: comma-separated splits, e.g. test (splits)");
-  command.add_option("--stride", options->stride,
-                     "Pixels at the model's resolution between cells; 0 = half a tile "
-                     "(infer.stride)");
-  command.add_option("--batch", options->batch, "Tiles per forward pass (infer.batch_size)");
+  add_key_flag(command, options->job, "--stride", {"infer.stride"},
+               "Pixels at the model's resolution between cells; 0 = half a tile (infer.stride)");
+  add_key_flag(command, options->job, "--batch", {"infer.batch_size"}, "Tiles per forward pass (infer.batch_size)");
   command.add_option("--tta", options->tta, "Test-time augmentation: none, flips, d8 (infer.tta)");
-  command.add_option("--threshold", options->threshold, "P(tumour) that counts as tumour (infer.threshold)");
-  command.add_option("--threads", options->threads, "OpenMP threads per rank, 0 = all cores (infer.threads)");
+  add_key_flag(command, options->job, "--threshold", {"infer.threshold"},
+               "P(tumour) that counts as tumour (infer.threshold)");
+  add_key_flag(command, options->job, "--threads", {"infer.threads"},
+               "OpenMP threads per rank, 0 = all cores (infer.threads)");
   command.add_flag("--force", options->force,
                    "Redo every slide, also those whose outputs an earlier run made with the same checkpoint and "
                    "settings (skipped otherwise)");

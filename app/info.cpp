@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -150,9 +151,24 @@ Action setup_info(CLI::App& command) {
   auto options = std::make_shared<InfoOptions>();
   command.add_option("slides", options->slides, "Slide files (.svs .tif .ndpi .mrxs ...)")->required();
   command.add_flag("--json", options->json, "Print one JSON array instead of text");
-  command.add_option("--assume-mpp", options->assume_mpp,
-                     "Resolution (um/px) to use for slides that do not record one")
-      ->check(CLI::PositiveNumber);
+  command
+      .add_option("--assume-mpp", options->assume_mpp, "Resolution (um/px) to use for slides that do not record one")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // The same bounds as the verbs' `assume_mpp` keys, and a message that does not print DBL_MAX.
+            double value = 0.0;
+            std::size_t used = 0;
+            try {
+              value = std::stod(text, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used != text.size() || !(value > 0.0 && value <= 100.0)) {
+              return "must be a number above 0 and at most 100, got '" + text + "'";
+            }
+            return {};
+          },
+          "UM_PER_PX"));
   return [options] { return run_info(*options); };
 }
 

@@ -177,8 +177,6 @@ struct PredictOptions {
   std::string shards;
   std::string out;
   std::string splits;
-  std::int64_t batch = 0;
-  std::int64_t threads = -1;
 };
 
 int run_predict(const PredictOptions& options) {
@@ -198,8 +196,6 @@ int run_predict(const PredictOptions& options) {
     std::erase(names, std::string());
     overrides.push_back(fmt::format("data.splits=[{}]", fmt::join(names, ", ")));
   }
-  if (options.batch > 0) overrides.push_back(fmt::format("predict.batch_size={}", options.batch));
-  if (options.threads >= 0) overrides.push_back(fmt::format("predict.threads={}", options.threads));
   const auto config = load_job(predict_schema(), options.job, overrides);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
 
@@ -331,8 +327,9 @@ Action setup_predict(CLI::App& command) {
   command.add_option("-o,--out", options->out, "Predictions CSV; the .json summary goes beside it (output)");
   command.add_option("--splits", options->splits, "Comma-separated splits to predict, e.g. test,val (data.splits; "
                                                   "default: every slide)");
-  command.add_option("--batch", options->batch, "Tiles per forward pass (predict.batch_size)");
-  command.add_option("--threads", options->threads, "OpenMP threads per rank, 0 = all cores (predict.threads)");
+  add_key_flag(command, options->job, "--batch", {"predict.batch_size"}, "Tiles per forward pass (predict.batch_size)");
+  add_key_flag(command, options->job, "--threads", {"predict.threads"},
+               "OpenMP threads per rank, 0 = all cores (predict.threads)");
   command.footer(
       "Writes slide_id,x,y,label,p_tumor per tile in shard order, and a JSON summary (AUC, accuracy at 0.5, per "
       "split). Runs the same under mpirun/srun: each rank scores a part, rank 0 writes.");

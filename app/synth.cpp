@@ -242,23 +242,15 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
 Action setup_synth(CLI::App& command) {
   auto job = std::make_shared<JobOptions>();
   auto out = std::make_shared<std::string>();
-  auto count = std::make_shared<int>(0);
-  auto size = std::make_shared<int>(0);
-  auto seed = std::make_shared<long long>(-1);
   add_job_options(command, *job);
   command.add_option("-o,--out", *out, "Output folder (same as --set output=...)");
-  command.add_option("-n,--slides", *count, "Number of slides (same as --set slides.count=...)");
-  command.add_option("--size", *size, "Level-0 width and height in pixels (slides.width/height)");
-  command.add_option("--seed", *seed, "Seed (same as --set seed=...)");
-  return [job, out, count, size, seed] {
+  add_key_flag(command, *job, "-n,--slides", {"slides.count"}, "Number of slides (same as --set slides.count=...)");
+  add_key_flag(command, *job, "--size", {"slides.width", "slides.height"},
+               "Level-0 width and height in pixels (slides.width/height)");
+  add_key_flag(command, *job, "--seed", {"seed"}, "Seed (same as --set seed=...)");
+  return [job, out] {
     std::vector<std::string> overrides;
     if (!out->empty()) overrides.push_back("output=" + *out);
-    if (*count > 0) overrides.push_back(fmt::format("slides.count={}", *count));
-    if (*size > 0) {
-      overrides.push_back(fmt::format("slides.width={}", *size));
-      overrides.push_back(fmt::format("slides.height={}", *size));
-    }
-    if (*seed >= 0) overrides.push_back(fmt::format("seed={}", *seed));
     return run_synth(*job, overrides);
   };
 }

@@ -21,7 +21,6 @@ struct TrainOptions {
   std::string out;
   std::string shards;
   std::string resume;
-  std::int64_t epochs = 0;
 };
 
 int run_train(const TrainOptions& options) {
@@ -29,7 +28,6 @@ int run_train(const TrainOptions& options) {
   if (!options.out.empty()) overrides.push_back("output=" + options.out);
   if (!options.shards.empty()) overrides.push_back("data.shards=" + options.shards);
   if (!options.resume.empty()) overrides.push_back("train.resume=" + options.resume);
-  if (options.epochs > 0) overrides.push_back("train.epochs=" + std::to_string(options.epochs));
   const auto config = load_job(engine::train_schema(), options.job, overrides);
   if (maybe_print_config(config, options.job)) return io::exit_ok;
   const auto& world = io::Comm::world();
@@ -53,7 +51,7 @@ Action setup_train(CLI::App& command) {
   command.add_option("--shards", options->shards, "Shard folder (same as --set data.shards=...)");
   command.add_option("--resume", options->resume,
                      "Resume from a checkpoint, or 'auto' for the output folder's latest (train.resume)");
-  command.add_option("--epochs", options->epochs, "Epochs (same as --set train.epochs=...)");
+  add_key_flag(command, options->job, "--epochs", {"train.epochs"}, "Epochs (same as --set train.epochs=...)");
   command.footer(fmt::format("Models: {}. Runs the same under mpirun/srun (one replica per rank).",
                              fmt::join(engine::model_names(), ", ")));
   return [options] { return run_train(*options); };

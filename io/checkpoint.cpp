@@ -19,6 +19,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "io/error.h"
 #include "io/fault.h"
 #include "io/hdf5.h"
@@ -703,6 +705,27 @@ class CheckpointReader {
     return tensor;
   }
 
+  // A NaN or an infinity in a tensor a model loads (weights, buffers, optimizer state, replicas) comes from a run
+  // that diverged or from a damaged file; loaded, it turns every score into NaN, or into a confident 0 or 1,
+  // without a word. A BatchNorm running variance (PyTorch's name "<layer>.running_var") must be above 0: the layer
+  // divides by its square root. The checked read (predict, infer, train --resume) refuses such a checkpoint,
+  // naming the tensor and the first bad element (C order); the free read returns the file's numbers as they are.
+  void check_values(const CheckpointTensor& tensor, const std::string& name, const std::string& label) const {
+    const auto bad = std::find_if(tensor.data.begin(), tensor.data.end(), [](float v) { return !std::isfinite(v); });
+    const auto at = [&](std::vector<float>::const_iterator it) {
+      return "element " + std::to_string(it - tensor.data.begin()) + " is " + fmt::format("{}", *it);
+    };
+    if (bad != tensor.data.end()) {
+      fail(label + ": " + at(bad) +
+           " (a checkpoint's numbers must be finite; the run that wrote it diverged or the file is damaged)");
+    }
+    if (name != "running_var" && !name.ends_with(".running_var")) return;
+    const auto not_positive = std::find_if(tensor.data.begin(), tensor.data.end(), [](float v) { return !(v > 0.0f); });
+    if (not_positive != tensor.data.end()) {
+      fail(label + ": " + at(not_positive) + " (a BatchNorm running variance must be above 0)");
+    }
+  }
+
   // Opens each tensor of the group (in `order` first, when given) and checks where its data is stored.
   // `subset`: the group may lack tensors of `order` (optimizer state).
   void probe_tensors(hid_t parent, const char* name, const std::string& group_path,
@@ -779,7 +802,9 @@ class CheckpointReader {
       if (shape != spec.shape) {
         fail(label + " has shape " + describe_shape(shape) + ", the model expects " + describe_shape(spec.shape));
       }
-      tensors.emplace(spec.name, read_tensor(d, label));
+      CheckpointTensor tensor = read_tensor(d, label);
+      check_values(tensor, spec.name, label);
+      tensors.emplace(spec.name, std::move(tensor));
     }
     for (const auto& tensor_name : names) {
       if (known.count(tensor_name) == 0) {

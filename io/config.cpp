@@ -23,8 +23,8 @@ namespace tessera::io {
 
 namespace {
 
-// Errors from `--set` name this as their file; they have no line.
-constexpr const char* override_source = "--set";
+// Errors from an override name it as their file, "--set key=value"; they have no line.
+std::string override_source(const std::string& assignment) { return "--set " + assignment; }
 
 using Assignments = std::vector<std::pair<std::string, Value>>;
 
@@ -401,15 +401,15 @@ Assignments read_override(const Schema& schema, const std::string& assignment) {
   while (!path.empty() && is_space(path.back())) path.pop_back();
   while (!path.empty() && is_space(path.front())) path.erase(0, 1);
   if (equals == std::string::npos || path.empty()) {
-    throw ConfigError("expected 'key=value', got '" + assignment + "'", override_source, 0, "");
+    throw ConfigError("expected 'key=value', got '" + assignment + "'", override_source(assignment), 0, "");
   }
   YAML::Node value;
   try {
     value = YAML::Load(assignment.substr(equals + 1));
   } catch (const YAML::Exception& e) {
-    throw ConfigError("invalid YAML value: " + e.msg, override_source, 0, path);
+    throw ConfigError("invalid YAML value: " + e.msg, override_source(assignment), 0, path);
   }
-  Reader reader(schema, override_source, false);
+  Reader reader(schema, override_source(assignment), false);
   reader.read_entry(path, value, value);
   return reader.take();
 }
@@ -540,6 +540,17 @@ void Config::set(const std::string& assignment) {
   for (auto& [path, value] : read_override(*schema_, assignment)) {
     values_[path] = std::move(value);
     set_[path] = true;
+  }
+}
+
+void Config::set_value(const std::string& path, const std::string& text, const std::string& source) {
+  // A plain scalar node, not YAML text: a flag's value is one value whatever characters it holds.
+  const YAML::Node node(text);
+  Reader reader(*schema_, source, false);
+  reader.read_entry(path, node, node);
+  for (auto& [key, value] : reader.take()) {
+    values_[key] = std::move(value);
+    set_[key] = true;
   }
 }
 

@@ -72,8 +72,11 @@ class Config {
   static Config parse(const Schema& schema, const std::string& yaml_text, const std::string& source_name,
                       const std::vector<std::string>& overrides = {});
 
-  // Applies one "a.b=value" override; errors name "--set a.b".
+  // Applies one "a.b=value" override; errors name "--set a.b=value".
   void set(const std::string& assignment);
+  // Sets `path` from `text`, read as the key's type and checked like a YAML value; errors name `source` (a
+  // command-line flag such as "--batch") as their file.
+  void set_value(const std::string& path, const std::string& text, const std::string& source);
 
   bool get_bool(const std::string& path) const;
   std::int64_t get_int(const std::string& path) const;

@@ -60,6 +60,12 @@ void Error::render() {
   full_.clear();
   for (auto it = context_.rbegin(); it != context_.rend(); ++it) {
     if (!full_.empty()) full_.append(", ");
+    if (it->first.empty()) {  // a context that names itself: shown as is, unquoted
+      const std::string& value = it->second;
+      const bool quoted = value.size() >= 2 && value.front() == '\'';
+      full_.append(quoted ? value.substr(1, value.size() - 2) : value);
+      continue;
+    }
     full_.append(it->first).append(1, ' ').append(it->second);
   }
   if (!full_.empty()) full_.append(": ");
@@ -68,6 +74,11 @@ void Error::render() {
 
 ConfigError::ConfigError(std::string message, std::string file, int line, std::string key)
     : Error(ErrorKind::config, std::move(message)), file_(std::move(file)), line_(line), key_(std::move(key)) {
+  // A command-line source ("--batch", "--set tile.size=0") names itself and its key: "--batch: must be ...".
+  if (file_.rfind("--", 0) == 0) {
+    add_context("", file_);
+    return;
+  }
   if (!key_.empty()) add_context("key", key_);
   if (line_ > 0) add_context("line", line_);
   if (!file_.empty()) add_context("file", file_);

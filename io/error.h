@@ -66,7 +66,8 @@ class UsageError : public Error {
   explicit UsageError(std::string message) : Error(ErrorKind::usage, std::move(message)) {}
 };
 
-// A configuration mistake; names the file (or "--set"), the line (1-based, 0 = unknown) and the key.
+// A configuration mistake; names the file, the line (1-based, 0 = unknown) and the key. A command-line source
+// ("--set tile.size=0", "--batch") is its own file and is shown alone: "--batch: must be at least 1, got 0".
 class ConfigError : public Error {
  public:
   ConfigError(std::string message, std::string file, int line, std::string key);

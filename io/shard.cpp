@@ -587,8 +587,19 @@ ShardFile ShardFile::open(const std::string& path) {
     shard.fractions_.resize(count);
     shard.coords_.resize(2 * count);
     shard.slide_index_.resize(count);
-    read_all(h5, "labels", labels, H5T_NATIVE_UINT8, shard.labels_);
+    // Read wide and checked here: HDF5 would convert a stored -1 or 256 to uint8 by clipping it to a valid-looking
+    // 0 or 255. A label that is not 0 or 1 reaches training as an impossible class and prediction as a NaN AUC.
+    std::vector<std::int64_t> stored_labels(count);
+    read_all(h5, "labels", labels, H5T_NATIVE_INT64, stored_labels);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (stored_labels[i] != 0 && stored_labels[i] != 1) {
+        h5.fail("labels[" + std::to_string(i) + "] = " + std::to_string(stored_labels[i]) +
+                " is not 0 (normal) or 1 (tumour)");
+      }
+      shard.labels_[i] = static_cast<std::uint8_t>(stored_labels[i]);
+    }
     read_all(h5, "tumor_fraction", fractions, H5T_NATIVE_FLOAT, shard.fractions_);
+
     read_all(h5, "coords", coords, H5T_NATIVE_INT64, shard.coords_);
     read_all(h5, "slide_index", slide_index, H5T_NATIVE_UINT32, shard.slide_index_);
     shard.slides_ = read_strings(h5, "slides", slides);

@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -75,6 +76,67 @@ struct Block {
 };
 
 bool same_mpp(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(std::fabs(a), std::fabs(b)); }
+
+struct ClassCounts {
+  std::int64_t tiles = 0;
+  std::int64_t normal = 0;
+  std::int64_t tumour = 0;
+};
+
+std::string describe(const ClassCounts& c) {
+  return std::to_string(c.normal) + " normal and " + std::to_string(c.tumour) + " tumour";
+}
+
+// The manifest's class counts are what `train` weighs the classes by and what users read; a shard whose labels
+// say otherwise was changed or replaced after tiling. Counts a manifest does not give (0 normal and 0 tumour:
+// not written by `tessera tile`) are not checked.
+void check_class_counts(const ManifestShard& entry, const ShardFile& shard, const std::string& path,
+                        const std::string& manifest_path) {
+  if (entry.normal == 0 && entry.tumour == 0) return;
+  ClassCounts held;
+  for (const std::uint8_t label : shard.labels()) ++(label == 1 ? held.tumour : held.normal);
+  if (held.normal == entry.normal && held.tumour == entry.tumour) return;
+  throw InputError("its labels hold " + describe(held) + " tiles, but '" + manifest_path + "' lists " +
+                       describe({entry.tiles, entry.normal, entry.tumour}) + " for this shard",
+                   path);
+}
+
+// The same for each slide of the manifest, over all the shards that hold its tiles.
+void check_slide_counts(const Manifest& manifest, const std::vector<ShardFile>& shards,
+                        const std::string& manifest_path) {
+  std::map<std::string, ClassCounts> held;
+  std::map<std::string, std::set<std::string>> files;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const ShardFile& shard = shards[s];
+    const auto& slide_of = shard.slide_indices();
+    for (std::size_t i = 0; i < shard.labels().size(); ++i) {
+      const std::string& id = shard.slides()[slide_of[i]];
+      ClassCounts& c = held[id];
+      ++c.tiles;
+      ++(shard.labels()[i] == 1 ? c.tumour : c.normal);
+      files[id].insert(manifest.shards[s].file);
+    }
+  }
+  for (const ManifestSlide& slide : manifest.slides) {
+    const bool gives_tiles = slide.tiles > 0;
+    const bool gives_classes = slide.normal > 0 || slide.tumour > 0;
+    if (!gives_tiles && !gives_classes) continue;
+    const ClassCounts c = held.contains(slide.id) ? held.at(slide.id) : ClassCounts{};
+    if ((!gives_tiles || c.tiles == slide.tiles) &&
+        (!gives_classes || (c.normal == slide.normal && c.tumour == slide.tumour))) {
+      continue;
+    }
+    std::string held_by = "no shard holds any";
+    if (files.contains(slide.id)) {
+      std::string names;
+      for (const auto& file : files.at(slide.id)) names += (names.empty() ? "'" : ", '") + file + "'";
+      held_by = "its shards (" + names + ") hold " + std::to_string(c.tiles) + " (" + describe(c) + ")";
+    }
+    throw InputError("slide '" + slide.id + "': the manifest lists " + std::to_string(slide.tiles) + " tiles (" +
+                         describe({slide.tiles, slide.normal, slide.tumour}) + "), " + held_by,
+                     manifest_path);
+  }
+}
 
 }  // namespace
 
@@ -349,10 +411,11 @@ ShardDataset::ShardDataset(const std::string& folder, const ShardDatasetOptions&
   impl.options = options;
 
   const std::filesystem::path root(folder);
-  impl.manifest = read_manifest((root / "manifest.json").string());
+  const std::string manifest_path = (root / "manifest.json").string();
+  impl.manifest = read_manifest(manifest_path);
   impl.tile_size = impl.manifest.attributes.tile_size;
   double mpp = impl.manifest.attributes.mpp;
-  std::string reference = (root / "manifest.json").string();
+  std::string reference = manifest_path;
   for (const auto& entry : impl.manifest.shards) {
     const std::string path = (root / entry.file).string();
     ShardFile shard = ShardFile::open(path);
@@ -371,9 +434,11 @@ ShardDataset::ShardDataset(const std::string& folder, const ShardDatasetOptions&
                            std::to_string(shard.size()),
                        path);
     }
+    check_class_counts(entry, shard, path, manifest_path);
     if (impl.shards.empty()) reference = path;
     impl.shards.push_back(std::move(shard));
   }
+  check_slide_counts(impl.manifest, impl.shards, manifest_path);
   impl.tile_bytes = static_cast<std::size_t>(impl.tile_size) * static_cast<std::size_t>(impl.tile_size) * 3;
 
   const auto block_size = static_cast<std::int64_t>(options.block_size);

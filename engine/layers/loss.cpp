@@ -46,7 +46,13 @@ void SoftmaxCrossEntropy::prepare(const Tensor& logits) {
   probabilities_.resize(static_cast<std::size_t>(d[0] * d[1]));
   const float* log_p = log_p_.data();
   const auto count = static_cast<std::int64_t>(probabilities_.size());
-  for (std::int64_t i = 0; i < count; ++i) probabilities_[i] = std::exp(log_p[i]);
+  // log-softmax can come out a rounding error above 0 for the winning class, and exp of that is 1.0000001:
+  // a probability outside [0, 1] that every reader of the outputs rightly refuses. exp is never negative;
+  // a NaN (from a NaN logit) stays NaN rather than passing for a certain 1.
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float p = std::exp(log_p[i]);
+    probabilities_[i] = p > 1.0f ? 1.0f : p;
+  }
 }
 
 double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> labels, double gradient_scale) {

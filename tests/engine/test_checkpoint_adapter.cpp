@@ -3,6 +3,7 @@
 // the model.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -48,9 +49,10 @@ struct SmallModel {
     param("bn1.bias", ParamKind::norm_bias, {4});
     param("fc.weight", ParamKind::linear_weight, {2, 4});
     param("fc.bias", ParamKind::bias, {2});
-    for (const char* name : {"bn1.running_mean", "bn1.running_var"}) {
-      buffers.push_back({name, {4}, values_for(4, seed++)});
-    }
+    buffers.push_back({"bn1.running_mean", {4}, values_for(4, seed++)});
+    std::vector<float> variance = values_for(4, seed++);
+    for (auto& v : variance) v = std::fabs(v) + 0.5f;  // a variance is above 0, as a checked read requires
+    buffers.push_back({"bn1.running_var", {4}, std::move(variance)});
   }
   std::vector<Param*> param_ptrs() {
     std::vector<Param*> out;

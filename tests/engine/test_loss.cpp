@@ -118,6 +118,32 @@ TEST(SoftmaxCrossEntropy, PredictGivesProbabilities) {
   EXPECT_THROW(loss.backward(), io::InternalError) << "predict computes no gradient";
 }
 
+// exp(log-softmax) of the winning class can round to just above 1 (oneDNN's log-softmax is a few ulp off 0 there);
+// the probabilities are clamped into [0, 1] where they are made, for every gap between the logits, both classes
+// and both orders, with and without labels. (A NaN stays NaN: the clamp does not turn it into a certain 1.)
+TEST(SoftmaxCrossEntropy, ProbabilitiesNeverLeaveZeroOne) {
+  std::vector<float> z;
+  for (int k = 0; k <= 4000; ++k) {
+    const float gap = static_cast<float>(k) * 0.01f;  // 0 .. 40 in steps of 0.01
+    const float base = static_cast<float>(k % 7) - 3.0f;
+    z.insert(z.end(), {base + gap, base, base, base + gap});
+  }
+  const auto n = static_cast<long>(z.size() / 2);
+  SoftmaxCrossEntropy loss;
+  const auto check = [&](const std::vector<float>& p) {
+    ASSERT_EQ(p.size(), z.size());
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      ASSERT_TRUE(p[i] >= 0.0f && p[i] <= 1.0f)
+          << "p[" << i << "] = " << p[i] << " for logits " << z[i & ~1u] << ", " << z[i | 1u];
+    }
+  };
+  check(loss.predict(make_tensor({n, 2}, z)));
+  std::vector<int> labels(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int>(i % 2);
+  (void)loss.forward(make_tensor({n, 2}, z), labels);
+  check(loss.probabilities());
+}
+
 TEST(SoftmaxCrossEntropy, RejectsBadLabelsShapesAndWeights) {
   SoftmaxCrossEntropy loss;
   const Tensor z = make_tensor({2, 3}, {1, 2, 3, 4, 5, 6});

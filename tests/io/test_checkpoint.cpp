@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,15 @@ io::CheckpointTensor make_tensor(std::vector<std::int64_t> shape, std::uint32_t 
   return t;
 }
 
+// A buffer like make_tensor's, but a BatchNorm running variance is above 0 as every checked read requires.
+io::CheckpointTensor make_buffer(const std::string& name, std::vector<std::int64_t> shape, std::uint32_t seed) {
+  io::CheckpointTensor t = make_tensor(std::move(shape), seed);
+  if (name.ends_with("running_var")) {
+    for (auto& v : t.data) v = std::fabs(v) + 0.5f;
+  }
+  return t;
+}
+
 io::CheckpointMeta make_meta() {
   io::CheckpointMeta m;
   m.architecture = "resnet18";
@@ -137,7 +147,7 @@ io::Checkpoint make_checkpoint(const io::CheckpointLayout& layout) {
   c.meta = make_meta();
   std::uint32_t seed = 1;
   for (const auto& spec : layout.params) c.params[spec.name] = make_tensor(spec.shape, seed++);
-  for (const auto& spec : layout.buffers) c.buffers[spec.name] = make_tensor(spec.shape, seed++);
+  for (const auto& spec : layout.buffers) c.buffers[spec.name] = make_buffer(spec.name, spec.shape, seed++);
   return c;
 }
 
@@ -756,7 +766,7 @@ io::Replica make_replica(const io::CheckpointLayout& layout, int rank, bool with
   io::Replica r;
   std::uint32_t seed = 1000u * static_cast<std::uint32_t>(rank + 1);
   for (const auto& spec : layout.params) r.params[spec.name] = make_tensor(spec.shape, seed++);
-  for (const auto& spec : layout.buffers) r.buffers[spec.name] = make_tensor(spec.shape, seed++);
+  for (const auto& spec : layout.buffers) r.buffers[spec.name] = make_buffer(spec.name, spec.shape, seed++);
   if (with_optimizer) {
     r.optimizer.name = "sgd";
     r.optimizer.step = 100 + rank;
@@ -925,6 +935,21 @@ TEST(CheckpointReplicas, CheckedReadNamesTheBadTensorAndItsReplica) {
        2,
        "tensor 'old_head.weight' in /replicas/2/optimizer/momentum_buffer is not part of the model (no such "
        "parameter)"},
+      {"nan momentum",
+       [](io::Checkpoint& c) {
+         c.replicas[1].optimizer.slots["momentum_buffer"]["fc.bias"].data[1] = std::numeric_limits<float>::quiet_NaN();
+       },
+       1,
+       "tensor 'fc.bias' in /replicas/1/optimizer/momentum_buffer: element 1 is nan (a checkpoint's numbers must be "
+       "finite; the run that wrote it diverged or the file is damaged)"},
+      {"infinite replica weight",
+       [](io::Checkpoint& c) { c.replicas[2].params["fc.weight"].data[3] = std::numeric_limits<float>::infinity(); }, 2,
+       "tensor 'fc.weight' in /replicas/2/params: element 3 is inf (a checkpoint's numbers must be finite; the run "
+       "that wrote it diverged or the file is damaged)"},
+      {"negative replica variance", [](io::Checkpoint& c) { c.replicas[0].buffers["bn1.running_var"].data[0] = -1.0f; },
+       0,
+       "tensor 'bn1.running_var' in /replicas/0/buffers: element 0 is -1 (a BatchNorm running variance must be "
+       "above 0)"},
   };
   for (const auto& k : cases) {
     SCOPED_TRACE(k.what);
@@ -1176,6 +1201,19 @@ void apply_mutation(const std::string& path, const std::string& mutation) {
   } else if (verb == "add") {
     in >> value;
     replace_dataset(target, H5T_IEEE_F32LE, parse_dims(value));
+  } else if (verb == "set-value") {
+    // set-value <dataset> <flat index> <number: also nan, inf, -inf>: one element changed in place.
+    std::size_t index = 0;
+    in >> index >> value;
+    H5Id d{H5Dopen2(file.id, target.c_str(), H5P_DEFAULT), H5Dclose};
+    ASSERT_GE(d.id, 0) << target;
+    hsize_t n = 1;
+    for (const auto dim : dims_of(target)) n *= dim;
+    ASSERT_LT(index, n) << mutation;
+    std::vector<float> values(n);
+    ASSERT_GE(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
+    values[index] = std::strtof(value.c_str(), nullptr);
+    ASSERT_GE(H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), 0);
   } else {
     FAIL() << "unknown mutation '" << mutation << "'";
   }

@@ -439,23 +439,23 @@ TEST(ConfigOverrides, WholeSectionAsFlowMap) {
 
 TEST(ConfigOverrides, MissingEqualsIsAnError) {
   const ConfigError e = config_error([] { Config(test_schema()).set("tile.size"); });
-  EXPECT_EQ(e.file(), "--set");
+  EXPECT_EQ(e.file(), "--set tile.size");
   EXPECT_EQ(e.line(), 0);
-  EXPECT_STREQ(e.what(), "file '--set': expected 'key=value', got 'tile.size'");
+  EXPECT_STREQ(e.what(), "--set tile.size: expected 'key=value', got 'tile.size'");
   EXPECT_EQ(config_error([] { Config(test_schema()).set("=3"); }).message(), "expected 'key=value', got '=3'");
 }
 
 TEST(ConfigOverrides, UnknownKeyIsAnErrorWithSuggestion) {
   const ConfigError e = config_error([] { Config(test_schema()).set("tile.sise=3"); });
-  EXPECT_EQ(e.file(), "--set");
+  EXPECT_EQ(e.file(), "--set tile.sise=3");
   EXPECT_EQ(e.line(), 0);
   EXPECT_EQ(e.key(), "tile.sise");
-  EXPECT_STREQ(e.what(), "file '--set', key 'tile.sise': unknown key; did you mean 'tile.size'?");
+  EXPECT_STREQ(e.what(), "--set tile.sise=3: unknown key; did you mean 'tile.size'?");
 }
 
 TEST(ConfigOverrides, BadValuesAreErrors) {
   EXPECT_STREQ(config_error([] { Config(test_schema()).set("tile.size=abc"); }).what(),
-               "file '--set', key 'tile.size': expected an integer, got 'abc'");
+               "--set tile.size=abc: expected an integer, got 'abc'");
   EXPECT_EQ(config_error([] { Config(test_schema()).set("tile.size=0"); }).message(),
             "must be between 1 and 4096, got 0");
   const ConfigError syntax = config_error([] { Config(test_schema()).set("slides=[a.svs"); });
@@ -466,8 +466,33 @@ TEST(ConfigOverrides, BadValuesAreErrors) {
 
 TEST(ConfigOverrides, OverrideErrorFromParseNamesSet) {
   const ConfigError e = config_error([] { Config::parse(test_schema(), "name: x\n", "job.yaml", {"tile.mpp=big"}); });
-  EXPECT_EQ(e.file(), "--set");
+  EXPECT_EQ(e.file(), "--set tile.mpp=big");
   EXPECT_EQ(e.key(), "tile.mpp");
+}
+
+// A command-line flag's value goes through the same checks as the key's YAML value, and errors name the flag.
+TEST(ConfigOverrides, FlagValuesAreCheckedLikeTheKey) {
+  Config config(test_schema());
+  config.set_value("tile.size", "128", "--size");
+  EXPECT_EQ(config.get_int("tile.size"), 128);
+  EXPECT_TRUE(config.is_set("tile.size"));
+  config.set_value("tile.mpp", "0.25", "--mpp");
+  EXPECT_EQ(config.get_number("tile.mpp"), 0.25);
+
+  const ConfigError range = config_error([] { Config(test_schema()).set_value("tile.size", "0", "--size"); });
+  EXPECT_STREQ(range.what(), "--size: must be between 1 and 4096, got 0");
+  EXPECT_EQ(range.file(), "--size");
+  EXPECT_EQ(range.key(), "tile.size");
+  EXPECT_STREQ(config_error([] { Config(test_schema()).set_value("tile.size", "-5", "--size"); }).what(),
+               "--size: must be between 1 and 4096, got -5");
+  EXPECT_STREQ(config_error([] { Config(test_schema()).set_value("tile.size", "abc", "--size"); }).what(),
+               "--size: expected an integer, got 'abc'");
+  // The text is one value, never YAML syntax: a flow sequence or a bracket is just a bad integer.
+  EXPECT_STREQ(config_error([] { Config(test_schema()).set_value("tile.size", "[1", "--size"); }).what(),
+               "--size: expected an integer, got '[1'");
+  EXPECT_STREQ(config_error([] { Config(test_schema()).set_value("tile.mpp", "nan", "--mpp"); }).what(),
+               "--mpp: expected a number, got 'nan'");
+  EXPECT_EQ(config.get_int("tile.size"), 128) << "a failed flag changes nothing";
 }
 
 TEST(ConfigOverrides, FailedOverrideChangesNothing) {

@@ -21,8 +21,14 @@ TEST(Error, ConfigErrorNamesFileLineAndKey) {
   EXPECT_STREQ(e.what(), "file 'job.yaml', line 4, key 'tile.sise': unknown key");
   EXPECT_EQ(e.kind(), ErrorKind::config);
   EXPECT_EQ(e.line(), 4);
-  ConfigError no_line("bad value", "--set", 0, "seed");
-  EXPECT_STREQ(no_line.what(), "file '--set', key 'seed': bad value");
+  ConfigError no_line("bad value", "", 0, "seed");
+  EXPECT_STREQ(no_line.what(), "key 'seed': bad value");
+  // A command-line source names itself, key included.
+  ConfigError flag("must be at least 1, got 0", "--batch", 0, "infer.batch_size");
+  EXPECT_STREQ(flag.what(), "--batch: must be at least 1, got 0");
+  EXPECT_EQ(flag.key(), "infer.batch_size");
+  ConfigError set("unknown key", "--set tile.sise=3", 0, "tile.sise");
+  EXPECT_STREQ(set.what(), "--set tile.sise=3: unknown key");
 }
 
 TEST(Error, KindsMapToDocumentedExitCodes) {

@@ -156,6 +156,7 @@ struct PlainShard {
   hsize_t coords_width = 2;
   std::uint32_t bad_slide_index = 0;  // > 0: written at tile 5
   bool int64_labels = false;
+  std::optional<std::int64_t> bad_label;  // written at tile 7
 };
 
 void write_plain_shard(const std::string& path, const PlainShard& p) {
@@ -191,7 +192,7 @@ void write_plain_shard(const std::string& path, const PlainShard& p) {
   std::vector<std::uint32_t> slide_index;
   for (std::int64_t i = 0; i < p.n; ++i) {
     const auto r = tile_record(i, static_cast<std::uint32_t>(i % 2));
-    labels.push_back(r.label);
+    labels.push_back(i == 7 && p.bad_label ? *p.bad_label : r.label);
     fractions.push_back(r.tumor_fraction);
     for (hsize_t c = 0; c < p.coords_width; ++c) coords.push_back(c == 0 ? r.x : c == 1 ? r.y : 0);
     slide_index.push_back(i == 5 && p.bad_slide_index > 0 ? p.bad_slide_index : r.slide_index);
@@ -650,6 +651,16 @@ TEST_F(ShardBroken, RuleBreakingShards) {
   stray.bad_slide_index = 2;
   write_plain_shard(dir_.file("stray.h5"), stray);
   EXPECT_EQ(open_error(dir_.file("stray.h5")), "slide_index[5] = 2 is out of range (2 slides)");
+
+  // Labels are 0 or 1, whatever integer type stores them; HDF5 must not clip -1 or 256 into range on the way.
+  for (const std::int64_t label : {2, 255, -1, 256}) {
+    PlainShard mislabelled;
+    mislabelled.bad_label = label;
+    mislabelled.int64_labels = label < 0 || label > 255;
+    const std::string path = dir_.file("label" + std::to_string(label) + ".h5");
+    write_plain_shard(path, mislabelled);
+    EXPECT_EQ(open_error(path), "labels[7] = " + std::to_string(label) + " is not 0 (normal) or 1 (tumour)");
+  }
 
   const std::string tile_size = edited("tile-size.h5", [](hid_t file) {
     H5Id attribute{H5Aopen(file, "tile_size", H5P_DEFAULT), H5Aclose};

@@ -550,4 +550,49 @@ TEST(ShardDatasetFolder, ShardsMustAgree) {
   EXPECT_THROW(io::ShardDataset(dir.file("nowhere"), small_options()), io::FileNotFoundError);
 }
 
+// The manifest's class counts, per shard and per slide, are what the shards' labels say; counts it does not give
+// (0 and 0, as above) are not checked.
+TEST(ShardDatasetFolder, ManifestClassCountsMatchTheShards) {
+  TempDir dir;
+  const std::string path = dir.file("counts");
+  write_folder(path, {{{"A", 10}, {"B", 5}}, {{"B", 6}}});  // labels: tumour at every third global index
+  const std::string manifest_path = path + "/manifest.json";
+  auto manifest = io::read_manifest(manifest_path);
+  // Global indices 0..14 in shard 0 (A 0..9, B 10..14), 15..20 in shard 1 (B).
+  manifest.shards[0].normal = 10;
+  manifest.shards[0].tumour = 5;
+  manifest.shards[1].normal = 4;
+  manifest.shards[1].tumour = 2;
+  manifest.slides = {{"A", "a.svs", "tumor", "train", 10, 6, 4}, {"B", "b.svs", "normal", "train", 11, 8, 3}};
+  io::write_manifest(manifest_path, manifest);
+  EXPECT_NO_THROW(io::ShardDataset(path, small_options()));
+
+  auto stale_shard = manifest;
+  stale_shard.shards[1].normal = 5;
+  stale_shard.shards[1].tumour = 1;
+  io::write_manifest(manifest_path, stale_shard);
+  try {
+    io::ShardDataset dataset(path, small_options());
+    FAIL() << "stale per-shard counts";
+  } catch (const io::InputError& e) {
+    EXPECT_EQ(e.file(), path + "/shard-1.h5");
+    EXPECT_EQ(e.message(), "its labels hold 4 normal and 2 tumour tiles, but '" + manifest_path +
+                               "' lists 5 normal and 1 tumour for this shard");
+  }
+
+  auto stale_slide = manifest;
+  stale_slide.slides[1].normal = 9;
+  stale_slide.slides[1].tumour = 2;
+  io::write_manifest(manifest_path, stale_slide);
+  try {
+    io::ShardDataset dataset(path, small_options());
+    FAIL() << "stale per-slide counts";
+  } catch (const io::InputError& e) {
+    EXPECT_EQ(e.file(), manifest_path);
+    EXPECT_EQ(e.message(),
+              "slide 'B': the manifest lists 11 tiles (9 normal and 2 tumour), its shards ('shard-0.h5', "
+              "'shard-1.h5') hold 11 (8 normal and 3 tumour)");
+  }
+}
+
 }  // namespace
