@@ -308,6 +308,9 @@ WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engin
                            const std::string& position, const fs::path& out, const prep::OutputOptions& output_options,
                            double assume_mpp, double threshold, const std::string& key) {
   const auto t_outputs = std::chrono::steady_clock::now();
+  // The slide's record goes first: outputs being rewritten (other settings, a killed or failing run) are never
+  // taken for the recorded ones.
+  fs::remove(slide_record_path(out, input.id));
   std::vector<std::string> written;
   prep::SlideResult result;
   try {

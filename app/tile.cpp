@@ -350,23 +350,43 @@ std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks,
 // when a rerun keeps the shard.
 class PixelChecksum {
  public:
+  // The same bytes give the same checksum however they are split into calls (a partial word waits for the next).
   void add(const std::uint8_t* data, std::size_t bytes) {
     std::size_t i = 0;
+    while (i < bytes && pending_size_ != 0) take(data[i++]);
     for (; i + sizeof(std::uint64_t) <= bytes; i += sizeof(std::uint64_t)) {
       std::uint64_t word = 0;
       std::memcpy(&word, data + i, sizeof word);
       mix(word);
     }
-    for (; i < bytes; ++i) mix(data[i]);
+    while (i < bytes) take(data[i++]);
   }
-  std::string hex() const { return fmt::format("{:016x}", hash_); }
+  void add(const std::string& text) {
+    add(reinterpret_cast<const std::uint8_t*>(text.data()), text.size() + 1);  // with its terminating zero
+  }
+  std::string hex() const {
+    PixelChecksum done = *this;
+    for (std::size_t i = 0; i < pending_size_; ++i) done.mix(pending_[i]);
+    return fmt::format("{:016x}", done.hash_);
+  }
 
  private:
+  void take(std::uint8_t byte) {
+    pending_[pending_size_++] = byte;
+    if (pending_size_ == sizeof(std::uint64_t)) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, pending_, sizeof word);
+      mix(word);
+      pending_size_ = 0;
+    }
+  }
   void mix(std::uint64_t value) {
     hash_ ^= value;
     hash_ *= 1099511628211ULL;
   }
   std::uint64_t hash_ = 1469598103934665603ULL;
+  std::uint8_t pending_[sizeof(std::uint64_t)] = {};
+  std::size_t pending_size_ = 0;
 };
 
 const char* const kRecordFolder = ".tessera-tile-shards";
@@ -380,29 +400,39 @@ struct ShardRecord {
   std::int64_t index = -1;
   std::int64_t first = 0;
   std::int64_t count = 0;
+  std::string tiles;                          // digest of the span's tiles: slide, position and label of each
+  std::int64_t kept = 0;                      // tiles the shard holds (fewer than count when damaged ones were skipped)
   std::string checksum;                       // PixelChecksum of the extracted (unchecked) shard
-  std::map<std::string, std::string> failed;  // slide id → error, found while writing this shard
+  std::map<std::string, std::string> failed;  // slide id → error, for every slide of the span not read whole
 };
 
 void write_record(const fs::path& out, const ShardRecord& record) {
-  const json doc = {{"job", record.job},     {"index", record.index},       {"first", record.first},
-                    {"count", record.count}, {"checksum", record.checksum}, {"failed", record.failed}};
+  const json doc = {{"job", record.job},           {"index", record.index}, {"first", record.first},
+                    {"count", record.count},       {"tiles", record.tiles}, {"kept", record.kept},
+                    {"checksum", record.checksum}, {"failed", record.failed}};
   io::write_file_atomic(record_path(out, record.index).string(), doc.dump() + "\n");
 }
 
 // The record of shard `span` of this job, if there is one that matches; nullopt otherwise (no record, another job's,
-// another span: the rank count changed, unreadable).
-std::optional<ShardRecord> read_record(const fs::path& out, const std::string& job, const ShardSpan& span) {
+// another span: the rank count changed, other tiles at the span's place: a slide failed planning in one run and not
+// in the other, unreadable).
+std::optional<ShardRecord> read_record(const fs::path& out, const std::string& job, const ShardSpan& span,
+                                       const std::string& tiles) {
   const fs::path path = record_path(out, span.index);
   if (!fs::exists(path)) return std::nullopt;
   try {
     std::ifstream in(path);
     const json doc = json::parse(in);
-    ShardRecord record{
-        doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
-        doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
-        doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
-    if (record.job != job || record.index != span.index || record.first != span.first || record.count != span.count) {
+    ShardRecord record{doc.at("job").get<std::string>(),
+                       doc.at("index").get<std::int64_t>(),
+                       doc.at("first").get<std::int64_t>(),
+                       doc.at("count").get<std::int64_t>(),
+                       doc.at("tiles").get<std::string>(),
+                       doc.at("kept").get<std::int64_t>(),
+                       doc.at("checksum").get<std::string>(),
+                       doc.at("failed").get<std::map<std::string, std::string>>()};
+    if (record.job != job || record.index != span.index || record.first != span.first || record.count != span.count ||
+        record.tiles != tiles) {
       return std::nullopt;
     }
     return record;
@@ -418,8 +448,8 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
   try {
     const auto shard = io::ShardFile::open(path);
     if (!check_pixels) return true;
-    if (shard.size() != record.count) {
-      spdlog::warn("{}: {} tiles, its record says {}; extracted again", path, shard.size(), record.count);
+    if (shard.size() != record.kept) {
+      spdlog::warn("{}: {} tiles, its record says {}; extracted again", path, shard.size(), record.kept);
       return false;
     }
     PixelChecksum checksum;
@@ -517,8 +547,12 @@ class Extractor {
   // pixels are damaged (CorruptTileError) is left out instead and counted in corrupt(); its slide goes on. Such a
   // shard holds fewer tiles than planned (none at all: no file; a rerun of the job then tries it again), and its
   // record's tile count (the planned one) no longer matches it: a rerun extracts it again rather than keep it.
-  // Returns the checksum of the pixels the shard holds.
-  std::string write_shard(const std::string& path, const std::vector<JobTile>& tiles,
+  // Returns the checksum of the pixels the shard holds and their tile count.
+  struct Written {
+    std::string checksum;
+    std::int64_t tiles = 0;
+  };
+  Written write_shard(const std::string& path, const std::vector<JobTile>& tiles,
                           std::map<std::string, std::string>& failed, io::Progress& progress) {
     std::vector<std::string> slide_ids;
     std::map<std::uint32_t, std::uint32_t> local_index;
@@ -585,7 +619,7 @@ class Extractor {
       rewrite_without(whole, path, {}, dropped);
       std::filesystem::remove(whole);
     }
-    return checksum.hex();
+    return {checksum.hex(), static_cast<std::int64_t>(tiles.size() - dropped.size())};
   }
 
  private:
@@ -756,7 +790,7 @@ int run_tile(const TileOptions& options) {
     }
     if (same_job && !preview_only && fs::exists(manifest_path)) {
       if (manifest_matches(out, manifest_path, hash, state)) {
-        up_to_date = 1;
+        up_to_date = io::read_manifest(manifest_path.string()).failures.empty() ? 1 : 2;  // 2: with failed slides
       } else {
         same_job = false;  // what is there cannot be trusted as this job's: start over
       }
@@ -785,8 +819,13 @@ int run_tile(const TileOptions& options) {
     if (world.is_root()) {
       spdlog::info("{} is up to date for this job (same config and slides); use --force to rebuild",
                    manifest_path.string());
+      // The job as it stands had failures: say so again, and exit as it did (a slide whose failure was passing,
+      // such as a permission since fixed, is tried again with --force).
+      for (const auto& f : io::read_manifest(manifest_path.string()).failures) {
+        spdlog::error("slide {} failed in that run: {}", f.slide, f.error);
+      }
     }
-    return io::exit_ok;
+    return up_to_date == 2 ? io::exit_input : io::exit_ok;
   }
   world.barrier();
 
@@ -851,12 +890,20 @@ int run_tile(const TileOptions& options) {
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
       const fs::path final_path = out / shard_name(span.index);
       const std::string unchecked = final_path.string() + ".unchecked";
+      const std::vector<JobTile> tiles(job.begin() + span.first, job.begin() + span.first + span.count);
+      PixelChecksum digest;
+      for (const auto& t : tiles) {
+        const auto& planned = plans[t.slide].tiles[t.tile];
+        digest.add(plans[t.slide].input.id);
+        const std::int64_t fields[] = {planned.x, planned.y, planned.label};
+        digest.add(reinterpret_cast<const std::uint8_t*>(fields), sizeof fields);
+      }
       // Finished by an earlier run of this same job: kept when its record and its file agree.
-      if (const auto record = read_record(out, hash, span)) {
+      if (const auto record = read_record(out, hash, span, digest.hex())) {
         const bool checked = fs::exists(final_path);
         if ((checked || fs::exists(unchecked)) &&
             shard_matches(checked ? final_path.string() : unchecked, *record, !checked)) {
-          spdlog::info("{}: kept from an earlier run of this job ({} tiles{})", shard_name(span.index), span.count,
+          spdlog::info("{}: kept from an earlier run of this job ({} tiles{})", shard_name(span.index), record->kept,
                        checked ? "" : ", pixels verified");
           extract_failed.insert(record->failed.begin(), record->failed.end());
           if (!checked) written.push_back(span);
@@ -866,12 +913,15 @@ int run_tile(const TileOptions& options) {
       }
       fs::remove(final_path);
       fs::remove(unchecked);
-      const std::vector<JobTile> tiles(job.begin() + span.first, job.begin() + span.first + span.count);
-      const auto failed_before = extract_failed;
-      ShardRecord record{hash, span.index, span.first, span.count, {}, {}};
-      record.checksum = extractor.write_shard(unchecked, tiles, extract_failed, progress);
-      for (const auto& [id, error] : extract_failed) {
-        if (!failed_before.contains(id)) record.failed.emplace(id, error);
+      ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}};
+      const auto shard = extractor.write_shard(unchecked, tiles, extract_failed, progress);
+      record.checksum = shard.checksum;
+      record.kept = shard.tiles;
+      // Every slide of the span whose tiles are placeholders here, whenever its failure was first seen: a rerun
+      // that keeps this shard must drop them again.
+      for (const auto& t : tiles) {
+        const auto& id = plans[t.slide].input.id;
+        if (const auto it = extract_failed.find(id); it != extract_failed.end()) record.failed.emplace(id, it->second);
       }
       write_record(out, record);
       // Fault point "tile.shard-finished" (io/fault.h): after a shard and its record are complete, e.g.
@@ -921,9 +971,18 @@ int run_tile(const TileOptions& options) {
   // Manifest (rank 0), from the shards as they are on disk.
   int code = failed.empty() ? io::exit_ok : io::exit_input;
   if (world.is_root()) {
-    // Every shard of this job is in place now; an unchecked one left is of an earlier run on another rank count.
+    // Every shard of this job is in place now; an unchecked one left, or a shard (and its record) beyond this
+    // job's, is of an earlier run on another rank count.
+    std::set<std::string> ours;
+    for (const auto& rank_spans : spans) {
+      for (const auto& span : rank_spans) ours.insert(shard_name(span.index));
+    }
     for (const auto& entry : fs::directory_iterator(out)) {
-      if (entry.path().filename().string().ends_with(".unchecked")) fs::remove(entry.path());
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".unchecked") || (name.starts_with("shard-") && name.ends_with(".h5") && !ours.contains(name))) {
+        fs::remove(entry.path());
+        fs::remove(out / kRecordFolder / (name + ".json"));
+      }
     }
     io::Manifest manifest;
     manifest.config_hash = hash;

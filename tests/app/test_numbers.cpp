@@ -33,9 +33,7 @@ json read_json(const fs::path& path) {
 }
 
 // The shared real slides (../shared/data/real-slides beside the repository; not committed).
-fs::path real_slides() {
-  return testing::test_data_dir().parent_path().parent_path().parent_path() / "shared" / "data" / "real-slides";
-}
+fs::path real_slides() { return testing::shared_data_dir() / "real-slides"; }
 
 // Every probability infer wrote for a slide: the heatmap's scored cells, the detections' first column and the
 // report's slide score. Each must lie in [0, 1]; returns how many were checked.

@@ -152,7 +152,7 @@ TEST_P(BrokenDataset, FailsNamingTheFileLineAndColumn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BrokenDataset, ::testing::ValuesIn(dataset_cases()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& instance) { return instance.param; });
 
 TEST(DatasetCsv, EveryBrokenCaseIsFound) { EXPECT_GE(dataset_cases().size(), 10u); }
 

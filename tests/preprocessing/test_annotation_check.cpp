@@ -92,7 +92,7 @@ TEST_P(LabelsNothing, IsAnInputErrorNamingTheFileTheGroupsAndTheTumourClasses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, LabelsNothing, ::testing::ValuesIn(cases()),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+                         [](const ::testing::TestParamInfo<std::string>& instance) { return instance.param; });
 
 TEST(TumourAnnotations, EveryDataCaseIsFound) { EXPECT_GE(cases().size(), 8u); }
 
