@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
     return 2;
   };
   if (argc < 3) return usage();
-  const auto target = std::find_if(targets.begin(), targets.end(), [&](const Named& t) { return t.name == std::string(argv[1]); });
+  const auto target =
+      std::find_if(targets.begin(), targets.end(), [&](const Named& t) { return t.name == std::string(argv[1]); });
   if (target == targets.end()) return usage();
 
   std::vector<fs::path> files;

@@ -40,6 +40,7 @@ if [ -f "$xml" ]; then
   ' "$xml" > "$out/asap_xml/real-camelyon16-head.xml"
 fi
 
+chmod -R u+w "$out"  # copies of read-only files
 for target in "$out"/*/; do
   echo "fuzz-seeds: $(basename "$target"): $(find "$target" -type f | wc -l) seeds from real files"
 done

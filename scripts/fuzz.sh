@@ -7,7 +7,8 @@
 #
 # The run count of a target is FUZZ_SECONDS x its executions per second measured here (RATE below), so a given
 # FUZZ_SECONDS always means the same executions, whatever the machine's speed or load; -max_total_time only stops a
-# run that takes five times longer than planned (it is then reported as cut short). The starting corpus is made
+# run that takes five times longer than planned (it is then reported as cut short). FUZZ_CALIBRATE=1 instead runs each
+# target for FUZZ_SECONDS of time and prints its executions per second, the figure for RATE. The starting corpus is made
 # afresh in <build-fuzz>/fuzz-work/corpus/<target>/: the committed seeds (fuzz/corpus/, fuzz/regressions/), the
 # matching cases of tests/data/, the demo configs, and seeds cut from ../shared/data/real-slides/ when it is there
 # (scripts/fuzz-seeds.sh). A crash, leak or UBSan finding is written to <build-fuzz>/fuzz-work/crashes/<target>/ and
@@ -20,10 +21,12 @@ seconds=${FUZZ_SECONDS:-60}
 targets=(${FUZZ_TARGETS:-config asap_xml geojson dataset_csv detections_csv manifest tiff})
 work=$build/fuzz-work
 
-# Executions per second of each target on this project's machine (2 cores, measured with `make fuzz`), and the
-# largest input libFuzzer makes for it.
+# Executions per second of each target on this project's machine (2 cores, measured with FUZZ_CALIBRATE=1), the
+# dictionary of tokens libFuzzer inserts (fuzz/dict/), and the largest input it makes.
 declare -A RATE=([config]=1000 [asap_xml]=1000 [geojson]=1000 [dataset_csv]=1000 [detections_csv]=1000
                  [manifest]=1000 [tiff]=500)
+declare -A DICT=([config]=yaml [asap_xml]=xml [geojson]=json [dataset_csv]=csv [detections_csv]=csv [manifest]=json
+                 [tiff]=tiff)
 declare -A MAX_LEN=([config]=8192 [asap_xml]=16384 [geojson]=16384 [dataset_csv]=4096 [detections_csv]=4096
                     [manifest]=8192 [tiff]=65536)
 
@@ -65,6 +68,8 @@ failed=0
 summary=()
 for t in "${targets[@]}"; do
   runs=$((RATE[$t] * seconds))
+  limit=(-runs="$runs" -max_total_time=$((seconds * 5)))
+  [ -n "${FUZZ_CALIBRATE:-}" ] && runs=0 && limit=(-max_total_time="$seconds")
   seeds=$(find "$work/corpus/$t" -type f | wc -l)
   log=$work/$t.log
   echo "fuzz: $t: $runs executions from $seeds seeds (log: $log)"
@@ -72,20 +77,24 @@ for t in "${targets[@]}"; do
   status=0
   # Leak detection stays on: these parsers use libtiff, yaml-cpp, pugixml and nlohmann-json, none of which keep
   # allocations until exit (Open MPI and OpenSlide, which do, are linked but never started or opened here).
-  "$build/fuzz/${t}_fuzzer" -seed=1 -runs="$runs" -max_len="${MAX_LEN[$t]}" -timeout=10 -rss_limit_mb=2048 \
-    -max_total_time=$((seconds * 5)) -print_final_stats=1 -artifact_prefix="$work/crashes/$t/" \
+  "$build/fuzz/${t}_fuzzer" -seed=1 "${limit[@]}" -dict="$root/fuzz/dict/${DICT[$t]}.dict" -max_len="${MAX_LEN[$t]}" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$work/crashes/$t/" \
     "$work/corpus/$t" > "$log" 2>&1 || status=$?
   elapsed=$(($(date +%s) - start))
   done_runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   crashes=$(find "$work/crashes/$t" -type f | wc -l)
   note=""
-  if [ "$status" -ne 0 ] || [ "$crashes" -ne 0 ]; then
+  if [ -z "$done_runs" ]; then
+    failed=1
+    note="FAILED: did not run (exit $status): $(tail -n 2 "$log" | tr '\n' ' ')"
+  elif [ "$status" -ne 0 ] || [ "$crashes" -ne 0 ]; then
     failed=1
     note="FAILED (exit $status): $(grep -m 1 -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error)' "$log" || true)"
     for c in "$work/crashes/$t"/*; do note+=$'\n'"    input: $c"; done
   elif [ "${done_runs:-0}" -lt "$runs" ]; then
     note="cut short by the time limit after ${done_runs:-0} of $runs executions"
   fi
+  [ -n "${FUZZ_CALIBRATE:-}" ] && note="$(( ${done_runs:-0} / (elapsed > 0 ? elapsed : 1) )) executions per second"
   summary+=("$(printf '%-15s %10s executions %4s s %3s crashes  %s' "$t" "${done_runs:-?}" "$elapsed" "$crashes" "$note")")
 done
 
