@@ -24,7 +24,7 @@ work=$build/fuzz-work
 # Executions per second of each target on this project's machine (2 cores, measured with FUZZ_CALIBRATE=1), the
 # dictionary of tokens libFuzzer inserts (fuzz/dict/), and the largest input it makes.
 declare -A RATE=([config]=250 [asap_xml]=8000 [geojson]=6000 [dataset_csv]=15000 [detections_csv]=10000
-                 [manifest]=6000 [tiff]=2500)
+                 [manifest]=6000 [tiff]=2000)
 declare -A DICT=([config]=yaml [asap_xml]=xml [geojson]=json [dataset_csv]=csv [detections_csv]=csv [manifest]=json
                  [tiff]=tiff)
 declare -A MAX_LEN=([config]=8192 [asap_xml]=16384 [geojson]=16384 [dataset_csv]=4096 [detections_csv]=4096
