@@ -1,16 +1,21 @@
 # Tessera — the two commands of the README, and a few more for developers.
 #   make demo    install what is missing, build, run the demo job on generated data
 #   make test    install what is missing, build, run every test through CTest
+#   make fuzz    build the parsers' fuzz targets with clang (build-fuzz) and run each for FUZZ_SECONDS (60)
 SHELL := /bin/bash
 BUILD ?= build
 BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 REPEAT ?= 10
+EXTENDED_FUZZ_SECONDS ?= 600
 ASAN_EXTENDED ?= $(shell cat tests/asan-extended.txt 2>/dev/null | grep -v '^\#' | paste -sd'|')
 
-.PHONY: all deps configure build test test-load test-repeat demo test-asan test-asan-all asan-build ci-extended bench format lint clean
+.PHONY: all deps configure build test test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
+	bench format lint clean
 
 all: build
 
@@ -65,7 +70,17 @@ asan-build: deps
 # What CI leaves out for time, run before resolving an issue: the suite REPEAT times (also under load), every
 # sanitizer case, and each fuzz target for FUZZ_SECONDS (default 600).
 ci-extended: test-repeat test-asan-all
-	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$${FUZZ_SECONDS:-600}
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(EXTENDED_FUZZ_SECONDS)
+
+# libFuzzer targets of the parsers (fuzz/), built with clang in their own folder, each run with seed 1 for a fixed
+# number of executions (about FUZZ_SECONDS each): the same run every time. Crashes go to
+# $(BUILD_FUZZ)/fuzz-work/crashes/<target>/ and fail the run (scripts/fuzz.sh).
+fuzz:
+	@scripts/install-deps.sh --fuzz
+	@cmake -S . -B $(BUILD_FUZZ) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DTESSERA_FUZZ=ON -DTESSERA_SIMULATOR=OFF > /dev/null
+	@cmake --build $(BUILD_FUZZ) -j $(JOBS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh $(BUILD_FUZZ)
 
 # The benchmarks, with the Python tools they compare against (scripts/install-deps.sh --bench).
 bench: build
@@ -86,4 +101,4 @@ lint: configure
 	@git ls-files 'app/*.cpp' 'engine/*.cpp' 'io/*.cpp' 'preprocessing/*.cpp' | xargs clang-tidy -p $(BUILD) --quiet
 
 clean:
-	@rm -rf $(BUILD) $(BUILD_ASAN)
+	@rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -497,22 +497,17 @@ std::vector<Annotation> read_geojson(const std::string& path) {
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error for broken syntax; out_of_range (406) for a number past a double's range, e.g. 1e400.
     // nlohmann's message already says "parse error at line L, column C: ..."; keep the byte offset too.
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; the rest says line, column and what is wrong.
     std::string detail = e.what();
     if (const auto tag = detail.find("] "); detail.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
       detail.erase(0, tag + 2);
     }
-    throw InputError("invalid JSON at byte " + std::to_string(e.byte) + ": " + detail, path);
-  } catch (const json::exception& e) {
-    // A number too large for a double ("1e400") is an out_of_range error, not a parse_error: still the file's
-    // fault, and the message names the number.
-    std::string detail = e.what();
-    if (const auto tag = detail.find("] "); detail.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
-      detail.erase(0, tag + 2);
-    }
-    throw InputError("invalid JSON: " + detail, path);
+    const auto* syntax = dynamic_cast<const json::parse_error*>(&e);
+    throw InputError(
+        "invalid JSON" + (syntax ? " at byte " + std::to_string(syntax->byte) : std::string()) + ": " + detail, path);
   }
   const json* features = nullptr;
   json single = json::array();

@@ -345,7 +345,8 @@ class CheckpointWriter {
   void write_state(const StateMap& state) {
     Handle group = create_group(file_, state_group, "/state");
     const hid_t g = group.get();
-    for (const auto& [name, value] : state) {
+    for (const auto& [key, value] : state) {
+      const std::string& name = key;  // a lambda may not capture a structured binding before clang 16 (make fuzz)
       std::visit(
           [&](const auto& v) {
             using T = std::decay_t<decltype(v)>;

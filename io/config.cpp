@@ -15,6 +15,7 @@
 #include <sstream>
 #include <utility>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "io/error.h"
@@ -373,20 +374,49 @@ class Reader {
   Assignments assignments_;
 };
 
+// Where each document of a YAML text starts. Not YAML::LoadAll: on some broken text (",!int s: :") yaml-cpp 0.7's
+// parser hands out empty documents at the same place forever, and LoadAll never returns (found by fuzz/config). A
+// document that starts where the previous one did is that: the text cannot be parsed past it.
+class DocumentStarts : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
 // Reads a whole YAML document (the file's text) against the schema.
 Assignments read_document(const Schema& schema, const std::string& text, const std::string& file) {
-  std::vector<YAML::Node> documents;
+  DocumentStarts starts;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(text);
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(starts)) {
+      const std::size_t n = starts.marks.size();
+      if (n >= 2 && starts.marks[n - 1].pos <= starts.marks[n - 2].pos) {
+        const YAML::Mark& at = starts.marks[n - 1];
+        throw ConfigError("invalid YAML: cannot be read past line " + std::to_string(at.line + 1) + ", column " +
+                              std::to_string(at.column + 1),
+                          file, at.line + 1, "");
+      }
+    }
+    if (starts.marks.size() == 1) root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw ConfigError("invalid YAML: " + e.msg, file, e.mark.line >= 0 ? e.mark.line + 1 : 0, "");
   }
-  if (documents.empty()) return {};  // an empty file, or only comments: all defaults
-  Reader reader(schema, file, true);
-  if (documents.size() > 1) {
-    reader.fail("expected one YAML document, got " + std::to_string(documents.size()), documents[1], "");
+  if (starts.marks.empty()) return {};  // an empty file, or only comments: all defaults
+  if (starts.marks.size() > 1) {
+    throw ConfigError("expected one YAML document, got " + std::to_string(starts.marks.size()), file,
+                      starts.marks[1].line + 1, "");
   }
-  const YAML::Node& root = documents.front();
+  Reader reader(schema, file, true);
   if (root.IsNull()) return {};
   if (!root.IsMap()) reader.fail("expected a map of keys at the top level, got " + describe(root), root, "");
   reader.read_section("", root);

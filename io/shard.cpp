@@ -826,13 +826,16 @@ Manifest read_manifest(const std::string& path) {
   json doc;
   try {
     doc = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error for broken syntax; out_of_range (406) for a number past a double's range, e.g. 1e400.
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; the rest says line, column and what is wrong.
     std::string detail = e.what();
     if (const auto tag = detail.find("] "); detail.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) {
       detail.erase(0, tag + 2);
     }
-    throw InputError("invalid JSON at byte " + std::to_string(e.byte) + ": " + detail, path);
+    const auto* syntax = dynamic_cast<const json::parse_error*>(&e);
+    throw InputError(
+        "invalid JSON" + (syntax ? " at byte " + std::to_string(syntax->byte) : std::string()) + ": " + detail, path);
   }
   if (!doc.is_object()) throw InputError(std::string("manifest must be a JSON object, got ") + doc.type_name(), path);
 

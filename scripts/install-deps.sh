@@ -18,9 +18,15 @@ packages=(
 )
 
 # `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
-if [ "${1:-}" = "--bench" ]; then
-  packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch)
-fi
+# `install-deps.sh --fuzz` adds what `make fuzz` builds with: clang, its libFuzzer/sanitizer runtimes and its
+# OpenMP (the engine, which the detections and config targets link, uses OpenMP).
+for option in "$@"; do
+  case "$option" in
+    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch) ;;
+    --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
+    *) echo "install-deps.sh: unknown option '$option' (--bench, --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

@@ -756,6 +756,9 @@ TEST_F(ManifestBroken, EachProblemIsNamed) {
   }
   EXPECT_EQ(error_for(R"({"format": "tessera-shards", "version": 1,)").rfind("invalid JSON at byte", 0), 0u);
   EXPECT_EQ(error_for("[1, 2]"), "manifest must be a JSON object, got array");
+  // A number past a double's range is bad input too, not an uncaught library error (found by fuzz/manifest).
+  EXPECT_EQ(error_for(head + R"("attributes": {"tile_size": 64, "mpp": 5e400}, "shards": []})"),
+            "invalid JSON: number overflow parsing '5e400'");
   EXPECT_EQ(error_for(R"({"version": 1})"), "missing required field 'format'");
   EXPECT_EQ(error_for(R"({"format": "tessera-shard", "version": 1})"),
             "field 'format': expected 'tessera-shards', got 'tessera-shard'");
