@@ -13,7 +13,16 @@
 //                    second signal would; nothing after the point runs, no destructor, no atexit)
 //           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
 //
-// Example: TESSERA_FAULT="train.checkpoint-published after=2 rank=0" kills rank 0 right after it published its
+// The points (each documented where it is called):
+//   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published      (engine/trainer.cpp)
+//   train.step                 every rank, after each optimizer step and its logging       (engine/trainer.cpp)
+//   tile.shard-finished        after a shard and its resume record are complete            (app/tile.cpp)
+//   infer.slide-finished       rank 0, after a slide's outputs and its record are complete (app/infer.cpp)
+//   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)
+//   checkpoint.write           each tensor written to a checkpoint (enospc, eio)           (io/checkpoint.cpp)
+//   heatmap.write              each dataset written to a heatmap file (enospc, eio)        (io/heatmap.cpp)
+//
+// Example: TESSERA_FAULT="train.checkpoint-written after=2 rank=0" kills rank 0 right after it published its
 // second checkpoint. A malformed TESSERA_FAULT is reported on stderr and ends the process with exit code 2.
 #pragma once
 
