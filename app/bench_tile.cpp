@@ -409,7 +409,8 @@ int run_bench_tile(const TileBenchOptions& o) {
   const std::int64_t wanted = std::max(std::int64_t{o.read_set_mb} << 20, kReadSetBuffers * buffer_bytes);
   std::vector<std::string> shard_files;
   std::int64_t set_bytes = 0;
-  for (int copy = 0; set_bytes < wanted; ++copy) {
+  int copies = 0;
+  for (int copy = 0; set_bytes < wanted; ++copy, ++copies) {
     for (const auto& entry : written.shards) {
       auto copied = entry;
       copied.file = fmt::format("copy{:03}-{}", copy, entry.file);
@@ -418,6 +419,12 @@ int run_bench_tile(const TileBenchOptions& o) {
       set_bytes += static_cast<std::int64_t>(fs::file_size(read_set / copied.file));
       read_manifest.shards.push_back(copied);
     }
+  }
+  // Every slide's tiles are there `copies` times: the manifest's counts say so (readers check them against the shards).
+  for (auto& slide : read_manifest.slides) {
+    slide.tiles *= copies;
+    slide.normal *= copies;
+    slide.tumour *= copies;
   }
   io::write_manifest((read_set / "manifest.json").string(), read_manifest);
   std::vector<char> chunk(kSequentialChunk);
