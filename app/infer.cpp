@@ -310,7 +310,8 @@ WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engin
   const auto t_outputs = std::chrono::steady_clock::now();
   // The slide's record goes first: outputs being rewritten (other settings, a killed or failing run) are never
   // taken for the recorded ones.
-  fs::remove(slide_record_path(out, input.id));
+  std::error_code ignored;  // no record to remove is fine; one that cannot be removed fails the write below
+  fs::remove(slide_record_path(out, input.id), ignored);
   std::vector<std::string> written;
   prep::SlideResult result;
   try {

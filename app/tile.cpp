@@ -898,19 +898,21 @@ int run_tile(const TileOptions& options) {
         const std::int64_t fields[] = {planned.x, planned.y, planned.label};
         digest.add(reinterpret_cast<const std::uint8_t*>(fields), sizeof fields);
       }
-      // Finished by an earlier run of this same job: kept when its record and its file agree.
-      if (const auto record = read_record(out, hash, span, digest.hex())) {
-        const bool checked = fs::exists(final_path);
-        if ((checked || fs::exists(unchecked)) &&
-            shard_matches(checked ? final_path.string() : unchecked, *record, !checked)) {
-          spdlog::info("{}: kept from an earlier run of this job ({} tiles{})", shard_name(span.index), record->kept,
-                       checked ? "" : ", pixels verified");
-          extract_failed.insert(record->failed.begin(), record->failed.end());
-          if (!checked) written.push_back(span);
-          progress.advance(span.count);
-          continue;
-        }
+      // Finished by an earlier run of this same job: kept when its record and its file agree. Only an extracted
+      // (unchecked) shard is kept: one already put in place (a run killed between that and its manifest) may have
+      // been rewritten without slides that failed elsewhere in that run, which this run's failures need not match;
+      // it is extracted again.
+      if (const auto record = read_record(out, hash, span, digest.hex());
+          record && !fs::exists(final_path) && fs::exists(unchecked) && shard_matches(unchecked, *record, true)) {
+        spdlog::info("{}: kept from an earlier run of this job ({} tiles, pixels verified)", shard_name(span.index),
+                     record->kept);
+        extract_failed.insert(record->failed.begin(), record->failed.end());
+        written.push_back(span);
+        progress.advance(span.count);
+        continue;
       }
+      // The old record goes first: a new shard next to it is never taken for the recorded one.
+      fs::remove(record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
       ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}};
@@ -981,8 +983,11 @@ int run_tile(const TileOptions& options) {
       const std::string name = entry.path().filename().string();
       if (name.ends_with(".unchecked") || (name.starts_with("shard-") && name.ends_with(".h5") && !ours.contains(name))) {
         fs::remove(entry.path());
-        fs::remove(out / kRecordFolder / (name + ".json"));
       }
+    }
+    for (const auto& entry : fs::directory_iterator(out / kRecordFolder)) {  // records of shards not of this job
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".json") && !ours.contains(name.substr(0, name.size() - 5))) fs::remove(entry.path());
     }
     io::Manifest manifest;
     manifest.config_hash = hash;
@@ -1002,7 +1007,13 @@ int run_tile(const TileOptions& options) {
       io::ManifestShard entry{path.filename().string(), shard.size(), 0, 0, shard.slides()};
       for (std::int64_t i = 0; i < shard.size(); ++i) {
         const auto label = shard.labels()[static_cast<std::size_t>(i)];
-        auto& slide = slides[shard.slides()[shard.slide_indices()[static_cast<std::size_t>(i)]]];
+        const std::string& id = shard.slides()[shard.slide_indices()[static_cast<std::size_t>(i)]];
+        const auto found = slides.find(id);
+        if (found == slides.end()) {
+          throw io::InternalError(
+              fmt::format("{} holds tiles of slide '{}', which failed or is not in this job", path.string(), id));
+        }
+        auto& slide = found->second;
         ++slide.tiles;
         (label == 1 ? entry.tumour : entry.normal) += 1;
         (label == 1 ? slide.tumour : slide.normal) += 1;
