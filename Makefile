@@ -68,7 +68,7 @@ asan-build: deps
 	@cmake --build $(BUILD_ASAN) -j $(JOBS)
 
 # What CI leaves out for time, run before resolving an issue: the suite REPEAT times (also under load), every
-# sanitizer case, and each fuzz target for FUZZ_SECONDS (default 600).
+# sanitizer case, and each fuzz target for EXTENDED_FUZZ_SECONDS (default 600).
 ci-extended: test-repeat test-asan-all
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(EXTENDED_FUZZ_SECONDS)
 
