@@ -44,6 +44,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/fault.h"
+#include "io/hash.h"
 #include "io/heatmap.h"
 #include "io/output_dir.h"
 #include "io/slide.h"
@@ -230,16 +231,6 @@ struct InferOptions {
 
 const char* const kRecordFolder = ".tessera-infer";
 
-// 64-bit FNV-1a: stable across platforms and library versions (unlike std::hash).
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 std::string file_identity(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return path + "|missing";
@@ -256,7 +247,7 @@ std::string job_key(const io::Config& config, const std::string& checkpoint_path
 
 std::string slide_key(const std::string& job, const std::string& path, double mpp) {
   return fmt::format("{:016x}",
-                     fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
+                     io::fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
 }
 
 fs::path slide_record_path(const fs::path& out, const std::string& id) { return out / kRecordFolder / (id + ".json"); }

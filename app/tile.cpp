@@ -40,6 +40,7 @@
 #include "io/dataset.h"
 #include "io/error.h"
 #include "io/fault.h"
+#include "io/hash.h"
 #include "io/image.h"
 #include "io/output_dir.h"
 #include "io/progress.h"
@@ -164,16 +165,6 @@ std::vector<SlideInput> resolve_inputs(const io::Config& config) {
   return inputs;
 }
 
-// 64-bit FNV-1a: a stable hash (unlike std::hash, the same on every platform and library version).
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 // FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
 // same hash may keep what is finished.
 std::string job_hash(const io::Config& config, const std::vector<SlideInput>& inputs) {
@@ -187,7 +178,7 @@ std::string job_hash(const io::Config& config, const std::vector<SlideInput>& in
       text += fmt::format("|{}|{}", st.st_size, st.st_mtim.tv_sec);
     }
   }
-  return fmt::format("{:016x}", fnv1a(text));
+  return fmt::format("{:016x}", io::fnv1a(text));
 }
 
 struct TileSettings {
@@ -276,7 +267,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     const auto tissue = prep::detect_tissue(slide, settings.tissue);
     auto plan = prep::plan_slide(slide, tissue, annotations, settings.classes, settings.grid);
     prep::cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour,
-                    settings.seed ^ fnv1a(input.id));
+                    settings.seed ^ io::fnv1a(input.id));
     if (plan.tiles.empty()) {
       spdlog::warn("{}: no tiles ({:.2f} mm2 of tissue at min fraction {:g}); the slide is skipped", input.path,
                    tissue.tissue_area_mm2(), settings.grid.min_tissue);
@@ -382,9 +373,9 @@ class PixelChecksum {
   }
   void mix(std::uint64_t value) {
     hash_ ^= value;
-    hash_ *= 1099511628211ULL;
+    hash_ *= io::kFnv1aPrime;
   }
-  std::uint64_t hash_ = 1469598103934665603ULL;
+  std::uint64_t hash_ = io::kFnv1aOffset;
   std::uint8_t pending_[sizeof(std::uint64_t)] = {};
   std::size_t pending_size_ = 0;
 };

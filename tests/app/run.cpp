@@ -6,6 +6,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <gtest/gtest.h>
+
+#include "io/hash.h"
+#include "io/shard.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::testing {
@@ -60,6 +64,24 @@ std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path, const 
     if (j.value("kind", "") == kind) lines.push_back(std::move(j));
   }
   return lines;
+}
+
+std::map<ShardTileKey, std::uint64_t> shard_tiles(const std::filesystem::path& folder) {
+  const auto manifest = io::read_manifest((folder / "manifest.json").string());
+  std::map<ShardTileKey, std::uint64_t> tiles;
+  for (const auto& s : manifest.shards) {
+    const auto shard = io::ShardFile::open((folder / s.file).string());
+    std::vector<std::uint8_t> pixels(shard.tile_bytes());
+    for (std::int64_t i = 0; i < shard.size(); ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      shard.read_images(i, 1, pixels.data());
+      const ShardTileKey key{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k],
+                             shard.coords()[2 * k + 1], shard.labels()[k]};
+      EXPECT_TRUE(tiles.emplace(key, io::fnv1a(pixels.data(), pixels.size())).second)
+          << "tile twice: " << std::get<0>(key) << " (" << std::get<1>(key) << ", " << std::get<2>(key) << ")";
+    }
+  }
+  return tiles;
 }
 
 }  // namespace tessera::testing

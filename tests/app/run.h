@@ -1,8 +1,11 @@
 // Running the `tessera` program from tests, as a user would: output, exit code.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -26,6 +29,11 @@ Run run_script(const std::string& script);
 
 // The lines of a JSON-lines file (metrics.jsonl) whose "kind" is `kind`, in order.
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path, const std::string& kind);
+
+// Every tile of a shard folder (its manifest's shards), keyed by slide, x, y and label, with an FNV-1a checksum of
+// its pixels; a tile found twice fails the calling test.
+using ShardTileKey = std::tuple<std::string, std::int64_t, std::int64_t, int>;
+std::map<ShardTileKey, std::uint64_t> shard_tiles(const std::filesystem::path& folder);
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 

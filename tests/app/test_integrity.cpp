@@ -43,25 +43,7 @@ constexpr int kTiffTile = 256;
 constexpr std::uint32_t kColumn = 1;
 constexpr std::uint32_t kRow = 1;
 
-using TileKey = std::tuple<std::string, std::int64_t, std::int64_t>;  // slide, x, y
-
-// Every tile of a shard folder with a checksum of its pixels.
-std::map<TileKey, std::uint64_t> tiles_of(const std::string& folder) {
-  const auto manifest = io::read_manifest(folder + "/manifest.json");
-  std::map<TileKey, std::uint64_t> tiles;
-  for (const auto& s : manifest.shards) {
-    const auto shard = io::ShardFile::open(folder + "/" + s.file);
-    std::vector<std::uint8_t> pixels(shard.tile_bytes());
-    for (std::int64_t i = 0; i < shard.size(); ++i) {
-      const auto k = static_cast<std::size_t>(i);
-      shard.read_images(i, 1, pixels.data());
-      std::uint64_t sum = 1469598103934665603ULL;
-      for (auto b : pixels) sum = (sum ^ b) * 1099511628211ULL;
-      tiles[{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k], shard.coords()[2 * k + 1]}] = sum;
-    }
-  }
-  return tiles;
-}
+using TileKey = testing::ShardTileKey;  // slide, x, y, label
 
 // Whether a tile at level-0 (x, y) reads pixels of the damaged TIFF tile of level 1.
 bool on_damaged_tile(std::int64_t x, std::int64_t y) {
@@ -112,7 +94,7 @@ testing::TempDir* Integrity::dir_ = nullptr;
 TEST_F(Integrity, DamagedTileFailsItsSlideAloneAndTheOtherIsTiledAsFromIntactFiles) {
   const auto intact = run("tile " + job("intact", "intact-tiles"));
   ASSERT_EQ(intact.code, 0) << intact.err;
-  const auto reference = tiles_of(dir_->file("intact-tiles"));
+  const auto reference = testing::shard_tiles(dir_->file("intact-tiles"));
 
   const auto r = run("tile " + job("damaged", "fail-tiles"));
   EXPECT_EQ(r.code, 3) << r.err;
@@ -135,17 +117,17 @@ TEST_F(Integrity, DamagedTileFailsItsSlideAloneAndTheOtherIsTiledAsFromIntactFil
     if (std::get<0>(key) == "normal_001") expected[key] = sum;
   }
   ASSERT_FALSE(expected.empty());
-  EXPECT_EQ(tiles_of(dir_->file("fail-tiles")), expected);
+  EXPECT_EQ(testing::shard_tiles(dir_->file("fail-tiles")), expected);
 }
 
 TEST_F(Integrity, SkipLeavesTheDamagedTilesOutAndCountsThem) {
   const auto intact = run("tile " + job("intact", "intact-tiles-2"));
   ASSERT_EQ(intact.code, 0) << intact.err;
-  const auto reference = tiles_of(dir_->file("intact-tiles-2"));
+  const auto reference = testing::shard_tiles(dir_->file("intact-tiles-2"));
   std::map<TileKey, std::uint64_t> expected;
   std::int64_t damaged = 0;
   for (const auto& [key, sum] : reference) {
-    const auto& [slide, x, y] = key;
+    const auto& [slide, x, y, label] = key;
     if (slide == "tumor_001" && on_damaged_tile(x, y)) {
       ++damaged;
     } else {
@@ -168,7 +150,7 @@ TEST_F(Integrity, SkipLeavesTheDamagedTilesOutAndCountsThem) {
     for (const auto& s : manifest.slides) {
       EXPECT_EQ(s.corrupt_tiles, s.id == "tumor_001" ? damaged : 0) << s.id;
     }
-    EXPECT_EQ(tiles_of(dir_->file(out)), expected);  // no damaged tile, every intact one as from the intact file
+    EXPECT_EQ(testing::shard_tiles(dir_->file(out)), expected);  // no damaged tile, every intact one as from the intact file
     for (const auto& e : fs::directory_iterator(dir_->file(out))) {
       EXPECT_FALSE(contains(e.path().string(), ".unchecked")) << e.path();
     }
@@ -199,7 +181,7 @@ TEST_F(Integrity, SkipFailsASlideWhoseTilesAreAllDamaged) {
   EXPECT_TRUE(contains(manifest.failures[0].error, "of its tiles are damaged")) << manifest.failures[0].error;
   ASSERT_EQ(manifest.slides.size(), 1u);
   EXPECT_EQ(manifest.slides[0].id, "normal_001");
-  for (const auto& [key, sum] : tiles_of(dir_->file("all-damaged-tiles"))) {
+  for (const auto& [key, sum] : testing::shard_tiles(dir_->file("all-damaged-tiles"))) {
     EXPECT_EQ(std::get<0>(key), "normal_001");
   }
 }

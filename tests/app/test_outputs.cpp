@@ -112,25 +112,6 @@ int shell_status(const testing::Run& r) {
   return at == std::string::npos ? -1 : std::stoi(r.out.substr(at + 3));
 }
 
-// Every tile of a shard folder (slide, x, y, label) with a checksum of its pixels.
-std::map<std::tuple<std::string, std::int64_t, std::int64_t, int>, std::uint64_t> read_tiles(const fs::path& folder) {
-  const auto manifest = io::read_manifest((folder / "manifest.json").string());
-  std::map<std::tuple<std::string, std::int64_t, std::int64_t, int>, std::uint64_t> tiles;
-  for (const auto& s : manifest.shards) {
-    const auto shard = io::ShardFile::open((folder / s.file).string());
-    std::vector<std::uint8_t> pixels(shard.tile_bytes());
-    for (std::int64_t i = 0; i < shard.size(); ++i) {
-      const auto k = static_cast<std::size_t>(i);
-      shard.read_images(i, 1, pixels.data());
-      std::uint64_t sum = 1469598103934665603ULL;
-      for (auto b : pixels) sum = (sum ^ b) * 1099511628211ULL;
-      tiles[{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k], shard.coords()[2 * k + 1],
-             shard.labels()[k]}] = sum;
-    }
-  }
-  return tiles;
-}
-
 ino_t inode_of(const fs::path& path) {
   struct stat info {};
   return ::stat(path.c_str(), &info) == 0 ? info.st_ino : 0;
@@ -355,7 +336,7 @@ TEST_F(Outputs, TileKilledAfterAShardKeepsItAndRedoesOnlyTheRest) {
   EXPECT_TRUE(contains(r.err, "shard-00000.h5: kept from an earlier run of this job")) << r.err;
   EXPECT_FALSE(contains(r.err, "shard-00001.h5: kept")) << r.err;
   EXPECT_EQ(inode_of(out + "/shard-00000.h5"), finished) << "the finished shard was put in place, not rewritten";
-  EXPECT_TRUE(read_tiles(out) == read_tiles(whole)) << "the same tiles as an uninterrupted run";
+  EXPECT_TRUE(testing::shard_tiles(out) == testing::shard_tiles(whole)) << "the same tiles as an uninterrupted run";
   for (const auto& name : names_in(out)) EXPECT_FALSE(name.ends_with(".unchecked")) << name;
 }
 
@@ -380,7 +361,7 @@ TEST_F(Outputs, TileKilledOnOneOfTwoRanksKeepsEveryShardFinishedWithItsRecord) {
     EXPECT_TRUE(contains(r.err, shard + ": kept from an earlier run of this job")) << shard << "\n" << r.err;
     EXPECT_EQ(inode_of(out + "/" + shard), inode) << shard;
   }
-  EXPECT_TRUE(read_tiles(out) == read_tiles(dir_->file("shards"))) << "the same tiles as an uninterrupted run";
+  EXPECT_TRUE(testing::shard_tiles(out) == testing::shard_tiles(dir_->file("shards"))) << "the same tiles as an uninterrupted run";
 }
 
 TEST_F(Outputs, AKeptShardWhosePixelsChangedIsExtractedAgain) {
@@ -402,13 +383,13 @@ TEST_F(Outputs, AKeptShardWhosePixelsChangedIsExtractedAgain) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "its pixels do not match its record")) << r.err;
   EXPECT_FALSE(contains(r.err, "kept from an earlier run")) << r.err;
-  EXPECT_TRUE(read_tiles(out) == read_tiles(dir_->file("shards")));
+  EXPECT_TRUE(testing::shard_tiles(out) == testing::shard_tiles(dir_->file("shards")));
 }
 
 TEST_F(Outputs, UpToDateNeedsTheStateTheManifestAndTheShardsToAgree) {
   const std::string out = dir_->file("tile-agree");
   ASSERT_EQ(run(verb_line("tile", out)).code, 0);
-  const auto before = read_tiles(out);
+  const auto before = testing::shard_tiles(out);
   auto r = run(verb_line("tile", out));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "up to date")) << r.err;
@@ -422,14 +403,14 @@ TEST_F(Outputs, UpToDateNeedsTheStateTheManifestAndTheShardsToAgree) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "was written by another job")) << r.err;
   EXPECT_FALSE(contains(r.err, "up to date")) << r.err;
-  EXPECT_TRUE(read_tiles(out) == before);
+  EXPECT_TRUE(testing::shard_tiles(out) == before);
 
   // A shard that is not the one the manifest lists (another shard copied over it).
   fs::copy_file(out + "/shard-00001.h5", out + "/shard-00000.h5", fs::copy_options::overwrite_existing);
   r = run(verb_line("tile", out));
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_FALSE(contains(r.err, "up to date")) << r.err;
-  EXPECT_TRUE(read_tiles(out) == before);
+  EXPECT_TRUE(testing::shard_tiles(out) == before);
 }
 
 TEST_F(Outputs, InferSkipsFinishedSlidesRemovesAKilledRunsTemporariesAndRedoesOnForce) {

@@ -61,28 +61,6 @@ class Tile : public ::testing::Test {
 };
 testing::TempDir* Tile::dir_ = nullptr;
 
-using TileKey = std::tuple<std::string, std::int64_t, std::int64_t, int>;  // slide, x, y, label
-
-// Every tile of a shard folder, with a checksum of its pixels.
-std::map<TileKey, std::uint64_t> read_all(const std::string& folder) {
-  const auto manifest = io::read_manifest(folder + "/manifest.json");
-  std::map<TileKey, std::uint64_t> tiles;
-  for (const auto& s : manifest.shards) {
-    const auto shard = io::ShardFile::open(folder + "/" + s.file);
-    std::vector<std::uint8_t> pixels(shard.tile_bytes());
-    for (std::int64_t i = 0; i < shard.size(); ++i) {
-      const auto k = static_cast<std::size_t>(i);
-      shard.read_images(i, 1, pixels.data());
-      std::uint64_t sum = 1469598103934665603ULL;
-      for (auto b : pixels) sum = (sum ^ b) * 1099511628211ULL;
-      const TileKey key{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k], shard.coords()[2 * k + 1],
-                        shard.labels()[k]};
-      EXPECT_TRUE(tiles.emplace(key, sum).second) << "tile twice: " << std::get<0>(key);
-    }
-  }
-  return tiles;
-}
-
 TEST_F(Tile, WritesShardsAndAManifestThatAgree) {
   const auto r = run("tile " + job("basic"));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -145,8 +123,8 @@ TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
   ASSERT_EQ(run("tile " + job("one")).code, 0);
   const auto r = run_mpi(2, "tile " + job("two"));
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto one = read_all(dir_->file("one"));
-  const auto two = read_all(dir_->file("two"));
+  const auto one = testing::shard_tiles(dir_->file("one"));
+  const auto two = testing::shard_tiles(dir_->file("two"));
   EXPECT_EQ(one.size(), two.size());
   EXPECT_TRUE(one == two) << "the same tiles with the same pixels, whatever the rank count";
 }
@@ -155,7 +133,7 @@ TEST_F(Tile, RerunSkipsFinishedWorkAndResumesAfterACrash) {
   const std::string path = job("resume");
   ASSERT_EQ(run("tile " + path).code, 0);
   const std::string out = dir_->file("resume");
-  const auto before = read_all(out);
+  const auto before = testing::shard_tiles(out);
 
   auto again = run("tile " + path);
   EXPECT_EQ(again.code, 0);
@@ -170,7 +148,7 @@ TEST_F(Tile, RerunSkipsFinishedWorkAndResumesAfterACrash) {
   const auto resumed = run("tile " + path);
   ASSERT_EQ(resumed.code, 0) << resumed.err;
   EXPECT_FALSE(fs::exists(out + "/shard-00002.h5.tmp-12345"));
-  EXPECT_TRUE(read_all(out) == before);
+  EXPECT_TRUE(testing::shard_tiles(out) == before);
 
   // --force rebuilds everything, also a folder that is up to date.
   const auto finished_time = fs::last_write_time(out + "/shard-00000.h5");
