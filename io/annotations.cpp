@@ -511,22 +511,33 @@ std::vector<Annotation> read_geojson(const std::string& path) {
   }
   const json* features = nullptr;
   json single = json::array();
+  // Not doc.value("type", ""): it throws nlohmann's type_error when "type" is there but is not a string.
+  const auto type_it = doc.is_object() ? doc.find("type") : doc.end();
+  const std::string type = type_it != doc.end() && type_it->is_string() ? type_it->get<std::string>() : "";
   if (doc.is_array()) {
     features = &doc;
-  } else if (doc.is_object() && doc.value("type", "") == "FeatureCollection") {
+  } else if (type == "FeatureCollection") {
     const auto it = doc.find("features");
     if (it == doc.end() || !it->is_array()) {
       throw InputError("FeatureCollection has no \"features\" array", path);
     }
     features = &*it;
-  } else if (doc.is_object() && doc.value("type", "") == "Feature") {
+  } else if (type == "Feature") {
     single.push_back(doc);
     features = &single;
   } else {
     throw InputError("expected a GeoJSON FeatureCollection, a Feature or an array of features", path);
   }
   std::vector<Annotation> out;
-  for (std::size_t i = 0; i < features->size(); ++i) read_feature((*features)[i], i, path, out);
+  for (std::size_t i = 0; i < features->size(); ++i) {
+    try {
+      read_feature((*features)[i], i, path, out);
+    } catch (const json::exception& e) {
+      // read_feature checks every value's type before it reads it; should a check be missing, the input is still
+      // what is wrong, and the message says which feature.
+      throw InputError(feature_label(i) + ": unexpected JSON value (" + std::string(e.what()) + ")", path);
+    }
+  }
   return out;
 }
 
