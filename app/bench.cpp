@@ -5,12 +5,12 @@
 
 #include <fmt/format.h>
 
-#include "app/bench.h"
 #include "app/cli.h"
+#include "bench/bench.h"
+#include "bench/peak.h"
+#include "core/comm.h"
+#include "core/error.h"
 #include "engine/models/registry.h"
-#include "engine/peak.h"
-#include "io/comm.h"
-#include "io/error.h"
 
 namespace tessera::app {
 namespace {
@@ -22,33 +22,38 @@ struct PeakOptions {
 };
 
 int run_peak(const PeakOptions& options) {
-  const int all = options.threads > 0 ? options.threads : engine::default_threads();
+  const int all = options.threads > 0 ? options.threads : bench::default_threads();
   std::cout << fmt::format("oneDNN sgemm {0}x{0}x{0}, best of at least {1:g} s per row\n", options.size,
                            options.seconds);
   std::cout << fmt::format("{:>8}  {:>10}  {:>12}  {:>8}\n", "threads", "GFLOP/s", "ms/product", "repeats");
   for (int threads : {1, all}) {
-    const auto r = engine::measure_sgemm_peak(options.size, threads, options.seconds);
+    const auto r = bench::measure_sgemm_peak(options.size, threads, options.seconds);
     std::cout << fmt::format("{:>8}  {:>10.1f}  {:>12.2f}  {:>8}\n", r.threads, r.gflops, r.seconds * 1e3, r.repeats)
               << std::flush;
     if (all == 1) break;
   }
-  return io::exit_ok;
+  return core::exit_ok;
 }
 
 // The options `bench train` and `bench infer` share.
-CLI::App* add_model_bench(CLI::App& command, const char* name, const char* description, ModelBenchOptions& o) {
+CLI::App* add_model_bench(CLI::App& command, const char* name, const char* description, bench::ModelBenchOptions& o) {
   CLI::App* cmd = command.add_subcommand(name, description);
-  cmd->add_option("--model", o.model, "Model architecture")->check(CLI::IsMember(engine::model_names()))
+  cmd->add_option("--model", o.model, "Model architecture")
+      ->check(CLI::IsMember(engine::model_names()))
       ->capture_default_str();
   cmd->add_option("--size", o.size, "Input edge in px")->check(CLI::Range(1, 4096))->capture_default_str();
   cmd->add_option("--batch", o.batch, "Images per step")->check(CLI::Range(1, 65536))->capture_default_str();
   cmd->add_option("--threads", o.threads, "Threads for both frameworks (0 = all cores)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--seconds", o.seconds, "Minimum measuring time of each framework, over all rounds")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--rounds", o.rounds, "Alternating Tessera / PyTorch rounds (medians are reported)")
-      ->check(CLI::Range(1, 100))->capture_default_str();
-  cmd->add_option("--warmup", o.warmup, "Untimed steps before measuring")->check(CLI::Range(0, 1000))
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--warmup", o.warmup, "Untimed steps before measuring")
+      ->check(CLI::Range(0, 1000))
       ->capture_default_str();
   cmd->add_flag("--no-torch{false}", o.torch, "Do not run PyTorch (scripts/bench_torch.py)");
   cmd->add_flag("--profile", o.profile, "Per-layer forward and backward times of Tessera's model");
@@ -61,81 +66,107 @@ CLI::App* add_model_bench(CLI::App& command, const char* name, const char* descr
 Action setup_bench(CLI::App& command) {
   command.require_subcommand(1);
   auto peak = std::make_shared<PeakOptions>();
-  CLI::App* peak_cmd = command.add_subcommand("peak", "The machine's compute peak: a large oneDNN sgemm, 1 thread and all");
-  peak_cmd->add_option("--size", peak->size, "Matrix size n (n x n x n product)")->check(CLI::Range(64, 16384))
+  CLI::App* peak_cmd =
+      command.add_subcommand("peak", "The machine's compute peak: a large oneDNN sgemm, 1 thread and all");
+  peak_cmd->add_option("--size", peak->size, "Matrix size n (n x n x n product)")
+      ->check(CLI::Range(64, 16384))
       ->capture_default_str();
   peak_cmd->add_option("--threads", peak->threads, "Threads for the second row (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
-  peak_cmd->add_option("--seconds", peak->seconds, "Minimum measuring time per row")->check(CLI::PositiveNumber)
+  peak_cmd->add_option("--seconds", peak->seconds, "Minimum measuring time per row")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
 
-  auto tile = std::make_shared<TileBenchOptions>();
+  auto tile = std::make_shared<bench::TileBenchOptions>();
   CLI::App* tile_cmd = command.add_subcommand(
       "tile", "Tiling speed: tiles/s with 1 and 2 ranks vs raw JPEG decode and a Python per-tile loop; shard reads");
-  tile_cmd->add_option("--slides", tile->slides, "Synthetic slides to tile")->check(CLI::Range(1, 1000))
+  tile_cmd->add_option("--slides", tile->slides, "Synthetic slides to tile")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
-  tile_cmd->add_option("--size", tile->size, "Level-0 side of each slide in pixels")->check(CLI::Range(1024, 200000))
+  tile_cmd->add_option("--size", tile->size, "Level-0 side of each slide in pixels")
+      ->check(CLI::Range(1024, 200000))
       ->capture_default_str();
-  tile_cmd->add_option("--tile", tile->tile_size, "Tile size in pixels")->check(CLI::Range(16, 1024))
+  tile_cmd->add_option("--tile", tile->tile_size, "Tile size in pixels")
+      ->check(CLI::Range(16, 1024))
       ->capture_default_str();
-  tile_cmd->add_option("--mpp", tile->mpp, "Tile resolution in um/px")->check(CLI::Range(0.25, 16.0))
+  tile_cmd->add_option("--mpp", tile->mpp, "Tile resolution in um/px")
+      ->check(CLI::Range(0.25, 16.0))
       ->capture_default_str();
   tile_cmd->add_option("--workdir", tile->workdir, "Folder for slides, shards and the log")->capture_default_str();
   tile_cmd->add_option("--rounds", tile->rounds, "Alternated rounds of the tiling measurements (best of each)")
-      ->check(CLI::Range(1, 100))->capture_default_str();
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   tile_cmd->add_option("--read-mb", tile->read_set_mb, "Least size of the shard set the readers are compared on")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
 
-  auto slide = std::make_shared<InferSlideBenchOptions>();
+  auto slide = std::make_shared<bench::InferSlideBenchOptions>();
   CLI::App* slide_cmd = command.add_subcommand(
-      "infer-slide", "Whole-slide inference end to end (read, decode, normalize, CNN, every output): tiles/s with 1 "
-                     "and 2 ranks (child runs), peak memory for a slide and a 4x larger one");
+      "infer-slide",
+      "Whole-slide inference end to end (read, decode, normalize, CNN, every output): tiles/s with 1 "
+      "and 2 ranks (child runs), peak memory for a slide and a 4x larger one");
   slide_cmd->add_option("--size", slide->size, "Level-0 side of the slide in pixels (the second slide: twice it)")
-      ->check(CLI::Range(512, 100000))->capture_default_str();
-  slide_cmd->add_option("--tile", slide->tile_size, "The model's input in pixels")->check(CLI::Range(16, 1024))
+      ->check(CLI::Range(512, 100000))
       ->capture_default_str();
-  slide_cmd->add_option("--mpp", slide->mpp, "The model's resolution in um/px")->check(CLI::Range(0.25, 16.0))
+  slide_cmd->add_option("--tile", slide->tile_size, "The model's input in pixels")
+      ->check(CLI::Range(16, 1024))
       ->capture_default_str();
-  slide_cmd->add_option("--model", slide->model, "Model architecture")->check(CLI::IsMember(engine::model_names()))
+  slide_cmd->add_option("--mpp", slide->mpp, "The model's resolution in um/px")
+      ->check(CLI::Range(0.25, 16.0))
+      ->capture_default_str();
+  slide_cmd->add_option("--model", slide->model, "Model architecture")
+      ->check(CLI::IsMember(engine::model_names()))
       ->capture_default_str();
   slide_cmd->add_option("--stain", slide->stain, "The checkpoint's stain normalization (built-in target)")
-      ->check(CLI::IsMember({"none", "reinhard", "macenko"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "reinhard", "macenko"}))
+      ->capture_default_str();
   slide_cmd->add_option("--batch", slide->batch, "Tiles per forward pass (0 = infer's default)")
-      ->check(CLI::Range(0, 65536))->capture_default_str();
+      ->check(CLI::Range(0, 65536))
+      ->capture_default_str();
   slide_cmd->add_option("--ranks", slide->ranks, "Ranks of the multi-rank run (more than cores: oversubscribed)")
-      ->check(CLI::Range(2, 1024))->capture_default_str();
+      ->check(CLI::Range(2, 1024))
+      ->capture_default_str();
   slide_cmd->add_option("--rounds", slide->rounds, "Alternated rounds of the 1-rank and multi-rank runs (best of each)")
-      ->check(CLI::Range(1, 100))->capture_default_str();
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   slide_cmd->add_option("--workdir", slide->workdir, "Folder for the slides, the checkpoint, outputs and logs")
       ->capture_default_str();
   slide_cmd->add_option("--timeout", slide->timeout, "Seconds a child run may take before it is stopped as hung")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   slide_cmd->add_option("--json", slide->json_file, "Also write the figures as JSON to this file");
 
-  auto train = std::make_shared<ModelBenchOptions>();
+  auto train = std::make_shared<bench::ModelBenchOptions>();
   CLI::App* train_cmd = add_model_bench(
       command, "train", "Training speed of a model (images/s, GFLOP/s, fraction of peak) vs PyTorch", *train);
-  auto infer = std::make_shared<ModelBenchOptions>();
+  auto infer = std::make_shared<bench::ModelBenchOptions>();
   CLI::App* infer_cmd = add_model_bench(
       command, "infer", "Inference speed of a model (batch norm folded) vs PyTorch under inference_mode", *infer);
 
-  auto comm = std::make_shared<CommBenchOptions>();
+  auto comm = std::make_shared<bench::CommBenchOptions>();
   CLI::App* comm_cmd = command.add_subcommand(
-      "comm", "Distributed training's cost: allreduce bandwidth, and each strategy's images/s, communication and "
-              "waiting fractions and bytes per step against 1 rank with every core (child mpirun runs)");
+      "comm",
+      "Distributed training's cost: allreduce bandwidth, and each strategy's images/s, communication and "
+      "waiting fractions and bytes per step against 1 rank with every core (child mpirun runs)");
   comm_cmd->add_option("--ranks", comm->ranks, "Ranks of the distributed runs (more than cores: oversubscribed)")
-      ->check(CLI::Range(2, 1024))->capture_default_str();
-  comm_cmd->add_option("--model", comm->model, "Model architecture")->check(CLI::IsMember(engine::model_names()))
+      ->check(CLI::Range(2, 1024))
+      ->capture_default_str();
+  comm_cmd->add_option("--model", comm->model, "Model architecture")
+      ->check(CLI::IsMember(engine::model_names()))
       ->capture_default_str();
   comm_cmd->add_option("--size", comm->size, "Input edge in px")->check(CLI::Range(1, 4096))->capture_default_str();
-  comm_cmd->add_option("--batch", comm->batch, "Images per rank and step")->check(CLI::Range(1, 65536))
+  comm_cmd->add_option("--batch", comm->batch, "Images per rank and step")
+      ->check(CLI::Range(1, 65536))
       ->capture_default_str();
-  comm_cmd->add_option("--steps", comm->steps, "Measured training steps per run")->check(CLI::Range(1, 1000000))
+  comm_cmd->add_option("--steps", comm->steps, "Measured training steps per run")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   comm_cmd->add_option("--rounds", comm->rounds, "Alternated rounds of all runs (best of each row)")
-      ->check(CLI::Range(1, 100))->capture_default_str();
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   comm_cmd->add_option("--timeout", comm->timeout, "Seconds a child run may take before it is stopped as hung")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   comm_cmd->add_option("--json", comm->json_file, "Also write the figures as JSON to this file");
   // The child runs' side, hidden from --help.
   comm_cmd->add_option("--worker", comm->worker)->check(CLI::IsMember({"bandwidth", "train"}))->group("");
@@ -145,61 +176,74 @@ Action setup_bench(CLI::App& command) {
   comm_cmd->add_option("--bucket-mb", comm->bucket_mb)->group("");
   comm_cmd->add_option("--inter", comm->inter)->group("");
 
-  auto scale = std::make_shared<ScaleBenchOptions>();
+  auto scale = std::make_shared<bench::ScaleBenchOptions>();
   CLI::App* scale_cmd = command.add_subcommand(
-      "scale", "SIMULATED scaling to 1024 ranks: the strategies' exchange code on SimGrid SMPI clusters, computation "
-               "calibrated here; validated against a measured 2-rank run (sim/README.md)");
+      "scale",
+      "SIMULATED scaling to 1024 ranks: the strategies' exchange code on SimGrid SMPI clusters, computation "
+      "calibrated here; validated against a measured 2-rank run (sim/README.md)");
   scale_cmd->add_option("--platforms", scale->platforms, "Platform names in sim/platforms, or platform files")
       ->capture_default_str();
   scale_cmd->add_option("--ranks", scale->ranks, "Rank counts to simulate")->capture_default_str();
-  scale_cmd->add_option("--strategies", scale->strategies,
-                        "Strategies (the registry's, and central-easgd: the parameter-server baseline)")
+  scale_cmd
+      ->add_option("--strategies", scale->strategies,
+                   "Strategies (the registry's, and central-easgd: the parameter-server baseline)")
       ->capture_default_str();
   scale_cmd->add_option("--models", scale->models, "Models whose layout and step time are simulated")
       ->capture_default_str();
   scale_cmd->add_option("--sizes", scale->sizes, "Input edge in px per model, for the calibration")
       ->capture_default_str();
-  scale_cmd->add_option("--batch", scale->batch, "Images per rank and step")->check(CLI::Range(1, 4096))
+  scale_cmd->add_option("--batch", scale->batch, "Images per rank and step")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   scale_cmd->add_option("--compute", scale->compute,
                         "model=seconds per step on one core here, instead of measuring it (e.g. resnet50=12.5)");
-  scale_cmd->add_option("--node-speed", scale->node_speed,
-                        "How many times faster than one core here a simulated rank computes")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  scale_cmd
+      ->add_option("--node-speed", scale->node_speed,
+                   "How many times faster than one core here a simulated rank computes")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   scale_cmd->add_option("--tau", scale->tau, "tau of the easgd-type strategies in the rank sweep")
-      ->check(CLI::Range(1, 1000))->capture_default_str();
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   scale_cmd->add_option("--tau-sweep", scale->tau_sweep, "easgd's tau values at --tau-sweep-ranks")
       ->capture_default_str();
   scale_cmd->add_option("--tau-sweep-ranks", scale->tau_sweep_ranks, "Ranks of the tau sweep")
-      ->check(CLI::Range(2, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
   scale_cmd->add_option("--steps", scale->steps, "Simulated steps per run (a multiple of every tau)")
-      ->check(CLI::Range(1, 100000))->capture_default_str();
-  scale_cmd->add_option("--payload-kb", scale->payload_kb,
-                        "Each rank's model shrinks to about this size, the bandwidths by as much")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  scale_cmd
+      ->add_option("--payload-kb", scale->payload_kb,
+                   "Each rank's model shrinks to about this size, the bandwidths by as much")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   scale_cmd->add_option("--ranks-per-node", scale->ranks_per_node, "Ranks per simulated node")
-      ->check(CLI::Range(1, 1024))->capture_default_str();
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   scale_cmd->add_option("--out", scale->out, "Folder for scale.csv, scale.json and the plots")->capture_default_str();
   scale_cmd->add_option("--simulator", scale->simulator, "The SMPI simulator (default: the one built with Tessera)");
-  scale_cmd->add_option("--timeout", scale->timeout, "Seconds one simulation may take")->check(CLI::PositiveNumber)
+  scale_cmd->add_option("--timeout", scale->timeout, "Seconds one simulation may take")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  scale_cmd->add_flag("--validate,!--no-validate", scale->validate,
-                      "First simulate this machine and compare with a measured 2-rank run")
+  scale_cmd
+      ->add_flag("--validate,!--no-validate", scale->validate,
+                 "First simulate this machine and compare with a measured 2-rank run")
       ->capture_default_str();
 
-  return [peak, peak_cmd, tile, tile_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd,
-          scale, scale_cmd]() -> int {
+  return [peak, peak_cmd, tile, tile_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
+          scale_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
-    if (comm_cmd->parsed() && !comm->worker.empty()) return run_bench_comm_worker(*comm);
-    if (!io::Comm::world().is_root()) return io::exit_ok;
-    if (comm_cmd->parsed()) return run_bench_comm(*comm);
-    if (scale_cmd->parsed()) return run_bench_scale(*scale);
+    if (comm_cmd->parsed() && !comm->worker.empty()) return bench::run_bench_comm_worker(*comm);
+    if (!core::Comm::world().is_root()) return core::exit_ok;
+    if (comm_cmd->parsed()) return bench::run_bench_comm(*comm);
+    if (scale_cmd->parsed()) return bench::run_bench_scale(*scale);
     if (peak_cmd->parsed()) return run_peak(*peak);
-    if (tile_cmd->parsed()) return run_bench_tile(*tile);
-    if (slide_cmd->parsed()) return run_bench_infer_slide(*slide);
-    if (train_cmd->parsed()) return run_bench_model(ModelBenchKind::train, *train);
-    if (infer_cmd->parsed()) return run_bench_model(ModelBenchKind::infer, *infer);
-    return io::exit_usage;
+    if (tile_cmd->parsed()) return bench::run_bench_tile(*tile);
+    if (slide_cmd->parsed()) return bench::run_bench_infer_slide(*slide);
+    if (train_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::train, *train);
+    if (infer_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::infer, *infer);
+    return core::exit_usage;
   };
 }
 

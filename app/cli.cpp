@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "io/comm.h"
+#include "core/comm.h"
 
 namespace tessera::app {
 
@@ -44,15 +44,15 @@ CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::str
   return flag.option;
 }
 
-io::Config load_job(const io::Schema& schema, const JobOptions& options,
-                    const std::vector<std::string>& extra_overrides) {
+core::Config load_job(const core::Schema& schema, const JobOptions& options,
+                      const std::vector<std::string>& extra_overrides) {
   std::vector<std::string> overrides = options.overrides;
   overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
-  io::Config config(schema);
+  core::Config config(schema);
   if (options.file.empty()) {
     for (const auto& assignment : overrides) config.set(assignment);
   } else {
-    config = io::Config::load(schema, options.file, overrides);
+    config = core::Config::load(schema, options.file, overrides);
   }
   for (const KeyFlag& flag : options.key_flags) {
     if (flag.option->count() == 0) continue;
@@ -61,9 +61,9 @@ io::Config load_job(const io::Schema& schema, const JobOptions& options,
   return config;
 }
 
-bool maybe_print_config(const io::Config& config, const JobOptions& options) {
+bool maybe_print_config(const core::Config& config, const JobOptions& options) {
   if (!options.print_config) return false;
-  if (io::Comm::world().is_root()) std::cout << config.to_yaml() << std::flush;
+  if (core::Comm::world().is_root()) std::cout << config.to_yaml() << std::flush;
   return true;
 }
 

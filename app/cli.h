@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "io/config.h"
+#include "core/config.h"
 
 namespace tessera::app {
 
@@ -22,7 +22,7 @@ struct Verb {
   Action (*setup)(CLI::App& command);
 };
 
-// Every verb, in the order `tessera --help` lists them (STYLE.md: an explicit registry).
+// Every verb, in the order `tessera --help` lists them (docs/ARCHITECTURE.md "Conventions": explicit registries).
 const std::vector<Verb>& verbs();
 
 // A verb flag that stands for config keys (--batch for infer.batch_size; synth's --size for two keys). Its text is
@@ -52,13 +52,13 @@ CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::str
 // Loads the job against `schema` (defaults when no file was given) with the overrides applied.
 // `extra_overrides` come from verb-specific flags (e.g. --out) and win over the file and --set; the key flags
 // that were given win over all of them.
-io::Config load_job(const io::Schema& schema, const JobOptions& options,
-                    const std::vector<std::string>& extra_overrides = {});
+core::Config load_job(const core::Schema& schema, const JobOptions& options,
+                      const std::vector<std::string>& extra_overrides = {});
 // The config points at its schema, which must outlive it: no temporaries.
-io::Config load_job(io::Schema&&, const JobOptions&, const std::vector<std::string>& = {}) = delete;
+core::Config load_job(core::Schema&&, const JobOptions&, const std::vector<std::string>& = {}) = delete;
 
 // When --print-config was given: prints the effective config (rank 0) and returns true.
-bool maybe_print_config(const io::Config& config, const JobOptions& options);
+bool maybe_print_config(const core::Config& config, const JobOptions& options);
 
 // Verb entry points (one file each under app/).
 Action setup_info(CLI::App& command);

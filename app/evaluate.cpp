@@ -6,7 +6,7 @@
 //   detections   folder of `tessera infer` outputs: <slide>.detections.csv (CAMELYON16 prob,X,Y, level-0) and
 //                <slide>.report.json (its "slide_score"), also found as <slide>/<slide>.* or <slide>.csv
 //   predictions  optional `tessera predict` CSV (slide_id,x,y,label,p_tumor) for the patch-level AUC
-// Scores (engine/evaluation.h states every rule): lesion-level FROC on the slides' annotations, slide-level ROC
+// Scores (analysis/evaluation.h states every rule): lesion-level FROC on the slides' annotations, slide-level ROC
 // AUC of the reports' scores, patch-level ROC AUC of the predictions.
 // Outputs (each written to a temporary name and renamed): <output>/evaluation.json, froc.png, roc.png.
 //
@@ -29,17 +29,18 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/evaluation.h"
+#include "analysis/plot.h"
 #include "app/cli.h"
-#include "app/plot.h"
-#include "engine/evaluation.h"
-#include "engine/metrics.h"
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/csv.h"
+#include "core/error.h"
+#include "core/metrics.h"
+#include "core/output_dir.h"
 #include "io/annotations.h"
-#include "io/comm.h"
-#include "io/csv.h"
 #include "io/dataset.h"
-#include "io/error.h"
 #include "io/image.h"
-#include "io/output_dir.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
 
@@ -49,10 +50,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;  // keys in the order written: the summary reads top-down
 
-const io::Schema& evaluate_schema() {
-  static const io::Schema instance = [] {
-    const prep::AnnotationClasses classes;
-    io::Schema schema;
+const core::Schema& evaluate_schema() {
+  static const core::Schema instance = [] {
+    const io::AnnotationClasses classes;
+    core::Schema schema;
     schema.string("dataset", "", "Ground truth: dataset.csv (slide_id, slide, label, annotation_xml/_geojson, split)")
         .string("detections", "", "Folder with <slide>.detections.csv and <slide>.report.json (tessera infer)")
         .string("predictions", "", "Optional patch predictions CSV (tessera predict) for the patch-level AUC")
@@ -78,7 +79,7 @@ const io::Schema& evaluate_schema() {
 // io/dataset.h reads it: every row needs an id (slide_id, or the slide file's name) and a tumor/normal label; the
 // slide file is optional (without it the mpp column gives the resolution).
 using DatasetSlide = io::DatasetRow;
-using io::split_csv_line;
+using core::split_csv_line;
 
 // A CSV with a header: the column index of each name (for the predictions file).
 class CsvHeader {
@@ -102,9 +103,9 @@ std::vector<DatasetSlide> read_dataset(const std::string& path) {
   std::set<std::string> ids;
   for (const auto& s : slides) {
     if (!ids.insert(s.id).second)
-      throw io::InputError(fmt::format("line {}: slide '{}' is listed twice", s.line, s.id), path);
+      throw core::InputError(fmt::format("line {}: slide '{}' is listed twice", s.line, s.id), path);
   }
-  if (slides.empty()) throw io::InputError("the dataset lists no slide", path);
+  if (slides.empty()) throw core::InputError("the dataset lists no slide", path);
   return slides;
 }
 
@@ -124,30 +125,30 @@ double read_slide_score(const std::string& path) {
     std::ifstream in(path);
     j = json::parse(in);
   } catch (const json::exception& e) {
-    throw io::InputError(fmt::format("not valid JSON: {}", e.what()), path);
+    throw core::InputError(fmt::format("not valid JSON: {}", e.what()), path);
   }
-  // tessera infer's report.json (preprocessing/heatmap_outputs.h): "slide_score" is null when no tile of the
+  // tessera infer's report.json (analysis/heatmap_outputs.h): "slide_score" is null when no tile of the
   // slide was over tissue.
   if (!j.is_object() || !j.contains("slide_score")) {
-    throw io::InputError("the report has no \"slide_score\" (not a tessera infer report.json)", path);
+    throw core::InputError("the report has no \"slide_score\" (not a tessera infer report.json)", path);
   }
   if (!j["slide_score"].is_number()) {
-    throw io::InputError("the report's \"slide_score\" is not a number (no tile of the slide was scored)", path);
+    throw core::InputError("the report's \"slide_score\" is not a number (no tile of the slide was scored)", path);
   }
   const double score = j["slide_score"].get<double>();
-  if (!std::isfinite(score)) throw io::InputError("the report's \"slide_score\" is not finite", path);
+  if (!std::isfinite(score)) throw core::InputError("the report's \"slide_score\" is not finite", path);
   return score;
 }
 
 struct SlideResult {
   const DatasetSlide* slide = nullptr;
   bool tumour = false;
-  engine::SlideFroc froc;
+  analysis::SlideFroc froc;
   std::string detections_file;  // "" = none found
   std::string report_file;      // "" = none found
   std::optional<double> score;
   double mpp = 0.0;  // tumour slides
-  std::vector<engine::Lesion> lesions;
+  std::vector<analysis::Lesion> lesions;
   double downsample = 0.0;
 };
 
@@ -155,8 +156,8 @@ struct Settings {
   std::string dataset;
   fs::path detections;  // empty = no FROC
   double assume_mpp = 0.0;
-  engine::FrocOptions froc;
-  prep::AnnotationClasses classes;
+  analysis::FrocOptions froc;
+  io::AnnotationClasses classes;
 };
 
 SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
@@ -167,17 +168,18 @@ SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
   r.detections_file = find_file(dir, {fmt::format("{}.detections.csv", s.id),
                                       fmt::format("{0}/{0}.detections.csv", s.id), fmt::format("{}.csv", s.id)});
   r.report_file = find_file(dir, {fmt::format("{}.report.json", s.id), fmt::format("{0}/{0}.report.json", s.id)});
-  std::vector<engine::Detection> detections;
-  if (!r.detections_file.empty()) detections = engine::read_detections(r.detections_file);
+  std::vector<analysis::Detection> detections;
+  if (!r.detections_file.empty()) detections = analysis::read_detections(r.detections_file);
   if (!r.report_file.empty()) r.score = read_slide_score(r.report_file);
   if (!r.tumour) {
-    r.froc = engine::match_detections(s.id, detections, nullptr);
+    r.froc = analysis::match_detections(s.id, detections, nullptr);
     return r;
   }
 
   if (s.annotation.empty()) {
-    throw io::InputError(fmt::format("line {}: slide '{}' is labelled tumour but has no annotation file", s.line, s.id),
-                         settings.dataset);
+    throw core::InputError(
+        fmt::format("line {}: slide '{}' is labelled tumour but has no annotation file", s.line, s.id),
+        settings.dataset);
   }
   auto annotations = io::read_annotations(s.annotation);
   // The slide's µm/px and size: the dataset's mpp column wins; the slide file gives its size (and the µm/px when
@@ -192,7 +194,7 @@ SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
     height = slide.height();
     if (!(r.mpp > 0.0)) r.mpp = slide.mpp();
   } else if (!(r.mpp > 0.0)) {
-    throw io::InputError(
+    throw core::InputError(
         fmt::format("slide '{}' not found: its µm/px is needed for the evaluation mask (or give an mpp column)", s.id),
         s.slide.empty() ? settings.dataset : s.slide);
   }
@@ -201,11 +203,11 @@ SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
   annotations =
       prep::prepare_annotations(annotations, settings.classes, {s.annotation, "classes.tumour", true, width, height});
   try {
-    const engine::EvaluationMask mask(annotations, settings.classes, r.mpp, width, height, settings.froc);
-    r.froc = engine::match_detections(s.id, detections, &mask);
+    const analysis::EvaluationMask mask(annotations, settings.classes, r.mpp, width, height, settings.froc);
+    r.froc = analysis::match_detections(s.id, detections, &mask);
     r.lesions = mask.lesions();
     r.downsample = mask.downsample();
-  } catch (io::Error& e) {
+  } catch (core::Error& e) {
     e.add_context("annotation", s.annotation);
     throw;
   }
@@ -221,15 +223,15 @@ struct PatchScores {
 };
 
 PatchScores read_predictions(const std::string& path, const std::set<std::string>& slides) {
-  if (!fs::exists(path)) throw io::FileNotFoundError(path);
+  if (!fs::exists(path)) throw core::FileNotFoundError(path);
   std::ifstream in(path);
   std::string line;
-  if (!in || !std::getline(in, line)) throw io::InputError("empty predictions file (no header line)", path);
+  if (!in || !std::getline(in, line)) throw core::InputError("empty predictions file (no header line)", path);
   const CsvHeader header(line);
   for (const char* name : {"slide_id", "label", "p_tumor"}) {
     if (!header.has(name)) {
-      throw io::InputError(fmt::format("no '{}' column (expected tessera predict's slide_id,x,y,label,p_tumor)", name),
-                           path);
+      throw core::InputError(
+          fmt::format("no '{}' column (expected tessera predict's slide_id,x,y,label,p_tumor)", name), path);
     }
   }
   PatchScores scores;
@@ -248,13 +250,13 @@ PatchScores read_predictions(const std::string& path, const std::set<std::string
       value = std::stof(p, &used);
       if (used != p.size()) throw std::invalid_argument(p);
     } catch (const std::exception&) {
-      throw io::InputError(fmt::format("line {}: p_tumor '{}' is not a number", row, p), path);
+      throw core::InputError(fmt::format("line {}: p_tumor '{}' is not a number", row, p), path);
     }
     if (!(value >= 0.0f && value <= 1.0f)) {
-      throw io::InputError(fmt::format("line {}: p_tumor {} is outside [0, 1]", row, p), path);
+      throw core::InputError(fmt::format("line {}: p_tumor {} is outside [0, 1]", row, p), path);
     }
     if (label != "0" && label != "1")
-      throw io::InputError(fmt::format("line {}: label '{}' is not 0 or 1", row, label), path);
+      throw core::InputError(fmt::format("line {}: label '{}' is not 0 or 1", row, label), path);
     scores.p.push_back(value);
     scores.label.push_back(label == "1" ? 1 : 0);
   }
@@ -271,8 +273,8 @@ const cv::Scalar kCurveRed(200, 30, 45);
 const cv::Scalar kCurveBlue(30, 90, 190);
 const cv::Scalar kChance(150, 150, 150);
 
-cv::Mat froc_chart(const engine::FrocResult& froc) {
-  Chart chart;
+cv::Mat froc_chart(const analysis::FrocResult& froc) {
+  analysis::Chart chart;
   chart.title = fmt::format("Lesion-level FROC (CAMELYON16): score {}", score_text(froc.score));
   chart.subtitle = fmt::format(
       "mean sensitivity at 1/4, 1/2, 1, 2, 4, 8 FP/slide (interpolated: {}); {} slides, {} "
@@ -290,10 +292,10 @@ cv::Mat froc_chart(const engine::FrocResult& froc) {
   chart.y_max = 1.04;
   chart.y_ticks = {0, 0.2, 0.4, 0.6, 0.8, 1.0};
   if (froc.lesions > 0) {
-    PlotSeries curve{.label = "FROC curve", .points = {}, .rgb = kCurveRed, .thickness = 2, .dashed = false};
+    analysis::PlotSeries curve{.label = "FROC curve", .points = {}, .rgb = kCurveRed, .thickness = 2, .dashed = false};
     for (const auto& p : froc.curve) curve.points.emplace_back(p.fps_per_slide, p.sensitivity);
     // The score holds the lowest threshold's sensitivity for rates beyond the last point: show it dashed.
-    const engine::FrocPoint& last = froc.curve.front();
+    const analysis::FrocPoint& last = froc.curve.front();
     if (last.fps_per_slide < chart.x_max) {
       chart.series.push_back({.label = "",
                               .points = {{last.fps_per_slide, last.sensitivity}, {chart.x_max, last.sensitivity}},
@@ -302,19 +304,19 @@ cv::Mat froc_chart(const engine::FrocResult& froc) {
                               .dashed = true});
     }
     chart.series.push_back(std::move(curve));
-    for (std::size_t k = 0; k < engine::kFrocRates.size(); ++k) {
-      chart.markers.push_back({cv::Point2d(engine::kFrocRates[k], froc.sensitivity[k]),
+    for (std::size_t k = 0; k < analysis::kFrocRates.size(); ++k) {
+      chart.markers.push_back({cv::Point2d(analysis::kFrocRates[k], froc.sensitivity[k]),
                                fmt::format("{:.2f}", froc.sensitivity[k]), cv::Scalar(250, 190, 40)});
     }
     chart.marker_legend = "sensitivity at the six rates (score)";
   }
   chart.note = "no lesion in the evaluated slides: FROC undefined";
-  return render_chart(chart);
+  return analysis::render_chart(chart);
 }
 
-cv::Mat roc_chart(const std::vector<engine::RocPoint>& slides, double slide_auc, std::size_t n_slides,
-                  const std::vector<engine::RocPoint>& patches, double patch_auc, std::size_t n_patches) {
-  Chart chart;
+cv::Mat roc_chart(const std::vector<analysis::RocPoint>& slides, double slide_auc, std::size_t n_slides,
+                  const std::vector<analysis::RocPoint>& patches, double patch_auc, std::size_t n_patches) {
+  analysis::Chart chart;
   std::vector<std::string> parts;
   if (!slides.empty()) parts.push_back(fmt::format("slide AUC {}", score_text(slide_auc)));
   if (!patches.empty()) parts.push_back(fmt::format("patch AUC {}", score_text(patch_auc)));
@@ -327,20 +329,20 @@ cv::Mat roc_chart(const std::vector<engine::RocPoint>& slides, double slide_auc,
   chart.series.push_back(
       {.label = "chance", .points = {{0, 0}, {1, 1}}, .rgb = kChance, .thickness = 1, .dashed = true});
   if (!patches.empty()) {
-    PlotSeries s{.label = fmt::format("patches: AUC {} ({} tiles)", score_text(patch_auc), n_patches),
-                 .points = {},
-                 .rgb = kCurveBlue,
-                 .thickness = 2,
-                 .dashed = false};
+    analysis::PlotSeries s{.label = fmt::format("patches: AUC {} ({} tiles)", score_text(patch_auc), n_patches),
+                           .points = {},
+                           .rgb = kCurveBlue,
+                           .thickness = 2,
+                           .dashed = false};
     for (const auto& p : patches) s.points.emplace_back(p.fpr, p.tpr);
     chart.series.push_back(std::move(s));
   }
   if (!slides.empty()) {
-    PlotSeries s{.label = fmt::format("slides: AUC {} ({} slides)", score_text(slide_auc), n_slides),
-                 .points = {},
-                 .rgb = kCurveRed,
-                 .thickness = 3,
-                 .dashed = false};
+    analysis::PlotSeries s{.label = fmt::format("slides: AUC {} ({} slides)", score_text(slide_auc), n_slides),
+                           .points = {},
+                           .rgb = kCurveRed,
+                           .thickness = 3,
+                           .dashed = false};
     for (const auto& p : slides) s.points.emplace_back(p.fpr, p.tpr);
     chart.series.push_back(std::move(s));
   }
@@ -348,10 +350,10 @@ cv::Mat roc_chart(const std::vector<engine::RocPoint>& slides, double slide_auc,
     chart.series.clear();
     chart.note = "ROC undefined: no scores with both classes";
   }
-  return render_chart(chart);
+  return analysis::render_chart(chart);
 }
 
-json froc_json(const engine::FrocResult& froc, const engine::FrocOptions& options) {
+json froc_json(const analysis::FrocResult& froc, const analysis::FrocOptions& options) {
   json curve = json::array();
   for (const auto& p : froc.curve) {
     curve.push_back({{"threshold", number(p.threshold)},
@@ -359,8 +361,8 @@ json froc_json(const engine::FrocResult& froc, const engine::FrocOptions& option
                      {"sensitivity", number(p.sensitivity)}});
   }
   json at = json::array();
-  for (std::size_t k = 0; k < engine::kFrocRates.size(); ++k) {
-    at.push_back({{"fps_per_slide", engine::kFrocRates[k]},
+  for (std::size_t k = 0; k < analysis::kFrocRates.size(); ++k) {
+    at.push_back({{"fps_per_slide", analysis::kFrocRates[k]},
                   {"sensitivity", number(froc.sensitivity[k])},
                   {"sensitivity_interpolated", number(froc.sensitivity_interpolated[k])}});
   }
@@ -453,23 +455,23 @@ int run_evaluate(const EvaluateOptions& options) {
     overrides.push_back(fmt::format("splits=[{}]", fmt::join(comma_list(options.splits), ", ")));
   if (options.include_itc) overrides.push_back("froc.include_itc=true");
   const auto config = load_job(evaluate_schema(), options.job, overrides);
-  if (maybe_print_config(config, options.job)) return io::exit_ok;
+  if (maybe_print_config(config, options.job)) return core::exit_ok;
   // One process does the work; under mpirun the other ranks have nothing to do.
-  if (!io::Comm::world().is_root()) return io::exit_ok;
+  if (!core::Comm::world().is_root()) return core::exit_ok;
 
   Settings settings;
   settings.dataset = config.get_string("dataset");
   if (settings.dataset.empty()) {
-    throw io::ConfigError("no dataset given (--dataset or the job's 'dataset' key)", config.source(), 0, "dataset");
+    throw core::ConfigError("no dataset given (--dataset or the job's 'dataset' key)", config.source(), 0, "dataset");
   }
   settings.detections = config.get_string("detections");
   const std::string predictions = config.get_string("predictions");
   if (settings.detections.empty() && predictions.empty()) {
-    throw io::ConfigError("nothing to evaluate: give --detections (FROC, slide AUC) and/or --predictions (patch AUC)",
-                          config.source(), 0, "detections");
+    throw core::ConfigError("nothing to evaluate: give --detections (FROC, slide AUC) and/or --predictions (patch AUC)",
+                            config.source(), 0, "detections");
   }
   if (!settings.detections.empty() && !fs::is_directory(settings.detections)) {
-    throw io::InputError("the detections folder does not exist", settings.detections.string());
+    throw core::InputError("the detections folder does not exist", settings.detections.string());
   }
   settings.assume_mpp = config.get_number("slides.assume_mpp");
   settings.froc.mask_level = static_cast<int>(config.get_int("froc.mask_level"));
@@ -480,7 +482,7 @@ int run_evaluate(const EvaluateOptions& options) {
   settings.classes.exclusion = config.get_string_list("classes.exclusion");
   const fs::path out = config.get_string("output");
   // Checked and held before any scoring: a folder that cannot be written fails now, not after the work.
-  const io::OutputLock lock = io::OutputLock::acquire(out.string(), "evaluate");
+  const core::OutputLock lock = core::OutputLock::acquire(out.string(), "evaluate");
 
   // The slides to evaluate.
   const auto all = read_dataset(settings.dataset);
@@ -492,9 +494,9 @@ int run_evaluate(const EvaluateOptions& options) {
     if (splits.empty() || std::find(splits.begin(), splits.end(), s.split) != splits.end()) selected.push_back(&s);
   }
   if (selected.empty()) {
-    throw io::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the dataset has: {})", settings.dataset,
-                                      fmt::join(splits, ", "), fmt::join(present, ", ")),
-                          config.source(), 0, "splits");
+    throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the dataset has: {})", settings.dataset,
+                                        fmt::join(splits, ", "), fmt::join(present, ", ")),
+                            config.source(), 0, "splits");
   }
   std::set<std::string> selected_ids;
   for (const auto* s : selected) selected_ids.insert(s->id);
@@ -516,8 +518,8 @@ int run_evaluate(const EvaluateOptions& options) {
                      i + 1, selected.size(), s.id, r.tumour ? "tumour" : "normal", r.froc.detections, r.froc.lesions(),
                      r.froc.itc_lesions, r.froc.true_positives(), r.froc.false_positives());
         results.push_back(std::move(r));
-      } catch (const io::Error& e) {
-        if (e.kind() == io::ErrorKind::internal) throw;
+      } catch (const core::Error& e) {
+        if (e.kind() == core::ErrorKind::internal) throw;
         spdlog::error("{}: {}", s.id, e.what());
         failed.emplace_back(s.id, e.what());
       }
@@ -531,14 +533,14 @@ int run_evaluate(const EvaluateOptions& options) {
                   {"splits", splits},
                   {"slides", selected.size()},
                   {"evaluated_slides", results.size()}};
-  std::optional<engine::FrocResult> froc;
-  std::vector<engine::RocPoint> slide_roc, patch_roc;
+  std::optional<analysis::FrocResult> froc;
+  std::vector<analysis::RocPoint> slide_roc, patch_roc;
   double slide_auc = std::nan(""), patch_auc = std::nan("");
   std::size_t scored_slides = 0;
   if (!results.empty()) {
-    std::vector<engine::SlideFroc> per_slide;
+    std::vector<analysis::SlideFroc> per_slide;
     for (const auto& r : results) per_slide.push_back(r.froc);
-    froc = engine::compute_froc(per_slide);
+    froc = analysis::compute_froc(per_slide);
     summary["froc"] = froc_json(*froc, settings.froc);
     if (missing_reports.size() < results.size()) {
       std::vector<float> scores;
@@ -547,8 +549,8 @@ int run_evaluate(const EvaluateOptions& options) {
         scores.push_back(static_cast<float>(r.score.value_or(0.0)));
         labels.push_back(r.tumour ? 1 : 0);
       }
-      slide_auc = engine::roc_auc(scores, labels);
-      slide_roc = engine::roc_curve(scores, labels);
+      slide_auc = core::roc_auc(scores, labels);
+      slide_roc = analysis::roc_curve(scores, labels);
       scored_slides = scores.size();
     }
   } else {
@@ -566,15 +568,15 @@ int run_evaluate(const EvaluateOptions& options) {
   if (!predictions.empty()) {
     try {
       patches = read_predictions(predictions, selected_ids);
-      patch_auc = engine::roc_auc(patches.p, patches.label);
-      patch_roc = engine::roc_curve(patches.p, patches.label);
+      patch_auc = core::roc_auc(patches.p, patches.label);
+      patch_roc = analysis::roc_curve(patches.p, patches.label);
       summary["patch"] = {{"auc", number(patch_auc)},
                           {"tiles", patches.p.size()},
                           {"tumour_tiles", std::count(patches.label.begin(), patches.label.end(), 1)},
                           {"rows_of_other_slides", patches.other_slides}};
       if (patches.p.empty()) spdlog::warn("{}: no row belongs to the evaluated slides", predictions);
-    } catch (const io::Error& e) {
-      if (e.kind() == io::ErrorKind::internal) throw;
+    } catch (const core::Error& e) {
+      if (e.kind() == core::ErrorKind::internal) throw;
       spdlog::error("{}", e.what());
       failed.emplace_back("predictions", e.what());
     }
@@ -591,11 +593,11 @@ int run_evaluate(const EvaluateOptions& options) {
 
   std::error_code ec;
   fs::create_directories(out, ec);
-  if (ec) throw io::InputError(fmt::format("cannot create the output folder: {}", ec.message()), out.string());
+  if (ec) throw core::InputError(fmt::format("cannot create the output folder: {}", ec.message()), out.string());
   const std::string json_path = (out / "evaluation.json").string();
   const std::string froc_path = (out / "froc.png").string();
   const std::string roc_path = (out / "roc.png").string();
-  io::write_file_atomic(json_path, summary.dump(2) + "\n");
+  core::write_file_atomic(json_path, summary.dump(2) + "\n");
   std::vector<std::string> written = {json_path};
   if (froc) {
     io::write_png(froc_path, froc_chart(*froc));
@@ -617,8 +619,8 @@ int run_evaluate(const EvaluateOptions& options) {
                         split_text);
   if (froc) {
     std::vector<std::string> at;
-    for (std::size_t k = 0; k < engine::kFrocRates.size(); ++k) {
-      at.push_back(fmt::format("{:g}:{}", engine::kFrocRates[k], score_text(froc->sensitivity[k])));
+    for (std::size_t k = 0; k < analysis::kFrocRates.size(); ++k) {
+      at.push_back(fmt::format("{:g}:{}", analysis::kFrocRates[k], score_text(froc->sensitivity[k])));
     }
     text += fmt::format(
         "FROC {} (interpolated {}); sensitivity at FP/slide {}; {} lesions ({} ITC ignored), {} "
@@ -638,7 +640,7 @@ int run_evaluate(const EvaluateOptions& options) {
   }
   for (const auto& [what, error] : failed) text += fmt::format("FAILED {}: {}\n", what, error);
   std::cout << text << std::flush;
-  return failed.empty() ? io::exit_ok : io::exit_input;
+  return failed.empty() ? core::exit_ok : core::exit_input;
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 // rank; rank 0 gathers each map and writes the slide's outputs on a second thread while the next slide is scored.
 //
 // Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
-// preprocessing/heatmap_outputs.h (`outputs` picks some; default all):
+// analysis/heatmap_outputs.h (`outputs` picks some; default all):
 //   <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson, .xml, .detections.csv, .report.json
 // and for the job
 //   infer.json            per slide: outputs, cells, tiles, seconds, max probability, regions; the failures
@@ -25,8 +25,8 @@
 #include <fstream>
 #include <future>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,20 +35,21 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/heatmap_outputs.h"
 #include "app/cli.h"
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/hash.h"
+#include "core/output_dir.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/slide_inference.h"
 #include "io/annotations.h"
-#include "io/comm.h"
 #include "io/dataset.h"
-#include "io/error.h"
-#include "io/fault.h"
-#include "io/hash.h"
 #include "io/heatmap.h"
-#include "io/output_dir.h"
 #include "io/slide.h"
-#include "preprocessing/heatmap_outputs.h"
 
 namespace tessera::app {
 namespace {
@@ -56,10 +57,10 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const io::Schema& infer_schema() {
+const core::Schema& infer_schema() {
   // One schema for the life of the process: a Config keeps a pointer to its schema.
-  static const io::Schema instance = [] {
-    io::Schema schema;
+  static const core::Schema instance = [] {
+    core::Schema schema;
     schema.string("checkpoint", "", "Trained model (tessera train's checkpoint.h5); required")
         .string_list("slides", {},
                      "Slides: files, globs (e.g. data/slides/*.svs), or one dataset.csv (columns slide, and optionally "
@@ -109,11 +110,11 @@ struct SlideInput {
 
 // dataset.csv (io/dataset.h); `splits` selects rows by their split column.
 std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::vector<std::string>& splits,
-                                        const io::Config& config) {
+                                        const core::Config& config) {
   const auto dataset = io::read_dataset_csv(csv_path, {.slide = true, .label = false});
   if (!splits.empty()) {
     if (!dataset.has_column("split")) {
-      throw io::ConfigError(
+      throw core::ConfigError(
           fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
           config.source(), 0, "splits");
     }
@@ -126,27 +127,27 @@ std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::
     inputs.push_back({row.id, row.slide, row.mpp.value_or(0.0)});
   }
   if (inputs.empty() && !splits.empty()) {
-    throw io::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,
-                                      fmt::join(splits, ", "), fmt::join(present, ", ")),
-                          config.source(), 0, "splits");
+    throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,
+                                        fmt::join(splits, ", "), fmt::join(present, ", ")),
+                            config.source(), 0, "splits");
   }
   return inputs;
 }
 
 // The slides to run, identical on every rank: one dataset.csv, or files and globs (a glob matching nothing is
 // a mistake in the job; a plain path that does not exist fails as that slide, later).
-std::vector<SlideInput> resolve_inputs(const io::Config& config) {
+std::vector<SlideInput> resolve_inputs(const core::Config& config) {
   const auto& entries = config.get_string_list("slides");
   const auto& splits = config.get_string_list("splits");
   if (entries.empty())
-    throw io::ConfigError("no slides given (--slides or the job's 'slides' key)", config.source(), 0, "slides");
+    throw core::ConfigError("no slides given (--slides or the job's 'slides' key)", config.source(), 0, "slides");
   std::vector<SlideInput> inputs;
   if (entries.size() == 1 && fs::path(entries.front()).extension() == ".csv") {
     inputs = read_csv_inputs(entries.front(), splits, config);
   } else {
     if (!splits.empty()) {
-      throw io::ConfigError("splits select rows of a dataset.csv; the slides here are files or globs", config.source(),
-                            0, "splits");
+      throw core::ConfigError("splits select rows of a dataset.csv; the slides here are files or globs",
+                              config.source(), 0, "splits");
     }
     for (const auto& pattern : entries) {
       glob_t matches{};
@@ -155,7 +156,7 @@ std::vector<SlideInput> resolve_inputs(const io::Config& config) {
       globfree(&matches);
       if (rc == GLOB_NOMATCH || files.empty()) {
         if (pattern.find_first_of("*?[") != std::string::npos) {
-          throw io::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "slides");
+          throw core::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "slides");
         }
         files = {pattern};
       }
@@ -166,13 +167,13 @@ std::vector<SlideInput> resolve_inputs(const io::Config& config) {
   std::set<std::string> ids;
   for (const auto& s : inputs) {
     if (!ids.insert(s.id).second) {
-      throw io::ConfigError("two slides share the id '" + s.id +
-                                "' (ids are file names without extension; the "
-                                "outputs would overwrite each other)",
-                            config.source(), 0, "slides");
+      throw core::ConfigError("two slides share the id '" + s.id +
+                                  "' (ids are file names without extension; the "
+                                  "outputs would overwrite each other)",
+                              config.source(), 0, "slides");
     }
   }
-  if (inputs.empty()) throw io::ConfigError("no slides to run", config.source(), 0, "slides");
+  if (inputs.empty()) throw core::ConfigError("no slides to run", config.source(), 0, "slides");
   return inputs;
 }
 
@@ -239,15 +240,15 @@ std::string file_identity(const std::string& path) {
 
 // What every slide's outputs depend on: the checkpoint file and the effective job, less the keys that pick the
 // slides, the folder or the threads (they change no slide's outputs).
-std::string job_key(const io::Config& config, const std::string& checkpoint_path) {
-  io::Config keyed = config;
+std::string job_key(const core::Config& config, const std::string& checkpoint_path) {
+  core::Config keyed = config;
   for (const char* neutral : {"slides=[]", "splits=[]", "output=\"\"", "infer.threads=0"}) keyed.set(neutral);
   return file_identity(checkpoint_path) + "\n" + keyed.to_yaml();
 }
 
 std::string slide_key(const std::string& job, const std::string& path, double mpp) {
   return fmt::format("{:016x}",
-                     io::fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
+                     core::fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
 }
 
 fs::path slide_record_path(const fs::path& out, const std::string& id) { return out / kRecordFolder / (id + ".json"); }
@@ -296,17 +297,18 @@ struct WrittenSlide {
 // The outputs of one slide (rank 0). The map is complete here: a slide whose analysis or picture fails is
 // reported as failed with what was written so far kept (each file is complete).
 WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engine::SlideInferenceStats& stats,
-                           const std::string& position, const fs::path& out, const prep::OutputOptions& output_options,
-                           double assume_mpp, double threshold, const std::string& key) {
+                           const std::string& position, const fs::path& out,
+                           const analysis::OutputOptions& output_options, double assume_mpp, double threshold,
+                           const std::string& key) {
   const auto t_outputs = std::chrono::steady_clock::now();
   // The slide's record goes first: outputs being rewritten (other settings, a killed or failing run) are never
   // taken for the recorded ones.
   std::error_code ignored;  // no record to remove is fine; one that cannot be removed fails the write below
   fs::remove(slide_record_path(out, input.id), ignored);
   std::vector<std::string> written;
-  prep::SlideResult result;
+  analysis::SlideResult result;
   try {
-    result = prep::analyse_heatmap(std::move(map), output_options);
+    result = analysis::analyse_heatmap(std::move(map), output_options);
     result.tissue_area_mm2 = stats.tissue_area_mm2;
     const bool overlay = output_options.outputs.empty() ||
                          std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
@@ -316,9 +318,9 @@ WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engin
       open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
       result.thumbnail = io::Slide::open(input.path, open_options).thumbnail(output_options.overlay.max_side);
     }
-    written = prep::write_slide_outputs(out.string(), result, output_options);
-  } catch (const io::Error& e) {
-    if (e.kind() != io::ErrorKind::input) throw;
+    written = analysis::write_slide_outputs(out.string(), result, output_options);
+  } catch (const core::Error& e) {
+    if (e.kind() != core::ErrorKind::input) throw;
     spdlog::error("slide {} failed while writing its outputs: {}", position, e.what());
     return {input.id, json(), e.what()};
   }
@@ -348,11 +350,11 @@ WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engin
                 {"read_wait_seconds", stats.read_wait_seconds},
                 {"output_seconds", output_seconds},
                 {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}};
-  io::write_file_atomic(slide_record_path(out, input.id).string(),
-                        json({{"key", key}, {"entry", entry}}).dump() + "\n");
-  // Fault point "infer.slide-finished" (io/fault.h): after a slide's outputs and its record are complete, e.g.
+  core::write_file_atomic(slide_record_path(out, input.id).string(),
+                          json({{"key", key}, {"entry", entry}}).dump() + "\n");
+  // Fault point "infer.slide-finished" (core/fault.h): after a slide's outputs and its record are complete, e.g.
   // "infer.slide-finished after=1 do=kill" kills the job once its first slide is done.
-  io::fault::at("infer.slide-finished");
+  core::fault::at("infer.slide-finished");
   return {input.id, std::move(entry), ""};
 }
 
@@ -364,19 +366,19 @@ int run_infer(const InferOptions& options) {
   if (!options.out.empty()) overrides.push_back("output=" + options.out);
   if (!options.tta.empty()) overrides.push_back("infer.tta=" + options.tta);
   auto config = load_job(infer_schema(), options.job, overrides);
-  if (maybe_print_config(config, options.job)) return io::exit_ok;
+  if (maybe_print_config(config, options.job)) return core::exit_ok;
 
   const std::string checkpoint = config.get_string("checkpoint");
   if (checkpoint.empty()) {
-    throw io::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
-                          "checkpoint");
+    throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
+                            "checkpoint");
   }
   const auto inputs = resolve_inputs(config);
   const fs::path out = config.get_string("output");
   const double threshold = config.get_number("infer.threshold");
-  const auto& world = io::Comm::world();
-  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
-  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "infer");
+  const auto& world = core::Comm::world();
+  // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
+  const core::OutputLock lock = core::lock_output_folder(world, out.string(), "infer");
   engine::Context::get().set_threads(static_cast<int>(config.get_int("infer.threads")));
 
   engine::SlideInferenceOptions inference_options;
@@ -385,7 +387,7 @@ int run_infer(const InferOptions& options) {
   inference_options.tta = engine::parse_tta(config.get_string("infer.tta"));
   inference_options.assume_mpp = config.get_number("input.assume_mpp");
 
-  prep::OutputOptions output_options;
+  analysis::OutputOptions output_options;
   output_options.regions.threshold = threshold;
   output_options.detections.min_prob = config.get_number("detections.min_prob");
   output_options.detections.nms_radius_tiles = config.get_number("detections.nms_radius_tiles");
@@ -395,14 +397,14 @@ int run_infer(const InferOptions& options) {
   output_options.geojson.tiles = config.get_bool("geojson.tiles");
   output_options.outputs = config.get_string_list("outputs");
   for (const auto& name : output_options.outputs) {
-    if (prep::find_output_writer(name) == nullptr) {
-      throw io::ConfigError(fmt::format("unknown output '{}' (known: {})", name, prep::output_writer_names()),
-                            config.source(), 0, "outputs");
+    if (analysis::find_output_writer(name) == nullptr) {
+      throw core::ConfigError(fmt::format("unknown output '{}' (known: {})", name, analysis::output_writer_names()),
+                              config.source(), 0, "outputs");
     }
   }
   if (!(threshold > 0.0)) {
-    throw io::ConfigError("the threshold must be above 0 (regions are the cells with P >= threshold)", config.source(),
-                          0, "infer.threshold");
+    throw core::ConfigError("the threshold must be above 0 (regions are the cells with P >= threshold)",
+                            config.source(), 0, "infer.threshold");
   }
 
   engine::LoadedModel model = engine::load_model(checkpoint);
@@ -419,10 +421,10 @@ int run_infer(const InferOptions& options) {
       if (config.is_set(key)) continue;
       try {
         config.set(fmt::format("{}={}", key, value));
-      } catch (const io::ConfigError& e) {
-        throw io::InputError(fmt::format("/meta records the tiling's {} as {}, which inference cannot use: {}", key,
-                                         value, e.message()),
-                             checkpoint);
+      } catch (const core::ConfigError& e) {
+        throw core::InputError(
+            fmt::format("/meta records the tiling's {} as {}, which inference cannot use: {}", key, value, e.message()),
+            checkpoint);
       }
     }
   }
@@ -496,8 +498,8 @@ int run_infer(const InferOptions& options) {
     io::Heatmap map;
     try {
       map = inference.run(input.path, input.id, world, &stats, input.mpp);
-    } catch (const io::Error& e) {
-      if (e.kind() != io::ErrorKind::input) throw;
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
       failed[input.id] = e.what();
       if (world.is_root()) spdlog::error("slide {}/{} failed: {}", s + 1, inputs.size(), e.what());
       continue;
@@ -506,14 +508,15 @@ int run_infer(const InferOptions& options) {
     if (!world.is_root()) continue;
     collect();
     const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
-    writing = std::async(std::launch::async, [&, input, stats, position, key = keys[s], map = std::move(map)]() mutable {
-      return write_outputs(input, std::move(map), stats, position, out, output_options, inference_options.assume_mpp,
-                           threshold, key);
-    });
+    writing =
+        std::async(std::launch::async, [&, input, stats, position, key = keys[s], map = std::move(map)]() mutable {
+          return write_outputs(input, std::move(map), stats, position, out, output_options,
+                               inference_options.assume_mpp, threshold, key);
+        });
   }
   collect();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (!world.is_root()) return failed.empty() ? io::exit_ok : io::exit_input;
+  if (!world.is_root()) return failed.empty() ? core::exit_ok : core::exit_input;
 
   json failures = json::array();
   for (const auto& [id, error] : failed) failures.push_back({{"id", id}, {"error", error}});
@@ -528,7 +531,7 @@ int run_infer(const InferOptions& options) {
                         {"tiles_per_second", static_cast<double>(total_tiles) / std::max(seconds, 1e-9)},
                         {"slides", slides},
                         {"failures", failures}};
-  io::write_file_atomic((out / "infer.json").string(), summary.dump(2) + "\n");
+  core::write_file_atomic((out / "infer.json").string(), summary.dump(2) + "\n");
 
   const std::string where = fs::absolute(out).lexically_normal().string();
   spdlog::info(
@@ -540,9 +543,9 @@ int run_infer(const InferOptions& options) {
     std::fprintf(stderr, "tessera infer: %zu of %zu slides failed (the others' outputs are in %s):\n", failed.size(),
                  inputs.size(), where.c_str());
     for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
-    return io::exit_input;
+    return core::exit_input;
   }
-  return io::exit_ok;
+  return core::exit_ok;
 }
 
 }  // namespace

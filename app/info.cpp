@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli.h"
-#include "io/comm.h"
-#include "io/error.h"
+#include "core/comm.h"
+#include "core/error.h"
 #include "io/slide.h"
 
 namespace tessera::app {
@@ -30,9 +30,12 @@ struct InfoOptions {
 
 std::string mpp_source_text(const io::Slide& slide) {
   switch (slide.mpp_source()) {
-    case io::MppSource::openslide_property: return "from openslide.mpp-x";
-    case io::MppSource::tiff_resolution: return "from the TIFF resolution tags";
-    case io::MppSource::assumed: return "assumed (--assume-mpp), not in the slide";
+    case io::MppSource::openslide_property:
+      return "from openslide.mpp-x";
+    case io::MppSource::tiff_resolution:
+      return "from the TIFF resolution tags";
+    case io::MppSource::assumed:
+      return "assumed (--assume-mpp), not in the slide";
   }
   return "";
 }
@@ -71,9 +74,12 @@ std::string describe(const io::Slide& slide) {
 
 const char* mpp_source_id(io::MppSource source) {
   switch (source) {
-    case io::MppSource::openslide_property: return "openslide_property";
-    case io::MppSource::tiff_resolution: return "tiff_resolution";
-    case io::MppSource::assumed: return "assumed";
+    case io::MppSource::openslide_property:
+      return "openslide_property";
+    case io::MppSource::tiff_resolution:
+      return "tiff_resolution";
+    case io::MppSource::assumed:
+      return "assumed";
   }
   return "";
 }
@@ -118,7 +124,7 @@ void check_pixels(const io::Slide& slide) {
 
 int run_info(const InfoOptions& options) {
   // Reading a few headers needs no parallelism; under mpirun only rank 0 answers.
-  if (!io::Comm::world().is_root()) return io::exit_ok;
+  if (!core::Comm::world().is_root()) return core::exit_ok;
   io::SlideOpenOptions open_options;
   open_options.assume_mpp = options.assume_mpp;
   nlohmann::json all = nlohmann::json::array();
@@ -132,17 +138,18 @@ int run_info(const InfoOptions& options) {
       } else {
         std::cout << describe(slide) << std::flush;
       }
-    } catch (const io::Error& e) {
-      if (e.kind() != io::ErrorKind::input) throw;
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
       failures.push_back(e.what());
       if (options.json) all.push_back({{"path", path}, {"error", e.what()}});
     }
   }
   if (options.json) std::cout << all.dump(2) << "\n";
-  if (failures.empty()) return io::exit_ok;
-  std::cerr << fmt::format("tessera info: {} of {} slides could not be read:\n", failures.size(), options.slides.size());
+  if (failures.empty()) return core::exit_ok;
+  std::cerr << fmt::format("tessera info: {} of {} slides could not be read:\n", failures.size(),
+                           options.slides.size());
   for (const auto& f : failures) std::cerr << "  " << f << "\n";
-  return io::exit_input;
+  return core::exit_input;
 }
 
 }  // namespace

@@ -3,8 +3,8 @@
 
 #include <cstdio>
 #include <exception>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,12 +12,12 @@
 
 #include "app/cli.h"
 #include "app/version.h"
-#include "io/comm.h"
-#include "io/config.h"
-#include "io/error.h"
-#include "io/fault.h"
+#include "core/comm.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/log.h"
 #include "io/hdf5_library.h"
-#include "io/log.h"
 
 namespace {
 
@@ -34,10 +34,10 @@ void check_verb(int argc, char** argv) {
     names.emplace_back(verb.name);
   }
   std::string message = "unknown verb '" + word + "'";
-  const std::string suggestion = io::closest_match(word, names);
+  const std::string suggestion = core::closest_match(word, names);
   if (!suggestion.empty()) message += "; did you mean '" + suggestion + "'?";
   message += " (run 'tessera --help' for the list)";
-  throw io::UsageError(message);
+  throw core::UsageError(message);
 }
 
 int run(int argc, char** argv) {
@@ -59,20 +59,20 @@ int run(int argc, char** argv) {
     actions.emplace_back(command, verb.setup(*command));
   }
 
-  const auto& world = io::Comm::world();
+  const auto& world = core::Comm::world();
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" with exit code 0; print once, on rank 0.
     if (world.is_root()) cli.exit(e);
-    return e.get_exit_code() == 0 ? io::exit_ok : io::exit_usage;
+    return e.get_exit_code() == 0 ? core::exit_ok : core::exit_usage;
   }
 
-  io::init_logging(log_level, world.rank(), world.size());
+  core::init_logging(log_level, world.rank(), world.size());
   for (auto& [command, action] : actions) {
     if (command->parsed()) return action();
   }
-  return io::exit_usage;  // unreachable: require_subcommand(1)
+  return core::exit_usage;  // unreachable: require_subcommand(1)
 }
 
 }  // namespace
@@ -85,30 +85,30 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   io::skip_hdf5_exit_cleanup();  // first: see io/hdf5_library.h (a failed close must not become a SIGSEGV at exit)
-  io::fault::enabled();  // a malformed TESSERA_FAULT (tests only) ends the process now, before any work
-  std::optional<io::MpiSession> mpi;
+  core::fault::enabled();        // a malformed TESSERA_FAULT (tests only) ends the process now, before any work
+  std::optional<core::MpiSession> mpi;
   try {
     mpi.emplace(&argc, &argv);
   } catch (const std::exception& e) {
     std::cerr << "tessera: cannot start MPI: " << e.what() << "\n";
-    return io::exit_internal;
+    return core::exit_internal;
   }
 
-  int code = io::exit_ok;
+  int code = core::exit_ok;
   std::string failure;
   try {
     code = run(argc, argv);
-  } catch (const io::Error& e) {
-    code = io::exit_code_for(e.kind());
-    failure = std::string(io::to_string(e.kind())) + ": " + e.what();
+  } catch (const core::Error& e) {
+    code = core::exit_code_for(e.kind());
+    failure = std::string(core::to_string(e.kind())) + ": " + e.what();
   } catch (const std::exception& e) {
-    code = io::exit_internal;
+    code = core::exit_internal;
     failure = std::string("internal error: ") + e.what();
   }
 
   if (!failure.empty()) {
     // One failing rank may leave the others waiting in a collective: take the whole job down, naming the rank.
-    if (io::Comm::world().size() > 1) io::abort_job(failure, code);
+    if (core::Comm::world().size() > 1) core::abort_job(failure, code);
     std::cerr << "tessera: " << failure << "\n";
   }
   mpi->finalize();

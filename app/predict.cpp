@@ -9,8 +9,8 @@
 //   <output>         CSV: slide_id,x,y,label,p_tumor (level-0 top-left as in the shard; label 0 normal, 1 tumour)
 //   <output stem>.json   summary: tiles, auc (null when a class is absent), accuracy at 0.5, the same per split
 //                        ("per_split", slides without a split under "(none)"), the checkpoint, tiles per second
-// Shards always carry labels (DESIGN.md), so the label column and the summary are always there; slides tiled
-// without annotations have all their tiles labelled normal.
+// Shards always carry labels (docs/ARCHITECTURE.md "Shard files"), so the label column and the summary are always
+// there; slides tiled without annotations have all their tiles labelled normal.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,18 +26,19 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "app/cli.h"
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/metrics.h"
+#include "core/output_dir.h"
+#include "core/progress.h"
 #include "engine/context.h"
 #include "engine/inference.h"
-#include "engine/metrics.h"
 #include "io/annotations.h"
-#include "io/comm.h"
-#include "io/error.h"
-#include "io/output_dir.h"
-#include "io/progress.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 
@@ -47,15 +48,14 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const io::Schema& predict_schema() {
+const core::Schema& predict_schema() {
   // One schema for the life of the process: a Config keeps a pointer to its schema.
-  static const io::Schema instance = [] {
-    io::Schema schema;
+  static const core::Schema instance = [] {
+    core::Schema schema;
     schema.string("checkpoint", "", "Trained model (tessera train's checkpoint.h5); required")
         .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
         .string_list("data.splits", {}, "Predict the slides of these splits (empty = every slide)")
-        .string("output", "predictions.csv",
-                "CSV of predictions; the summary goes beside it with the extension .json")
+        .string("output", "predictions.csv", "CSV of predictions; the summary goes beside it with the extension .json")
         .integer("predict.batch_size", 32,
                  "Tiles per forward pass on each rank (larger batches cost memory and, on CPU, gain no speed)", 1,
                  65536)
@@ -112,7 +112,7 @@ struct Score {
 Score score(std::span<const float> p, std::span<const std::uint8_t> labels) {
   Score s;
   s.tiles = static_cast<std::int64_t>(p.size());
-  s.auc = engine::roc_auc(p, labels);
+  s.auc = core::roc_auc(p, labels);
   std::int64_t correct = 0;
   for (std::size_t i = 0; i < p.size(); ++i) correct += (p[i] >= 0.5f) == (labels[i] != 0);
   s.accuracy = s.tiles > 0 ? static_cast<double>(correct) / static_cast<double>(s.tiles) : 0.0;
@@ -120,9 +120,7 @@ Score score(std::span<const float> p, std::span<const std::uint8_t> labels) {
 }
 
 json score_json(const Score& s) {
-  return {{"tiles", s.tiles},
-          {"auc", std::isfinite(s.auc) ? json(s.auc) : json(nullptr)},
-          {"accuracy", s.accuracy}};
+  return {{"tiles", s.tiles}, {"auc", std::isfinite(s.auc) ? json(s.auc) : json(nullptr)}, {"accuracy", s.accuracy}};
 }
 
 // The summary's path: the CSV's with the extension .json ("preds.csv" → "preds.json").
@@ -133,7 +131,7 @@ fs::path summary_path(const fs::path& csv) {
 
 // The slides to predict: those whose split is in `splits` (every slide when empty). ConfigError when none is.
 std::set<std::string> select_slides(const io::Manifest& manifest, const std::vector<std::string>& splits,
-                                    const io::Config& config) {
+                                    const core::Config& config) {
   std::set<std::string> ids;
   std::set<std::string> present;
   for (const auto& s : manifest.slides) {
@@ -141,10 +139,10 @@ std::set<std::string> select_slides(const io::Manifest& manifest, const std::vec
     if (splits.empty() || std::find(splits.begin(), splits.end(), s.split) != splits.end()) ids.insert(s.id);
   }
   if (ids.empty()) {
-    throw io::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the manifest has: {})",
-                                      config.get_string("data.shards"), fmt::join(splits, ", "),
-                                      fmt::join(present, ", ")),
-                          config.source(), 0, "data.splits");
+    throw core::ConfigError(
+        fmt::format("no slide of {} is in the split(s) {} (the manifest has: {})", config.get_string("data.shards"),
+                    fmt::join(splits, ", "), fmt::join(present, ", ")),
+        config.source(), 0, "data.splits");
   }
   return ids;
 }
@@ -155,19 +153,20 @@ void check_compatible(const engine::LoadedModel& model, const std::string& check
   const auto& meta = model.meta;
   const auto& tiles = data.manifest().attributes;
   if (data.tile_size() != meta.input_size) {
-    throw io::InputError(fmt::format("the tiles are {} px, the model in '{}' ({}) takes {} px", data.tile_size(),
-                                     checkpoint, meta.architecture, meta.input_size),
-                         manifest_path);
+    throw core::InputError(fmt::format("the tiles are {} px, the model in '{}' ({}) takes {} px", data.tile_size(),
+                                       checkpoint, meta.architecture, meta.input_size),
+                           manifest_path);
   }
   if (meta.mpp > 0 && tiles.mpp > 0 && std::fabs(meta.mpp - tiles.mpp) > 1e-6 * meta.mpp) {
-    throw io::InputError(fmt::format("the tiles are at {:g} µm/px, the model in '{}' was trained at {:g} µm/px",
-                                     tiles.mpp, checkpoint, meta.mpp),
-                         manifest_path);
+    throw core::InputError(fmt::format("the tiles are at {:g} µm/px, the model in '{}' was trained at {:g} µm/px",
+                                       tiles.mpp, checkpoint, meta.mpp),
+                           manifest_path);
   }
   if (meta.stain_normalization != tiles.stain_normalization) {
-    throw io::InputError(fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'",
-                                     tiles.stain_normalization, checkpoint, meta.stain_normalization),
-                         manifest_path);
+    throw core::InputError(
+        fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'",
+                    tiles.stain_normalization, checkpoint, meta.stain_normalization),
+        manifest_path);
   }
 }
 
@@ -197,22 +196,22 @@ int run_predict(const PredictOptions& options) {
     overrides.push_back(fmt::format("data.splits=[{}]", fmt::join(names, ", ")));
   }
   const auto config = load_job(predict_schema(), options.job, overrides);
-  if (maybe_print_config(config, options.job)) return io::exit_ok;
+  if (maybe_print_config(config, options.job)) return core::exit_ok;
 
   const std::string checkpoint = config.get_string("checkpoint");
   if (checkpoint.empty()) {
-    throw io::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
-                          "checkpoint");
+    throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
+                            "checkpoint");
   }
   const std::string shards = config.get_string("data.shards");
   const fs::path out = config.get_string("output");
-  const auto& world = io::Comm::world();
+  const auto& world = core::Comm::world();
   // A predictions file that cannot be written fails now, not after every tile is scored.
-  io::prepare_output_file(world, out.string());
+  core::prepare_output_file(world, out.string());
   engine::Context::get().set_threads(static_cast<int>(config.get_int("predict.threads")));
 
   const engine::LoadedModel model = engine::load_model(checkpoint);
-  if (!fs::is_directory(shards)) throw io::InputError("the shard folder does not exist", shards);
+  if (!fs::is_directory(shards)) throw core::InputError("the shard folder does not exist", shards);
   const std::string manifest_path = (fs::path(shards) / "manifest.json").string();
   const io::Manifest manifest = io::read_manifest(manifest_path);
   const auto splits = config.get_string_list("data.splits");
@@ -246,7 +245,7 @@ int run_predict(const PredictOptions& options) {
   Rows mine;
   io::Batch batch;
   {
-    io::Progress progress(world, data.total_tiles(), {.label = "predict", .unit = "tiles"});
+    core::Progress progress(world, data.total_tiles(), {.label = "predict", .unit = "tiles"});
     data.start_epoch(0);
     while (data.next(batch)) {
       const auto& p = scorer.probabilities(batch);
@@ -263,12 +262,12 @@ int run_predict(const PredictOptions& options) {
   }
   const auto parts = world.gather_bytes(mine.pack(), 0);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (!world.is_root()) return io::exit_ok;
+  if (!world.is_root()) return core::exit_ok;
 
   Rows all;
   for (const auto& part : parts) all.append_packed(part);
   if (static_cast<std::int64_t>(all.size()) != data.total_tiles()) {
-    throw io::InternalError(fmt::format("predict: {} rows gathered for {} tiles", all.size(), data.total_tiles()));
+    throw core::InternalError(fmt::format("predict: {} rows gathered for {} tiles", all.size(), data.total_tiles()));
   }
 
   std::string csv = "slide_id,x,y,label,p_tumor\n";
@@ -279,7 +278,7 @@ int run_predict(const PredictOptions& options) {
                    all.xy[2 * i + 1], all.label[i], all.p_tumor[i]);
   }
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
-  io::write_file_atomic(out.string(), csv);
+  core::write_file_atomic(out.string(), csv);
 
   // The summary: overall and per split.
   const Score overall = score(all.p_tumor, all.label);
@@ -304,7 +303,7 @@ int run_predict(const PredictOptions& options) {
   summary["seconds"] = seconds;
   summary["tiles_per_second"] = static_cast<double>(all.size()) / std::max(seconds, 1e-9);
   const fs::path summary_file = summary_path(out);
-  io::write_file_atomic(summary_file.string(), summary.dump(2) + "\n");
+  core::write_file_atomic(summary_file.string(), summary.dump(2) + "\n");
 
   std::string split_text;
   for (const auto& [split, values] : by_split) {
@@ -314,7 +313,7 @@ int run_predict(const PredictOptions& options) {
   spdlog::info("{} tiles in {:.2f} s ({:.0f} tiles/s): AUC {:.4f}, accuracy {:.4f}{}; wrote {} and {}", all.size(),
                seconds, static_cast<double>(all.size()) / std::max(seconds, 1e-9), overall.auc, overall.accuracy,
                split_text, out.string(), summary_file.string());
-  return io::exit_ok;
+  return core::exit_ok;
 }
 
 }  // namespace
@@ -322,11 +321,13 @@ int run_predict(const PredictOptions& options) {
 Action setup_predict(CLI::App& command) {
   auto options = std::make_shared<PredictOptions>();
   add_job_options(command, options->job);
-  command.add_option("-c,--checkpoint", options->checkpoint, "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
+  command.add_option("-c,--checkpoint", options->checkpoint,
+                     "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
   command.add_option("--shards", options->shards, "Shard folder (data.shards)");
   command.add_option("-o,--out", options->out, "Predictions CSV; the .json summary goes beside it (output)");
-  command.add_option("--splits", options->splits, "Comma-separated splits to predict, e.g. test,val (data.splits; "
-                                                  "default: every slide)");
+  command.add_option("--splits", options->splits,
+                     "Comma-separated splits to predict, e.g. test,val (data.splits; "
+                     "default: every slide)");
   add_key_flag(command, options->job, "--batch", {"predict.batch_size"}, "Tiles per forward pass (predict.batch_size)");
   add_key_flag(command, options->job, "--threads", {"predict.threads"},
                "OpenMP threads per rank, 0 = all cores (predict.threads)");

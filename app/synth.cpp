@@ -17,48 +17,50 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "app/cli.h"
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/output_dir.h"
+#include "core/progress.h"
 #include "io/annotations.h"
-#include "io/comm.h"
-#include "io/error.h"
 #include "io/image.h"
-#include "io/output_dir.h"
 #include "io/slide.h"
-#include "io/progress.h"
 #include "preprocessing/overlay.h"
-#include "preprocessing/synth.h"
+#include "synth/synth.h"
 
 namespace tessera::app {
 namespace {
 
 namespace fs = std::filesystem;
 
-const io::Schema& synth_schema() {
-  static const io::Schema schema = io::Schema()
-      .string("output", "data/synth", "Folder for slides/, dataset.csv and the effective config")
-      .integer("seed", 1, "Seed: the same seed gives byte-identical files", 0, 9.0e15)
-      .integer("slides.count", 8, "Number of slides", 1, 100000)
-      .number("slides.tumour_fraction", 0.5, "Fraction of slides that contain tumour (the rest are normal)", 0, 1)
-      .integer("slides.width", 16384, "Level-0 width in pixels", 512, 1 << 20)
-      .integer("slides.height", 16384, "Level-0 height in pixels", 512, 1 << 20)
-      .number("slides.mpp", 0.25, "Level-0 resolution in um/px", 0.05, 10)
-      .string("slides.flavour", "mixed", "File flavour: Aperio-style .svs, generic TIFF, or alternating",
-              {"aperio", "generic", "mixed"})
-      .string("slides.compression", "jpeg", "Tile compression", {"jpeg", "deflate"})
-      .integer("slides.jpeg_quality", 85, "JPEG quality of the tiles", 30, 100)
-      .integer("slides.tile_size", 256, "TIFF tile size in pixels", 64, 1024)
-      .integer("tumour.max_regions", 6, "Tumour slides get 1..max regions of widely varied size", 1, 64)
-      .boolean("tumour.exclusion_regions", true, "Add ASAP _2 (non-tumour) regions inside some large tumours")
-      .boolean("artefacts.blur", true, "Out-of-focus patches")
-      .boolean("artefacts.pen_marks", false, "Pen marks on the glass and tissue")
-      .boolean("artefacts.folds", false, "Tissue folds")
-      .number("split.train", 0.6, "Fraction of each class's slides in the train split", 0, 1)
-      .number("split.val", 0.2, "Fraction in the validation split (the rest is test)", 0, 1)
-      .boolean("preview.enabled", true, "Write previews/<slide>.png: thumbnail with the ground truth outlined")
-      .integer("preview.size", 1024, "Longer side of the preview in pixels", 128, 8192);
+const core::Schema& synth_schema() {
+  static const core::Schema schema =
+      core::Schema()
+          .string("output", "data/synth", "Folder for slides/, dataset.csv and the effective config")
+          .integer("seed", 1, "Seed: the same seed gives byte-identical files", 0, 9.0e15)
+          .integer("slides.count", 8, "Number of slides", 1, 100000)
+          .number("slides.tumour_fraction", 0.5, "Fraction of slides that contain tumour (the rest are normal)", 0, 1)
+          .integer("slides.width", 16384, "Level-0 width in pixels", 512, 1 << 20)
+          .integer("slides.height", 16384, "Level-0 height in pixels", 512, 1 << 20)
+          .number("slides.mpp", 0.25, "Level-0 resolution in um/px", 0.05, 10)
+          .string("slides.flavour", "mixed", "File flavour: Aperio-style .svs, generic TIFF, or alternating",
+                  {"aperio", "generic", "mixed"})
+          .string("slides.compression", "jpeg", "Tile compression", {"jpeg", "deflate"})
+          .integer("slides.jpeg_quality", 85, "JPEG quality of the tiles", 30, 100)
+          .integer("slides.tile_size", 256, "TIFF tile size in pixels", 64, 1024)
+          .integer("tumour.max_regions", 6, "Tumour slides get 1..max regions of widely varied size", 1, 64)
+          .boolean("tumour.exclusion_regions", true, "Add ASAP _2 (non-tumour) regions inside some large tumours")
+          .boolean("artefacts.blur", true, "Out-of-focus patches")
+          .boolean("artefacts.pen_marks", false, "Pen marks on the glass and tissue")
+          .boolean("artefacts.folds", false, "Tissue folds")
+          .number("split.train", 0.6, "Fraction of each class's slides in the train split", 0, 1)
+          .number("split.val", 0.2, "Fraction in the validation split (the rest is test)", 0, 1)
+          .boolean("preview.enabled", true, "Write previews/<slide>.png: thumbnail with the ground truth outlined")
+          .integer("preview.size", 1024, "Longer side of the preview in pixels", 128, 8192);
   return schema;
 }
 
@@ -66,7 +68,7 @@ struct PlannedSlide {
   std::string id;
   bool tumour = false;
   std::string split;
-  prep::SynthSlideOptions options;
+  synth::SynthSlideOptions options;
   std::string extension;
 };
 
@@ -88,15 +90,15 @@ std::vector<std::string> split_names(int n, double train, double val) {
   return names;
 }
 
-std::vector<PlannedSlide> plan(const io::Config& config) {
+std::vector<PlannedSlide> plan(const core::Config& config) {
   const int count = static_cast<int>(config.get_int("slides.count"));
   const int n_tumour = static_cast<int>(std::lround(count * config.get_number("slides.tumour_fraction")));
   const int n_normal = count - n_tumour;
   const double train = config.get_number("split.train");
   const double val = config.get_number("split.val");
   if (train + val > 1.0 + 1e-9) {
-    throw io::ConfigError(fmt::format("split.train + split.val must be at most 1, got {:g}", train + val),
-                          config.source(), 0, "split.val");
+    throw core::ConfigError(fmt::format("split.train + split.val must be at most 1, got {:g}", train + val),
+                            config.source(), 0, "split.val");
   }
   const auto tumour_splits = split_names(n_tumour, train, val);
   const auto normal_splits = split_names(n_normal, train, val);
@@ -138,15 +140,15 @@ std::vector<PlannedSlide> plan(const io::Config& config) {
 }
 
 // One dataset.csv row, produced by the rank that rendered the slide.
-std::string csv_row(const PlannedSlide& s, const prep::SynthGroundTruth& truth) {
-  return fmt::format("{},slides/{}{},{},slides/{}.xml,slides/{}.geojson,{},{},{:.4f},{:.4f}\n", s.id, s.id,
-                     s.extension, s.tumour ? "tumor" : "normal", s.id, s.id, s.split, truth.tumour.size(),
-                     truth.tumour_area_mm2, truth.tissue_area_mm2);
+std::string csv_row(const PlannedSlide& s, const synth::SynthGroundTruth& truth) {
+  return fmt::format("{},slides/{}{},{},slides/{}.xml,slides/{}.geojson,{},{},{:.4f},{:.4f}\n", s.id, s.id, s.extension,
+                     s.tumour ? "tumor" : "normal", s.id, s.id, s.split, truth.tumour.size(), truth.tumour_area_mm2,
+                     truth.tissue_area_mm2);
 }
 
 // The slide as a person checks it: thumbnail read back through OpenSlide, tumour outlined in green,
 // exclusion regions in blue, a scale bar.
-void write_preview(const fs::path& slide_path, const prep::SynthGroundTruth& truth, const fs::path& png,
+void write_preview(const fs::path& slide_path, const synth::SynthGroundTruth& truth, const fs::path& png,
                    int max_side) {
   const auto slide = io::Slide::open(slide_path.string());
   cv::Mat thumbnail = slide.thumbnail(max_side);
@@ -160,7 +162,7 @@ void write_preview(const fs::path& slide_path, const prep::SynthGroundTruth& tru
 std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, const fs::path& previews_dir,
                          int preview_size) {
   const auto slide_path = slides_dir / (s.id + s.extension);
-  const auto truth = prep::write_synthetic_slide(slide_path.string(), s.options);
+  const auto truth = synth::write_synthetic_slide(slide_path.string(), s.options);
 
   std::vector<io::Annotation> annotations = truth.tumour;
   annotations.insert(annotations.end(), truth.exclusion.begin(), truth.exclusion.end());
@@ -184,12 +186,12 @@ std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, cons
 
 int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overrides) {
   const auto config = load_job(synth_schema(), job, flag_overrides);
-  if (maybe_print_config(config, job)) return io::exit_ok;
+  if (maybe_print_config(config, job)) return core::exit_ok;
 
-  const auto& world = io::Comm::world();
+  const auto& world = core::Comm::world();
   const fs::path out = config.get_string("output");
-  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
-  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "synth");
+  // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
+  const core::OutputLock lock = core::lock_output_folder(world, out.string(), "synth");
   const fs::path slides_dir = out / "slides";
   const fs::path previews_dir = out / "previews";
   const int preview_size = config.get_bool("preview.enabled") ? static_cast<int>(config.get_int("preview.size")) : 0;
@@ -197,13 +199,13 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
     for (const auto& dir : {slides_dir, previews_dir}) {
       std::error_code ec;
       fs::create_directories(dir, ec);
-      if (ec) throw io::InputError("cannot create the output folder: " + ec.message(), dir.string());
+      if (ec) throw core::InputError("cannot create the output folder: " + ec.message(), dir.string());
     }
   }
   world.barrier();
 
   const auto slides = plan(config);
-  io::Progress progress(world, static_cast<std::int64_t>(slides.size()), {.label = "synth", .unit = "slides"});
+  core::Progress progress(world, static_cast<std::int64_t>(slides.size()), {.label = "synth", .unit = "slides"});
   std::string rows;
   for (std::size_t i = static_cast<std::size_t>(world.rank()); i < slides.size();
        i += static_cast<std::size_t>(world.size())) {
@@ -226,15 +228,16 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
         if (line.compare(0, s.id.size() + 1, s.id + ",") == 0) ordered.push_back(line);
       }
     }
-    std::string csv = "slide_id,slide,label,annotation_xml,annotation_geojson,split,tumour_regions,"
-                      "tumour_area_mm2,tissue_area_mm2\n";
+    std::string csv =
+        "slide_id,slide,label,annotation_xml,annotation_geojson,split,tumour_regions,"
+        "tumour_area_mm2,tissue_area_mm2\n";
     for (const auto& line : ordered) csv += line + "\n";
-    io::write_file_atomic((out / "dataset.csv").string(), csv);
+    core::write_file_atomic((out / "dataset.csv").string(), csv);
     config.save((out / "synth.config.yaml").string());
     spdlog::info("wrote {} slides, {} and {}", slides.size(), (out / "dataset.csv").string(),
                  (out / "synth.config.yaml").string());
   }
-  return io::exit_ok;
+  return core::exit_ok;
 }
 
 }  // namespace

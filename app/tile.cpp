@@ -31,19 +31,20 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "app/cli.h"
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/hash.h"
+#include "core/output_dir.h"
+#include "core/progress.h"
 #include "io/annotations.h"
-#include "io/comm.h"
 #include "io/dataset.h"
-#include "io/error.h"
-#include "io/fault.h"
-#include "io/hash.h"
 #include "io/image.h"
-#include "io/output_dir.h"
-#include "io/progress.h"
 #include "io/shard.h"
 #include "io/slide.h"
 #include "preprocessing/stain_norm.h"
@@ -56,41 +57,43 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const io::Schema& tile_schema() {
-  static const io::Schema schema = io::Schema()
-      .string_list("input.slides", {}, "Slide files or globs (e.g. data/demo/slides/*.svs); or use input.csv")
-      .string("input.csv", "", "CSV with columns slide, label, annotation (or annotation_xml/_geojson), split, mpp")
-      .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
-      .string("output", "data/shards", "Folder for manifest.json and shard-NNNNN.h5")
-      .integer("tile.size", 256, "Tile side in pixels at tile.mpp", 16, 4096)
-      .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05, 64)
-      .integer("tile.stride", 0, "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)",
-               0, 4096)
-      .string("tile.on_corrupt_tile", "fail",
-              "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
-              "in the manifest",
-              {"fail", "skip"})
-      .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a kept tile", 0, 1)
-      .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
-      .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
-      .number("labels.tumour_threshold", 0.5, "A tile is tumour when its annotated tumour fraction is at least this",
-              0.0001, 1)
-      .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
-              {"drop", "keep"})
-      .string_list("labels.tumour_classes", {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"},
-                   "ASAP groups / QuPath classes that mark tumour ('*' at the end matches any suffix)")
-      .string_list("labels.exclusion_classes", {"_2", "Exclusion", "Ignore*"},
-                   "Groups/classes that mark non-tumour areas inside tumour annotations")
-      .integer("sampling.max_tiles_per_slide", 0, "Keep at most this many tiles per slide (0 = all)", 0, 1e9)
-      .number("sampling.max_normal_per_tumour", 0.0,
-              "On slides with tumour, keep at most this many normal tiles per tumour tile (0 = all)", 0, 1e6)
-      .integer("sampling.seed", 1, "Seed of the tile sampling", 0, 9.0e15)
-      .string("stain.method", "none", "Stain normalization", {"none", "reinhard", "macenko"})
-      .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
-      .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
-      .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
-      .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
-      .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
+const core::Schema& tile_schema() {
+  static const core::Schema schema =
+      core::Schema()
+          .string_list("input.slides", {}, "Slide files or globs (e.g. data/demo/slides/*.svs); or use input.csv")
+          .string("input.csv", "", "CSV with columns slide, label, annotation (or annotation_xml/_geojson), split, mpp")
+          .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
+          .string("output", "data/shards", "Folder for manifest.json and shard-NNNNN.h5")
+          .integer("tile.size", 256, "Tile side in pixels at tile.mpp", 16, 4096)
+          .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05,
+                  64)
+          .integer("tile.stride", 0,
+                   "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)", 0, 4096)
+          .string("tile.on_corrupt_tile", "fail",
+                  "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
+                  "in the manifest",
+                  {"fail", "skip"})
+          .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a kept tile", 0, 1)
+          .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
+          .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
+          .number("labels.tumour_threshold", 0.5,
+                  "A tile is tumour when its annotated tumour fraction is at least this", 0.0001, 1)
+          .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
+                  {"drop", "keep"})
+          .string_list("labels.tumour_classes", {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"},
+                       "ASAP groups / QuPath classes that mark tumour ('*' at the end matches any suffix)")
+          .string_list("labels.exclusion_classes", {"_2", "Exclusion", "Ignore*"},
+                       "Groups/classes that mark non-tumour areas inside tumour annotations")
+          .integer("sampling.max_tiles_per_slide", 0, "Keep at most this many tiles per slide (0 = all)", 0, 1e9)
+          .number("sampling.max_normal_per_tumour", 0.0,
+                  "On slides with tumour, keep at most this many normal tiles per tumour tile (0 = all)", 0, 1e6)
+          .integer("sampling.seed", 1, "Seed of the tile sampling", 0, 9.0e15)
+          .string("stain.method", "none", "Stain normalization", {"none", "reinhard", "macenko"})
+          .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+          .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
+          .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
+          .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
+          .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
   return schema;
 }
 
@@ -125,13 +128,13 @@ std::vector<SlideInput> read_csv_inputs(const std::string& csv_path) {
   return inputs;
 }
 
-std::vector<SlideInput> resolve_inputs(const io::Config& config) {
+std::vector<SlideInput> resolve_inputs(const core::Config& config) {
   std::vector<SlideInput> inputs;
   const auto& csv = config.get_string("input.csv");
   const auto& patterns = config.get_string_list("input.slides");
   if (csv.empty() == patterns.empty()) {
-    throw io::ConfigError("give the slides either as input.slides (files or globs) or as input.csv, not both or none",
-                          config.source(), 0, "input.slides");
+    throw core::ConfigError("give the slides either as input.slides (files or globs) or as input.csv, not both or none",
+                            config.source(), 0, "input.slides");
   }
   if (!csv.empty()) {
     inputs = read_csv_inputs(csv);
@@ -144,7 +147,7 @@ std::vector<SlideInput> resolve_inputs(const io::Config& config) {
       if (rc == GLOB_NOMATCH || files.empty()) {
         // A plain path that does not exist is reported per slide later; a glob matching nothing is a mistake.
         if (pattern.find_first_of("*?[") != std::string::npos) {
-          throw io::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "input.slides");
+          throw core::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "input.slides");
         }
         files = {pattern};
       }
@@ -157,34 +160,34 @@ std::vector<SlideInput> resolve_inputs(const io::Config& config) {
   std::set<std::string> ids;
   for (const auto& s : inputs) {
     if (!ids.insert(s.id).second) {
-      throw io::ConfigError("two slides share the id '" + s.id + "' (ids are file names without extension)",
-                            config.source(), 0, csv.empty() ? "input.slides" : "input.csv");
+      throw core::ConfigError("two slides share the id '" + s.id + "' (ids are file names without extension)",
+                              config.source(), 0, csv.empty() ? "input.slides" : "input.csv");
     }
   }
-  if (inputs.empty()) throw io::ConfigError("no slides to tile", config.source(), 0, "input.slides");
+  if (inputs.empty()) throw core::ConfigError("no slides to tile", config.source(), 0, "input.slides");
   return inputs;
 }
 
 // FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
 // same hash may keep what is finished.
-std::string job_hash(const io::Config& config, const std::vector<SlideInput>& inputs) {
+std::string job_hash(const core::Config& config, const std::vector<SlideInput>& inputs) {
   std::string text = config.to_yaml();
   for (const auto& s : inputs) {
     struct stat st {};
     const bool ok = ::stat(s.path.c_str(), &st) == 0;
-    text += fmt::format("\n{}|{}|{}|{}|{}", s.path, ok ? st.st_size : -1, ok ? st.st_mtim.tv_sec : 0,
-                        s.annotation, s.mpp);
+    text +=
+        fmt::format("\n{}|{}|{}|{}|{}", s.path, ok ? st.st_size : -1, ok ? st.st_mtim.tv_sec : 0, s.annotation, s.mpp);
     if (!s.annotation.empty() && ::stat(s.annotation.c_str(), &st) == 0) {
       text += fmt::format("|{}|{}", st.st_size, st.st_mtim.tv_sec);
     }
   }
-  return fmt::format("{:016x}", io::fnv1a(text));
+  return fmt::format("{:016x}", core::fnv1a(text));
 }
 
 struct TileSettings {
   prep::GridOptions grid;
   prep::TissueOptions tissue;
-  prep::AnnotationClasses classes;
+  io::AnnotationClasses classes;
   std::int64_t max_tiles = 0;
   double max_normal_per_tumour = 0.0;
   std::uint64_t seed = 1;
@@ -204,9 +207,15 @@ struct PlanResult {
 };
 
 std::string serialize(const PlanResult& p) {
-  json j = {{"id", p.input.id},     {"path", p.input.path},   {"label", p.input.label},
-            {"split", p.input.split}, {"annotation", p.input.annotation}, {"mpp", p.input.mpp},
-            {"error", p.error},     {"footprint", p.footprint}, {"slide_mpp", p.slide_mpp},
+  json j = {{"id", p.input.id},
+            {"path", p.input.path},
+            {"label", p.input.label},
+            {"split", p.input.split},
+            {"annotation", p.input.annotation},
+            {"mpp", p.input.mpp},
+            {"error", p.error},
+            {"footprint", p.footprint},
+            {"slide_mpp", p.slide_mpp},
             {"assume_mpp", p.assume_mpp}};
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
   j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(prep::PlannedTile)));
@@ -262,27 +271,26 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
           io::read_annotations(input.annotation), settings.classes,
           {input.annotation, "labels.tumour_classes", tumour_slide, slide.width(), slide.height()});
     } else if (tumour_slide) {
-      throw io::InputError("the slide is labelled tumour but has no annotation file", input.path);
+      throw core::InputError("the slide is labelled tumour but has no annotation file", input.path);
     }
     const auto tissue = prep::detect_tissue(slide, settings.tissue);
     auto plan = prep::plan_slide(slide, tissue, annotations, settings.classes, settings.grid);
-    prep::cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour,
-                    settings.seed ^ io::fnv1a(input.id));
+    prep::cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour, settings.seed ^ core::fnv1a(input.id));
     if (plan.tiles.empty()) {
       spdlog::warn("{}: no tiles ({:.2f} mm2 of tissue at min fraction {:g}); the slide is skipped", input.path,
                    tissue.tissue_area_mm2(), settings.grid.min_tissue);
     }
     if (settings.preview_size > 0) {
       std::vector<io::Annotation> tumour, exclusion;
-      prep::split_annotations(annotations, settings.classes, tumour, exclusion);
+      io::split_annotations(annotations, settings.classes, tumour, exclusion);
       io::write_png((settings.previews / (input.id + ".png")).string(),
                     prep::render_plan_preview(slide, tissue, plan, tumour, settings.preview_size));
     }
     result.footprint = plan.footprint;
     result.slide_mpp = plan.slide_mpp;
     result.tiles = std::move(plan.tiles);
-  } catch (const io::Error& e) {
-    if (e.kind() != io::ErrorKind::input) throw;
+  } catch (const core::Error& e) {
+    if (e.kind() != core::ErrorKind::input) throw;
     result.error = e.what();
     result.tiles.clear();
     spdlog::error("{}", e.what());
@@ -373,9 +381,9 @@ class PixelChecksum {
   }
   void mix(std::uint64_t value) {
     hash_ ^= value;
-    hash_ *= io::kFnv1aPrime;
+    hash_ *= core::kFnv1aPrime;
   }
-  std::uint64_t hash_ = io::kFnv1aOffset;
+  std::uint64_t hash_ = core::kFnv1aOffset;
   std::uint8_t pending_[sizeof(std::uint64_t)] = {};
   std::size_t pending_size_ = 0;
 };
@@ -398,10 +406,10 @@ struct ShardRecord {
 };
 
 void write_record(const fs::path& out, const ShardRecord& record) {
-  const json doc = {{"job", record.job},           {"index", record.index}, {"first", record.first},
-                    {"count", record.count},       {"tiles", record.tiles}, {"kept", record.kept},
+  const json doc = {{"job", record.job},           {"index", record.index},  {"first", record.first},
+                    {"count", record.count},       {"tiles", record.tiles},  {"kept", record.kept},
                     {"checksum", record.checksum}, {"failed", record.failed}};
-  io::write_file_atomic(record_path(out, record.index).string(), doc.dump() + "\n");
+  core::write_file_atomic(record_path(out, record.index).string(), doc.dump() + "\n");
 }
 
 // The record of shard `span` of this job, if there is one that matches; nullopt otherwise (no record, another job's,
@@ -414,14 +422,11 @@ std::optional<ShardRecord> read_record(const fs::path& out, const std::string& j
   try {
     std::ifstream in(path);
     const json doc = json::parse(in);
-    ShardRecord record{doc.at("job").get<std::string>(),
-                       doc.at("index").get<std::int64_t>(),
-                       doc.at("first").get<std::int64_t>(),
-                       doc.at("count").get<std::int64_t>(),
-                       doc.at("tiles").get<std::string>(),
-                       doc.at("kept").get<std::int64_t>(),
-                       doc.at("checksum").get<std::string>(),
-                       doc.at("failed").get<std::map<std::string, std::string>>()};
+    ShardRecord record{
+        doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
+        doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
+        doc.at("tiles").get<std::string>(),    doc.at("kept").get<std::int64_t>(),
+        doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
     if (record.job != job || record.index != span.index || record.first != span.first || record.count != span.count ||
         record.tiles != tiles) {
       return std::nullopt;
@@ -458,7 +463,7 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
       return false;
     }
     return true;
-  } catch (const io::Error& e) {
+  } catch (const core::Error& e) {
     spdlog::warn("{}; extracted again", e.what());
     return false;
   }
@@ -505,7 +510,7 @@ bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const 
       }
     }
     return true;
-  } catch (const io::Error& e) {
+  } catch (const core::Error& e) {
     spdlog::warn("{}; rebuilding", e.what());
     return false;
   }
@@ -544,7 +549,7 @@ class Extractor {
     std::int64_t tiles = 0;
   };
   Written write_shard(const std::string& path, const std::vector<JobTile>& tiles,
-                          std::map<std::string, std::string>& failed, io::Progress& progress) {
+                      std::map<std::string, std::string>& failed, core::Progress& progress) {
     std::vector<std::string> slide_ids;
     std::map<std::uint32_t, std::uint32_t> local_index;
     for (const auto& t : tiles) {
@@ -585,9 +590,9 @@ class Extractor {
           if (normalizer_ != nullptr) normalizer_->apply(rgb);
           if (!rgb.isContinuous()) rgb = rgb.clone();
           std::memcpy(images.data() + images.size() - tile_bytes, rgb.data, tile_bytes);
-        } catch (const io::Error& e) {
-          if (e.kind() != io::ErrorKind::input) throw;
-          if (skip_corrupt_ && dynamic_cast<const io::CorruptTileError*>(&e) != nullptr) {
+        } catch (const core::Error& e) {
+          if (e.kind() != core::ErrorKind::input) throw;
+          if (skip_corrupt_ && dynamic_cast<const core::CorruptTileError*>(&e) != nullptr) {
             dropped.insert(static_cast<std::int64_t>(k));
             auto& corrupt = corrupt_[plan.input.id];
             if (corrupt.count++ == 0) corrupt.first = e.what();
@@ -647,7 +652,7 @@ class Extractor {
       if (damaged_window_ && damaged_window_->holds(x, y, side0)) return s.read_at_mpp(x, y, t_size, t_size, mpp);
       try {
         window_.emplace(s, x, y, width0, side0, mpp);
-      } catch (const io::CorruptTileError&) {
+      } catch (const core::CorruptTileError&) {
         if (!skip_corrupt_) throw;
         damaged_window_ = Area{x, y, width0, side0};
         return s.read_at_mpp(x, y, t_size, t_size, mpp);
@@ -724,13 +729,13 @@ int run_tile(const TileOptions& options) {
   if (options.preview) extra.emplace_back("preview.enabled=true");
   if (!options.on_corrupt_tile.empty()) extra.push_back("tile.on_corrupt_tile=" + options.on_corrupt_tile);
   const auto config = load_job(tile_schema(), options.job, extra);
-  if (maybe_print_config(config, options.job)) return io::exit_ok;
+  if (maybe_print_config(config, options.job)) return core::exit_ok;
 
-  const auto& world = io::Comm::world();
+  const auto& world = core::Comm::world();
   const fs::path out = config.get_string("output");
   const auto inputs = resolve_inputs(config);
-  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
-  const io::OutputLock lock = io::lock_output_folder(world, out.string(), "tile");
+  // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
+  const core::OutputLock lock = core::lock_output_folder(world, out.string(), "tile");
 
   TileSettings settings;
   settings.grid.tile_size = static_cast<int>(config.get_int("tile.size"));
@@ -793,7 +798,7 @@ int run_tile(const TileOptions& options) {
         if (name.rfind("shard-", 0) == 0 || name == "manifest.json") fs::remove(entry.path());
       }
       fs::remove_all(out / kRecordFolder);
-      io::write_file_atomic(state_path.string(), json({{"hash", hash}}).dump() + "\n");
+      core::write_file_atomic(state_path.string(), json({{"hash", hash}}).dump() + "\n");
     }
     if (!preview_only) fs::create_directories(out / kRecordFolder);
     // Half-written files of a killed run are never complete: remove them. Finished (unchecked) shards stay for
@@ -816,14 +821,14 @@ int run_tile(const TileOptions& options) {
         spdlog::error("slide {} failed in that run: {}", f.slide, f.error);
       }
     }
-    return up_to_date == 2 ? io::exit_input : io::exit_ok;
+    return up_to_date == 2 ? core::exit_input : core::exit_ok;
   }
   world.barrier();
 
   // Phase 1: plan, slides spread over ranks.
   std::string mine;
   {
-    io::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
+    core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
     for (std::size_t i = static_cast<std::size_t>(world.rank()); i < inputs.size();
          i += static_cast<std::size_t>(world.size())) {
       append_record(mine, serialize(plan_one(inputs[i], settings)));
@@ -855,7 +860,7 @@ int run_tile(const TileOptions& options) {
         }
       }
     }
-    return failed.empty() ? io::exit_ok : io::exit_input;
+    return failed.empty() ? core::exit_ok : core::exit_input;
   }
 
   // Phase 2: extract, equal shares of the job's tiles per rank, each in slide order.
@@ -877,7 +882,7 @@ int run_tile(const TileOptions& options) {
   std::map<std::string, std::string> extract_failed;
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
-    io::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
+    core::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
       const fs::path final_path = out / shard_name(span.index);
       const std::string unchecked = final_path.string() + ".unchecked";
@@ -917,9 +922,9 @@ int run_tile(const TileOptions& options) {
         if (const auto it = extract_failed.find(id); it != extract_failed.end()) record.failed.emplace(id, it->second);
       }
       write_record(out, record);
-      // Fault point "tile.shard-finished" (io/fault.h): after a shard and its record are complete, e.g.
+      // Fault point "tile.shard-finished" (core/fault.h): after a shard and its record are complete, e.g.
       // "tile.shard-finished after=1 do=kill" kills the job once its first shard is finished.
-      io::fault::at("tile.shard-finished");
+      core::fault::at("tile.shard-finished");
       written.push_back(span);
     }
     progress.finish();
@@ -962,7 +967,7 @@ int run_tile(const TileOptions& options) {
   world.barrier();
 
   // Manifest (rank 0), from the shards as they are on disk.
-  int code = failed.empty() ? io::exit_ok : io::exit_input;
+  int code = failed.empty() ? core::exit_ok : core::exit_input;
   if (world.is_root()) {
     // Every shard of this job is in place now; an unchecked one left, or a shard (and its record) beyond this
     // job's, is of an earlier run on another rank count.
@@ -972,7 +977,8 @@ int run_tile(const TileOptions& options) {
     }
     for (const auto& entry : fs::directory_iterator(out)) {
       const std::string name = entry.path().filename().string();
-      if (name.ends_with(".unchecked") || (name.starts_with("shard-") && name.ends_with(".h5") && !ours.contains(name))) {
+      if (name.ends_with(".unchecked") ||
+          (name.starts_with("shard-") && name.ends_with(".h5") && !ours.contains(name))) {
         fs::remove(entry.path());
       }
     }
@@ -1001,7 +1007,7 @@ int run_tile(const TileOptions& options) {
         const std::string& id = shard.slides()[shard.slide_indices()[static_cast<std::size_t>(i)]];
         const auto found = slides.find(id);
         if (found == slides.end()) {
-          throw io::InternalError(
+          throw core::InternalError(
               fmt::format("{} holds tiles of slide '{}', which failed or is not in this job", path.string(), id));
         }
         auto& slide = found->second;
@@ -1019,10 +1025,11 @@ int run_tile(const TileOptions& options) {
       if (skip_corrupt) slide.corrupt_tiles = static_cast<std::int64_t>(p.tiles.size()) - slide.tiles;
       if (!p.tiles.empty() && slide.tiles == 0 && slide.corrupt_tiles > 0) {
         failed[p.input.id] =
-            io::InputError(fmt::format("all {} of its tiles are damaged (tile.on_corrupt_tile: skip)", p.tiles.size()),
-                           p.input.path)
+            core::InputError(
+                fmt::format("all {} of its tiles are damaged (tile.on_corrupt_tile: skip)", p.tiles.size()),
+                p.input.path)
                 .what();
-        code = io::exit_input;
+        code = core::exit_input;
         continue;
       }
       manifest.slides.push_back(slide);
@@ -1031,7 +1038,7 @@ int run_tile(const TileOptions& options) {
     // The state file first: a manifest without the shards it lists recorded is rebuilt, never trusted.
     json finished = json::object();
     for (const auto& entry : manifest.shards) finished[entry.file] = file_identity(out / entry.file);
-    io::write_file_atomic(state_path.string(), json({{"hash", hash}, {"shards", finished}}).dump() + "\n");
+    core::write_file_atomic(state_path.string(), json({{"hash", hash}, {"shards", finished}}).dump() + "\n");
     io::write_manifest(manifest_path.string(), manifest);
     config.save((out / "tile.config.yaml").string());
 

@@ -7,11 +7,11 @@
 #include <spdlog/spdlog.h>
 
 #include "app/cli.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/output_dir.h"
 #include "engine/models/registry.h"
 #include "engine/trainer.h"
-#include "io/comm.h"
-#include "io/error.h"
-#include "io/output_dir.h"
 
 namespace tessera::app {
 namespace {
@@ -29,17 +29,17 @@ int run_train(const TrainOptions& options) {
   if (!options.shards.empty()) overrides.push_back("data.shards=" + options.shards);
   if (!options.resume.empty()) overrides.push_back("train.resume=" + options.resume);
   const auto config = load_job(engine::train_schema(), options.job, overrides);
-  if (maybe_print_config(config, options.job)) return io::exit_ok;
-  const auto& world = io::Comm::world();
-  // Held to the end of the job: no other job writes this folder meanwhile (io/output_dir.h).
-  const io::OutputLock lock = io::lock_output_folder(world, config.get_string("output"), "train");
+  if (maybe_print_config(config, options.job)) return core::exit_ok;
+  const auto& world = core::Comm::world();
+  // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
+  const core::OutputLock lock = core::lock_output_folder(world, config.get_string("output"), "train");
   const auto result = engine::train(config, world);
   if (world.is_root()) {
     spdlog::info("trained {} steps ({} epochs) in {:.1f} s, {:.1f} images/s; validation AUC {:.3f}; checkpoint {}",
                  result.steps, result.epochs, result.seconds, result.images_per_second, result.final_val_auc,
                  result.checkpoint);
   }
-  return io::exit_ok;
+  return core::exit_ok;
 }
 
 }  // namespace

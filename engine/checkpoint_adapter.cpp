@@ -4,7 +4,7 @@
 #include <map>
 #include <utility>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -15,7 +15,7 @@ std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   return n;
 }
 
-[[noreturn]] void fail(const std::string& message) { throw io::InternalError("checkpoint: " + message); }
+[[noreturn]] void fail(const std::string& message) { throw core::InternalError("checkpoint: " + message); }
 
 io::CheckpointTensor make_tensor(const std::string& name, const std::vector<std::int64_t>& shape,
                                  const std::vector<float>& values) {
@@ -124,7 +124,6 @@ std::vector<std::vector<float>> from_checkpoint_center(const io::TensorMap& cent
   return result;
 }
 
-
 namespace {
 
 template <class T>
@@ -199,7 +198,8 @@ io::Replica unpack_replica(const std::string& bytes, const std::vector<Param*>& 
     state.emplace(std::move(key), in.floats());
   }
   if (!in.done()) fail("a packed replica has bytes left over");
-  if (!state.empty() || !optimizer_name.empty()) replica.optimizer = to_checkpoint_state(optimizer_name, step, state, params);
+  if (!state.empty() || !optimizer_name.empty())
+    replica.optimizer = to_checkpoint_state(optimizer_name, step, state, params);
   return replica;
 }
 

@@ -9,7 +9,7 @@
 #include <thread>
 #include <utility>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -81,7 +81,7 @@ void Context::execute(const dnnl::primitive& p, const dnnl::primitive_desc_base&
   try {
     p.execute(stream_, args);
   } catch (const dnnl::error& e) {
-    throw io::InternalError(std::string("oneDNN primitive failed: ") + e.what());
+    throw core::InternalError(std::string("oneDNN primitive failed: ") + e.what());
   }
 }
 

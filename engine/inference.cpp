@@ -7,9 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/registry.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -35,7 +35,8 @@ std::size_t augmenter_count() { return static_cast<std::size_t>(std::max(1, omp_
 
 }  // namespace
 
-InputBuilder::InputBuilder() : augment_(false), augmenters_(augmenter_count(), prep::Augmenter(prep::AugmentOptions{})) {}
+InputBuilder::InputBuilder()
+    : augment_(false), augmenters_(augmenter_count(), prep::Augmenter(prep::AugmentOptions{})) {}
 
 InputBuilder::InputBuilder(const prep::AugmentOptions& options)
     : augment_(true), augmenters_(augmenter_count(), prep::Augmenter(options)) {}
@@ -55,7 +56,8 @@ void InputBuilder::build(const io::Batch& batch, std::uint64_t seed, std::int64_
     const auto k = static_cast<std::size_t>(i);
     const cv::Mat tile(t, t, CV_8UC3, const_cast<std::uint8_t*>(batch.images.data()) + k * plane * 3);
     prep::TileAugmentation a;  // identity
-    if (augment_) a = augmenter.draw(seed, epoch, tile_key(batch.slide_ids[k], batch.coords[2 * k], batch.coords[2 * k + 1]));
+    if (augment_)
+      a = augmenter.draw(seed, epoch, tile_key(batch.slide_ids[k], batch.coords[2 * k], batch.coords[2 * k + 1]));
     augmenter.apply(a, tile, out + k * plane * 3, normalization);
   }
 }
@@ -65,9 +67,7 @@ const Tensor& TileScorer::logits(const io::Batch& batch) {
   return model_.forward(input_);
 }
 
-const std::vector<float>& TileScorer::probabilities(const io::Batch& batch) {
-  return softmax_.predict(logits(batch));
-}
+const std::vector<float>& TileScorer::probabilities(const io::Batch& batch) { return softmax_.predict(logits(batch)); }
 
 const std::vector<float>& TileScorer::probabilities(const io::Batch& batch, double& loss) {
   const Tensor& z = logits(batch);
@@ -86,11 +86,11 @@ LoadedModel load_model(const std::string& checkpoint) {
   options.num_classes = static_cast<int>(meta.num_classes);
   try {
     loaded.model = make_model(options);
-  } catch (const io::Error& e) {
+  } catch (const core::Error& e) {
     // An unknown architecture or an impossible input size is the file's fault here, not the job's.
-    if (e.kind() != io::ErrorKind::config) throw;
-    throw io::InputError(fmt::format("/meta describes a model this program cannot build: {}", e.message()),
-                         checkpoint);
+    if (e.kind() != core::ErrorKind::config) throw;
+    throw core::InputError(fmt::format("/meta describes a model this program cannot build: {}", e.message()),
+                           checkpoint);
   }
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
@@ -99,16 +99,16 @@ LoadedModel load_model(const std::string& checkpoint) {
   load_checkpoint_tensors(file, params, buffers);
 
   const auto& names = meta.class_names;
-  const auto tumour = std::find_if(names.begin(), names.end(),
-                                   [](const std::string& n) { return n == "tumor" || n == "tumour"; });
+  const auto tumour =
+      std::find_if(names.begin(), names.end(), [](const std::string& n) { return n == "tumor" || n == "tumour"; });
   if (tumour != names.end()) {
     loaded.positive_class = static_cast<int>(tumour - names.begin());
   } else if (meta.num_classes == 2) {
     loaded.positive_class = 1;
   } else {
-    throw io::InputError(fmt::format("the model has {} classes ({}) and none is 'tumor'", meta.num_classes,
-                                     fmt::join(names, ", ")),
-                         checkpoint);
+    throw core::InputError(
+        fmt::format("the model has {} classes ({}) and none is 'tumor'", meta.num_classes, fmt::join(names, ", ")),
+        checkpoint);
   }
   loaded.model->fold_batchnorm();
   return loaded;

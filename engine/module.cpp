@@ -1,6 +1,6 @@
 #include "engine/module.h"
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 
@@ -38,7 +38,7 @@ const Tensor& Module::no_tensor() {
 }
 
 void Module::fail(const std::string& message) const {
-  throw io::InternalError(type() + " '" + name_ + "': " + message);
+  throw core::InternalError(type() + " '" + name_ + "': " + message);
 }
 
 }  // namespace tessera::engine

@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 #include <opencv2/core.hpp>
 
-#include "io/error.h"
-#include "io/progress.h"
+#include "core/error.h"
+#include "core/progress.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
 
@@ -147,14 +147,14 @@ class TileReader {
 };
 
 // The texts of the ranks' failures, first failing rank first; empty when every rank succeeded. Collective.
-std::string agree_on_failure(const io::Comm& comm, const std::string& mine) {
+std::string agree_on_failure(const core::Comm& comm, const std::string& mine) {
   for (const auto& text : comm.allgather_bytes(mine)) {
     if (!text.empty()) return text;
   }
   return {};
 }
 
-[[noreturn]] void throw_slide_failure(const std::string& text) { throw io::Error(io::ErrorKind::input, text); }
+[[noreturn]] void throw_slide_failure(const std::string& text) { throw core::Error(core::ErrorKind::input, text); }
 
 }  // namespace
 
@@ -162,8 +162,8 @@ Tta parse_tta(const std::string& name) {
   for (const auto& t : kTtaNames) {
     if (name == t.name) return t.tta;
   }
-  throw io::ConfigError(fmt::format("unknown test-time augmentation '{}' (known: none, flips, d8)", name), "", 0,
-                        "tta");
+  throw core::ConfigError(fmt::format("unknown test-time augmentation '{}' (known: none, flips, d8)", name), "", 0,
+                          "tta");
 }
 
 const char* to_string(Tta tta) {
@@ -182,7 +182,7 @@ int tta_views(Tta tta) {
 
 void tta_view(const std::uint8_t* src, std::uint8_t* dst, int count, int size, Tta tta, int view) {
   if (view < 0 || view >= tta_views(tta)) {
-    throw io::InternalError(
+    throw core::InternalError(
         fmt::format("tta_view: view {} of '{}' (which has {})", view, to_string(tta), tta_views(tta)));
   }
   // The eight symmetries of the square: the tile, transposed for views 4-7, then mirrored left-right (view bit 0)
@@ -217,7 +217,7 @@ SlideInference::SlideInference(LoadedModel& model, std::string checkpoint, Slide
     : model_(model), checkpoint_(std::move(checkpoint)), options_(std::move(options)) {
   const auto& meta = model_.meta;
   if (!(meta.mpp > 0.0)) {
-    throw io::InputError(
+    throw core::InputError(
         "/meta does not say at what resolution the model's tiles were made (mpp is 0); "
         "inference needs it to read slides at that resolution",
         checkpoint_);
@@ -230,17 +230,17 @@ SlideInference::SlideInference(LoadedModel& model, std::string checkpoint, Slide
       meta.stain_target.empty() || meta.stain_normalization != "none" ? meta.stain_normalization : meta.stain_target;
   normalizer_ = prep::stain_normalizer_from_description(description, checkpoint_);
   if (options_.batch_size < 1) {
-    throw io::ConfigError(fmt::format("the batch size must be at least 1 (got {})", options_.batch_size), "", 0,
-                          "batch_size");
+    throw core::ConfigError(fmt::format("the batch size must be at least 1 (got {})", options_.batch_size), "", 0,
+                            "batch_size");
   }
   if (options_.stride < 0) {
-    throw io::ConfigError(fmt::format("the stride must be 0 (half a tile) or positive (got {})", options_.stride), "",
-                          0, "stride");
+    throw core::ConfigError(fmt::format("the stride must be 0 (half a tile) or positive (got {})", options_.stride), "",
+                            0, "stride");
   }
   stride_ = options_.stride > 0 ? options_.stride : std::max(1, input_size_ / 2);
 }
 
-io::Heatmap SlideInference::run(const std::string& slide_path, const std::string& slide_id, const io::Comm& comm,
+io::Heatmap SlideInference::run(const std::string& slide_path, const std::string& slide_id, const core::Comm& comm,
                                 SlideInferenceStats* stats, double slide_assume_mpp) {
   const auto start = Clock::now();
   io::SlideOpenOptions open_options;
@@ -262,10 +262,10 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
       const auto xs = origins(h.width, h.step, h.footprint);
       const auto ys = origins(h.height, h.step, h.footprint);
       if (xs.empty() || ys.empty()) {
-        throw io::InputError(fmt::format("the slide ({}×{} px at {:g} µm/px) is smaller than one tile of the model "
-                                         "({} px at {:g} µm/px = {:.1f} level-0 px)",
-                                         h.width, h.height, h.slide_mpp, input_size_, mpp_, h.footprint),
-                             slide_path);
+        throw core::InputError(fmt::format("the slide ({}×{} px at {:g} µm/px) is smaller than one tile of the model "
+                                           "({} px at {:g} µm/px = {:.1f} level-0 px)",
+                                           h.width, h.height, h.slide_mpp, input_size_, mpp_, h.footprint),
+                               slide_path);
       }
       h.rows = static_cast<std::int64_t>(ys.size());
       h.cols = static_cast<std::int64_t>(xs.size());
@@ -278,8 +278,8 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
       h.cells = static_cast<std::int64_t>(plan.cells.size());
       h.plan_seconds = seconds_since(start);
       plan_bytes = pack_plan(plan);
-    } catch (const io::Error& e) {
-      if (e.kind() != io::ErrorKind::input) throw;
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
       plan_bytes = std::string(1, 'e') + e.what();
     }
   }
@@ -301,8 +301,8 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
   std::string failure;
   double read_wait = 0.0;
   {
-    std::optional<io::Progress> progress;
-    if (options_.progress) progress.emplace(comm, total, io::ProgressOptions{.label = slide_id, .unit = "tiles"});
+    std::optional<core::Progress> progress;
+    if (options_.progress) progress.emplace(comm, total, core::ProgressOptions{.label = slide_id, .unit = "tiles"});
     try {
       if (first_cell < end_cell) {
         if (!slide) slide.emplace(io::Slide::open(slide_path, open_options));
@@ -350,9 +350,9 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
           if (progress) progress->advance(batch.size);
         }
       }
-    } catch (const io::Error& e) {
+    } catch (const core::Error& e) {
       // The future in flight (if any) is waited for by its destructor when this scope ends.
-      if (e.kind() != io::ErrorKind::input) throw;
+      if (e.kind() != core::ErrorKind::input) throw;
       failure = e.what();
     }
     if (progress) progress->finish();
@@ -383,7 +383,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
     std::size_t k = 0;
     for (const auto& part : parts) {
       const std::size_t n = part.size() / sizeof(float);
-      if (k + n > plan.cells.size()) throw io::InternalError("infer: more scores gathered than tissue cells");
+      if (k + n > plan.cells.size()) throw core::InternalError("infer: more scores gathered than tissue cells");
       for (std::size_t i = 0; i < n; ++i, ++k) {
         float p = 0.0f;
         std::memcpy(&p, part.data() + i * sizeof(float), sizeof p);
@@ -391,7 +391,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
       }
     }
     if (k != plan.cells.size()) {
-      throw io::InternalError(fmt::format("infer: {} scores gathered for {} tissue cells", k, plan.cells.size()));
+      throw core::InternalError(fmt::format("infer: {} scores gathered for {} tissue cells", k, plan.cells.size()));
     }
   }
   if (stats != nullptr) {
@@ -406,7 +406,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
 }
 
 io::Heatmap infer_slide(LoadedModel& model, const std::string& checkpoint, const std::string& slide_path,
-                        const std::string& slide_id, const SlideInferenceOptions& options, const io::Comm& comm,
+                        const std::string& slide_id, const SlideInferenceOptions& options, const core::Comm& comm,
                         SlideInferenceStats* stats) {
   SlideInference inference(model, checkpoint, options);
   return inference.run(slide_path, slide_id, comm, stats);

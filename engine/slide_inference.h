@@ -2,7 +2,7 @@
 //
 //   LoadedModel model = load_model("run/checkpoint.h5");
 //   SlideInference inference(model, "run/checkpoint.h5", options);   // checks /meta, rebuilds the stain target
-//   io::Heatmap map = inference.run("slides/a.svs", "a", io::Comm::world());   // collective
+//   io::Heatmap map = inference.run("slides/a.svs", "a", core::Comm::world());   // collective
 //
 // Grid. Everything comes from the checkpoint's /meta, so inference sees tiles as training did: a cell is one
 // tile of input_size pixels at the model's µm/px, read exactly as `tessera tile` reads it (io::Slide::read_at_mpp
@@ -20,7 +20,7 @@
 // and the grid's floats, whatever the slide's size (no level is ever read whole).
 //
 // Failure. A slide that cannot be opened, planned or read on any rank fails on every rank alike: the ranks agree
-// (one exchange of error texts) before any gather, and run() then throws, on every rank, an io::Error of kind
+// (one exchange of error texts) before any gather, and run() then throws, on every rank, a core::Error of kind
 // input whose text is the first failing rank's error (it names the file). Other error kinds (bugs, MPI) are not
 // caught.
 #pragma once
@@ -29,8 +29,8 @@
 #include <memory>
 #include <string>
 
+#include "core/comm.h"
 #include "engine/inference.h"
-#include "io/comm.h"
 #include "io/heatmap.h"
 #include "preprocessing/stain_norm.h"
 #include "preprocessing/tissue.h"
@@ -58,7 +58,7 @@ struct SlideInferenceOptions {
   double min_tissue = 0.5;     // minimum tissue fraction of a scored cell (tiling's tissue.min_fraction)
   prep::TissueOptions tissue;  // the tissue mask (tiling's tissue.mask_mpp, tissue.reject_pen_marks)
   double assume_mpp = 0.0;     // µm/px for slides that record none (0 = such slides fail)
-  bool progress = true;        // an io::Progress per slide
+  bool progress = true;        // a core::Progress per slide
 };
 
 // What one run() did (the same on every rank, except read_wait_seconds).
@@ -80,8 +80,8 @@ class SlideInference {
 
   // The heatmap of one slide. Collective over `comm`: every rank calls it with the same arguments. The returned
   // map has its geometry on every rank and its probabilities (rows × cols, NaN off tissue) on rank 0 only
-  // (elsewhere `prob` is empty). Throws io::Error (kind input) on every rank when the slide fails (see above).
-  io::Heatmap run(const std::string& slide_path, const std::string& slide_id, const io::Comm& comm,
+  // (elsewhere `prob` is empty). Throws core::Error (kind input) on every rank when the slide fails (see above).
+  io::Heatmap run(const std::string& slide_path, const std::string& slide_id, const core::Comm& comm,
                   SlideInferenceStats* stats = nullptr, double slide_assume_mpp = 0.0);
 
   int input_size() const { return input_size_; }
@@ -100,7 +100,7 @@ class SlideInference {
 
 // One slide with a fresh SlideInference (checks /meta each time; prefer the class for many slides).
 io::Heatmap infer_slide(LoadedModel& model, const std::string& checkpoint, const std::string& slide_path,
-                        const std::string& slide_id, const SlideInferenceOptions& options, const io::Comm& comm,
+                        const std::string& slide_id, const SlideInferenceOptions& options, const core::Comm& comm,
                         SlideInferenceStats* stats = nullptr);
 
 }  // namespace tessera::engine

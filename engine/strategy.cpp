@@ -7,12 +7,12 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/model.h"
 #include "engine/sequential.h"
 #include "engine/strategy_async.h"
 #include "engine/strategy_two_level.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -62,7 +62,7 @@ void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer
   for (const auto* p : params) total += p->value.size();
   for (const auto* b : buffers) total += b->value.size();
   if (model.size() != total) {
-    throw io::InternalError(fmt::format("a model of {} values for tensors of {}", model.size(), total));
+    throw core::InternalError(fmt::format("a model of {} values for tensors of {}", model.size(), total));
   }
   backup.resize(total);
   pack_values(params, buffers, backup.data());
@@ -76,17 +76,18 @@ void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer
   fn();
 }
 
-void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes,
-                       const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
+void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes, const std::vector<Param*>& params,
+                       const std::vector<Buffer*>& buffers) {
   std::size_t i = 0;
   bool same = params.size() + buffers.size() == sizes.size();
   if (same) {
     for_each_tensor(params, buffers, [&](const std::vector<float>& v) { same = same && v.size() == sizes[i++]; });
   }
   if (!same) {
-    throw io::InternalError(fmt::format("{}: the model's {} parameters and {} buffers are not the tensors the "
-                                        "strategy was initialized with ({} tensors)",
-                                        strategy, params.size(), buffers.size(), sizes.size()));
+    throw core::InternalError(
+        fmt::format("{}: the model's {} parameters and {} buffers are not the tensors the "
+                    "strategy was initialized with ({} tensors)",
+                    strategy, params.size(), buffers.size(), sizes.size()));
   }
 }
 
@@ -96,7 +97,8 @@ io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::
   auto at = center.begin();
   for (const auto* p : params) {
     if (static_cast<std::size_t>(center.end() - at) < p->value.size()) {
-      throw io::InternalError(fmt::format("the centre ({} values) ends before parameter '{}'", center.size(), p->name));
+      throw core::InternalError(
+          fmt::format("the centre ({} values) ends before parameter '{}'", center.size(), p->name));
     }
     tensors.emplace_back(at, at + static_cast<std::ptrdiff_t>(p->value.size()));
     at += static_cast<std::ptrdiff_t>(p->value.size());
@@ -135,10 +137,10 @@ class AllreduceStrategy::Watcher final : public ModuleObserver {
   AllreduceStrategy& strategy_;
 };
 
-AllreduceStrategy::AllreduceStrategy(const io::Comm& comm, const StrategyOptions& options)
+AllreduceStrategy::AllreduceStrategy(const core::Comm& comm, const StrategyOptions& options)
     : Strategy(comm), bucket_mb_(options.bucket_mb) {
   if (!(options.bucket_mb >= 0.0)) {
-    throw io::ConfigError(fmt::format("bucket_mb {} is negative", options.bucket_mb), "", 0, "distributed.bucket_mb");
+    throw core::ConfigError(fmt::format("bucket_mb {} is negative", options.bucket_mb), "", 0, "distributed.bucket_mb");
   }
 }
 
@@ -189,7 +191,8 @@ void AllreduceStrategy::attach(Model& model) {
 }
 
 AllreduceStrategy::Slot* AllreduceStrategy::find_slot(const Param* p) {
-  auto it = std::lower_bound(slots_.begin(), slots_.end(), p, [](const auto& s, const Param* q) { return s.first < q; });
+  auto it =
+      std::lower_bound(slots_.begin(), slots_.end(), p, [](const auto& s, const Param* q) { return s.first < q; });
   return it != slots_.end() && it->first == p ? &it->second : nullptr;
 }
 
@@ -198,7 +201,7 @@ void AllreduceStrategy::before_backward(bool completes_step) {
   if (!armed_) return;
   for (auto& [param, slot] : slots_) slot.reported = false;
   for (auto& b : buckets_) {
-    if (b.started) throw io::InternalError("allreduce: a bucket of the previous step was never completed");
+    if (b.started) throw core::InternalError("allreduce: a bucket of the previous step was never completed");
     b.pending = b.params.size();
   }
   next_start_ = 0;
@@ -212,18 +215,18 @@ void AllreduceStrategy::ready(Param* p) {
   slot->reported = true;
   Bucket& b = buckets_[slot->bucket];
   if (p->grad.size() != p->value.size()) {
-    throw io::InternalError(fmt::format("allreduce: the gradient of '{}' has {} values, the parameter {}", p->name,
-                                        p->grad.size(), p->value.size()));
+    throw core::InternalError(fmt::format("allreduce: the gradient of '{}' has {} values, the parameter {}", p->name,
+                                          p->grad.size(), p->value.size()));
   }
   std::copy(p->grad.begin(), p->grad.end(), b.data.begin() + static_cast<std::ptrdiff_t>(slot->offset));
   --b.pending;
-  const auto t0 = io::MpiClock::now();
+  const auto t0 = core::MpiClock::now();
   start_ready_buckets();
   // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight.
   for (std::size_t i = 0; i < next_start_; ++i) {
-    if (buckets_[i].request != MPI_REQUEST_NULL) io::Comm::test(buckets_[i].request);
+    if (buckets_[i].request != MPI_REQUEST_NULL) core::Comm::test(buckets_[i].request);
   }
-  pass_comm_seconds_ += std::chrono::duration<double>(io::MpiClock::now() - t0).count();
+  pass_comm_seconds_ += std::chrono::duration<double>(core::MpiClock::now() - t0).count();
 }
 
 void AllreduceStrategy::start_ready_buckets() {
@@ -241,21 +244,22 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
   if (!armed_) return fused_reduce(params);
   armed_ = false;
   if (params.size() != slots_.size()) {
-    throw io::InternalError(fmt::format("allreduce: {} parameters to reduce, {} were attached", params.size(),
-                                        slots_.size()));
+    throw core::InternalError(
+        fmt::format("allreduce: {} parameters to reduce, {} were attached", params.size(), slots_.size()));
   }
-  const auto t0 = io::MpiClock::now();
+  const auto t0 = core::MpiClock::now();
   // Parameters backward did not report (none in Tessera's models): packed now, their buckets started in order.
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const Slot* slot = find_slot(*it);
-    if (slot == nullptr) throw io::InternalError(fmt::format("allreduce: parameter '{}' was not attached", (*it)->name));
+    if (slot == nullptr)
+      throw core::InternalError(fmt::format("allreduce: parameter '{}' was not attached", (*it)->name));
     if (!slot->reported) ready(*it);
   }
   start_ready_buckets();
   const float scale = 1.0f / static_cast<float>(comm_.size());
   std::size_t bytes = 0;
   for (auto& b : buckets_) {
-    io::Comm::wait(b.request);
+    core::Comm::wait(b.request);
     b.started = false;
     std::size_t offset = 0;
     for (Param* p : b.params) {
@@ -266,7 +270,7 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     bytes += b.data.size() * sizeof(float);
   }
   // No barrier here: the time counted is what the step waited for communication backward did not hide.
-  stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(io::MpiClock::now() - t0).count();
+  stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(core::MpiClock::now() - t0).count();
   stats_.bytes += static_cast<std::int64_t>(bytes);
   stats_.exchanges += static_cast<std::int64_t>(buckets_.size());
   pass_comm_seconds_ = 0.0;
@@ -281,7 +285,7 @@ void AllreduceStrategy::fused_reduce(const std::vector<Param*>& params) {
     std::memcpy(flat_.data() + offset, p->grad.data(), p->grad.size() * sizeof(float));
     offset += p->grad.size();
   }
-  timed(flat_.size() * sizeof(float), [&] { comm_.allreduce(flat_.data(), flat_.size(), io::ReduceOp::sum); });
+  timed(flat_.size() * sizeof(float), [&] { comm_.allreduce(flat_.data(), flat_.size(), core::ReduceOp::sum); });
   const float scale = 1.0f / static_cast<float>(comm_.size());
   offset = 0;
   for (auto* p : params) {
@@ -311,9 +315,10 @@ void AllreduceStrategy::after_update(const std::vector<Param*>&, const std::vect
 
 // --------------------------------------------------------------------------------------------------- easgd
 
-EasgdStrategy::EasgdStrategy(const io::Comm& comm, const StrategyOptions& options) : Strategy(comm), options_(options) {
+EasgdStrategy::EasgdStrategy(const core::Comm& comm, const StrategyOptions& options)
+    : Strategy(comm), options_(options) {
   auto bad = [](const std::string& key, const std::string& why) {
-    return io::ConfigError(why, "", 0, fmt::format("distributed.{}", key));
+    return core::ConfigError(why, "", 0, fmt::format("distributed.{}", key));
   };
   if (options.tau < 1 || options.tau > kMaxTau)
     throw bad("tau", fmt::format("tau {} is not in [1, {}]", options.tau, kMaxTau));
@@ -352,8 +357,8 @@ void EasgdStrategy::initialize(const std::vector<Param*>& params, const std::vec
     std::size_t offset = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
       if (loaded_[i].size() != sizes_[i]) {
-        throw io::InternalError(fmt::format("easgd: the checkpoint's centre of '{}' has {} values, the parameter {}",
-                                            params[i]->name, loaded_[i].size(), sizes_[i]));
+        throw core::InternalError(fmt::format("easgd: the checkpoint's centre of '{}' has {} values, the parameter {}",
+                                              params[i]->name, loaded_[i].size(), sizes_[i]));
       }
       std::copy(loaded_[i].begin(), loaded_[i].end(), center_.begin() + static_cast<std::ptrdiff_t>(offset));
       offset += sizes_[i];
@@ -388,7 +393,7 @@ void EasgdStrategy::exchange(const std::vector<Param*>& params, const std::vecto
     }
     offset += n;
   });
-  timed(flat_.size() * sizeof(float), [&] { comm_.allreduce(flat_.data(), flat_.size(), io::ReduceOp::sum); });
+  timed(flat_.size() * sizeof(float), [&] { comm_.allreduce(flat_.data(), flat_.size(), core::ReduceOp::sum); });
   const std::size_t n = center_.size();
   float* c = center_.data();
   const float* sum = flat_.data();
@@ -407,7 +412,7 @@ void EasgdStrategy::with_evaluation_model(const std::vector<Param*>& params, con
 }
 
 void EasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
-  if (sizes_.size() < params.size()) throw io::InternalError("easgd: save_state before initialize");
+  if (sizes_.size() < params.size()) throw core::InternalError("easgd: save_state before initialize");
   checkpoint.easgd_center = center_to_checkpoint(center_, params);
 }
 
@@ -422,23 +427,23 @@ namespace {
 // One entry per strategy; strategies in their own files add their entry here.
 const StrategyEntry kStrategies[] = {
     {"allreduce", "synchronous SGD: gradients averaged over all ranks every step",
-     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+     [](const core::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
        return std::make_unique<AllreduceStrategy>(comm, options);
      }},
     {"easgd",
      "synchronous elastic averaging: local SGD, every tau steps one allreduce pulls replicas and centre together",
-     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+     [](const core::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
        return std::make_unique<EasgdStrategy>(comm, options);
      }},
     {"async-easgd",
      "asynchronous elastic averaging: the centre sharded over all ranks in MPI windows, every tau steps each rank "
      "exchanges with every shard one-sidedly and goes on",
-     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+     [](const core::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
        return std::make_unique<AsyncEasgdStrategy>(comm, options);
      }},
     {"two-level",
      "hierarchical: ranks on a node sum gradients in shared memory, node leaders run allreduce or easgd (inter)",
-     [](const io::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+     [](const core::Comm& comm, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
        return std::make_unique<TwoLevelStrategy>(comm, options);
      }},
 };
@@ -452,15 +457,16 @@ std::vector<std::string> strategy_names() {
   return names;
 }
 
-std::unique_ptr<Strategy> make_strategy(const std::string& name, const io::Comm& comm, const StrategyOptions& options) {
+std::unique_ptr<Strategy> make_strategy(const std::string& name, const core::Comm& comm,
+                                        const StrategyOptions& options) {
   for (const auto& s : kStrategies) {
     if (name == s.name) return s.make(comm, options);
   }
-  throw io::ConfigError(fmt::format("unknown strategy '{}'; known: {}", name, fmt::join(strategy_names(), ", ")), "", 0,
-                        "distributed.strategy");
+  throw core::ConfigError(fmt::format("unknown strategy '{}'; known: {}", name, fmt::join(strategy_names(), ", ")), "",
+                          0, "distributed.strategy");
 }
 
-io::Schema& declare_strategy_keys(io::Schema& schema) {
+core::Schema& declare_strategy_keys(core::Schema& schema) {
   const StrategyOptions o;
   return schema.string("distributed.strategy", "allreduce", "How the ranks' replicas stay together", strategy_names())
       .integer("distributed.tau", o.tau, "easgd: optimizer steps between two elastic exchanges", 1, kMaxTau)
@@ -469,14 +475,14 @@ io::Schema& declare_strategy_keys(io::Schema& schema) {
       .integer("distributed.center_sync_every", o.center_sync_every,
                "easgd: rank 0 re-broadcasts the centre every N exchanges against float drift (0 = never)", 0, 1e9)
       .number("distributed.bucket_mb", o.bucket_mb,
-              "allreduce: gradient bucket size in MB, each bucket reduced during backward (0 = one allreduce after)",
-              0, 1e6)
+              "allreduce: gradient bucket size in MB, each bucket reduced during backward (0 = one allreduce after)", 0,
+              1e6)
       .string("distributed.inter", o.inter, "two-level: the exchange between node leaders", {"allreduce", "easgd"})
       .integer("distributed.ranks_per_node", o.ranks_per_node,
                "two-level: ranks per node group (0 = the ranks that share memory)", 0, 1e6);
 }
 
-StrategyOptions strategy_options(const io::Config& config) {
+StrategyOptions strategy_options(const core::Config& config) {
   StrategyOptions o;
   o.tau = static_cast<int>(config.get_int("distributed.tau"));
   o.beta = config.get_number("distributed.beta");

@@ -2,8 +2,8 @@
 //
 // The training loop (engine/trainer.h) runs, per step: forward → loss → backward → strategy.reduce_gradients →
 // optimizer step → strategy.after_update. A strategy plugs into those two points only, so the loop reads the
-// same for one process and for many (STYLE.md item 4). Validation and checkpoints see the model through
-// with_evaluation_model(), and a checkpoint carries what save_state() adds.
+// same for one process and for many (docs/ARCHITECTURE.md "Conventions"). Validation and checkpoints see the model
+// through with_evaluation_model(), and a checkpoint carries what save_state() adds.
 //
 //   allreduce   synchronous data parallelism: before every update the gradients are averaged over all ranks,
 //               so every replica takes the same step and stays identical. On one rank it does nothing.
@@ -31,7 +31,8 @@
 //               the difference is far below what a recalibration would be worth at every validation).
 //               Evaluated and saved: the centre (parameters and running statistics). A checkpoint's /params and
 //               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
-//               centre's parameters (DESIGN.md). The checkpoint also carries every rank's replica and momentum
+//               centre's parameters (docs/ARCHITECTURE.md). The checkpoint also carries every rank's replica and
+//               momentum
 //               (/replicas/<rank>, replicas_differ()): a run resumed on as many ranks continues bit for bit; on
 //               another rank count every replica starts again from the centre, with rank 0's momentum.
 //
@@ -48,10 +49,10 @@
 #include <string>
 #include <vector>
 
+#include "core/comm.h"
+#include "core/config.h"
 #include "engine/parameters.h"
 #include "io/checkpoint.h"
-#include "io/comm.h"
-#include "io/config.h"
 
 namespace tessera::engine {
 
@@ -60,14 +61,14 @@ class Sequential;
 
 // Settings of the strategies (the job's distributed.* keys); each strategy reads the ones it uses.
 struct StrategyOptions {
-  int tau = 8;                  // easgd: optimizer steps between two exchanges, ≥ 1
-  double beta = 0.9;            // easgd: β = p·α, in [0, 1]
-  double alpha = 0.0;           // easgd: the moving rate α itself when > 0 (then β is ignored), ≤ 1
-  int center_sync_every = 100;  // easgd: rank 0 re-broadcasts the centre every N exchanges (0 = never)
-  double bucket_mb = 25.0;      // allreduce: gradient bucket size in MB; each bucket's allreduce starts during
-                                // backward as soon as its gradients are complete (0 = one allreduce after backward)
+  int tau = 8;                      // easgd: optimizer steps between two exchanges, ≥ 1
+  double beta = 0.9;                // easgd: β = p·α, in [0, 1]
+  double alpha = 0.0;               // easgd: the moving rate α itself when > 0 (then β is ignored), ≤ 1
+  int center_sync_every = 100;      // easgd: rank 0 re-broadcasts the centre every N exchanges (0 = never)
+  double bucket_mb = 25.0;          // allreduce: gradient bucket size in MB; each bucket's allreduce starts during
+                                    // backward as soon as its gradients are complete (0 = one allreduce after backward)
   std::string inter = "allreduce";  // two-level: the exchange between node leaders, allreduce or easgd
-  int ranks_per_node = 0;       // two-level: ranks per node group (0 = the ranks that share memory, as MPI says)
+  int ranks_per_node = 0;           // two-level: ranks per node group (0 = the ranks that share memory, as MPI says)
 };
 
 // What a strategy's communication cost this rank so far.
@@ -90,13 +91,13 @@ struct CommStats {
 
 class Strategy {
  public:
-  explicit Strategy(const io::Comm& comm) : comm_(comm) {}
+  explicit Strategy(const core::Comm& comm) : comm_(comm) {}
   virtual ~Strategy() = default;
   Strategy(const Strategy&) = delete;
   Strategy& operator=(const Strategy&) = delete;
 
   virtual const char* name() const = 0;
-  const io::Comm& comm() const { return comm_; }
+  const core::Comm& comm() const { return comm_; }
 
   // Once, before initialize(): a strategy that overlaps communication with backward watches the model's
   // Sequentials (it takes their ModuleObserver slot, and gives it back when destroyed: the model must outlive
@@ -141,14 +142,14 @@ class Strategy {
   template <class F>
   void timed(std::size_t bytes, F&& fn);
 
-  const io::Comm& comm_;
+  const core::Comm& comm_;
   CommStats stats_;
 };
 
 class AllreduceStrategy final : public Strategy {
  public:
   // Throws ConfigError (key "distributed.bucket_mb") on a negative bucket size.
-  explicit AllreduceStrategy(const io::Comm& comm, const StrategyOptions& options = {});
+  explicit AllreduceStrategy(const core::Comm& comm, const StrategyOptions& options = {});
   ~AllreduceStrategy() override;
   const char* name() const override { return "allreduce"; }
   // Plans the buckets over the model's parameters and watches the body and every Sequential in it.
@@ -160,8 +161,7 @@ class AllreduceStrategy final : public Strategy {
   // Batch-norm running statistics are not gradients: each rank's would follow its own batches. As PyTorch's
   // DistributedDataParallel does (broadcast_buffers), rank 0's buffers are broadcast after every update, so
   // the replicas stay identical and validation and checkpoints see one model.
-  void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
-                    std::int64_t step) override;
+  void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, std::int64_t step) override;
 
   // Buckets planned by attach() (0: not attached or bucket_mb = 0), and how many the last step started during
   // backward rather than in reduce_gradients() (for tests and `bench comm`).
@@ -171,9 +171,9 @@ class AllreduceStrategy final : public Strategy {
  private:
   class Watcher;
   struct Bucket {
-    std::vector<Param*> params;   // in backward order
-    std::vector<float> data;      // their gradients, packed
-    std::size_t pending = 0;      // parameters not yet reported by backward in this pass
+    std::vector<Param*> params;  // in backward order
+    std::vector<float> data;     // their gradients, packed
+    std::size_t pending = 0;     // parameters not yet reported by backward in this pass
     MPI_Request request = MPI_REQUEST_NULL;
     bool started = false;
   };
@@ -189,11 +189,11 @@ class AllreduceStrategy final : public Strategy {
     std::size_t bucket = 0, offset = 0;
     bool reported = false;
   };
-  std::vector<std::pair<const Param*, Slot>> slots_;  // sorted by Param address
+  std::vector<std::pair<const Param*, Slot>> slots_;                        // sorted by Param address
   std::vector<std::pair<const void*, std::vector<Param*>>> module_params_;  // watched module → its parameters
   std::vector<Sequential*> watched_;
   std::unique_ptr<Watcher> watcher_;
-  bool armed_ = false;       // this backward completes a step: report parameters as they become ready
+  bool armed_ = false;  // this backward completes a step: report parameters as they become ready
   std::size_t next_start_ = 0;
   std::size_t overlapped_ = 0;
   double pass_comm_seconds_ = 0.0;  // time inside MPI calls during this backward
@@ -203,7 +203,7 @@ class AllreduceStrategy final : public Strategy {
 class EasgdStrategy final : public Strategy {
  public:
   // Throws ConfigError (keys "distributed.*") on options out of range.
-  EasgdStrategy(const io::Comm& comm, const StrategyOptions& options);
+  EasgdStrategy(const core::Comm& comm, const StrategyOptions& options);
   const char* name() const override { return "easgd"; }
 
   void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override;
@@ -249,32 +249,32 @@ void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer
                      const std::vector<float>& model, std::vector<float>& backup, const std::function<void()>& fn);
 // Throws InternalError naming `strategy` when the tensors' count or sizes are not `sizes` (the element counts of
 // every parameter, then every buffer, that the strategy was initialized with).
-void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes,
-                       const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
+void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes, const std::vector<Param*>& params,
+                       const std::vector<Buffer*>& buffers);
 // The parameters' part of a flat centre as a checkpoint's /easgd/center.
 io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params);
 
-// The one list of strategies (STYLE.md item 5).
+// The one list of strategies (docs/ARCHITECTURE.md "Conventions": explicit registries).
 struct StrategyEntry {
   const char* name;
   const char* doc;
-  std::unique_ptr<Strategy> (*make)(const io::Comm& comm, const StrategyOptions& options);
+  std::unique_ptr<Strategy> (*make)(const core::Comm& comm, const StrategyOptions& options);
 };
 std::span<const StrategyEntry> strategy_registry();
 std::vector<std::string> strategy_names();
 // An unknown name is a ConfigError on key "distributed.strategy" listing the known ones.
-std::unique_ptr<Strategy> make_strategy(const std::string& name, const io::Comm& comm,
+std::unique_ptr<Strategy> make_strategy(const std::string& name, const core::Comm& comm,
                                         const StrategyOptions& options = {});
 
 // The job's distributed.* keys (strategy, tau, beta, alpha, center_sync_every); returns `schema`.
-io::Schema& declare_strategy_keys(io::Schema& schema);
-StrategyOptions strategy_options(const io::Config& config);
+core::Schema& declare_strategy_keys(core::Schema& schema);
+StrategyOptions strategy_options(const core::Config& config);
 
 // --------------------------------------------------------------------------------------------------------------
 
 template <class F>
 void Strategy::timed(std::size_t bytes, F&& fn) {
-  using clock = io::MpiClock;
+  using clock = core::MpiClock;
   const auto arrived = clock::now();
   if (comm_.size() > 1) comm_.barrier();
   const auto start = clock::now();

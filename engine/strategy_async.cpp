@@ -5,14 +5,14 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "engine/checkpoint_adapter.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
 namespace {
 
-using clock_type = io::MpiClock;  // simulated time under SMPI (io/comm.h)
+using clock_type = core::MpiClock;             // simulated time under SMPI (core/comm.h)
 constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
 
 double seconds_between(clock_type::time_point from, clock_type::time_point to) {
@@ -43,7 +43,7 @@ void for_each_run(const std::vector<Param*>& params, const std::vector<Buffer*>&
 }  // namespace
 
 // The option checks and α are EasgdStrategy's (a throwaway instance: its constructor only validates).
-AsyncEasgdStrategy::AsyncEasgdStrategy(const io::Comm& comm, const StrategyOptions& options)
+AsyncEasgdStrategy::AsyncEasgdStrategy(const core::Comm& comm, const StrategyOptions& options)
     : Strategy(comm), tau_(options.tau), alpha_(EasgdStrategy(comm, options).alpha()) {}
 
 AsyncEasgdStrategy::~AsyncEasgdStrategy() = default;
@@ -69,7 +69,7 @@ void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std
   if (!loaded_.empty()) {
     for (std::size_t i = 0; i < params.size(); ++i) {
       if (loaded_[i].size() != sizes_[i]) {
-        throw io::InternalError(
+        throw core::InternalError(
             fmt::format("async-easgd: the checkpoint's centre of '{}' has {} values, the "
                         "parameter {}",
                         params[i]->name, loaded_[i].size(), sizes_[i]));
@@ -79,7 +79,7 @@ void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std
 
   window_.reset();  // collective, like the creation below: every rank calls initialize()
   const auto [first, last] = shard(comm_.rank());
-  window_ = std::make_unique<io::Window>(comm_, (last - first) * sizeof(float), static_cast<int>(sizeof(float)));
+  window_ = std::make_unique<core::Window>(comm_, (last - first) * sizeof(float), static_cast<int>(sizeof(float)));
   std::size_t largest = 0;
   for (int r = 0; r < comm_.size(); ++r) largest = std::max(largest, shard(r).second - shard(r).first);
   slice_center_.assign(largest, 0.0f);
@@ -113,7 +113,7 @@ void AsyncEasgdStrategy::after_update(const std::vector<Param*>& params, const s
 
 void AsyncEasgdStrategy::exchange(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                                   std::vector<double>* sent) {
-  if (!window_) throw io::InternalError("async-easgd: exchange() before initialize()");
+  if (!window_) throw core::InternalError("async-easgd: exchange() before initialize()");
   check_layout(params, buffers);
   if (sent != nullptr && sent->size() != total_) sent->assign(total_, 0.0);
   const float alpha = alpha_;
@@ -159,7 +159,7 @@ void AsyncEasgdStrategy::settle(const std::vector<Param*>&, const std::vector<Bu
 }
 
 std::vector<float> AsyncEasgdStrategy::fetch_center() const {
-  if (!window_) throw io::InternalError("async-easgd: fetch_center() before initialize()");
+  if (!window_) throw core::InternalError("async-easgd: fetch_center() before initialize()");
   std::vector<float> center(total_);
   for (int owner = 0; owner < comm_.size(); ++owner) {
     const auto [first, last] = shard(owner);
@@ -178,7 +178,7 @@ void AsyncEasgdStrategy::with_evaluation_model(const std::vector<Param*>& params
 }
 
 void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
-  if (sizes_.size() < params.size()) throw io::InternalError("async-easgd: save_state before initialize");
+  if (sizes_.size() < params.size()) throw core::InternalError("async-easgd: save_state before initialize");
   checkpoint.easgd_center = center_to_checkpoint(fetch_center(), params);
 }
 

@@ -53,15 +53,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/comm.h"
 #include "engine/strategy.h"
-#include "io/comm.h"
 
 namespace tessera::engine {
 
 class AsyncEasgdStrategy final : public Strategy {
  public:
   // Throws ConfigError (keys "distributed.*") on options out of range, as EasgdStrategy.
-  AsyncEasgdStrategy(const io::Comm& comm, const StrategyOptions& options);
+  AsyncEasgdStrategy(const core::Comm& comm, const StrategyOptions& options);
   // Frees the window: collective (every rank destroys its strategy at the same point of the program).
   ~AsyncEasgdStrategy() override;
   const char* name() const override { return "async-easgd"; }
@@ -103,7 +103,7 @@ class AsyncEasgdStrategy final : public Strategy {
   float alpha_ = 0.0f;
   std::vector<std::size_t> sizes_;          // element count of each parameter, then of each buffer
   std::size_t total_ = 0;                   // n: the centre's length
-  std::unique_ptr<io::Window> window_;      // this rank's slice of the centre (floats, disp_unit 4)
+  std::unique_ptr<core::Window> window_;    // this rank's slice of the centre (floats, disp_unit 4)
   std::vector<float> slice_center_;         // c of the shard being exchanged (largest shard's size)
   std::vector<float> slice_diff_;           // d of the shard being exchanged
   std::vector<float> replica_;              // with_evaluation_model: the replica while the centre is swapped in

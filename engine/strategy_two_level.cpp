@@ -6,14 +6,14 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "engine/checkpoint_adapter.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
 namespace {
 
-using clock_type = io::MpiClock;  // simulated time under SMPI (io/comm.h)
+using clock_type = core::MpiClock;  // simulated time under SMPI (core/comm.h)
 
 constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
 
@@ -23,19 +23,19 @@ double seconds_since(clock_type::time_point start) {
 
 std::size_t bytes_of(std::size_t floats) { return floats * sizeof(float); }
 
-io::ConfigError bad_option(const std::string& key, const std::string& why) {
-  return io::ConfigError(why, "", 0, fmt::format("distributed.{}", key));
+core::ConfigError bad_option(const std::string& key, const std::string& why) {
+  return core::ConfigError(why, "", 0, fmt::format("distributed.{}", key));
 }
 
 // Splits `node` (the ranks that share memory) into groups of `per_group` consecutive world ranks; ConfigError on
 // every rank of `world` when that does not divide some node's ranks or a group would span nodes.
-io::Comm make_groups(const io::Comm& world, io::Comm node, int per_group) {
+core::Comm make_groups(const core::Comm& world, core::Comm node, int per_group) {
   if (per_group < 0) throw bad_option("ranks_per_node", fmt::format("ranks_per_node {} is negative", per_group));
   if (per_group == 0) return node;
   const bool divides = node.size() % per_group == 0;
-  io::Comm group = node.split(world.rank() / per_group, world.rank());
+  core::Comm group = node.split(world.rank() / per_group, world.rank());
   const bool fits = divides && group.size() == per_group;
-  if (world.allreduce_value<std::int64_t>(fits ? 0 : 1, io::ReduceOp::max) != 0) {
+  if (world.allreduce_value<std::int64_t>(fits ? 0 : 1, core::ReduceOp::max) != 0) {
     throw bad_option("ranks_per_node",
                      fmt::format("ranks_per_node {} does not make groups of {} consecutive ranks on one node: it must "
                                  "divide the number of ranks on every node ({} of the {} ranks share this rank's node)",
@@ -57,7 +57,7 @@ TwoLevelStrategy::Inter parse_inter(const std::string& name) {
 // one is taken down by abort_job(), which is why no destructor tries to close it.
 class TwoLevelStrategy::Epoch {
  public:
-  explicit Epoch(const io::Window* window) : window_(window) {
+  explicit Epoch(const core::Window* window) : window_(window) {
     if (window_ != nullptr) window_->lock_all();
   }
   void end() {
@@ -66,16 +66,16 @@ class TwoLevelStrategy::Epoch {
   }
 
  private:
-  const io::Window* window_;
+  const core::Window* window_;
 };
 
-TwoLevelStrategy::TwoLevelStrategy(const io::Comm& comm, const StrategyOptions& options)
+TwoLevelStrategy::TwoLevelStrategy(const core::Comm& comm, const StrategyOptions& options)
     : Strategy(comm),
       inter_(parse_inter(options.inter)),
       tau_(options.tau),
       group_(make_groups(comm, comm.split_node(), options.ranks_per_node)),
       leaders_(comm.split(group_.rank() == 0 ? 0 : MPI_UNDEFINED, comm.rank())) {
-  groups_ = static_cast<int>(comm.allreduce_value<std::int64_t>(is_leader() ? 1 : 0, io::ReduceOp::sum));
+  groups_ = static_cast<int>(comm.allreduce_value<std::int64_t>(is_leader() ? 1 : 0, core::ReduceOp::sum));
 
   if (inter_ == Inter::easgd) {
     // The leaders check the EASGD options for their communicator; the group learns the verdict from its leader,
@@ -84,14 +84,14 @@ TwoLevelStrategy::TwoLevelStrategy(const io::Comm& comm, const StrategyOptions& 
     if (is_leader()) {
       try {
         easgd_ = std::make_unique<EasgdStrategy>(leaders_, options);
-      } catch (const io::ConfigError& e) {
+      } catch (const core::ConfigError& e) {
         key = e.key();
         message = fmt::format("two-level with inter = easgd among {} node group(s): {}", groups_, e.message());
       }
     }
     group_.broadcast(key, 0);
     group_.broadcast(message, 0);
-    if (!message.empty()) throw io::ConfigError(message, "", 0, key);
+    if (!message.empty()) throw core::ConfigError(message, "", 0, key);
   }
 }
 
@@ -109,7 +109,7 @@ void TwoLevelStrategy::check_layout(const std::vector<Param*>& params, const std
     for (const auto* b : *buffers) n_buffers += b->value.size();
   }
   if (!initialized_ || !grads_match || n_params != layout_.params || n_buffers != layout_.buffers) {
-    throw io::InternalError(fmt::format(
+    throw core::InternalError(fmt::format(
         "two-level: the model's {} parameter values and {} buffer values (gradients {}) are not what the strategy "
         "was initialized with ({} and {}{})",
         n_params, n_buffers, grads_match ? "matching" : "of other sizes", layout_.params, layout_.buffers,
@@ -166,8 +166,8 @@ void TwoLevelStrategy::initialize(const std::vector<Param*>& params, const std::
     result_offset_ = layout_.params;
     share_offset_ = 2 * layout_.params;
     const std::size_t floats = is_leader() ? share_offset_ + layout_.share : layout_.params;
-    window_ = std::make_unique<io::Window>(group_, bytes_of(floats), static_cast<int>(sizeof(float)),
-                                           io::Window::Kind::shared);
+    window_ = std::make_unique<core::Window>(group_, bytes_of(floats), static_cast<int>(sizeof(float)),
+                                             core::Window::Kind::shared);
   } else if (inter_ == Inter::allreduce && comm_.size() > 1) {
     // A group of one: the sum is the rank's own gradients, no input area.
     result_offset_ = 0;
@@ -234,7 +234,7 @@ void TwoLevelStrategy::reduce_gradients(const std::vector<Param*>& params) {
         const auto arrived = clock_type::now();
         leaders_.barrier();
         inter_wait = seconds_since(arrived);
-        leaders_.allreduce(sum, n, io::ReduceOp::sum);
+        leaders_.allreduce(sum, n, core::ReduceOp::sum);
       }
       group_sync();  // the others wait for their leader's result
       add(phases_.inter, inter_wait, seconds_since(inter_start) - inter_wait, is_leader() ? bytes_of(n) : 0,
@@ -349,7 +349,7 @@ void TwoLevelStrategy::save_state(const std::vector<Param*>& params, io::Checkpo
     return;
   }
   if (!initialized_ || center_.size() < layout_.params)
-    throw io::InternalError("two-level: save_state before initialize");
+    throw core::InternalError("two-level: save_state before initialize");
   checkpoint.easgd_center = center_to_checkpoint(center_, params);
 }
 

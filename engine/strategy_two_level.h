@@ -51,8 +51,8 @@
 #include <memory>
 #include <vector>
 
+#include "core/comm.h"
 #include "engine/strategy.h"
-#include "io/comm.h"
 
 namespace tessera::engine {
 
@@ -62,7 +62,7 @@ class TwoLevelStrategy final : public Strategy {
 
   // Splits `comm` into groups and leaders (collective). Throws ConfigError on every rank for a bad
   // distributed.ranks_per_node or distributed.inter, or (inter = easgd) the EASGD options among the leaders.
-  TwoLevelStrategy(const io::Comm& comm, const StrategyOptions& options);
+  TwoLevelStrategy(const core::Comm& comm, const StrategyOptions& options);
   ~TwoLevelStrategy() override;
 
   const char* name() const override { return "two-level"; }
@@ -80,8 +80,8 @@ class TwoLevelStrategy final : public Strategy {
 
   Inter inter() const { return inter_; }
   // This rank's group (node-local) and the leaders' communicator (empty on non-leaders).
-  const io::Comm& group() const { return group_; }
-  const io::Comm& leaders() const { return leaders_; }
+  const core::Comm& group() const { return group_; }
+  const core::Comm& leaders() const { return leaders_; }
   bool is_leader() const { return group_.rank() == 0; }
   int groups() const { return groups_; }
   // inter = easgd: the leaders' EASGD among groups (null on non-leaders and for inter = allreduce).
@@ -118,15 +118,15 @@ class TwoLevelStrategy final : public Strategy {
 
   Inter inter_ = Inter::allreduce;
   int tau_ = 1;
-  io::Comm group_;
-  io::Comm leaders_;
+  core::Comm group_;
+  core::Comm leaders_;
   int groups_ = 1;
   std::unique_ptr<EasgdStrategy> easgd_;  // refers to leaders_: declared after it
   Layout layout_;
   bool initialized_ = false;
-  std::unique_ptr<io::Window> window_;  // groups of more than one rank
-  std::vector<float> private_;          // a group of one: its leader areas
-  std::size_t result_offset_ = 0;       // floats into the leader's segment
+  std::unique_ptr<core::Window> window_;  // groups of more than one rank
+  std::vector<float> private_;            // a group of one: its leader areas
+  std::size_t result_offset_ = 0;         // floats into the leader's segment
   std::size_t share_offset_ = 0;
   std::vector<float> center_;  // inter = easgd, non-leaders: the centre shared by the leader
   std::vector<float> saved_;   // with_evaluation_model: the replica while the centre is in

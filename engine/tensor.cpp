@@ -4,8 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/context.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -22,7 +22,7 @@ dnnl::memory::format_tag plain_tag(int ndims) {
     case 5:
       return dnnl::memory::format_tag::abcde;
     default:
-      throw io::InternalError("tensor: no plain layout for " + std::to_string(ndims) + " dimensions");
+      throw core::InternalError("tensor: no plain layout for " + std::to_string(ndims) + " dimensions");
   }
 }
 
@@ -79,8 +79,8 @@ std::vector<float> Tensor::to_plain() const {
 
 void Tensor::from_plain(const std::vector<float>& values) {
   if (empty() || static_cast<std::int64_t>(values.size()) != numel()) {
-    throw io::InternalError("tensor from_plain: " + std::to_string(values.size()) + " values for a tensor of " +
-                            dims_text(desc_.dims()));
+    throw core::InternalError("tensor from_plain: " + std::to_string(values.size()) + " values for a tensor of " +
+                              dims_text(desc_.dims()));
   }
   if (values.empty()) return;
   if (is_plain(desc_)) {
@@ -94,8 +94,8 @@ void Tensor::from_plain(const std::vector<float>& values) {
 Tensor Tensor::reordered_to(const dnnl::memory::desc& desc) const {
   if (desc == desc_) return *this;
   if (desc.dims() != desc_.dims()) {
-    throw io::InternalError("tensor reorder: dims " + dims_text(desc_.dims()) + " cannot become " +
-                            dims_text(desc.dims()));
+    throw core::InternalError("tensor reorder: dims " + dims_text(desc_.dims()) + " cannot become " +
+                              dims_text(desc.dims()));
   }
   Tensor result(desc);
   run_reorder(memory_, result.memory_);
@@ -106,8 +106,8 @@ const Tensor& Reorderer::operator()(const Tensor& src, const dnnl::memory::desc&
   if (src.desc() == want) return src;
   if (dst_.empty() || dst_.desc() != want || src_desc_ != src.desc()) {
     if (src.dims() != want.dims()) {
-      throw io::InternalError("tensor reorder: dims " + dims_text(src.dims()) + " cannot become " +
-                              dims_text(want.dims()));
+      throw core::InternalError("tensor reorder: dims " + dims_text(src.dims()) + " cannot become " +
+                                dims_text(want.dims()));
     }
     reorder_ = dnnl::reorder(
         dnnl::reorder::primitive_desc(Context::get().engine(), src.desc(), Context::get().engine(), want));
@@ -136,7 +136,7 @@ void AccumulatingReorder::operator()(const dnnl::memory& src, const dnnl::memory
 
 dnnl::memory wrap_plain(std::vector<float>& values, const dims_t& dims) {
   if (static_cast<std::int64_t>(values.size()) != product(dims)) {
-    throw io::InternalError("wrap_plain: " + std::to_string(values.size()) + " values for " + dims_text(dims));
+    throw core::InternalError("wrap_plain: " + std::to_string(values.size()) + " values for " + dims_text(dims));
   }
   return dnnl::memory(plain_desc(dims), Context::get().engine(), values.data());
 }

@@ -18,19 +18,19 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/metrics.h"
+#include "core/progress.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/layers/loss.h"
-#include "engine/metrics.h"
 #include "engine/models/registry.h"
 #include "engine/optim/config.h"
 #include "engine/strategy.h"
 #include "io/annotations.h"
 #include "io/checkpoint.h"
-#include "io/fault.h"
-#include "io/error.h"
-#include "io/progress.h"
 #include "io/shard_dataset.h"
 #include "preprocessing/augment.h"
 
@@ -39,38 +39,38 @@ namespace tessera::engine {
 namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
-const io::Schema& train_schema() {
+const core::Schema& train_schema() {
   // One schema for the life of the process: a Config keeps a reference to the schema it was read against.
-  static const io::Schema instance = [] {
-  io::Schema schema;
-  schema.string("output", "runs/train", "Folder for checkpoints, metrics.jsonl, metrics.csv and the effective config")
-      .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
-      .string_list("data.train_splits", {"train"}, "Slides whose split is one of these train the model")
-      .string_list("data.val_splits", {"val"}, "Slides whose split is one of these validate it every epoch")
-      .integer("data.block_size", 64, "Tiles per contiguous shard read", 1, 65536)
-      .integer("data.shuffle_buffer", 2048, "Tiles in the shuffle buffer (memory: tiles x size^2 x 3 bytes)", 0,
-               10000000)
-      .string("model.architecture", "compact", "Network (see tessera train --help for the list)")
-      .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
-      .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
-      .integer("train.batch_size", 64, "Tiles per micro-batch on each rank", 1, 65536)
-      .integer("train.accumulation_steps", 1,
-               "Micro-batches whose gradients add up to one optimizer step: global batch = batch_size x ranks x this",
-               1, 65536)
-      .integer("train.seed", 1, "Seed of the initial weights, the data order and the augmentation", 0, 9.0e15)
-      .integer("train.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
-      .string("train.class_weights", "balanced",
-              "Loss weights per class: none, or balanced (inverse class frequency of the training tiles)",
-              {"none", "balanced"})
-      .integer("train.checkpoint_every", 0, "Also checkpoint every N steps (0 = at the end of every epoch only)", 0,
-               1000000000)
-      .integer("train.log_every", 20, "Log the training loss every N steps", 1, 1000000)
-      .string("train.resume", "",
-              "Resume from this checkpoint; 'auto' = the output folder's checkpoint.h5 when it exists");
-  declare_strategy_keys(schema);
-  declare_optim_keys(schema);
-  prep::declare_augment_schema(schema);
-  return schema;
+  static const core::Schema instance = [] {
+    core::Schema schema;
+    schema.string("output", "runs/train", "Folder for checkpoints, metrics.jsonl, metrics.csv and the effective config")
+        .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
+        .string_list("data.train_splits", {"train"}, "Slides whose split is one of these train the model")
+        .string_list("data.val_splits", {"val"}, "Slides whose split is one of these validate it every epoch")
+        .integer("data.block_size", 64, "Tiles per contiguous shard read", 1, 65536)
+        .integer("data.shuffle_buffer", 2048, "Tiles in the shuffle buffer (memory: tiles x size^2 x 3 bytes)", 0,
+                 10000000)
+        .string("model.architecture", "compact", "Network (see tessera train --help for the list)")
+        .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
+        .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
+        .integer("train.batch_size", 64, "Tiles per micro-batch on each rank", 1, 65536)
+        .integer("train.accumulation_steps", 1,
+                 "Micro-batches whose gradients add up to one optimizer step: global batch = batch_size x ranks x this",
+                 1, 65536)
+        .integer("train.seed", 1, "Seed of the initial weights, the data order and the augmentation", 0, 9.0e15)
+        .integer("train.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
+        .string("train.class_weights", "balanced",
+                "Loss weights per class: none, or balanced (inverse class frequency of the training tiles)",
+                {"none", "balanced"})
+        .integer("train.checkpoint_every", 0, "Also checkpoint every N steps (0 = at the end of every epoch only)", 0,
+                 1000000000)
+        .integer("train.log_every", 20, "Log the training loss every N steps", 1, 1000000)
+        .string("train.resume", "",
+                "Resume from this checkpoint; 'auto' = the output folder's checkpoint.h5 when it exists");
+    declare_strategy_keys(schema);
+    declare_optim_keys(schema);
+    prep::declare_augment_schema(schema);
+    return schema;
   }();
   return instance;
 }
@@ -90,9 +90,9 @@ std::set<std::string> slides_in_splits(const io::Manifest& manifest, const std::
 
 // Validation on this rank's share of the held-out tiles; the scores are gathered on every rank.
 // The input and the probabilities come from engine/inference.h, as in `tessera predict`.
-BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer& scorer, const io::Comm& comm) {
+core::BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer& scorer, const core::Comm& comm) {
   model.set_mode(Mode::eval);
-  BinaryEvaluation local;
+  core::BinaryEvaluation local;
   data.start_epoch(0);
   io::Batch batch;
   while (data.next(batch)) {
@@ -115,7 +115,7 @@ BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer& scor
   std::memcpy(mine.data() + sizeof(double) + sizeof(std::int64_t), &local.correct, sizeof(std::int64_t));
   mine.append(reinterpret_cast<const char*>(local.scores.data()), local.scores.size() * sizeof(float));
   mine.append(reinterpret_cast<const char*>(local.labels.data()), local.labels.size());
-  BinaryEvaluation all;
+  core::BinaryEvaluation all;
   for (const auto& part : comm.allgather_bytes(mine)) {
     double loss_sum = 0;
     std::int64_t count = 0, correct = 0;
@@ -139,7 +139,7 @@ BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer& scor
 void append_line(const fs::path& path, const std::string& line) {
   std::ofstream out(path, std::ios::app);
   out << line << '\n';
-  if (!out) throw io::InputError("cannot append to the file", path.string());
+  if (!out) throw core::InputError("cannot append to the file", path.string());
 }
 
 // A resumed run drops the metrics lines of steps after its checkpoint (the killed run had logged them; the
@@ -158,7 +158,7 @@ void keep_lines_up_to(const fs::path& path, std::int64_t step, StepOf step_of) {
   {
     std::ofstream out(temporary, std::ios::trunc);
     out << kept;
-    if (!out) throw io::InputError("cannot rewrite the file", temporary.string());
+    if (!out) throw core::InputError("cannot rewrite the file", temporary.string());
   }
   fs::rename(temporary, path);
 }
@@ -194,7 +194,7 @@ struct StepTiming {
   std::vector<RankTiming> ranks;  // index = rank
 };
 
-StepTiming step_timing(const io::Comm& comm, clock_type::duration elapsed, std::int64_t steps, const CommStats& c) {
+StepTiming step_timing(const core::Comm& comm, clock_type::duration elapsed, std::int64_t steps, const CommStats& c) {
   // Every rank fills its own four slots; a sum gathers them (adding zeros is exact).
   constexpr std::size_t kFigures = 4;
   std::vector<double> all(kFigures * static_cast<std::size_t>(comm.size()), 0.0);
@@ -203,7 +203,7 @@ StepTiming step_timing(const io::Comm& comm, clock_type::duration elapsed, std::
   mine[1] = c.seconds;
   mine[2] = c.wait_seconds;
   mine[3] = static_cast<double>(c.bytes);
-  comm.allreduce(all.data(), all.size(), io::ReduceOp::sum);
+  comm.allreduce(all.data(), all.size(), core::ReduceOp::sum);
   StepTiming t;
   t.steps = steps;
   for (std::size_t r = 0; r < static_cast<std::size_t>(comm.size()); ++r) {
@@ -248,7 +248,7 @@ std::string timing_json(const StepTiming& t, std::int64_t epoch, std::int64_t st
 
 }  // namespace
 
-TrainResult train(const io::Config& config, const io::Comm& comm) {
+TrainResult train(const core::Config& config, const core::Comm& comm) {
   const auto t_start = clock_type::now();
   auto& context = Context::get();
   context.set_threads(static_cast<int>(config.get_int("train.threads")));
@@ -270,15 +270,15 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   const io::Manifest manifest = io::read_manifest((fs::path(shards) / "manifest.json").string());
   train_options.slides = slides_in_splits(manifest, config.get_string_list("data.train_splits"));
   if (train_options.slides.empty()) {
-    throw io::ConfigError(fmt::format("no slide of {} is in a training split ({})", shards,
-                                      fmt::join(config.get_string_list("data.train_splits"), ", ")),
-                          config.source(), 0, "data.train_splits");
+    throw core::ConfigError(fmt::format("no slide of {} is in a training split ({})", shards,
+                                        fmt::join(config.get_string_list("data.train_splits"), ", ")),
+                            config.source(), 0, "data.train_splits");
   }
   io::ShardDataset train_data(shards, train_options);
   if (train_data.batches_per_epoch() == 0) {
-    throw io::ConfigError(fmt::format("{} training tiles cannot make one batch of {} per rank on {} rank(s)",
-                                      train_data.total_tiles(), batch_size, comm.size()),
-                          config.source(), 0, "train.batch_size");
+    throw core::ConfigError(fmt::format("{} training tiles cannot make one batch of {} per rank on {} rank(s)",
+                                        train_data.total_tiles(), batch_size, comm.size()),
+                            config.source(), 0, "train.batch_size");
   }
   io::ShardDatasetOptions val_options = train_options;
   val_options.shuffle = false;
@@ -286,8 +286,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   val_options.slides = slides_in_splits(manifest, config.get_string_list("data.val_splits"));
   for (const auto& id : val_options.slides) {
     if (train_options.slides.contains(id)) {
-      throw io::ConfigError(fmt::format("slide {} is in both a training and a validation split", id),
-                            config.source(), 0, "data.val_splits");
+      throw core::ConfigError(fmt::format("slide {} is in both a training and a validation split", id), config.source(),
+                              0, "data.val_splits");
     }
   }
   std::unique_ptr<io::ShardDataset> val_data;
@@ -326,10 +326,10 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   const std::int64_t batches_per_epoch = train_data.batches_per_epoch();
   const std::int64_t steps_per_epoch = batches_per_epoch / accumulation;
   if (steps_per_epoch == 0) {
-    throw io::ConfigError(fmt::format("{} micro-batches per epoch and rank cannot make one step of {} accumulated "
-                                      "micro-batches",
-                                      batches_per_epoch, accumulation),
-                          config.source(), 0, "train.accumulation_steps");
+    throw core::ConfigError(fmt::format("{} micro-batches per epoch and rank cannot make one step of {} accumulated "
+                                        "micro-batches",
+                                        batches_per_epoch, accumulation),
+                            config.source(), 0, "train.accumulation_steps");
   }
   const auto epochs = config.get_int("train.epochs");
   std::int64_t total_steps = steps_per_epoch * epochs;
@@ -354,18 +354,18 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     const io::CheckpointLayout layout = checkpoint_layout(params, buffers);
     const io::Checkpoint checkpoint = io::read_checkpoint(resume, layout, io::ReplicaRead::skip);
     if (checkpoint.meta.architecture != model_options.architecture) {
-      throw io::InputError(fmt::format("the checkpoint holds a {}, the job trains a {}", checkpoint.meta.architecture,
-                                       model_options.architecture),
-                           resume);
+      throw core::InputError(fmt::format("the checkpoint holds a {}, the job trains a {}", checkpoint.meta.architecture,
+                                         model_options.architecture),
+                             resume);
     }
     if (checkpoint.meta.input_size != model_options.input_size ||
         (manifest.attributes.mpp > 0 && checkpoint.meta.mpp > 0 &&
          std::abs(checkpoint.meta.mpp - manifest.attributes.mpp) > 1e-6 * manifest.attributes.mpp)) {
-      throw io::InputError(fmt::format("the checkpoint was trained on {} px tiles at {} um/px, the shards in {} hold "
-                                       "{} px tiles at {} um/px",
-                                       checkpoint.meta.input_size, checkpoint.meta.mpp, shards,
-                                       model_options.input_size, manifest.attributes.mpp),
-                           resume);
+      throw core::InputError(fmt::format("the checkpoint was trained on {} px tiles at {} um/px, the shards in {} hold "
+                                         "{} px tiles at {} um/px",
+                                         checkpoint.meta.input_size, checkpoint.meta.mpp, shards,
+                                         model_options.input_size, manifest.attributes.mpp),
+                             resume);
     }
     load_checkpoint_tensors(checkpoint, params, buffers);
     if (!checkpoint.optimizer.empty()) {
@@ -378,7 +378,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       const auto it = checkpoint.state.find(key);
       if (it == checkpoint.state.end()) return std::nullopt;
       const auto* value = std::get_if<std::int64_t>(&it->second);
-      if (value == nullptr || *value < 0) throw io::InputError(fmt::format("/state {} is not a count", key), resume);
+      if (value == nullptr || *value < 0) throw core::InputError(fmt::format("/state {} is not a count", key), resume);
       return *value;
     };
     const auto written_by = state_int("ranks");
@@ -393,7 +393,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
         batch_in_epoch = std::min(batch_in_epoch, steps_per_epoch * accumulation);
       }
       if (batch_in_epoch > batches_per_epoch) {
-        throw io::InputError("/state batch_in_epoch is not a batch position of this job's epochs", resume);
+        throw core::InputError("/state batch_in_epoch is not a batch position of this job's epochs", resume);
       }
     }
     // Each rank's own replica and optimizer state, when the strategy keeps replicas apart and the file has one
@@ -403,13 +403,15 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       own_replica = io::read_checkpoint_replica(resume, comm.rank(), layout);
     }
     if (!same_ranks && comm.is_root()) {
-      spdlog::warn("{} was written by a run on {} rank(s), this one has {}: training continues from its weights{} and "
-                   "optimizer state after {} of this epoch's tiles, but the data order differs from an uninterrupted "
-                   "run",
-                   resume, *written_by, comm.size(), replicas > 0 ? " (the centre; every replica starts from it)" : "",
-                   state_int("tiles_in_epoch").value_or(0));
+      spdlog::warn(
+          "{} was written by a run on {} rank(s), this one has {}: training continues from its weights{} and "
+          "optimizer state after {} of this epoch's tiles, but the data order differs from an uninterrupted "
+          "run",
+          resume, *written_by, comm.size(), replicas > 0 ? " (the centre; every replica starts from it)" : "",
+          state_int("tiles_in_epoch").value_or(0));
     }
-    if (comm.is_root()) spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
+    if (comm.is_root())
+      spdlog::info("resuming from {} at step {} (epoch {}, batch {})", resume, step, epoch, batch_in_epoch);
     // The steps left are this run's: on another rank count (or batch size) an epoch has another number of steps
     // than the checkpointed run's, whose steps `step` counts. On the same, this is the total computed above.
     const std::int64_t left = steps_per_epoch * (epochs - epoch) - batch_in_epoch / accumulation;
@@ -432,12 +434,13 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   if (comm.is_root()) {
     fs::create_directories(out);
     config.save((out / "train.config.yaml").string());
-    spdlog::info("{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {}{} = "
-                 "global batch {}; {} steps per epoch; strategy {}",
-                 model_options.architecture, model->parameter_count(), train_data.total_tiles(),
-                 train_options.slides.size(), val_options.slides.size(), comm.size(), batch_size,
-                 accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "", shape.global_batch,
-                 steps_per_epoch, strategy->name());
+    spdlog::info(
+        "{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {}{} = "
+        "global batch {}; {} steps per epoch; strategy {}",
+        model_options.architecture, model->parameter_count(), train_data.total_tiles(), train_options.slides.size(),
+        val_options.slides.size(), comm.size(), batch_size,
+        accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "", shape.global_batch, steps_per_epoch,
+        strategy->name());
   }
   comm.barrier();
 
@@ -471,7 +474,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     checkpoint.state["seed"] = static_cast<std::uint64_t>(seed);
     checkpoint.state["ranks"] = static_cast<std::int64_t>(comm.size());
     io::write_checkpoint(path.string(), checkpoint);
-    if (path.filename() == "checkpoint.h5") io::fault::at("train.checkpoint-written");
+    if (path.filename() == "checkpoint.h5") core::fault::at("train.checkpoint-written");
   };
 
   InputBuilder train_inputs(prep::augment_options_from_config(config));
@@ -487,7 +490,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
   TrainResult result;
   const std::int64_t first_step = step;
   // Progress counts global steps: every rank takes each step together, so rank 0 alone advances it.
-  io::Progress progress(comm, total_steps - step, {.label = "train", .unit = "steps"});
+  core::Progress progress(comm, total_steps - step, {.label = "train", .unit = "steps"});
   io::Batch batch;
   Tensor input;
   std::vector<int> labels;
@@ -513,8 +516,8 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       double batch_loss = 0.0;
       for (std::int64_t micro = 0; micro < accumulation; ++micro) {
         if (!train_data.next(batch)) {
-          throw io::InternalError(fmt::format("the training data ended after {} of {} micro-batches of epoch {}",
-                                              batch_in_epoch, batches_per_epoch, epoch + 1));
+          throw core::InternalError(fmt::format("the training data ended after {} of {} micro-batches of epoch {}",
+                                                batch_in_epoch, batches_per_epoch, epoch + 1));
         }
         train_inputs.build(batch, seed, epoch, input);
         labels.assign(batch.labels.begin(), batch.labels.end());
@@ -528,7 +531,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
         // Checked before this rank's gradients reach any collective: a failing rank takes the job down before a
         // non-finite value can spread to the other replicas (or into a checkpoint).
         if (!std::isfinite(micro_loss)) {
-          throw io::InternalError(fmt::format(
+          throw core::InternalError(fmt::format(
               "the training loss is {} at step {}: lower optimizer.lr or check the data", micro_loss, step + 1));
         }
         batch_loss += micro_loss / static_cast<double>(accumulation);
@@ -547,16 +550,17 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
       ++epoch_steps;
       if (comm.is_root()) progress.advance();
       if (step % log_every == 0 || step == total_steps) {
-        const double mean = comm.allreduce_value(loss_window / static_cast<double>(loss_window_steps),
-                                                 io::ReduceOp::sum) /
-                            comm.size();
+        const double mean =
+            comm.allreduce_value(loss_window / static_cast<double>(loss_window_steps), core::ReduceOp::sum) /
+            comm.size();
         const double seconds = std::chrono::duration<double>(clock_type::now() - t_window).count();
         const double images_per_s = static_cast<double>(loss_window_steps * shape.global_batch) / seconds;
         if (comm.is_root()) {
-          append_line(out / "metrics.jsonl",
-                      fmt::format(R"({{"kind": "train", "epoch": {}, "step": {}, "lr": {}, "loss": {}, "images_per_s": {}}})",
-                                  epoch + 1, step, json_number(last_lr), json_number(mean),  // 1-based, as val lines
-                                  json_number(images_per_s)));
+          append_line(
+              out / "metrics.jsonl",
+              fmt::format(R"({{"kind": "train", "epoch": {}, "step": {}, "lr": {}, "loss": {}, "images_per_s": {}}})",
+                          epoch + 1, step, json_number(last_lr), json_number(mean),  // 1-based, as val lines
+                          json_number(images_per_s)));
           spdlog::debug("step {}: loss {:.4f}, lr {:.4g}, {:.1f} images/s", step, mean, last_lr, images_per_s);
         }
         loss_window = 0.0;
@@ -564,7 +568,7 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
         t_window = clock_type::now();
       }
       if (checkpoint_every > 0 && step % checkpoint_every == 0) write_checkpoint(out / "checkpoint.h5", batch_in_epoch);
-      io::fault::at("train.step");  // after the step's metrics line and checkpoint
+      core::fault::at("train.step");  // after the step's metrics line and checkpoint
     }
     const StepTiming timing =
         step_timing(comm, clock_type::now() - t_steps, epoch_steps, strategy->stats() - comm_before);
@@ -576,12 +580,13 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
 
     // Validation and the epoch's checkpoint, of one centre on every rank.
     strategy->settle(params, buffers);
-    BinaryEvaluation val;
+    core::BinaryEvaluation val;
     if (val_data) {
       strategy->with_evaluation_model(params, buffers, [&] { val = validate(*model, *val_data, val_scorer, comm); });
     }
     const double train_loss =
-        comm.allreduce_value(epoch_steps > 0 ? epoch_loss / static_cast<double>(epoch_steps) : 0.0, io::ReduceOp::sum) /
+        comm.allreduce_value(epoch_steps > 0 ? epoch_loss / static_cast<double>(epoch_steps) : 0.0,
+                             core::ReduceOp::sum) /
         comm.size();
     epoch_loss = 0.0;
     epoch_steps = 0;
@@ -593,17 +598,19 @@ TrainResult train(const io::Config& config, const io::Comm& comm) {
     const double elapsed = std::chrono::duration<double>(clock_type::now() - t_start).count();
     if (comm.is_root()) {
       append_line(out / "metrics.jsonl", timing_json(timing, epoch, step, shape.global_batch));
-      append_line(out / "metrics.jsonl",
-                  fmt::format(R"({{"kind": "val", "epoch": {}, "step": {}, "loss": {}, "accuracy": {}, "auc": {}, "tiles": {}}})",
-                              epoch, step, json_number(result.final_val_loss), json_number(result.final_val_accuracy),
-                              json_number(result.final_val_auc), val.count));
-      append_line(out / "metrics.csv", fmt::format("{},{},{},{},{},{},{},{:.1f}", epoch, step, json_number(last_lr),
-                                                   json_number(train_loss), json_number(result.final_val_loss),
-                                                   json_number(result.final_val_accuracy), json_number(result.final_val_auc),
-                                                   elapsed));
-      spdlog::info("epoch {} (step {}): train loss {:.4f}; validation loss {:.4f}, accuracy {:.3f}, AUC {:.3f} on {} tiles",
-                   epoch, step, train_loss, result.final_val_loss, result.final_val_accuracy, result.final_val_auc,
-                   val.count);
+      append_line(
+          out / "metrics.jsonl",
+          fmt::format(
+              R"({{"kind": "val", "epoch": {}, "step": {}, "loss": {}, "accuracy": {}, "auc": {}, "tiles": {}}})",
+              epoch, step, json_number(result.final_val_loss), json_number(result.final_val_accuracy),
+              json_number(result.final_val_auc), val.count));
+      append_line(out / "metrics.csv",
+                  fmt::format("{},{},{},{},{},{},{},{:.1f}", epoch, step, json_number(last_lr), json_number(train_loss),
+                              json_number(result.final_val_loss), json_number(result.final_val_accuracy),
+                              json_number(result.final_val_auc), elapsed));
+      spdlog::info(
+          "epoch {} (step {}): train loss {:.4f}; validation loss {:.4f}, accuracy {:.3f}, AUC {:.3f} on {} tiles",
+          epoch, step, train_loss, result.final_val_loss, result.final_val_accuracy, result.final_val_auc, val.count);
     }
     // Both written atomically (a temporary renamed over the name): a killed job never leaves half a checkpoint.
     write_checkpoint(out / "checkpoint.h5", batch_in_epoch);

@@ -24,27 +24,27 @@
 #include <cstdint>
 #include <string>
 
-#include "io/comm.h"
-#include "io/config.h"
+#include "core/comm.h"
+#include "core/config.h"
 
 namespace tessera::engine {
 
 // The train job's keys (data, model, train, optimizer, schedule, augment, distributed, output).
-const io::Schema& train_schema();
+const core::Schema& train_schema();
 
 struct TrainResult {
-  std::int64_t steps = 0;       // optimizer steps taken in total (including those before a resume)
-  std::int64_t epochs = 0;      // completed epochs
-  double final_val_auc = 0.0;   // NaN when the validation set has one class or is empty
+  std::int64_t steps = 0;      // optimizer steps taken in total (including those before a resume)
+  std::int64_t epochs = 0;     // completed epochs
+  double final_val_auc = 0.0;  // NaN when the validation set has one class or is empty
   double final_val_loss = 0.0;
   double final_val_accuracy = 0.0;
-  double seconds = 0.0;         // this run's wall time
+  double seconds = 0.0;            // this run's wall time
   double images_per_second = 0.0;  // training images per second over all ranks (this run)
-  std::string checkpoint;       // the last checkpoint written
+  std::string checkpoint;          // the last checkpoint written
 };
 
-// Runs the job. Collective: every rank calls it with the same config. Throws io::Error (InputError for bad
+// Runs the job. Collective: every rank calls it with the same config. Throws core::Error (InputError for bad
 // shards or checkpoints, ConfigError for bad settings).
-TrainResult train(const io::Config& config, const io::Comm& comm);
+TrainResult train(const core::Config& config, const core::Comm& comm);
 
 }  // namespace tessera::engine

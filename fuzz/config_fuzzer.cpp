@@ -1,4 +1,4 @@
-// The YAML job loader (io/config.h): Config::parse against a real job's schema (tessera train's: every value type,
+// The YAML job loader (core/config.h): Config::parse against a real job's schema (tessera train's: every value type,
 // bounds, allowed values, nested sections), then `--set` overrides, then the effective config as YAML.
 //
 // Input: the job's YAML text, then optionally overrides after NUL bytes ("yaml\0train.epochs=3\0model.x=y").
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "engine/trainer.h"
 #include "fuzz/fuzz_input.h"
-#include "io/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tessera;
@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     at = next;
   }
   fuzz::expect_input_errors([&] {
-    const io::Config config = io::Config::parse(engine::train_schema(), yaml, "job.yaml", overrides);
+    const core::Config config = core::Config::parse(engine::train_schema(), yaml, "job.yaml", overrides);
     // What --print-config prints and what every job saves: must render whatever was accepted.
     (void)config.to_yaml();
   });

@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::fuzz {
 
@@ -61,13 +61,13 @@ template <typename Parse>
 void expect_input_errors(Parse&& parse) {
   try {
     parse();
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     // Every input error names its file.
     if (e.file().empty()) {
       std::fprintf(stderr, "input error without a file: %s\n", e.what());
       std::abort();
     }
-  } catch (const io::ConfigError&) {
+  } catch (const core::ConfigError&) {
   }
 }
 

@@ -21,7 +21,8 @@
 #include <nlohmann/json.hpp>
 #include <pugixml.hpp>
 
-#include "io/error.h"
+#include "core/atomic_file.h"
+#include "core/error.h"
 
 namespace tessera::io {
 
@@ -62,15 +63,15 @@ bool is_point_type(const std::string& type) { return type == "Dot" || type == "P
 
 void check_exists(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw FileNotFoundError(path);
+  if (!std::filesystem::is_regular_file(path, ec)) throw core::FileNotFoundError(path);
 }
 
 std::string read_text_file(const std::string& path) {
   check_exists(path);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open file for reading", path);
+  if (!in) throw core::InputError("cannot open file for reading", path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw InputError("read error", path);
+  if (in.bad()) throw core::InputError("read error", path);
   return text;
 }
 
@@ -161,28 +162,27 @@ Annotation read_asap_annotation(const pugi::xml_node& node, std::size_t index, c
     const auto x = parse_number(coordinate.attribute("X").as_string());
     const auto y = parse_number(coordinate.attribute("Y").as_string());
     if (!x || !y) {
-      throw InputError(label + ", coordinate #" + std::to_string(position) + ": X and Y must be numbers (got X=\"" +
-                           coordinate.attribute("X").as_string() + "\", Y=\"" + coordinate.attribute("Y").as_string() +
-                           "\")",
-                       path);
+      throw core::InputError(label + ", coordinate #" + std::to_string(position) +
+                                 ": X and Y must be numbers (got X=\"" + coordinate.attribute("X").as_string() +
+                                 "\", Y=\"" + coordinate.attribute("Y").as_string() + "\")",
+                             path);
     }
     const auto order = parse_number(coordinate.attribute("Order").as_string());
     points.emplace_back(order ? *order : static_cast<double>(position), cv::Point2d(*x, *y));
     ++position;
   }
-  std::stable_sort(points.begin(), points.end(),
-                   [](const auto& p, const auto& q) { return p.first < q.first; });
+  std::stable_sort(points.begin(), points.end(), [](const auto& p, const auto& q) { return p.first < q.first; });
   a.outer.reserve(points.size());
   for (const auto& [order, point] : points) a.outer.push_back(point);
   // Some writers close the ring explicitly; the model keeps it implicit.
   if (a.outer.size() > 3 && a.outer.front() == a.outer.back() && !is_point_type(a.type)) a.outer.pop_back();
 
   if (is_point_type(a.type)) {
-    if (a.outer.empty()) throw InputError(label + " (" + a.type + ") has no coordinates", path);
+    if (a.outer.empty()) throw core::InputError(label + " (" + a.type + ") has no coordinates", path);
   } else if (a.outer.size() < 3) {
-    throw InputError(label + " (" + a.type + ") has " + std::to_string(a.outer.size()) +
-                         " point(s); a polygon needs at least 3",
-                     path);
+    throw core::InputError(
+        label + " (" + a.type + ") has " + std::to_string(a.outer.size()) + " point(s); a polygon needs at least 3",
+        path);
   }
   return a;
 }
@@ -193,8 +193,7 @@ Annotation read_asap_annotation(const pugi::xml_node& node, std::size_t index, c
 std::string feature_label(std::size_t index) { return "feature #" + std::to_string(index); }
 
 std::optional<std::string> color_from_json(const json& value) {
-  if (value.is_array() && value.size() >= 3 && value[0].is_number() && value[1].is_number() &&
-      value[2].is_number()) {
+  if (value.is_array() && value.size() >= 3 && value[0].is_number() && value[1].is_number() && value[2].is_number()) {
     return hex_color(static_cast<int>(std::lround(value[0].get<double>())),
                      static_cast<int>(std::lround(value[1].get<double>())),
                      static_cast<int>(std::lround(value[2].get<double>())));
@@ -218,25 +217,25 @@ json color_to_json(const std::string& color) {
 
 cv::Point2d read_position(const json& value, const std::string& where, const std::string& path) {
   if (!value.is_array() || value.size() < 2 || !value[0].is_number() || !value[1].is_number()) {
-    throw InputError(where + ": coordinates must be [x, y] pairs of numbers (got " + value.dump() + ")", path);
+    throw core::InputError(where + ": coordinates must be [x, y] pairs of numbers (got " + value.dump() + ")", path);
   }
   const cv::Point2d p(value[0].get<double>(), value[1].get<double>());
   if (!std::isfinite(p.x) || !std::isfinite(p.y)) {
-    throw InputError(where + ": coordinates must be finite numbers (got " + value.dump() + ")", path);
+    throw core::InputError(where + ": coordinates must be finite numbers (got " + value.dump() + ")", path);
   }
   return p;
 }
 
 Ring read_ring(const json& value, const std::string& where, const std::string& path) {
-  if (!value.is_array()) throw InputError(where + ": a ring must be an array of positions", path);
+  if (!value.is_array()) throw core::InputError(where + ": a ring must be an array of positions", path);
   Ring ring;
   ring.reserve(value.size());
   for (const auto& position : value) ring.push_back(read_position(position, where, path));
   if (ring.size() > 1 && ring.front() == ring.back()) ring.pop_back();  // GeoJSON rings repeat the first point
   if (ring.size() < 3) {
-    throw InputError(where + ": a polygon ring has " + std::to_string(ring.size()) +
-                         " distinct point(s); it needs at least 3",
-                     path);
+    throw core::InputError(
+        where + ": a polygon ring has " + std::to_string(ring.size()) + " distinct point(s); it needs at least 3",
+        path);
   }
   return ring;
 }
@@ -244,7 +243,7 @@ Ring read_ring(const json& value, const std::string& where, const std::string& p
 // Reads one Polygon's rings (first outer, then holes) into `a`.
 void read_polygon_rings(const json& rings, Annotation& a, const std::string& where, const std::string& path) {
   if (!rings.is_array() || rings.empty()) {
-    throw InputError(where + ": Polygon coordinates must be a non-empty array of rings", path);
+    throw core::InputError(where + ": Polygon coordinates must be a non-empty array of rings", path);
   }
   a.outer = read_ring(rings[0], where + ", outer ring", path);
   for (std::size_t i = 1; i < rings.size(); ++i) {
@@ -254,22 +253,22 @@ void read_polygon_rings(const json& rings, Annotation& a, const std::string& whe
 
 void read_feature(const json& feature, std::size_t index, const std::string& path, std::vector<Annotation>& out) {
   const std::string where = feature_label(index);
-  if (!feature.is_object()) throw InputError(where + " is not a JSON object", path);
+  if (!feature.is_object()) throw core::InputError(where + " is not a JSON object", path);
   const auto geometry_it = feature.find("geometry");
-  if (geometry_it == feature.end() || geometry_it->is_null()) throw InputError(where + " has no geometry", path);
+  if (geometry_it == feature.end() || geometry_it->is_null()) throw core::InputError(where + " has no geometry", path);
   const json& geometry = *geometry_it;
   if (!geometry.is_object() || !geometry.contains("type") || !geometry["type"].is_string()) {
-    throw InputError(where + ": geometry has no type", path);
+    throw core::InputError(where + ": geometry has no type", path);
   }
   const std::string geometry_type = geometry["type"].get<std::string>();
   const auto coordinates_it = geometry.find("coordinates");
   if (geometry_type != "Polygon" && geometry_type != "MultiPolygon" && geometry_type != "Point" &&
       geometry_type != "MultiPoint") {
-    throw InputError(where + ": unsupported geometry type '" + geometry_type +
-                         "' (supported: Polygon, MultiPolygon, Point, MultiPoint)",
-                     path);
+    throw core::InputError(where + ": unsupported geometry type '" + geometry_type +
+                               "' (supported: Polygon, MultiPolygon, Point, MultiPoint)",
+                           path);
   }
-  if (coordinates_it == geometry.end()) throw InputError(where + ": geometry has no coordinates", path);
+  if (coordinates_it == geometry.end()) throw core::InputError(where + ": geometry has no coordinates", path);
 
   Annotation base;
   base.type = "Polygon";
@@ -288,9 +287,11 @@ void read_feature(const json& feature, std::size_t index, const std::string& pat
   }
   std::optional<std::string> class_color;
   if (const auto it = properties.find("classification"); it != properties.end() && it->is_object()) {
-    if (const auto name = it->find("name"); name != it->end() && name->is_string()) base.group = name->get<std::string>();
+    if (const auto name = it->find("name"); name != it->end() && name->is_string())
+      base.group = name->get<std::string>();
     if (const auto color = it->find("color"); color != it->end()) class_color = color_from_json(*color);
-    if (const auto color = it->find("colorRGB"); !class_color && color != it->end()) class_color = color_from_json(*color);
+    if (const auto color = it->find("colorRGB"); !class_color && color != it->end())
+      class_color = color_from_json(*color);
   }
   if (const auto it = properties.find("color"); it != properties.end()) {
     if (auto color = color_from_json(*it)) base.color = *color;
@@ -303,7 +304,7 @@ void read_feature(const json& feature, std::size_t index, const std::string& pat
       } else if (value.is_null()) {  // QuPath writes NaN as null
         base.measurements[name] = std::numeric_limits<double>::quiet_NaN();
       } else {
-        throw InputError(where + ": measurement '" + name + "' is not a number (got " + value.dump() + ")", path);
+        throw core::InputError(where + ": measurement '" + name + "' is not a number (got " + value.dump() + ")", path);
       }
     };
     if (it->is_object()) {
@@ -324,7 +325,7 @@ void read_feature(const json& feature, std::size_t index, const std::string& pat
     out.push_back(std::move(a));
   } else if (geometry_type == "MultiPolygon") {
     if (!coordinates.is_array() || coordinates.empty()) {
-      throw InputError(where + ": MultiPolygon coordinates must be a non-empty array of polygons", path);
+      throw core::InputError(where + ": MultiPolygon coordinates must be a non-empty array of polygons", path);
     }
     for (std::size_t p = 0; p < coordinates.size(); ++p) {
       Annotation a = base;
@@ -338,7 +339,7 @@ void read_feature(const json& feature, std::size_t index, const std::string& pat
     out.push_back(std::move(a));
   } else {  // MultiPoint
     if (!coordinates.is_array() || coordinates.empty()) {
-      throw InputError(where + ": MultiPoint coordinates must be a non-empty array of positions", path);
+      throw core::InputError(where + ": MultiPoint coordinates must be a non-empty array of positions", path);
     }
     Annotation a = base;
     a.type = "PointSet";
@@ -405,20 +406,21 @@ std::vector<Annotation> read_asap_xml(const std::string& path) {
   pugi::xml_document doc;
   const pugi::xml_parse_result parsed = doc.load_file(path.c_str());
   if (!parsed) {
-    if (parsed.status == pugi::status_file_not_found) throw FileNotFoundError(path);
+    if (parsed.status == pugi::status_file_not_found) throw core::FileNotFoundError(path);
     if (parsed.status == pugi::status_io_error || parsed.status == pugi::status_out_of_memory) {
-      throw InputError(std::string("cannot read XML: ") + parsed.description(), path);
+      throw core::InputError(std::string("cannot read XML: ") + parsed.description(), path);
     }
-    throw InputError("malformed XML at byte offset " + std::to_string(parsed.offset) + " (" +
-                         line_and_column(path, parsed.offset) + "): " + parsed.description(),
-                     path);
+    throw core::InputError("malformed XML at byte offset " + std::to_string(parsed.offset) + " (" +
+                               line_and_column(path, parsed.offset) + "): " + parsed.description(),
+                           path);
   }
   const pugi::xml_node root = doc.child("ASAP_Annotations");
   if (!root) {
     const pugi::xml_node first = doc.document_element();
-    throw InputError(std::string("not an ASAP annotation file: missing <ASAP_Annotations> root element") +
-                         (first ? std::string(" (found <") + first.name() + ">)" : std::string(" (document is empty)")),
-                     path);
+    throw core::InputError(
+        std::string("not an ASAP annotation file: missing <ASAP_Annotations> root element") +
+            (first ? std::string(" (found <") + first.name() + ">)" : std::string(" (document is empty)")),
+        path);
   }
   std::vector<Annotation> out;
   std::size_t index = 0;
@@ -486,7 +488,7 @@ void write_asap_xml(const std::string& path, const std::vector<Annotation>& anno
 
   std::ostringstream text;
   doc.save(text, "\t", pugi::format_default, pugi::encoding_utf8);
-  write_file_atomic(path, text.str());
+  core::write_file_atomic(path, text.str());
 }
 
 // -------------------------------------------------------------------------------------------------------------
@@ -506,7 +508,7 @@ std::vector<Annotation> read_geojson(const std::string& path) {
       detail.erase(0, tag + 2);
     }
     const auto* syntax = dynamic_cast<const json::parse_error*>(&e);
-    throw InputError(
+    throw core::InputError(
         "invalid JSON" + (syntax ? " at byte " + std::to_string(syntax->byte) : std::string()) + ": " + detail, path);
   }
   const json* features = nullptr;
@@ -519,14 +521,14 @@ std::vector<Annotation> read_geojson(const std::string& path) {
   } else if (type == "FeatureCollection") {
     const auto it = doc.find("features");
     if (it == doc.end() || !it->is_array()) {
-      throw InputError("FeatureCollection has no \"features\" array", path);
+      throw core::InputError("FeatureCollection has no \"features\" array", path);
     }
     features = &*it;
   } else if (type == "Feature") {
     single.push_back(doc);
     features = &single;
   } else {
-    throw InputError("expected a GeoJSON FeatureCollection, a Feature or an array of features", path);
+    throw core::InputError("expected a GeoJSON FeatureCollection, a Feature or an array of features", path);
   }
   std::vector<Annotation> out;
   for (std::size_t i = 0; i < features->size(); ++i) {
@@ -535,7 +537,7 @@ std::vector<Annotation> read_geojson(const std::string& path) {
     } catch (const json::exception& e) {
       // read_feature checks every value's type before it reads it; should a check be missing, the input is still
       // what is wrong, and the message says which feature.
-      throw InputError(feature_label(i) + ": unexpected JSON value (" + std::string(e.what()) + ")", path);
+      throw core::InputError(feature_label(i) + ": unexpected JSON value (" + std::string(e.what()) + ")", path);
     }
   }
   return out;
@@ -575,7 +577,7 @@ void write_geojson(const std::string& path, const std::vector<Annotation>& annot
     features.push_back({{"type", "Feature"}, {"geometry", geometry}, {"properties", properties}});
   }
   const json doc = {{"type", "FeatureCollection"}, {"features", features}};
-  write_file_atomic(path, (pretty ? doc.dump(1, '\t') : doc.dump()) + "\n");
+  core::write_file_atomic(path, (pretty ? doc.dump(1, '\t') : doc.dump()) + "\n");
 }
 
 // -------------------------------------------------------------------------------------------------------------
@@ -585,28 +587,41 @@ std::vector<Annotation> read_annotations(const std::string& path) {
   if (ext == ".xml") return read_asap_xml(path);
   if (ext == ".geojson" || ext == ".json") return read_geojson(path);
   check_exists(path);
-  throw InputError("unknown annotation format '" + ext + "' (expected .xml for ASAP or .geojson/.json for QuPath)",
-                   path);
+  throw core::InputError(
+      "unknown annotation format '" + ext + "' (expected .xml for ASAP or .geojson/.json for QuPath)", path);
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  check_errno(file != nullptr, "cannot create '" + temporary + "'");
-  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  const bool flushed = std::fflush(file) == 0 && ::fsync(::fileno(file)) == 0;
-  const bool closed = std::fclose(file) == 0;
-  if (!written || !flushed || !closed) {
-    const int saved = errno;
-    std::remove(temporary.c_str());
-    errno = saved;
-    check_errno(false, "cannot write '" + temporary + "'");
+namespace {
+
+// A class pattern matches a group exactly, or by prefix when it ends in '*'.
+bool class_matches(const std::string& pattern, const std::string& group) {
+  if (!pattern.empty() && pattern.back() == '*') {
+    return std::string_view(group).starts_with(std::string_view(pattern).substr(0, pattern.size() - 1));
   }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int saved = errno;
-    std::remove(temporary.c_str());
-    errno = saved;
-    check_errno(false, "cannot rename '" + temporary + "' to '" + path + "'");
+  return pattern == group;
+}
+
+bool matches_any(const std::vector<std::string>& patterns, const std::string& group) {
+  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return class_matches(p, group); });
+}
+
+}  // namespace
+
+bool AnnotationClasses::is_tumour(const std::string& group) const { return matches_any(tumour, group); }
+bool AnnotationClasses::is_exclusion(const std::string& group) const { return matches_any(exclusion, group); }
+
+void split_annotations(const std::vector<io::Annotation>& annotations, const AnnotationClasses& classes,
+                       std::vector<io::Annotation>& tumour, std::vector<io::Annotation>& exclusion) {
+  tumour.clear();
+  exclusion.clear();
+  for (const auto& a : annotations) {
+    if (is_point_type(a.type) || a.outer.size() < 3) continue;
+    // A group named in both lists is an exclusion: not calling something tumour is the safer error.
+    if (classes.is_exclusion(a.group)) {
+      exclusion.push_back(a);
+    } else if (classes.is_tumour(a.group)) {
+      tumour.push_back(a);
+    }
   }
 }
 

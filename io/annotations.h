@@ -5,7 +5,7 @@
 //  - QuPath GeoJSON: a FeatureCollection (or a bare array of features) whose features have Polygon or
 //    MultiPolygon geometry (rings: first outer, others holes) and properties.objectType /
 //    properties.classification.name / properties.measurements.
-// Readers reject broken files with an InputError naming the file and what is wrong (element, feature index).
+// Readers reject broken files with a core::InputError naming the file and what is wrong (element, feature index).
 #pragma once
 
 #include <map>
@@ -22,17 +22,17 @@ struct Annotation {
   std::string name;
   // ASAP group (e.g. "_0", "_2", "metastases") or QuPath classification name (e.g. "Tumor").
   std::string group;
-  std::string type = "Polygon";          // ASAP type; GeoJSON features are "Polygon"
-  std::string object_type = "annotation";  // GeoJSON properties.objectType ("annotation", "detection", "tile")
-  Ring outer;                            // closed implicitly (first point not repeated)
-  std::vector<Ring> holes;               // GeoJSON interior rings; ASAP has none
-  std::string color;                     // "#RRGGBB" ("" = default for the group)
+  std::string type = "Polygon";                // ASAP type; GeoJSON features are "Polygon"
+  std::string object_type = "annotation";      // GeoJSON properties.objectType ("annotation", "detection", "tile")
+  Ring outer;                                  // closed implicitly (first point not repeated)
+  std::vector<Ring> holes;                     // GeoJSON interior rings; ASAP has none
+  std::string color;                           // "#RRGGBB" ("" = default for the group)
   std::map<std::string, double> measurements;  // GeoJSON properties.measurements
 };
 
 // Signed-area-free geometry helpers.
-double ring_area(const Ring& ring);             // absolute area in px² (shoelace)
-double annotation_area(const Annotation& a);    // outer minus holes
+double ring_area(const Ring& ring);           // absolute area in px² (shoelace)
+double annotation_area(const Annotation& a);  // outer minus holes
 cv::Rect2d bounding_box(const Ring& ring);
 
 struct AsapGroup {
@@ -56,7 +56,17 @@ void write_geojson(const std::string& path, const std::vector<Annotation>& annot
 // Reads either format, by extension (.xml → ASAP, .geojson/.json → QuPath).
 std::vector<Annotation> read_annotations(const std::string& path);
 
-// Writes `text` to `path` atomically: a temporary file beside it, then rename. InternalError on failure.
-void write_file_atomic(const std::string& path, const std::string& text);
+// Which annotation groups/classes mean what. Matching is exact, except that a trailing '*' matches any suffix.
+struct AnnotationClasses {
+  std::vector<std::string> tumour = {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"};
+  std::vector<std::string> exclusion = {"_2", "Exclusion", "Ignore*"};
+  bool is_tumour(const std::string& group) const;
+  bool is_exclusion(const std::string& group) const;
+};
+
+// Splits annotations into tumour and exclusion sets; annotations of other classes are ignored and points
+// (Dot/PointSet) are never areas.
+void split_annotations(const std::vector<io::Annotation>& annotations, const AnnotationClasses& classes,
+                       std::vector<io::Annotation>& tumour, std::vector<io::Annotation>& exclusion);
 
 }  // namespace tessera::io

@@ -21,8 +21,8 @@
 
 #include <fmt/format.h>
 
-#include "io/error.h"
-#include "io/fault.h"
+#include "core/error.h"
+#include "core/fault.h"
 #include "io/hdf5.h"
 
 namespace tessera::io {
@@ -87,9 +87,9 @@ std::int64_t parse_rank(const std::string& name) {
 // =========================================================================================================
 // Writing
 
-// Failures while writing are ours (or the system's), not the user's data: InternalError with the file.
+// Failures while writing are ours (or the system's), not the user's data: core::InternalError with the file.
 struct WriteChecker : hdf5::Hdf5Checker {
-  explicit WriteChecker(std::string file) : Hdf5Checker(std::move(file), ErrorKind::internal) {}
+  explicit WriteChecker(std::string file) : Hdf5Checker(std::move(file), core::ErrorKind::internal) {}
 };
 
 void check_name(const WriteChecker& h5, const std::string& where, const std::string& name) {
@@ -223,8 +223,8 @@ class CheckpointWriter {
   void write_data() {
     for (auto& p : pending_) {
       const std::string what = "cannot write " + p.label;
-      // Fault point "checkpoint.write" (io/fault.h): do=enospc|eio fails a tensor's write as a full disk would.
-      if (const int error = fault::error_at("checkpoint.write"); error != 0) h5_.fail_system(what, error);
+      // Fault point "checkpoint.write" (core/fault.h): do=enospc|eio fails a tensor's write as a full disk would.
+      if (const int error = core::fault::error_at("checkpoint.write"); error != 0) h5_.fail_system(what, error);
       if (!p.tensor->data.empty()) {
         h5_.check(H5Dwrite(p.dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.tensor->data.data()),
                   what);
@@ -470,7 +470,7 @@ void write_file(const WriteChecker& h5, const std::string& path, const std::vect
 }
 
 // =========================================================================================================
-// Reading: every failure is an InputError naming the checkpoint.
+// Reading: every failure is a core::InputError naming the checkpoint.
 
 struct Dataset {
   Handle dataset;
@@ -485,11 +485,11 @@ class CheckpointReader {
   // first tensor whose data is gone is the most useful thing to say, and otherwise the truncation is the news
   // and what HDF5 tripped over in the missing part is detail.
   [[noreturn]] void fail(const std::string& message) const {
-    if (!truncated()) throw InputError(message, path_);
+    if (!truncated()) throw core::InputError(message, path_);
     if (message.rfind("tensor '", 0) == 0) {
-      throw InputError(message + " (the file is truncated: " + truncation_sizes() + ")", path_);
+      throw core::InputError(message + " (the file is truncated: " + truncation_sizes() + ")", path_);
     }
-    throw InputError("truncated: " + truncation_sizes() + " (" + message + ")", path_);
+    throw core::InputError("truncated: " + truncation_sizes() + " (" + message + ")", path_);
   }
   template <typename T>
   T check(T result, const std::string& what) const {
@@ -527,7 +527,7 @@ class CheckpointReader {
       }
     }
     // The missing part held no tensor data (free space, or metadata no probe reached).
-    throw InputError("truncated: " + truncation_sizes(), path_);
+    throw core::InputError("truncated: " + truncation_sizes(), path_);
   }
 
   // params, buffers and optimizer under `parent`; `prefix` is "" or "replicas/<rank>/".
@@ -933,12 +933,12 @@ class CheckpointReader {
   void open() {
     struct stat info {};
     if (::stat(path_.c_str(), &info) != 0) {
-      if (errno == ENOENT) throw FileNotFoundError(path_);
-      throw InputError(std::string("cannot open: ") + std::strerror(errno), path_);
+      if (errno == ENOENT) throw core::FileNotFoundError(path_);
+      throw core::InputError(std::string("cannot open: ") + std::strerror(errno), path_);
     }
-    if (!S_ISREG(info.st_mode)) throw InputError("not a regular file", path_);
+    if (!S_ISREG(info.st_mode)) throw core::InputError("not a regular file", path_);
     actual_size_ = static_cast<std::int64_t>(info.st_size);
-    if (actual_size_ == 0) throw InputError("empty file (0 bytes), not a checkpoint", path_);
+    if (actual_size_ == 0) throw core::InputError("empty file (0 bytes), not a checkpoint", path_);
 
     Handle fapl = own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
 #if H5_VERSION_GE(1, 10, 7)
@@ -967,8 +967,8 @@ class CheckpointReader {
     constexpr std::int64_t max_padding = std::int64_t{1} << 31;
     if (expected == 0 || static_cast<std::int64_t>(expected) <= actual_size_ ||
         static_cast<std::int64_t>(expected) > actual_size_ + max_padding) {
-      throw InputError("truncated: the file has " + std::to_string(actual_size_) + " bytes (HDF5: " + desc + ")",
-                       path_);
+      throw core::InputError("truncated: the file has " + std::to_string(actual_size_) + " bytes (HDF5: " + desc + ")",
+                             path_);
     }
     stored_eof_ = static_cast<std::int64_t>(expected);
 
@@ -1264,7 +1264,7 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
 
 Replica read_checkpoint_replica(const std::string& path, int rank, const CheckpointLayout& expected) {
   if (rank < 0) {
-    InternalError error("read_checkpoint_replica: negative rank " + std::to_string(rank));
+    core::InternalError error("read_checkpoint_replica: negative rank " + std::to_string(rank));
     error.add_context("file", path);
     throw error;
   }

@@ -1,4 +1,5 @@
-// Model checkpoints (`tessera train` → `tessera infer`, `predict`, resumed training), layout fixed in DESIGN.md:
+// Model checkpoints (`tessera train` → `tessera infer`, `predict`, resumed training), layout fixed in
+// docs/ARCHITECTURE.md:
 //
 //   /params/<name>            float32  learnable parameters, PyTorch names and shapes: conv weights O×I×kH×kW,
 //                                      linear weights [out, in], biases and batch-norm gamma/beta [C]
@@ -26,7 +27,7 @@
 // sees a half-written checkpoint, and a failed write leaves the previous file untouched. All metadata is
 // written before all tensor data, so a checkpoint cut short still names its tensors. Readers check the
 // format, every tensor's type (float32) and shape, that its data lies inside the file, and read all of it; a
-// broken file is refused with one InputError naming the file and the first bad tensor, e.g.
+// broken file is refused with one core::InputError naming the file and the first bad tensor, e.g.
 //   "file 'x.h5': tensor 'layer1.0.conv1.weight' in /params has shape [64, 3, 3, 3], the model expects
 //    [64, 64, 3, 3]"
 //   "file 'x.h5': tensor 'fc.weight' in /params: its data (bytes 10552..10584) lies beyond the end of the
@@ -138,15 +139,15 @@ struct CheckpointLayout {
 };
 
 // Writes atomically (temporary file beside `path`, fsync, rename). Argument mistakes (data size not matching
-// the shape, a name with '/', missing architecture) and failing writes throw InternalError naming the file; the
+// the shape, a name with '/', missing architecture) and failing writes throw core::InternalError naming the file; the
 // temporary file is removed and an existing `path` is left as it was. The file is built in memory first and
 // written with plain write(2) calls (so a full disk is an ordinary error), which costs its size in RAM once more
 // while writing.
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
 // Free-form read: everything in the file, after checking the format, the meta attributes, and that every
-// tensor is float32 and fully readable (and that the replicas are ranks 0..n-1). InputError naming the file
-// (and the first bad tensor) otherwise; FileNotFoundError when there is no file.
+// tensor is float32 and fully readable (and that the replicas are ranks 0..n-1). core::InputError naming the file
+// (and the first bad tensor) otherwise; core::FileNotFoundError when there is no file.
 Checkpoint read_checkpoint(const std::string& path);
 
 // Whether a checked read loads /replicas (a truncated file is refused either way).
@@ -164,8 +165,8 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
 
 // One rank's replica, checked like the replicas of a checked read, without reading the other ranks' tensors
 // (only the names under /replicas, to check that the ranks are 0..n-1). The format and /meta are checked
-// too. InputError naming the file when the file has no /replicas or no replica for `rank`; InternalError for
-// a negative rank.
+// too. core::InputError naming the file when the file has no /replicas or no replica for `rank`; core::InternalError
+// for a negative rank.
 Replica read_checkpoint_replica(const std::string& path, int rank, const CheckpointLayout& expected);
 
 // Only the /meta attributes (format checked): enough to build the model before reading its weights. A

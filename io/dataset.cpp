@@ -9,9 +9,9 @@
 #include <map>
 #include <system_error>
 
-#include "io/config.h"
-#include "io/csv.h"
-#include "io/error.h"
+#include "core/config.h"
+#include "core/csv.h"
+#include "core/error.h"
 
 namespace tessera::io {
 namespace {
@@ -74,12 +74,12 @@ bool Dataset::has_column(const std::string& name) const {
 
 Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw FileNotFoundError(path);
+  if (!fs::is_regular_file(path, ec)) throw core::FileNotFoundError(path);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError("cannot open the slide list for reading", path);
+  if (!in) throw core::InputError("cannot open the slide list for reading", path);
   std::string text;
-  if (!std::getline(in, text)) throw InputError("empty slide list (no header line)", path);
-  const auto names = split_csv_line(text, path, 1);
+  if (!std::getline(in, text)) throw core::InputError("empty slide list (no header line)", path);
+  const auto names = core::split_csv_line(text, path, 1);
   Dataset dataset;
   std::map<std::string, std::size_t> column;
   for (std::size_t i = 0; i < names.size(); ++i) {
@@ -87,7 +87,7 @@ Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs) {
     column.emplace(dataset.columns.back(), i);
   }
   const auto missing = [&](const std::string& what) {
-    return InputError("line 1: no " + what + " column (the header has: " + join(names) + ")", path);
+    return core::InputError("line 1: no " + what + " column (the header has: " + join(names) + ")", path);
   };
   if (needs.slide && !column.contains("slide")) throw missing("'slide'");
   if (!column.contains("slide") && !column.contains("slide_id")) throw missing("'slide' or 'slide_id'");
@@ -100,13 +100,13 @@ Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs) {
   auto& rows = dataset.rows;
   for (int number = 2; std::getline(in, text); ++number) {
     if (trim(text).empty() || text == "\r") continue;
-    const auto fields = split_csv_line(text, path, number, dataset.columns);
+    const auto fields = core::split_csv_line(text, path, number, dataset.columns);
     const auto field = [&](const std::string& name) -> std::string {
       const auto it = column.find(name);
       return it != column.end() && it->second < fields.size() ? trim(fields[it->second]) : std::string();
     };
     const auto bad = [&](const std::string& name, const std::string& problem) {
-      return InputError("line " + std::to_string(number) + ", column '" + name + "': " + problem, path);
+      return core::InputError("line " + std::to_string(number) + ", column '" + name + "': " + problem, path);
     };
     DatasetRow row;
     row.line = number;
@@ -121,7 +121,8 @@ Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs) {
       const auto parsed = parse_label(label);
       if (!parsed) {
         std::string message = "'" + label + "' is not tumor or normal";
-        if (const auto suggestion = closest_match(lower(label), {"tumor", "tumour", "normal"}); !suggestion.empty()) {
+        if (const auto suggestion = core::closest_match(lower(label), {"tumor", "tumour", "normal"});
+            !suggestion.empty()) {
           message += "; did you mean '" + suggestion + "'?";
         }
         throw bad("label", message);
@@ -138,7 +139,7 @@ Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs) {
     }
     rows.push_back(std::move(row));
   }
-  if (in.bad()) throw InputError("read error", path);
+  if (in.bad()) throw core::InputError("read error", path);
   return dataset;
 }
 

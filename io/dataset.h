@@ -11,7 +11,7 @@
 //   mpp          µm/px of the slide's level 0, overriding what the slide records: a positive number
 // Relative paths are relative to the CSV's folder. Blank lines are skipped. A field in double quotes may hold
 // commas ("" is a quote inside it); a quote left open is an error.
-// Every mistake is one InputError naming the file, the line and the column, e.g.
+// Every mistake is one core::InputError naming the file, the line and the column, e.g.
 //   file 'data/dataset.csv': line 4, column 'label': 'tumr' is not tumor or normal; did you mean 'tumor'?
 #pragma once
 
@@ -48,7 +48,7 @@ struct Dataset {
   bool has_column(const std::string& name) const;
 };
 
-// Reads the file; FileNotFoundError when it does not exist, InputError for any mistake in it.
+// Reads the file; core::FileNotFoundError when it does not exist, core::InputError for any mistake in it.
 Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs = {});
 
 }  // namespace tessera::io

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::io::hdf5 {
 
@@ -79,11 +79,11 @@ struct Failure {
 // Must run right after the failing call: the next HDF5 API call clears the stack.
 Failure last_failure();
 
-// Turns a failing HDF5 call into the right error: an InputError naming the file when reading someone's file,
-// an InternalError (with the file as context) when writing ours fails.
+// Turns a failing HDF5 call into the right error: a core::InputError naming the file when reading someone's file,
+// a core::InternalError (with the file as context) when writing ours fails.
 class Hdf5Checker {
  public:
-  Hdf5Checker(std::string file, ErrorKind kind) : file_(std::move(file)), kind_(kind) {}
+  Hdf5Checker(std::string file, core::ErrorKind kind) : file_(std::move(file)), kind_(kind) {}
 
   template <typename T>
   T check(T result, const std::string& what) const {
@@ -113,14 +113,14 @@ class Hdf5Checker {
 
  private:
   [[noreturn]] void throw_error(const std::string& message) const {
-    if (kind_ == ErrorKind::input) throw InputError(message, file_);
-    InternalError error(message);
+    if (kind_ == core::ErrorKind::input) throw core::InputError(message, file_);
+    core::InternalError error(message);
     error.add_context("file", file_);
     throw error;
   }
 
   std::string file_;
-  ErrorKind kind_;
+  core::ErrorKind kind_;
 };
 
 }  // namespace tessera::io::hdf5

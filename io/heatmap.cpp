@@ -16,8 +16,8 @@
 #include <fmt/format.h>
 #include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
-#include "io/fault.h"
+#include "core/error.h"
+#include "core/fault.h"
 #include "io/hdf5.h"
 #include "io/tiff_writer.h"
 
@@ -145,12 +145,12 @@ std::string truncated_message(const std::string& desc, std::int64_t actual) {
 // overtake its data.
 void sync_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  check_errno(fd >= 0, "cannot reopen '" + path + "'");
+  core::check_errno(fd >= 0, "cannot reopen '" + path + "'");
   const bool synced = ::fsync(fd) == 0;
   const int saved = errno;
   ::close(fd);
   errno = saved;
-  check_errno(synced, "cannot sync '" + path + "'");
+  core::check_errno(synced, "cannot sync '" + path + "'");
 }
 
 // The left/top edge of footprint 0 along one axis: the tile centre minus half a step.
@@ -230,7 +230,7 @@ std::string heatmap_problem(const Heatmap& h) {
 // heatmap.h5
 
 void write_heatmap(const std::string& path, const Heatmap& h) {
-  const Hdf5Checker h5(path, ErrorKind::internal);
+  const Hdf5Checker h5(path, core::ErrorKind::internal);
   if (const std::string problem = heatmap_problem(h); !problem.empty()) h5.fail("invalid heatmap: " + problem);
   const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
   try {
@@ -265,8 +265,8 @@ void write_heatmap(const std::string& path, const Heatmap& h) {
     h5.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), what);
     Handle dataset = h5.own(H5Dcreate2(root, "prob", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
                             H5Dclose, what);
-    // Fault point "heatmap.write" (io/fault.h): do=enospc|eio fails the map's write as a full disk would.
-    if (const int error = fault::error_at("heatmap.write"); error != 0) h5.fail_system(what, error);
+    // Fault point "heatmap.write" (core/fault.h): do=enospc|eio fails the map's write as a full disk would.
+    if (const int error = core::fault::error_at("heatmap.write"); error != 0) h5.fail_system(what, error);
     if (!h.prob.empty()) {
       h5.check(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.prob.data()), what);
     }
@@ -274,7 +274,7 @@ void write_heatmap(const std::string& path, const Heatmap& h) {
     h5.close(file, "cannot close the heatmap file");
     sync_file(temporary);
     if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-      check_errno(false, "cannot rename '" + temporary + "' to '" + path + "'");
+      core::check_errno(false, "cannot rename '" + temporary + "' to '" + path + "'");
     }
   } catch (...) {
     std::remove(temporary.c_str());
@@ -285,15 +285,15 @@ void write_heatmap(const std::string& path, const Heatmap& h) {
 Heatmap read_heatmap(const std::string& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {
-    if (errno == ENOENT) throw FileNotFoundError(path);
-    throw InputError(std::string("cannot open: ") + std::strerror(errno), path);
+    if (errno == ENOENT) throw core::FileNotFoundError(path);
+    throw core::InputError(std::string("cannot open: ") + std::strerror(errno), path);
   }
-  if (!S_ISREG(info.st_mode)) throw InputError("not a regular file", path);
+  if (!S_ISREG(info.st_mode)) throw core::InputError("not a regular file", path);
   const auto size = static_cast<std::int64_t>(info.st_size);
-  if (size == 0) throw InputError("empty file (0 bytes), not a heatmap", path);
+  if (size == 0) throw core::InputError("empty file (0 bytes), not a heatmap", path);
 
   QuietHdf5 quiet;
-  const Hdf5Checker h5(path, ErrorKind::input);
+  const Hdf5Checker h5(path, core::ErrorKind::input);
   Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
 #if H5_VERSION_GE(1, 10, 7)
   h5.check(H5Pset_file_locking(fapl.get(), true, true), "cannot set file locking");
@@ -301,7 +301,7 @@ Heatmap read_heatmap(const std::string& path) {
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
   if (id < 0) {
     const hdf5::Failure failure = hdf5::last_failure();
-    if (!failure.truncated.empty()) throw InputError(truncated_message(failure.truncated, size), path);
+    if (!failure.truncated.empty()) throw core::InputError(truncated_message(failure.truncated, size), path);
     h5.fail("not a readable HDF5 heatmap", failure.text());
   }
   Handle file(id, H5Fclose);
@@ -364,7 +364,7 @@ Heatmap read_heatmap(const std::string& path) {
 Colormap parse_colormap(const std::string& name) {
   if (name == "inferno") return Colormap::inferno;
   if (name == "viridis") return Colormap::viridis;
-  throw InternalError("unknown colour map '" + name + "' (known: inferno, viridis)");
+  throw core::InternalError("unknown colour map '" + name + "' (known: inferno, viridis)");
 }
 
 const char* to_string(Colormap colormap) { return colormap == Colormap::inferno ? "inferno" : "viridis"; }
@@ -396,12 +396,12 @@ cv::Vec3b colormap_rgb(double p, Colormap colormap) {
 
 void write_heatmap_tiff(const std::string& path, const Heatmap& h, const HeatmapTiffOptions& options) {
   if (const std::string problem = heatmap_problem(h); !problem.empty()) {
-    InternalError error("invalid heatmap: " + problem);
+    core::InternalError error("invalid heatmap: " + problem);
     error.add_context("file", path);
     throw error;
   }
   if (!(h.slide_mpp > 0.0)) {
-    InternalError error("the heatmap TIFF needs the slide's um/px (slide_mpp is 0)");
+    core::InternalError error("the heatmap TIFF needs the slide's um/px (slide_mpp is 0)");
     error.add_context("file", path);
     throw error;
   }

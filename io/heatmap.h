@@ -59,10 +59,10 @@ std::vector<int> cell_rows(const Heatmap& heatmap, int n, double scale);
 // Returns the first problem, "" when there is none.
 std::string heatmap_problem(const Heatmap& heatmap);
 
-// Writes `<slide>.heatmap.h5` atomically (temporary name, fsync, rename). InternalError naming the file when the
+// Writes `<slide>.heatmap.h5` atomically (temporary name, fsync, rename). core::InternalError naming the file when the
 // map breaks an invariant above or when writing fails.
 void write_heatmap(const std::string& path, const Heatmap& heatmap);
-// Reads a heatmap file; InputError naming the file and the problem (missing, truncated, not HDF5, not a Tessera
+// Reads a heatmap file; core::InputError naming the file and the problem (missing, truncated, not HDF5, not a Tessera
 // heatmap, a newer version, a missing or malformed attribute, /prob of the wrong shape or type, values outside
 // [0, 1]).
 Heatmap read_heatmap(const std::string& path);
@@ -70,7 +70,7 @@ Heatmap read_heatmap(const std::string& path);
 // Perceptual colour maps (matplotlib's, as OpenCV ships them). The same function colours the overlay, its
 // legend and the TIFF, so that a colour means one probability everywhere.
 enum class Colormap { inferno, viridis };
-Colormap parse_colormap(const std::string& name);  // "inferno" | "viridis"; InternalError listing the names
+Colormap parse_colormap(const std::string& name);  // "inferno" | "viridis"; core::InternalError listing the names
 const char* to_string(Colormap colormap);
 // RGB colour of probability p (clamped to [0, 1], quantized to 256 steps).
 cv::Vec3b colormap_rgb(double p, Colormap colormap);
@@ -89,7 +89,7 @@ struct HeatmapTiffOptions {
 // size and resolution, each pixel taking the value of the cell whose footprint holds it, so it lies on the
 // slide pixel for pixel in a viewer; OpenSlide opens it (vendor aperio, openslide.mpp-x = slide_mpp). Streams
 // strip by strip (memory: a few strips, whatever the slide size), written atomically by io::TiffWriter.
-// Needs slide_mpp > 0 (InternalError otherwise).
+// Needs slide_mpp > 0 (core::InternalError otherwise).
 void write_heatmap_tiff(const std::string& path, const Heatmap& heatmap, const HeatmapTiffOptions& options = {});
 
 }  // namespace tessera::io

@@ -19,12 +19,13 @@
 #include <sstream>
 #include <utility>
 
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
+#include "core/atomic_file.h"
+#include "core/error.h"
+#include "core/fault.h"
 #include "io/annotations.h"
-#include "io/error.h"
-#include "io/fault.h"
 #include "io/hdf5.h"
 
 namespace tessera::io {
@@ -122,7 +123,7 @@ std::string hdf5_truncated_message(const std::string& desc, std::int64_t actual)
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Reading helpers (every failure is an InputError naming the shard).
+// Reading helpers (every failure is a core::InputError naming the shard).
 
 Handle open_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
   const htri_t exists = h5.check(H5Aexists(object, name), std::string("cannot look up attribute '") + name + "'");
@@ -301,11 +302,11 @@ struct ShardWriter::Impl {
 ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attributes, std::int64_t tile_count,
                          const std::vector<std::string>& slides)
     : impl_(std::make_unique<Impl>()) {
-  if (attributes.tile_size <= 0) throw InternalError("ShardWriter: tile size must be positive");
+  if (attributes.tile_size <= 0) throw core::InternalError("ShardWriter: tile size must be positive");
   if (!(attributes.mpp > 0.0) || !std::isfinite(attributes.mpp)) {
-    throw InternalError("ShardWriter: mpp must be a positive number");
+    throw core::InternalError("ShardWriter: mpp must be a positive number");
   }
-  if (tile_count < 0) throw InternalError("ShardWriter: negative tile count");
+  if (tile_count < 0) throw core::InternalError("ShardWriter: negative tile count");
   auto& impl = *impl_;
   impl.path = path;
   impl.temporary = path + ".tmp-" + std::to_string(::getpid());
@@ -323,7 +324,7 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
 
   QuietHdf5 quiet;
   // Errors name the shard being written; HDF5's own text names the temporary file.
-  const Hdf5Checker h5(impl.path, ErrorKind::internal);
+  const Hdf5Checker h5(impl.path, core::ErrorKind::internal);
   try {
     Handle fapl = make_file_access(h5);
     impl.file = h5.own(H5Fcreate(impl.temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
@@ -381,23 +382,24 @@ ShardWriter::~ShardWriter() {
 
 void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& records, const std::uint8_t* images) {
   auto& impl = *impl_;
-  if (impl.finished) throw InternalError("ShardWriter: write after finish() for '" + impl.path + "'");
+  if (impl.finished) throw core::InternalError("ShardWriter: write after finish() for '" + impl.path + "'");
   const auto count = static_cast<std::int64_t>(records.size());
   if (first < 0 || first > impl.tile_count - count) {
-    throw InternalError("ShardWriter: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                        ") outside the shard's " + std::to_string(impl.tile_count) + " tiles ('" + impl.path + "')");
+    throw core::InternalError("ShardWriter: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                              ") outside the shard's " + std::to_string(impl.tile_count) + " tiles ('" + impl.path +
+                              "')");
   }
   for (const auto& r : records) {
     if (r.slide_index >= impl.slide_count) {
-      throw InternalError("ShardWriter: slide index " + std::to_string(r.slide_index) + " but the shard has " +
-                          std::to_string(impl.slide_count) + " slides ('" + impl.path + "')");
+      throw core::InternalError("ShardWriter: slide index " + std::to_string(r.slide_index) + " but the shard has " +
+                                std::to_string(impl.slide_count) + " slides ('" + impl.path + "')");
     }
   }
   if (count == 0) return;
-  if (images == nullptr) throw InternalError("ShardWriter: no image data");
+  if (images == nullptr) throw core::InternalError("ShardWriter: no image data");
 
   QuietHdf5 quiet;
-  const Hdf5Checker h5(impl.path, ErrorKind::internal);
+  const Hdf5Checker h5(impl.path, core::ErrorKind::internal);
   const auto t = static_cast<hsize_t>(impl.attributes.tile_size);
   const hsize_t start[4] = {static_cast<hsize_t>(first), 0, 0, 0};
   const hsize_t extent[4] = {static_cast<hsize_t>(count), t, t, static_cast<hsize_t>(rgb_channels)};
@@ -406,9 +408,9 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
            "cannot select tiles");
   Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
   const std::string what = "cannot write tiles " + std::to_string(first) + ".." + std::to_string(first + count - 1);
-  // Fault point "shard.write" (io/fault.h): do=enospc|eio fails this block of tiles as a full disk or a failing
+  // Fault point "shard.write" (core/fault.h): do=enospc|eio fails this block of tiles as a full disk or a failing
   // device would, through the same error as a failing H5Dwrite.
-  if (const int error = fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
+  if (const int error = core::fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
   h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
            what);
 
@@ -430,8 +432,8 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
 void ShardWriter::write(std::int64_t index, const ShardTileRecord& record, const cv::Mat& rgb) {
   const int t = impl_->attributes.tile_size;
   if (rgb.type() != CV_8UC3 || rgb.rows != t || rgb.cols != t) {
-    throw InternalError("ShardWriter: tile must be a " + std::to_string(t) + "x" + std::to_string(t) +
-                        " CV_8UC3 image ('" + impl_->path + "')");
+    throw core::InternalError("ShardWriter: tile must be a " + std::to_string(t) + "x" + std::to_string(t) +
+                              " CV_8UC3 image ('" + impl_->path + "')");
   }
   const cv::Mat continuous = rgb.isContinuous() ? rgb : rgb.clone();
   write(index, std::vector<ShardTileRecord>{record}, continuous.ptr<std::uint8_t>());
@@ -439,16 +441,16 @@ void ShardWriter::write(std::int64_t index, const ShardTileRecord& record, const
 
 void ShardWriter::finish() {
   auto& impl = *impl_;
-  if (impl.finished) throw InternalError("ShardWriter: finish() called twice for '" + impl.path + "'");
+  if (impl.finished) throw core::InternalError("ShardWriter: finish() called twice for '" + impl.path + "'");
   if (impl.written_count != impl.tile_count) {
     const auto missing = std::find(impl.written.begin(), impl.written.end(), false) - impl.written.begin();
-    throw InternalError("ShardWriter: " + std::to_string(impl.tile_count - impl.written_count) + " of " +
-                        std::to_string(impl.tile_count) + " tiles of '" + impl.path +
-                        "' were never written (first: " + std::to_string(missing) + ")");
+    throw core::InternalError("ShardWriter: " + std::to_string(impl.tile_count - impl.written_count) + " of " +
+                              std::to_string(impl.tile_count) + " tiles of '" + impl.path +
+                              "' were never written (first: " + std::to_string(missing) + ")");
   }
   {
     QuietHdf5 quiet;
-    const Hdf5Checker h5(impl.path, ErrorKind::internal);
+    const Hdf5Checker h5(impl.path, core::ErrorKind::internal);
     if (impl.tile_count > 0) {
       auto write_all = [&](const Handle& dataset, hid_t type, const void* data, const char* name) {
         h5.check(H5Dwrite(dataset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
@@ -468,14 +470,14 @@ void ShardWriter::finish() {
   }
   // HDF5 does not sync on close; make the data durable before the rename publishes it.
   const int fd = ::open(impl.temporary.c_str(), O_RDONLY | O_CLOEXEC);
-  check_errno(fd >= 0, "cannot reopen '" + impl.temporary + "'");
+  core::check_errno(fd >= 0, "cannot reopen '" + impl.temporary + "'");
   const bool synced = ::fsync(fd) == 0;
   const int saved = errno;
   ::close(fd);
   errno = saved;
-  check_errno(synced, "cannot sync '" + impl.temporary + "'");
-  check_errno(std::rename(impl.temporary.c_str(), impl.path.c_str()) == 0,
-              "cannot rename '" + impl.temporary + "' to '" + impl.path + "'");
+  core::check_errno(synced, "cannot sync '" + impl.temporary + "'");
+  core::check_errno(std::rename(impl.temporary.c_str(), impl.path.c_str()) == 0,
+                    "cannot rename '" + impl.temporary + "' to '" + impl.path + "'");
   impl.finished = true;
 }
 
@@ -492,24 +494,25 @@ ShardFile ShardFile::open(const std::string& path) {
   shard.path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) throw FileNotFoundError(path);
-    throw InputError(std::string("cannot open: ") + std::strerror(errno), path);
+    if (errno == ENOENT) throw core::FileNotFoundError(path);
+    throw core::InputError(std::string("cannot open: ") + std::strerror(errno), path);
   }
   shard.fd_ = std::shared_ptr<int>(new int(fd), [](int* p) {
     ::close(*p);
     delete p;
   });
   struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) throw InputError("not a regular file", path);
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) throw core::InputError("not a regular file", path);
 
   {
     QuietHdf5 quiet;
-    const Hdf5Checker h5(path, ErrorKind::input);
+    const Hdf5Checker h5(path, core::ErrorKind::input);
     Handle fapl = make_file_access(h5);
     const hid_t file_id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
     if (file_id < 0) {
       const hdf5::Failure failure = hdf5::last_failure();
-      if (!failure.truncated.empty()) throw InputError(hdf5_truncated_message(failure.truncated, file_size(fd)), path);
+      if (!failure.truncated.empty())
+        throw core::InputError(hdf5_truncated_message(failure.truncated, file_size(fd)), path);
       h5.fail("not a readable HDF5 shard", failure.text());
     }
     Handle file(file_id, H5Fclose);
@@ -621,16 +624,16 @@ ShardFile ShardFile::open(const std::string& path) {
   const std::uint64_t expected = shard.images_offset_ + static_cast<std::uint64_t>(shard.size()) * shard.tile_bytes();
   const std::int64_t actual = file_size(fd);
   if (actual < 0 || static_cast<std::uint64_t>(actual) < expected)
-    throw InputError(truncated_message(expected, actual), path);
+    throw core::InputError(truncated_message(expected, actual), path);
   return shard;
 }
 
 void ShardFile::read_images(std::int64_t first, std::int64_t count, std::uint8_t* out) const {
   if (first < 0 || count < 0 || first > size() - count) {
-    throw InternalError("ShardFile: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                        ") outside the shard's " + std::to_string(size()) + " tiles ('" + path_ + "')");
+    throw core::InternalError("ShardFile: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                              ") outside the shard's " + std::to_string(size()) + " tiles ('" + path_ + "')");
   }
-  if (!fd_) throw InternalError("ShardFile: read from a shard that was never opened");
+  if (!fd_) throw core::InternalError("ShardFile: read from a shard that was never opened");
   const std::size_t bytes = static_cast<std::size_t>(count) * tile_bytes();
   const auto start = static_cast<std::uint64_t>(images_offset_ + static_cast<std::uint64_t>(first) * tile_bytes());
   std::size_t done = 0;
@@ -638,11 +641,11 @@ void ShardFile::read_images(std::int64_t first, std::int64_t count, std::uint8_t
     const ssize_t got = ::pread(*fd_, out + done, bytes - done, static_cast<off_t>(start + done));
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw InputError(std::string("cannot read tiles: ") + std::strerror(errno), path_);
+      throw core::InputError(std::string("cannot read tiles: ") + std::strerror(errno), path_);
     }
     if (got == 0) {
       const std::uint64_t expected = images_offset_ + static_cast<std::uint64_t>(size()) * tile_bytes();
-      throw InputError(truncated_message(expected, file_size(*fd_)), path_);
+      throw core::InputError(truncated_message(expected, file_size(*fd_)), path_);
     }
     done += static_cast<std::size_t>(got);
   }
@@ -651,10 +654,10 @@ void ShardFile::read_images(std::int64_t first, std::int64_t count, std::uint8_t
 void ShardFile::read_images(std::int64_t first, const std::vector<std::uint8_t*>& destinations) const {
   const auto count = static_cast<std::int64_t>(destinations.size());
   if (first < 0 || first > size() - count) {
-    throw InternalError("ShardFile: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
-                        ") outside the shard's " + std::to_string(size()) + " tiles ('" + path_ + "')");
+    throw core::InternalError("ShardFile: tiles [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                              ") outside the shard's " + std::to_string(size()) + " tiles ('" + path_ + "')");
   }
-  if (!fd_) throw InternalError("ShardFile: read from a shard that was never opened");
+  if (!fd_) throw core::InternalError("ShardFile: read from a shard that was never opened");
   const std::size_t bytes = tile_bytes();
   constexpr std::size_t max_vectors = IOV_MAX;
   std::vector<iovec> vectors;
@@ -701,13 +704,13 @@ class ManifestFields {
   explicit ManifestFields(std::string file) : file_(std::move(file)) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
-    throw InputError("field '" + field + "': " + problem, file_);
+    throw core::InputError("field '" + field + "': " + problem, file_);
   }
 
   const json* find(const json& object, const std::string& field, const char* key, bool required) const {
     const auto it = object.find(key);
     if (it == object.end() || it->is_null()) {
-      if (required) throw InputError("missing required field '" + join(field, key) + "'", file_);
+      if (required) throw core::InputError("missing required field '" + join(field, key) + "'", file_);
       return nullptr;
     }
     return &*it;
@@ -785,7 +788,7 @@ class ManifestFields {
   std::string file_;
 };
 
-// The tiling's tissue settings from the effective job a manifest carries (Config::to_yaml writes every key, so a
+// The tiling's tissue settings from the effective job a manifest carries (core::Config::to_yaml writes every key, so a
 // manifest of tessera tile has all three; a key an older job lacked takes today's default). nullopt when the text
 // has no tissue section.
 std::optional<TissueSettings> tissue_settings_of(const std::string& yaml_text, const std::string& path) {
@@ -799,15 +802,17 @@ std::optional<TissueSettings> tissue_settings_of(const std::string& yaml_text, c
     if (const YAML::Node v = tissue["mask_mpp"]) settings.mask_mpp = v.as<double>();
     if (const YAML::Node v = tissue["reject_pen_marks"]) settings.reject_pen_marks = v.as<bool>();
   } catch (const YAML::Exception& e) {
-    throw InputError(std::string("config_yaml: the tiling job's tissue settings cannot be read: ") + e.what(), path);
+    throw core::InputError(std::string("config_yaml: the tiling job's tissue settings cannot be read: ") + e.what(),
+                           path);
   }
   if (!(settings.min_fraction >= 0.0 && settings.min_fraction <= 1.0)) {
-    throw InputError("config_yaml: tissue.min_fraction " + std::to_string(settings.min_fraction) +
-                         " is not a fraction in [0, 1]",
-                     path);
+    throw core::InputError(
+        "config_yaml: tissue.min_fraction " + std::to_string(settings.min_fraction) + " is not a fraction in [0, 1]",
+        path);
   }
   if (!(settings.mask_mpp > 0.0) || !std::isfinite(settings.mask_mpp)) {
-    throw InputError("config_yaml: tissue.mask_mpp " + std::to_string(settings.mask_mpp) + " is not positive", path);
+    throw core::InputError("config_yaml: tissue.mask_mpp " + std::to_string(settings.mask_mpp) + " is not positive",
+                           path);
   }
   return settings;
 }
@@ -816,12 +821,12 @@ std::optional<TissueSettings> tissue_settings_of(const std::string& yaml_text, c
 
 Manifest read_manifest(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw FileNotFoundError(path);
+  if (!std::filesystem::exists(path, ec)) throw core::FileNotFoundError(path);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(std::string("cannot open: ") + std::strerror(errno), path);
+  if (!in) throw core::InputError(std::string("cannot open: ") + std::strerror(errno), path);
   std::stringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw InputError("cannot read", path);
+  if (in.bad()) throw core::InputError("cannot read", path);
 
   json doc;
   try {
@@ -834,10 +839,11 @@ Manifest read_manifest(const std::string& path) {
       detail.erase(0, tag + 2);
     }
     const auto* syntax = dynamic_cast<const json::parse_error*>(&e);
-    throw InputError(
+    throw core::InputError(
         "invalid JSON" + (syntax ? " at byte " + std::to_string(syntax->byte) : std::string()) + ": " + detail, path);
   }
-  if (!doc.is_object()) throw InputError(std::string("manifest must be a JSON object, got ") + doc.type_name(), path);
+  if (!doc.is_object())
+    throw core::InputError(std::string("manifest must be a JSON object, got ") + doc.type_name(), path);
 
   const ManifestFields f(path);
   const std::string format = f.string(doc, "", "format", true);
@@ -939,11 +945,11 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
   try {
     text = doc.dump(2) + "\n";
   } catch (const ordered_json::type_error& e) {
-    InternalError error(std::string("cannot write the manifest: ") + e.what());
+    core::InternalError error(std::string("cannot write the manifest: ") + e.what());
     error.add_context("file", path);
     throw error;
   }
-  write_file_atomic(path, text);
+  core::write_file_atomic(path, text);
 }
 
 }  // namespace tessera::io

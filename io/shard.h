@@ -1,4 +1,4 @@
-// HDF5 shards of labelled tiles (`tessera tile` → `tessera train`), layout fixed in DESIGN.md:
+// HDF5 shards of labelled tiles (`tessera tile` → `tessera train`), layout fixed in docs/ARCHITECTURE.md:
 //
 //   images          uint8   [N, T, T, 3]  RGB tiles, CONTIGUOUS layout (one read per block of tiles)
 //   labels          uint8   [N]           0 normal, 1 tumour
@@ -10,7 +10,7 @@
 //
 // A shard is written under a temporary name and renamed when complete, so no reader ever sees a
 // half-written shard. Readers validate the layout and the file size and refuse a truncated or foreign file
-// with an InputError naming the file and the first problem.
+// with a core::InputError naming the file and the first problem.
 #pragma once
 
 #include <cstdint>
@@ -133,8 +133,8 @@ struct ManifestFailure {
 };
 
 struct Manifest {
-  std::string config_hash;   // of the settings that decide the tiles (resume skips when equal)
-  std::string config_yaml;   // the effective job
+  std::string config_hash;  // of the settings that decide the tiles (resume skips when equal)
+  std::string config_yaml;  // the effective job
   ShardAttributes attributes;
   // The tissue.* settings the tiles were kept by, read from config_yaml (the effective job has every key); nullopt
   // when config_yaml has no tissue section (a manifest not written by tessera tile). Not written separately.
@@ -145,7 +145,7 @@ struct Manifest {
   std::int64_t total_tiles() const;
 };
 
-Manifest read_manifest(const std::string& path);             // InputError naming the file on any problem
+Manifest read_manifest(const std::string& path);  // core::InputError naming the file on any problem
 void write_manifest(const std::string& path, const Manifest& manifest);  // atomic
 
 }  // namespace tessera::io

@@ -15,7 +15,7 @@
 #include <thread>
 #include <utility>
 
-#include "io/error.h"
+#include "core/error.h"
 
 // Epoch layout, for one (seed, epoch):
 //   1. blocks (≤ block_size consecutive tiles of one selected slide in one shard) in shard order;
@@ -96,9 +96,9 @@ void check_class_counts(const ManifestShard& entry, const ShardFile& shard, cons
   ClassCounts held;
   for (const std::uint8_t label : shard.labels()) ++(label == 1 ? held.tumour : held.normal);
   if (held.normal == entry.normal && held.tumour == entry.tumour) return;
-  throw InputError("its labels hold " + describe(held) + " tiles, but '" + manifest_path + "' lists " +
-                       describe({entry.tiles, entry.normal, entry.tumour}) + " for this shard",
-                   path);
+  throw core::InputError("its labels hold " + describe(held) + " tiles, but '" + manifest_path + "' lists " +
+                             describe({entry.tiles, entry.normal, entry.tumour}) + " for this shard",
+                         path);
 }
 
 // The same for each slide of the manifest, over all the shards that hold its tiles.
@@ -132,9 +132,9 @@ void check_slide_counts(const Manifest& manifest, const std::vector<ShardFile>& 
       for (const auto& file : files.at(slide.id)) names += (names.empty() ? "'" : ", '") + file + "'";
       held_by = "its shards (" + names + ") hold " + std::to_string(c.tiles) + " (" + describe(c) + ")";
     }
-    throw InputError("slide '" + slide.id + "': the manifest lists " + std::to_string(slide.tiles) + " tiles (" +
-                         describe({slide.tiles, slide.normal, slide.tumour}) + "), " + held_by,
-                     manifest_path);
+    throw core::InputError("slide '" + slide.id + "': the manifest lists " + std::to_string(slide.tiles) + " tiles (" +
+                               describe({slide.tiles, slide.normal, slide.tumour}) + "), " + held_by,
+                           manifest_path);
   }
 }
 
@@ -401,12 +401,12 @@ struct ShardDataset::Impl {
 ShardDataset::ShardDataset(const std::string& folder, const ShardDatasetOptions& options)
     : impl_(std::make_unique<Impl>()) {
   auto& impl = *impl_;
-  if (options.batch_size < 1) throw InternalError("ShardDataset: batch_size must be at least 1");
-  if (options.block_size < 1) throw InternalError("ShardDataset: block_size must be at least 1");
-  if (options.shuffle_buffer < 0) throw InternalError("ShardDataset: shuffle_buffer must not be negative");
+  if (options.batch_size < 1) throw core::InternalError("ShardDataset: batch_size must be at least 1");
+  if (options.block_size < 1) throw core::InternalError("ShardDataset: block_size must be at least 1");
+  if (options.shuffle_buffer < 0) throw core::InternalError("ShardDataset: shuffle_buffer must not be negative");
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    throw InternalError("ShardDataset: rank " + std::to_string(options.rank) + " outside world size " +
-                        std::to_string(options.world_size));
+    throw core::InternalError("ShardDataset: rank " + std::to_string(options.rank) + " outside world size " +
+                              std::to_string(options.world_size));
   }
   impl.options = options;
 
@@ -420,19 +420,19 @@ ShardDataset::ShardDataset(const std::string& folder, const ShardDatasetOptions&
     const std::string path = (root / entry.file).string();
     ShardFile shard = ShardFile::open(path);
     if (shard.tile_size() != impl.tile_size) {
-      throw InputError("tile size " + std::to_string(shard.tile_size()) + " differs from " +
-                           std::to_string(impl.tile_size) + " in '" + reference + "'",
-                       path);
+      throw core::InputError("tile size " + std::to_string(shard.tile_size()) + " differs from " +
+                                 std::to_string(impl.tile_size) + " in '" + reference + "'",
+                             path);
     }
     if (!same_mpp(shard.attributes().mpp, mpp)) {
-      throw InputError("mpp " + std::to_string(shard.attributes().mpp) + " differs from " + std::to_string(mpp) +
-                           " in '" + reference + "'",
-                       path);
+      throw core::InputError("mpp " + std::to_string(shard.attributes().mpp) + " differs from " + std::to_string(mpp) +
+                                 " in '" + reference + "'",
+                             path);
     }
     if (shard.size() != entry.tiles) {
-      throw InputError("the manifest lists " + std::to_string(entry.tiles) + " tiles for this shard, it holds " +
-                           std::to_string(shard.size()),
-                       path);
+      throw core::InputError("the manifest lists " + std::to_string(entry.tiles) + " tiles for this shard, it holds " +
+                                 std::to_string(shard.size()),
+                             path);
     }
     check_class_counts(entry, shard, path, manifest_path);
     if (impl.shards.empty()) reference = path;
@@ -498,7 +498,7 @@ void ShardDataset::start_epoch(std::int64_t epoch) {
 
 bool ShardDataset::next(Batch& batch) {
   auto& impl = *impl_;
-  if (!impl.started) throw InternalError("ShardDataset: next() before start_epoch()");
+  if (!impl.started) throw core::InternalError("ShardDataset: next() before start_epoch()");
   std::unique_lock<std::mutex> lock(impl.mutex);
   impl.not_empty.wait(lock, [&] { return !impl.queue.empty() || impl.producer_done; });
   if (!impl.queue.empty()) {

@@ -23,15 +23,15 @@ namespace tessera::io {
 
 struct ShardDatasetOptions {
   int batch_size = 64;
-  int block_size = 64;            // tiles per contiguous read
-  int shuffle_buffer = 2048;      // tiles; 0 or 1 = read order of the shuffled blocks
+  int block_size = 64;        // tiles per contiguous read
+  int shuffle_buffer = 2048;  // tiles; 0 or 1 = read order of the shuffled blocks
   int prefetch_batches = 4;
   std::uint64_t seed = 1;
   int rank = 0;
   int world_size = 1;
-  bool shuffle = true;            // false: blocks in shard order, no buffer (validation, prediction)
-  bool drop_last = true;          // drop the last incomplete batch of a rank's part
-  std::set<std::string> slides;   // only these slide ids (empty = all)
+  bool shuffle = true;           // false: blocks in shard order, no buffer (validation, prediction)
+  bool drop_last = true;         // drop the last incomplete batch of a rank's part
+  std::set<std::string> slides;  // only these slide ids (empty = all)
 };
 
 struct Batch {
@@ -46,7 +46,7 @@ struct Batch {
 
 class ShardDataset {
  public:
-  // `folder` holds manifest.json and the shards it lists. InputError naming the file on a missing or
+  // `folder` holds manifest.json and the shards it lists. core::InputError naming the file on a missing or
   // broken manifest or shard, or shards whose tile size / mpp disagree.
   ShardDataset(const std::string& folder, const ShardDatasetOptions& options);
   ~ShardDataset();  // stops the prefetch thread
@@ -55,9 +55,9 @@ class ShardDataset {
 
   const Manifest& manifest() const;
   int tile_size() const;
-  std::int64_t total_tiles() const;       // selected tiles, all ranks
-  std::int64_t tiles_per_rank() const;    // this rank's part of an epoch
-  std::int64_t batches_per_epoch() const; // this rank's batches per epoch (equal on every rank)
+  std::int64_t total_tiles() const;        // selected tiles, all ranks
+  std::int64_t tiles_per_rank() const;     // this rank's part of an epoch
+  std::int64_t batches_per_epoch() const;  // this rank's batches per epoch (equal on every rank)
 
   // Starts epoch `epoch` (restartable at any time; a running prefetch is cancelled).
   void start_epoch(std::int64_t epoch);

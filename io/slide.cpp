@@ -21,10 +21,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <opencv2/imgproc.hpp>
 #include <tiffio.h>
+#include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/tiff_reader.h"
 
 namespace tessera::io {
@@ -93,8 +93,8 @@ int keep_tiff_error(TIFF*, void* user_data, const char* module, const char* fmt,
   std::vsnprintf(buffer.data(), buffer.size(), fmt, ap);
   auto* message = static_cast<std::string*>(user_data);
   if (message->empty()) {
-    *message = module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data()
-                                                    : std::string(buffer.data());
+    *message =
+        module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data() : std::string(buffer.data());
   }
   return 1;
 }
@@ -131,14 +131,14 @@ void check_readable(const std::string& path) {
   const int error = errno;
   switch (error) {
     case ENOENT:
-      throw FileNotFoundError(path);
+      throw core::FileNotFoundError(path);
     case EACCES:
     case EPERM:
-      throw InputError("permission denied (this user may not read the file or a folder on its path)", path);
+      throw core::InputError("permission denied (this user may not read the file or a folder on its path)", path);
     case ELOOP:
-      throw InputError("too many levels of symbolic links (a symlink loop)", path);
+      throw core::InputError("too many levels of symbolic links (a symlink loop)", path);
     default:
-      throw InputError(std::string("cannot open: ") + std::strerror(error), path);
+      throw core::InputError(std::string("cannot open: ") + std::strerror(error), path);
   }
 }
 
@@ -184,7 +184,7 @@ struct Slide::OpenSlideHandle {
     if (error != nullptr) {
       const std::string message = error;
       if (fresh != nullptr) openslide_close(fresh);
-      throw InputError("cannot reopen the slide after a failed read: " + message, path);
+      throw core::InputError("cannot reopen the slide after a failed read: " + message, path);
     }
     openslide_close(osr);
     osr = fresh;
@@ -193,9 +193,12 @@ struct Slide::OpenSlideHandle {
 
 const char* to_string(MppSource source) {
   switch (source) {
-    case MppSource::openslide_property: return "openslide property";
-    case MppSource::tiff_resolution: return "TIFF resolution";
-    case MppSource::assumed: return "assumed";
+    case MppSource::openslide_property:
+      return "openslide property";
+    case MppSource::tiff_resolution:
+      return "TIFF resolution";
+    case MppSource::assumed:
+      return "assumed";
   }
   return "unknown";
 }
@@ -203,22 +206,23 @@ const char* to_string(MppSource source) {
 Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   check_readable(path);
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw FileNotFoundError(path);
-  if (!std::filesystem::is_regular_file(path, ec)) throw InputError("not a regular file", path);
+  if (!std::filesystem::exists(path, ec)) throw core::FileNotFoundError(path);
+  if (!std::filesystem::is_regular_file(path, ec)) throw core::InputError("not a regular file", path);
 
   const char* vendor = openslide_detect_vendor(path.c_str());
   openslide_t* osr = vendor != nullptr ? openslide_open(path.c_str()) : nullptr;
   if (osr == nullptr) {
     if (has_tiff_magic(path)) {
-      if (auto damage = tiff_damage(path)) throw InputError("corrupt slide: damaged TIFF (" + *damage + ")", path);
-      throw InputError("unsupported slide format (a TIFF file, but not a tiled, pyramidal slide)", path);
+      if (auto damage = tiff_damage(path))
+        throw core::InputError("corrupt slide: damaged TIFF (" + *damage + ")", path);
+      throw core::InputError("unsupported slide format (a TIFF file, but not a tiled, pyramidal slide)", path);
     }
-    throw InputError("unsupported slide format", path);
+    throw core::InputError("unsupported slide format", path);
   }
   if (const char* error = openslide_get_error(osr)) {
     std::string message = error;
     openslide_close(osr);
-    throw InputError("corrupt slide: " + message, path);
+    throw core::InputError("corrupt slide: " + message, path);
   }
 
   Slide slide;
@@ -234,7 +238,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   const int32_t count = openslide_get_level_count(osr);
   if (count < 1) {
     const char* error = openslide_get_error(osr);
-    throw InputError(std::string("corrupt slide: ") + (error != nullptr ? error : "no pyramid levels"), path);
+    throw core::InputError(std::string("corrupt slide: ") + (error != nullptr ? error : "no pyramid levels"), path);
   }
   for (int32_t i = 0; i < count; ++i) {
     SlideLevel level;
@@ -248,7 +252,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
     level.tile_width = tile_side("tile-width");
     level.tile_height = tile_side("tile-height");
     if (level.width <= 0 || level.height <= 0 || !(level.downsample > 0.0)) {
-      InputError error("corrupt slide: invalid pyramid level", path);
+      core::InputError error("corrupt slide: invalid pyramid level", path);
       error.add_context("level", i);
       throw error;
     }
@@ -262,9 +266,11 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
     openslide_get_associated_image_dimensions(osr, *name, &image.width, &image.height);
     slide.associated_.push_back(image);
   }
-  if (const char* error = openslide_get_error(osr)) throw InputError(std::string("corrupt slide: ") + error, path);
+  if (const char* error = openslide_get_error(osr))
+    throw core::InputError(std::string("corrupt slide: ") + error, path);
 
-  // Resolution chain of DESIGN.md: OpenSlide's mpp, else the TIFF resolution tags, else the job's assumption.
+  // Resolution chain of docs/ARCHITECTURE.md ("Slide geometry"): OpenSlide's mpp, else the TIFF resolution tags, else
+  // the job's assumption.
   const auto number = [&](const std::string& name) -> std::optional<double> {
     auto value = slide.property(name);
     return value ? parse_double(*value) : std::nullopt;
@@ -274,9 +280,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   const auto resolution_x = number("tiff.XResolution");
   const auto resolution_y = number("tiff.YResolution");
   const auto unit = slide.property("tiff.ResolutionUnit");
-  const double microns_per_unit = unit == "centimeter" ? kMicronsPerCentimetre
-                                  : unit == "inch"     ? kMicronsPerInch
-                                                       : 0.0;
+  const double microns_per_unit = unit == "centimeter" ? kMicronsPerCentimetre : unit == "inch" ? kMicronsPerInch : 0.0;
   if (usable_mpp(mpp_x)) {
     slide.mpp_x_ = *mpp_x;
     slide.mpp_y_ = usable_mpp(mpp_y) ? *mpp_y : *mpp_x;
@@ -297,7 +301,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
             ? fmt::format("the TIFF resolution tags say {:.1f} µm/px, a screen default rather than a scan resolution",
                           microns_per_unit / *resolution_x)
             : std::string("no resolution (µm/px) in the slide");
-    throw InputError(fmt::format("{}; set assume_mpp in the job", why), path);
+    throw core::InputError(fmt::format("{}; set assume_mpp in the job", why), path);
   }
 
   if (tiled_tiff_vendor(slide.vendor_)) {
@@ -325,8 +329,8 @@ std::string Slide::id() const { return std::filesystem::path(path_).stem().strin
 
 const SlideLevel& Slide::level(int i) const {
   if (i < 0 || i >= level_count()) {
-    InternalError error("pyramid level " + std::to_string(i) + " out of range (the slide has " +
-                        std::to_string(level_count()) + ")");
+    core::InternalError error("pyramid level " + std::to_string(i) + " out of range (the slide has " +
+                              std::to_string(level_count()) + ")");
     error.add_context("file", path_);
     throw error;
   }
@@ -351,13 +355,13 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
   if (it == associated_.end()) {
     std::string known;
     for (const auto& a : associated_) known += (known.empty() ? "" : ", ") + a.name;
-    throw InputError("no associated image '" + name + "' (the slide has: " + (known.empty() ? "none" : known) + ")",
-                     path_);
+    throw core::InputError(
+        "no associated image '" + name + "' (the slide has: " + (known.empty() ? "none" : known) + ")", path_);
   }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
   if (const auto error = osr_->run(
           path_, [&](openslide_t* osr) { openslide_read_associated_image(osr, name.c_str(), argb.data()); })) {
-    InputError e("openslide: " + *error, path_);
+    core::InputError e("openslide: " + *error, path_);
     e.add_context("associated image", name);
     throw e;
   }
@@ -367,7 +371,7 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
 cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std::int64_t width,
                            std::int64_t height) const {
   const auto fail = [&](const std::string& message) {
-    InputError error(message, path_);
+    core::InputError error(message, path_);
     error.add_context("region", region_text(x, y, width, height));
     error.add_context("level", level_index);
     return error;
@@ -387,7 +391,7 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
     try {
       return tiff_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
                          static_cast<int>(height));
-    } catch (Error& e) {
+    } catch (core::Error& e) {
       e.add_context("region", region_text(x, y, width, height));
       e.add_context("level", level_index);
       throw;
@@ -399,7 +403,7 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
       })) {
     // OpenSlide fails a read for damaged tile data ("Bogus marker length", "Corrupt JPEG data", "Cannot read
     // TIFF tile"); the slide opened, so the damage is in the pixels.
-    CorruptTileError error(fmt::format("cannot read the region: openslide: {}", *message), path_);
+    core::CorruptTileError error(fmt::format("cannot read the region: openslide: {}", *message), path_);
     error.add_context("region", region_text(x, y, width, height));
     error.add_context("level", level_index);
     throw error;
@@ -418,7 +422,7 @@ int Slide::best_level_for_mpp(double target_mpp) const {
 Slide::LevelRead Slide::plan_read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
                                          double target_mpp) const {
   if (!(target_mpp > 0.0) || width <= 0 || height <= 0) {
-    InputError error("invalid read at " + std::to_string(target_mpp) + " µm/px", path_);
+    core::InputError error("invalid read at " + std::to_string(target_mpp) + " µm/px", path_);
     error.add_context("region", region_text(x, y, width, height));
     throw error;
   }
@@ -473,8 +477,8 @@ cv::Mat Slide::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, s
   return resample(read_level_window(r), r);
 }
 
-SlideWindow::SlideWindow(const Slide& slide, std::int64_t x, std::int64_t y, std::int64_t width0,
-                         std::int64_t height0, double target_mpp)
+SlideWindow::SlideWindow(const Slide& slide, std::int64_t x, std::int64_t y, std::int64_t width0, std::int64_t height0,
+                         double target_mpp)
     : slide_(&slide) {
   // The window's size at the target resolution, rounded up, so that its level footprint covers the rectangle.
   const auto w = std::max<std::int64_t>(
@@ -496,16 +500,16 @@ cv::Mat SlideWindow::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t wi
                                  double target_mpp) const {
   const auto r = slide_->plan_read_at_mpp(x, y, width, height, target_mpp);
   if (!contains(x, y, width, height, target_mpp)) {
-    throw InternalError("slide window: request outside the window");
+    throw core::InternalError("slide window: request outside the window");
   }
-  const cv::Rect roi(static_cast<int>(r.lx - window_.lx), static_cast<int>(r.ly - window_.ly),
-                     static_cast<int>(r.lw), static_cast<int>(r.lh));
+  const cv::Rect roi(static_cast<int>(r.lx - window_.lx), static_cast<int>(r.ly - window_.ly), static_cast<int>(r.lw),
+                     static_cast<int>(r.lh));
   return resample(pixels_(roi).clone(), r);
 }
 
 cv::Mat Slide::thumbnail(int max_side) const {
   if (max_side <= 0) {
-    throw InputError("invalid thumbnail size " + std::to_string(max_side), path_);
+    throw core::InputError("invalid thumbnail size " + std::to_string(max_side), path_);
   }
   const double scale = static_cast<double>(max_side) / static_cast<double>(std::max(width(), height()));
   const double used_scale = std::min(1.0, scale);

@@ -4,9 +4,9 @@
 // Pixels come back as 8-bit RGB cv::Mat (CV_8UC3, R-G-B channel order); transparent pixels (outside the
 // scanned area) become white background.
 //
-// Resolution: mpp() follows the chain of DESIGN.md — the `openslide.mpp-x` property, else the TIFF
-// resolution tags with their unit (`tiff.XResolution` + `tiff.ResolutionUnit`), else the caller's
-// `assume_mpp`; with none of those, open() throws an InputError naming the slide and the setting.
+// Resolution: mpp() follows the chain of docs/ARCHITECTURE.md ("Slide geometry") — the `openslide.mpp-x` property, else
+// the TIFF resolution tags with their unit (`tiff.XResolution` + `tiff.ResolutionUnit`), else the caller's
+// `assume_mpp`; with none of those, open() throws a core::InputError naming the slide and the setting.
 // read_at_mpp() reads a region at a target µm/px from the best level at or above that resolution and
 // resamples with area averaging; pyramid downsamples are used as OpenSlide reports them (they need not be
 // powers of two).
@@ -26,7 +26,7 @@
 // reads agree exactly on such levels too.
 //
 // Damaged pixels are an error, never data: a region whose tiles the decoder rejects or warns about (libjpeg's
-// "Corrupt JPEG data" is a warning) throws CorruptTileError naming the file, level, region and the decoder's
+// "Corrupt JPEG data" is a warning) throws core::CorruptTileError naming the file, level, region and the decoder's
 // message, on both paths. OpenSlide 3.4.1's errors are sticky (every later call on that handle fails), so after
 // a failed read the slide reopens its OpenSlide handle: the next read of an intact region works.
 //
@@ -72,11 +72,10 @@ struct SlideOpenOptions {
 
 class Slide {
  public:
-  // Throws FileNotFoundError (missing), InputError "permission denied" (not readable by this user), InputError
-  // "too many levels of symbolic links (a symlink loop)", InputError "unsupported format" (OpenSlide does not
-  // recognize it),
-  // InputError "corrupt slide: <openslide message>" (recognized but unreadable), InputError for a missing
-  // resolution (message names the `assume_mpp` setting).
+  // Throws core::FileNotFoundError (missing), core::InputError "permission denied" (not readable by this user),
+  // core::InputError "too many levels of symbolic links (a symlink loop)", core::InputError "unsupported format"
+  // (OpenSlide does not recognize it), core::InputError "corrupt slide: <openslide message>" (recognized but
+  // unreadable), core::InputError for a missing resolution (message names the `assume_mpp` setting).
   static Slide open(const std::string& path, const SlideOpenOptions& options = {});
 
   Slide(Slide&&) noexcept;
@@ -114,7 +113,7 @@ class Slide {
 
   // Reads a `width`×`height` region of `level` whose top-left is (x, y) in level-0 coordinates.
   // Regions may extend past the slide (that part is white). Errors carry file, level and region; damaged tiles
-  // throw CorruptTileError.
+  // throw core::CorruptTileError.
   // The direct TIFF path starts at level pixel (round(x/downsample), round(y/downsample)).
   cv::Mat read_region(std::int64_t x, std::int64_t y, int level, std::int64_t width, std::int64_t height) const;
 
@@ -122,15 +121,14 @@ class Slide {
   int best_level_for_mpp(double target_mpp) const;
   // Reads the region whose top-left is (x, y) (level 0) and which covers width×height pixels at
   // `target_mpp`, resampled from best_level_for_mpp() with area averaging.
-  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
-                      double target_mpp) const;
+  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp) const;
 
   // Where read_at_mpp() gets its pixels: a window of one level, in level pixels, and the size to resample it
   // to. Exposed so that SlideWindow can serve many reads from one OpenSlide call with identical results.
   struct LevelRead {
     int level = 0;
-    std::int64_t lx = 0, ly = 0;  // top-left in level pixels
-    std::int64_t lw = 0, lh = 0;  // size in level pixels
+    std::int64_t lx = 0, ly = 0;         // top-left in level pixels
+    std::int64_t lw = 0, lh = 0;         // size in level pixels
     std::int64_t width = 0, height = 0;  // output size (== lw, lh when no resampling is needed)
   };
   LevelRead plan_read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
@@ -169,8 +167,7 @@ class SlideWindow {
   // Whether a read_at_mpp() request lies inside the window.
   bool contains(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp) const;
   // Same result as slide.read_at_mpp(); requires contains().
-  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
-                      double target_mpp) const;
+  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp) const;
 
  private:
   const Slide* slide_;

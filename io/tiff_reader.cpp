@@ -14,7 +14,7 @@
 
 #include <tiffio.h>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::io {
 namespace {
@@ -201,9 +201,9 @@ struct TiffTileReader::Impl {
     }
     std::unique_ptr<Handle> handle = open_handle(path);
     if (handle->tif == nullptr) {
-      throw InputError("cannot reopen the slide with libtiff" +
-                           (handle->last_error.empty() ? std::string() : ": " + handle->last_error),
-                       path);
+      throw core::InputError("cannot reopen the slide with libtiff" +
+                                 (handle->last_error.empty() ? std::string() : ": " + handle->last_error),
+                             path);
     }
     return Lease(*this, std::move(handle));
   }
@@ -236,9 +236,9 @@ struct TiffTileReader::Impl {
                          level.directory);
     };
     if (!select(handle, level)) {
-      const InputError error(fmt::format("cannot select the directory of {}{}", where(),
-                                         handle.last_error.empty() ? "" : ": " + handle.last_error),
-                             path);
+      const core::InputError error(fmt::format("cannot select the directory of {}{}", where(),
+                                               handle.last_error.empty() ? "" : ": " + handle.last_error),
+                                   path);
       lease.discard();
       throw error;
     }
@@ -250,7 +250,7 @@ struct TiffTileReader::Impl {
       if (!decoded || !handle.first_warning.empty()) {
         // The decoder's own words: its error, else the warning by which it let damaged data through.
         const std::string& cause = !handle.last_error.empty() ? handle.last_error : handle.first_warning;
-        const CorruptTileError error(
+        const core::CorruptTileError error(
             fmt::format("cannot decode {}: {}", where(), cause.empty() ? "libtiff gave no reason" : cause), path);
         lease.discard();  // the codec's state after damaged data is not worth trusting
         throw error;
@@ -396,7 +396,7 @@ std::unique_ptr<TiffTileReader> TiffTileReader::open(const std::string& path, co
 
 cv::Mat TiffTileReader::read(int level_index, std::int64_t lx, std::int64_t ly, int width, int height) const {
   if (level_index < 0 || level_index >= static_cast<int>(impl_->levels.size()) || width <= 0 || height <= 0) {
-    throw InternalError(
+    throw core::InternalError(
         fmt::format("direct TIFF read of level {}, {}x{} pixels: invalid request", level_index, width, height));
   }
   const Impl::Level& level = impl_->levels[static_cast<std::size_t>(level_index)];

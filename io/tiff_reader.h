@@ -60,8 +60,8 @@ class TiffTileReader {
   TiffTileReader& operator=(const TiffTileReader&) = delete;
 
   // Level pixels [lx, lx+width) × [ly, ly+height) as RGB CV_8UC3, white outside the level. width, height ≥ 1.
-  // Throws CorruptTileError naming the file, the tile, the level and its TIFF directory, and the decoder's message
-  // when a tile's decode fails or warns: libjpeg reports damaged entropy-coded data ("Corrupt JPEG data: ...")
+  // Throws core::CorruptTileError naming the file, the tile, the level and its TIFF directory, and the decoder's
+  // message when a tile's decode fails or warns: libjpeg reports damaged entropy-coded data ("Corrupt JPEG data: ...")
   // only as a warning and returns made-up pixels, which must never pass for the slide's.
   cv::Mat read(int level, std::int64_t lx, std::int64_t ly, int width, int height) const;
 

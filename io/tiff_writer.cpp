@@ -11,10 +11,10 @@
 #include <filesystem>
 #include <system_error>
 
-#include <opencv2/imgproc.hpp>
 #include <tiffio.h>
+#include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::io {
 namespace {
@@ -55,8 +55,8 @@ int on_tiff_error(TIFF*, void* user_data, const char* module, const char* fmt, v
   std::array<char, 1024> buffer{};
   std::vsnprintf(buffer.data(), buffer.size(), fmt, ap);
   auto* file = static_cast<TiffFile*>(user_data);
-  file->last_error = module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data()
-                                                          : std::string(buffer.data());
+  file->last_error =
+      module != nullptr && *module != '\0' ? std::string(module) + ": " + buffer.data() : std::string(buffer.data());
   return 1;  // handled: do not also print
 }
 
@@ -70,15 +70,15 @@ void open_tiff(TiffFile& file, const char* mode) {
   file.tif = TIFFOpenExt(file.path.c_str(), mode, options);
   TIFFOpenOptionsFree(options);
   if (file.tif == nullptr) {
-    InternalError error("libtiff cannot open the file" +
-                        (file.last_error.empty() ? std::string() : ": " + file.last_error));
+    core::InternalError error("libtiff cannot open the file" +
+                              (file.last_error.empty() ? std::string() : ": " + file.last_error));
     error.add_context("file", file.path);
     throw error;
   }
 }
 
 [[noreturn]] void fail(const TiffFile& file, const std::string& what) {
-  InternalError error(what + (file.last_error.empty() ? std::string() : ": " + file.last_error));
+  core::InternalError error(what + (file.last_error.empty() ? std::string() : ": " + file.last_error));
   error.add_context("file", file.path);
   throw error;
 }
@@ -116,15 +116,15 @@ struct TiffWriter::Impl {
   struct Level {
     std::int64_t width = 0;
     std::int64_t height = 0;
-    int tile_width = 0;       // tile_size, or less for a level smaller than a tile (see the constructor)
+    int tile_width = 0;  // tile_size, or less for a level smaller than a tile (see the constructor)
     int tile_height = 0;
-    TiffFile file;            // level 0: the output itself; others: a temporary TIFF beside it
-    cv::Mat tile_rows;        // tile_height × width, allocated on first use
-    int buffered = 0;         // rows in tile_rows
+    TiffFile file;                  // level 0: the output itself; others: a temporary TIFF beside it
+    cv::Mat tile_rows;              // tile_height × width, allocated on first use
+    int buffered = 0;               // rows in tile_rows
     std::int64_t rows_in = 0;       // rows received so far
     std::int64_t rows_encoded = 0;  // rows written as tiles
-    cv::Mat pending;          // rows not yet downsampled (< level_factor)
-    cv::Mat tile;             // one tile, reused for every encode
+    cv::Mat pending;                // rows not yet downsampled (< level_factor)
+    cv::Mat tile;                   // one tile, reused for every encode
   };
 
   struct Associated {
@@ -137,8 +137,8 @@ struct TiffWriter::Impl {
   TiffWriterOptions options;
   bool bigtiff = false;
   std::vector<std::unique_ptr<Level>> levels;
-  int thumbnail_level = -1;   // aperio: the level whose pixels the thumbnail is made from
-  cv::Mat thumbnail_source;   // that level, whole (at most about kThumbnailMaxSide² pixels)
+  int thumbnail_level = -1;  // aperio: the level whose pixels the thumbnail is made from
+  cv::Mat thumbnail_source;  // that level, whole (at most about kThumbnailMaxSide² pixels)
   std::vector<Associated> associated;
   bool finished = false;
 
@@ -146,7 +146,7 @@ struct TiffWriter::Impl {
   ~Impl();
 
   [[noreturn]] void bad_call(const std::string& what) const {
-    InternalError error(what);
+    core::InternalError error(what);
     error.add_context("file", path);
     throw error;
   }

@@ -42,7 +42,7 @@ struct TiffWriterOptions {
 
 class TiffWriter {
  public:
-  // Opens `path` (written under a temporary name until finish()). Throws InternalError/InputError naming
+  // Opens `path` (written under a temporary name until finish()). Throws core::InternalError/InputError naming
   // the file on failure.
   TiffWriter(const std::string& path, std::int64_t width, std::int64_t height, const TiffWriterOptions& options);
   ~TiffWriter();  // without finish(): removes the temporary files, leaves nothing behind

@@ -8,7 +8,7 @@
 
 #include <opencv2/core.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::prep {
@@ -249,15 +249,16 @@ void gather_row(const cv::Mat& src, const TileAugmentation& a, int y, int out_ro
 
 void check_input(const cv::Mat& src) {
   if (src.empty() || src.type() != CV_8UC3) {
-    throw io::InternalError("augment: the tile must be a non-empty RGB CV_8UC3 image, got " + std::to_string(src.rows) +
-                            "x" + std::to_string(src.cols) + " of type " + std::to_string(src.type()));
+    throw core::InternalError("augment: the tile must be a non-empty RGB CV_8UC3 image, got " +
+                              std::to_string(src.rows) + "x" + std::to_string(src.cols) + " of type " +
+                              std::to_string(src.type()));
   }
 }
 
 void check_range(const char* name, double value, double lo, double hi) {
   if (!(value >= lo && value <= hi)) {
-    throw io::InternalError("augment: " + std::string(name) + " = " + std::to_string(value) + " is outside [" +
-                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    throw core::InternalError("augment: " + std::string(name) + " = " + std::to_string(value) + " is outside [" +
+                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
 }
 
@@ -279,7 +280,7 @@ void validate(const AugmentOptions& o) {
   check_range("hed_shift", o.hed_shift, 0.0, kMaxHedShift);
 }
 
-io::Schema& declare_augment_schema(io::Schema& schema) {
+core::Schema& declare_augment_schema(core::Schema& schema) {
   const AugmentOptions d;
   return schema
       .boolean("augment.enabled", d.enabled, "Augment training tiles (validation and inference tiles never are)")
@@ -304,7 +305,7 @@ io::Schema& declare_augment_schema(io::Schema& schema) {
               "H and E concentrations are shifted by an optical density drawn in [-x, x]", 0, kMaxHedShift);
 }
 
-AugmentOptions augment_options_from_config(const io::Config& config) {
+AugmentOptions augment_options_from_config(const core::Config& config) {
   AugmentOptions o;
   o.enabled = config.get_bool("augment.enabled");
   o.flip_horizontal = config.get_number("augment.flip_horizontal");
@@ -325,7 +326,8 @@ AugmentOptions augment_options_from_config(const io::Config& config) {
 // --- Dihedral ------------------------------------------------------------------------------------------------
 
 Dihedral Dihedral::from_code(int code) {
-  if (code < 0 || code > 7) throw io::InternalError("augment: dihedral code " + std::to_string(code) + " not in 0..7");
+  if (code < 0 || code > 7)
+    throw core::InternalError("augment: dihedral code " + std::to_string(code) + " not in 0..7");
   return {(code & 1) != 0, (code & 2) != 0, (code & 4) != 0};
 }
 
@@ -492,7 +494,7 @@ void Augmenter::apply(const TileAugmentation& a, const cv::Mat& src, float* chw,
   for (std::size_t c = 0; c < 3; ++c) {
     const float std_dev = normalization.std[c];
     if (!(std_dev > 0.0f)) {
-      throw io::InternalError("augment: normalisation std of channel " + std::to_string(c) + " must be positive");
+      throw core::InternalError("augment: normalisation std of channel " + std::to_string(c) + " must be positive");
     }
     sink.scale[c] = 1.0f / (kMaxLevel * std_dev);
     sink.offset[c] = -normalization.mean[c] / std_dev;

@@ -31,7 +31,7 @@
 
 #include <opencv2/core.hpp>
 
-#include "io/config.h"
+#include "core/config.h"
 
 namespace tessera::prep {
 
@@ -57,13 +57,13 @@ struct AugmentOptions {
   double hed_shift = 0.05;
 };
 
-// Throws io::InternalError naming the field when a value is outside the range the schema allows.
+// Throws core::InternalError naming the field when a value is outside the range the schema allows.
 void validate(const AugmentOptions& options);
 
 // Declares the `augment.*` keys (type, default from AugmentOptions, range, doc) in a verb's schema.
-io::Schema& declare_augment_schema(io::Schema& schema);
+core::Schema& declare_augment_schema(core::Schema& schema);
 // AugmentOptions from a config loaded with a schema that declare_augment_schema() extended.
-AugmentOptions augment_options_from_config(const io::Config& config);
+AugmentOptions augment_options_from_config(const core::Config& config);
 
 // One of the eight symmetries of the square, as the steps applied in order: rotate, then flip H, then flip V.
 struct Dihedral {

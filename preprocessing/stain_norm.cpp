@@ -14,7 +14,7 @@
 
 #include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::prep {
@@ -40,8 +40,8 @@ std::string too_little_tissue(std::size_t tissue, std::size_t total, const std::
 // An empty image is accepted whatever its type (there is nothing in it to normalize or to fit).
 void check_rgb(const cv::Mat& rgb, const char* what) {
   if (!rgb.empty() && rgb.type() != CV_8UC3) {
-    throw io::InternalError(std::string("stain normalization: ") + what + " must be an RGB CV_8UC3 image, got type " +
-                            std::to_string(rgb.type()));
+    throw core::InternalError(std::string("stain normalization: ") + what + " must be an RGB CV_8UC3 image, got type " +
+                              std::to_string(rgb.type()));
   }
 }
 
@@ -367,7 +367,7 @@ StainMethod parse_stain_method(const std::string& name) {
   }
   std::string known;
   for (const auto& m : kMethods) known += (known.empty() ? "" : ", ") + std::string(m.name);
-  throw io::InternalError("unknown stain normalization method '" + name + "' (known: " + known + ")");
+  throw core::InternalError("unknown stain normalization method '" + name + "' (known: " + known + ")");
 }
 
 const char* to_string(StainMethod method) {
@@ -388,10 +388,10 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method) {
       return std::make_unique<ReinhardNormalizer>(target, kBuiltinSource);
     }
     case StainMethod::macenko:
-      return std::make_unique<MacenkoNormalizer>(
-          MacenkoTarget{ruifrok_he(), {kMacenkoTargetMaxH, kMacenkoTargetMaxE}}, kBuiltinSource);
+      return std::make_unique<MacenkoNormalizer>(MacenkoTarget{ruifrok_he(), {kMacenkoTargetMaxH, kMacenkoTargetMaxE}},
+                                                 kBuiltinSource);
   }
-  throw io::InternalError("make_stain_normalizer: unknown stain method");
+  throw core::InternalError("make_stain_normalizer: unknown stain method");
 }
 
 std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const cv::Mat& reference,
@@ -404,13 +404,13 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const
     const cv::Mat lab = reference.empty() ? cv::Mat(0, 0, CV_32FC3) : to_lab(reference);
     const auto stats = tissue_lab_stats(lab, tissue);
     if (!stats) {
-      throw io::InputError(what + too_little_tissue(tissue, reference.total(), "are darker than L* 90"),
-                           reference_name);
+      throw core::InputError(what + too_little_tissue(tissue, reference.total(), "are darker than L* 90"),
+                             reference_name);
     }
     return std::make_unique<ReinhardNormalizer>(*stats, reference_source(reference_name));
   }
   const MacenkoFit fit = fit_macenko(reference);
-  if (!fit.target) throw io::InputError(what + fit.failure, reference_name);
+  if (!fit.target) throw core::InputError(what + fit.failure, reference_name);
   return std::make_unique<MacenkoNormalizer>(*fit.target, reference_source(reference_name));
 }
 
@@ -450,7 +450,7 @@ std::unique_ptr<StainNormalizer> stain_normalizer_from_description(const std::st
   const auto method =
       std::find_if(kMethods.begin(), kMethods.end(), [&](const MethodName& m) { return name == m.name; });
   const auto refuse = [&](const std::string& why) {
-    return io::InputError("stain normalization '" + description + "': " + why, source);
+    return core::InputError("stain normalization '" + description + "': " + why, source);
   };
   if (method == kMethods.end() || method->method == StainMethod::none) {
     throw refuse("unknown method '" + name + "' (known: reinhard, macenko, none)");

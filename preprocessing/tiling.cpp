@@ -14,8 +14,8 @@
 #include <spdlog/spdlog.h>
 #include <opencv2/imgproc.hpp>
 
-#include "io/config.h"
-#include "io/error.h"
+#include "core/config.h"
+#include "core/error.h"
 #include "preprocessing/overlay.h"
 
 namespace tessera::prep {
@@ -24,17 +24,6 @@ namespace {
 constexpr double kEpsilon = 1e-9;
 constexpr std::uint8_t kTumourBit = 1;
 constexpr std::uint8_t kExclusionBit = 2;
-
-bool matches(const std::string& pattern, const std::string& group) {
-  if (!pattern.empty() && pattern.back() == '*') {
-    return std::string_view(group).starts_with(std::string_view(pattern).substr(0, pattern.size() - 1));
-  }
-  return pattern == group;
-}
-
-bool matches_any(const std::vector<std::string>& patterns, const std::string& group) {
-  return std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return matches(p, group); });
-}
 
 bool is_point_type(const std::string& type) { return type == "Dot" || type == "PointSet"; }
 
@@ -179,9 +168,9 @@ class TissueIntegral {
 };
 
 void check_options(const GridOptions& options) {
-  if (options.tile_size <= 0) throw io::ConfigError("tile_size must be positive", "", 0, "tile_size");
-  if (!(options.mpp > 0.0)) throw io::ConfigError("mpp must be positive", "", 0, "mpp");
-  if (options.stride < 0) throw io::ConfigError("stride must be 0 (= tile_size) or positive", "", 0, "stride");
+  if (options.tile_size <= 0) throw core::ConfigError("tile_size must be positive", "", 0, "tile_size");
+  if (!(options.mpp > 0.0)) throw core::ConfigError("mpp must be positive", "", 0, "mpp");
+  if (options.stride < 0) throw core::ConfigError("stride must be 0 (= tile_size) or positive", "", 0, "stride");
 }
 
 // A seeded random subset of `indices` of size k (partial Fisher–Yates with mt19937_64, whose output is fixed
@@ -269,7 +258,7 @@ std::string groups_found(const std::vector<io::Annotation>& annotations) {
   std::vector<std::string> suggested;
   for (const auto& a : annotations) {
     if (a.group.size() < kMinSuggestLength || classes.is_exclusion(a.group) || classes.is_tumour(a.group)) continue;
-    const std::string match = io::closest_match(a.group, classes.tumour);
+    const std::string match = core::closest_match(a.group, classes.tumour);
     const std::string text = fmt::format("did you mean '{}' for '{}'?", match, a.group);
     if (!match.empty() && std::find(suggested.begin(), suggested.end(), text) == suggested.end()) {
       suggested.push_back(text);
@@ -281,31 +270,13 @@ std::string groups_found(const std::vector<io::Annotation>& annotations) {
   if (!annotations.empty() && !any_tumour_class) {
     message += fmt::format(" (to count another group as tumour, add it to {})", check.setting);
   }
-  throw io::InputError(message, check.path);
+  throw core::InputError(message, check.path);
 }
 
 }  // namespace
 
-bool AnnotationClasses::is_tumour(const std::string& group) const { return matches_any(tumour, group); }
-bool AnnotationClasses::is_exclusion(const std::string& group) const { return matches_any(exclusion, group); }
-
 std::int64_t SlidePlan::count(std::uint8_t label) const {
   return std::count_if(tiles.begin(), tiles.end(), [&](const PlannedTile& t) { return t.label == label; });
-}
-
-void split_annotations(const std::vector<io::Annotation>& annotations, const AnnotationClasses& classes,
-                       std::vector<io::Annotation>& tumour, std::vector<io::Annotation>& exclusion) {
-  tumour.clear();
-  exclusion.clear();
-  for (const auto& a : annotations) {
-    if (is_point_type(a.type) || a.outer.size() < 3) continue;
-    // A group named in both lists is an exclusion: not calling something tumour is the safer error.
-    if (classes.is_exclusion(a.group)) {
-      exclusion.push_back(a);
-    } else if (classes.is_tumour(a.group)) {
-      tumour.push_back(a);
-    }
-  }
 }
 
 std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation>& annotations,
@@ -357,7 +328,7 @@ std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation
   if (!check.tumour_slide) return out;
 
   std::vector<io::Annotation> tumour_read, exclusion_read;
-  split_annotations(annotations, classes, tumour_read, exclusion_read);
+  io::split_annotations(annotations, classes, tumour_read, exclusion_read);
   if (annotations.empty()) labels_nothing("the annotation file has no annotations", annotations, classes, check);
   const bool any_tumour_class = std::any_of(annotations.begin(), annotations.end(), [&](const io::Annotation& a) {
     return classes.is_tumour(a.group) && !classes.is_exclusion(a.group);
@@ -367,7 +338,7 @@ std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation
     labels_nothing("its tumour annotations are points, which have no area", annotations, classes, check);
   }
   std::vector<io::Annotation> tumour, exclusion;
-  split_annotations(out, classes, tumour, exclusion);
+  io::split_annotations(out, classes, tumour, exclusion);
   double area = 0.0;
   for (const auto& a : tumour) area += io::annotation_area(a);
   if (area > 0.0) return out;
@@ -384,7 +355,7 @@ std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation
 double tumour_fraction(const std::vector<io::Annotation>& tumour, const std::vector<io::Annotation>& exclusion,
                        double x, double y, double footprint, int pixels) {
   if (pixels <= 0 || !(footprint > 0.0)) {
-    throw io::InternalError("tumour_fraction needs a positive footprint and pixel count");
+    throw core::InternalError("tumour_fraction needs a positive footprint and pixel count");
   }
   return fraction_of(near(tumour, boxes_of(tumour), x, y, footprint),
                      near(exclusion, boxes_of(exclusion), x, y, footprint), x, y, footprint, pixels);
@@ -402,7 +373,7 @@ SlidePlan plan_slide(const io::Slide& slide, const TissueMask& tissue, const std
   const double step = (options.stride > 0 ? options.stride : options.tile_size) * options.mpp / plan.slide_mpp;
 
   std::vector<io::Annotation> tumour, exclusion;
-  split_annotations(annotations, classes, tumour, exclusion);
+  io::split_annotations(annotations, classes, tumour, exclusion);
   const std::vector<cv::Rect2d> tumour_boxes = boxes_of(tumour);
   const std::vector<cv::Rect2d> exclusion_boxes = boxes_of(exclusion);
 
@@ -464,7 +435,7 @@ std::vector<double> tissue_fractions(const TissueMask& tissue, const std::vector
 }
 
 void cap_tiles(SlidePlan& plan, std::int64_t max_tiles, double max_normal_per_tumour, std::uint64_t seed) {
-  if (max_tiles < 0) throw io::ConfigError("max_tiles must be 0 (no cap) or positive", "", 0, "max_tiles");
+  if (max_tiles < 0) throw core::ConfigError("max_tiles must be 0 (no cap) or positive", "", 0, "max_tiles");
   std::vector<std::size_t> tumour, normal;
   for (std::size_t i = 0; i < plan.tiles.size(); ++i) (plan.tiles[i].label == 1 ? tumour : normal).push_back(i);
   const auto t_all = static_cast<std::int64_t>(tumour.size());

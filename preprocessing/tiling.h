@@ -22,19 +22,14 @@
 
 namespace tessera::prep {
 
-// Which annotation groups/classes mean what. Matching is exact, except that a trailing '*' matches any suffix.
-struct AnnotationClasses {
-  std::vector<std::string> tumour = {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"};
-  std::vector<std::string> exclusion = {"_2", "Exclusion", "Ignore*"};
-  bool is_tumour(const std::string& group) const;
-  bool is_exclusion(const std::string& group) const;
-};
+// The annotation class rules (which groups are tumour, which exclusion) are io::AnnotationClasses.
+using io::AnnotationClasses;
 
 struct GridOptions {
-  int tile_size = 256;          // pixels at `mpp`
-  double mpp = 0.5;             // target µm/px
-  int stride = 0;               // tile pixels between tile origins; 0 = tile_size (no overlap)
-  double min_tissue = 0.5;      // minimum tissue fraction of a kept tile
+  int tile_size = 256;      // pixels at `mpp`
+  double mpp = 0.5;         // target µm/px
+  int stride = 0;           // tile pixels between tile origins; 0 = tile_size (no overlap)
+  double min_tissue = 0.5;  // minimum tissue fraction of a kept tile
   double tumour_threshold = 0.5;
   bool keep_ambiguous = false;  // keep tiles with 0 < fraction < threshold (labelled normal)
 };
@@ -51,15 +46,10 @@ struct SlidePlan {
   std::string slide_path;
   std::string slide_id;
   double slide_mpp = 0.0;
-  double footprint = 0.0;  // level-0 pixels covered by one tile side
+  double footprint = 0.0;          // level-0 pixels covered by one tile side
   std::vector<PlannedTile> tiles;  // row-major order (y, then x)
   std::int64_t count(std::uint8_t label) const;
 };
-
-// Splits annotations into tumour and exclusion sets; annotations of other classes are ignored and points
-// (Dot/PointSet) are never areas.
-void split_annotations(const std::vector<io::Annotation>& annotations, const AnnotationClasses& classes,
-                       std::vector<io::Annotation>& tumour, std::vector<io::Annotation>& exclusion);
 
 // How prepare_annotations checks one slide's annotations.
 struct AnnotationCheck {
@@ -76,7 +66,7 @@ struct AnnotationCheck {
 //    warning naming the file;
 //  - on a slide labelled tumour, annotations that leave no tumour area inside the slide (no annotations, no
 //    group/class that is a tumour class, tumour given only as points, tumour polygons wholly outside the slide)
-//    are an io::InputError naming the file, the groups/classes found and the tumour classes configured, with a
+//    are a core::InputError naming the file, the groups/classes found and the tumour classes configured, with a
 //    "did you mean" when a group found is a likely misspelling of a tumour class.
 // Without this a tumour slide whose file labels nothing would be tiled as all normal.
 std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation>& annotations,

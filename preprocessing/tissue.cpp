@@ -9,7 +9,7 @@
 
 #include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::prep {
 namespace {
@@ -203,9 +203,9 @@ double TissueMask::tissue_area_mm2() const {
 }
 
 TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, const TissueOptions& options) {
-  if (!rgb.empty() && rgb.type() != CV_8UC3) throw io::InternalError("detect_tissue needs an RGB CV_8UC3 image");
+  if (!rgb.empty() && rgb.type() != CV_8UC3) throw core::InternalError("detect_tissue needs an RGB CV_8UC3 image");
   if (!(downsample > 0.0) || !(mpp > 0.0)) {
-    throw io::InternalError("detect_tissue needs a positive downsample and µm/px");
+    throw core::InternalError("detect_tissue needs a positive downsample and µm/px");
   }
   TissueMask result;
   result.downsample = downsample;
@@ -249,7 +249,7 @@ TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, cons
 }
 
 TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
-  if (!(options.mask_mpp > 0.0)) throw io::ConfigError("mask_mpp must be positive", "", 0, "mask_mpp");
+  if (!(options.mask_mpp > 0.0)) throw core::ConfigError("mask_mpp must be positive", "", 0, "mask_mpp");
   // A mask finer than the slide itself would only repeat level-0 pixels.
   const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
   constexpr double kEpsilon = 1e-9;
@@ -257,7 +257,7 @@ TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
   const auto cols = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(slide.width() * scale - kEpsilon)));
   const auto rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(slide.height() * scale - kEpsilon)));
   if (cols > INT32_MAX / 4 || rows > INT32_MAX / 4) {
-    throw io::InputError(
+    throw core::InputError(
         "tissue mask of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is too large; raise mask_mpp",
         slide.path());
   }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch <-> Tessera checkpoints, and reference outputs of the same models for Tessera's tests.
 
-A Tessera checkpoint (io/checkpoint.h, DESIGN.md "Checkpoints") is one HDF5 file:
+A Tessera checkpoint (io/checkpoint.h, docs/ARCHITECTURE.md "Checkpoints") is one HDF5 file:
   /params/<name>, /buffers/<name>   float32 tensors with torchvision names and layouts (conv O x I x kH x kW,
                                     linear [out, in], batch-norm running_mean / running_var); a name such as
                                     "layer1.0.conv1.weight" is one dataset directly in its group

@@ -1,6 +1,6 @@
 // tessera-simulate: the training loop's communication schedule, run on a simulated cluster by SimGrid's SMPI.
 //
-// Built against SMPI (TESSERA_SMPI, sim/README.md) together with Tessera's own io::Comm and distributed
+// Built against SMPI (TESSERA_SMPI, sim/README.md) together with Tessera's own core::Comm and distributed
 // strategies, unmodified: every exchange below is the code `tessera train` runs. What is replaced is the
 // computation: forward and backward of a step are a delay of --compute seconds of simulated time on the rank's
 // host (the time `tessera bench train` measures per step, scaled by the node speed the caller assumes).
@@ -27,8 +27,8 @@
 // has no global state.
 
 #include <mpi.h>
-#include <smpi/smpi.h>
 #include <simgrid/host.h>
+#include <smpi/smpi.h>
 
 #include <algorithm>
 #include <cmath>
@@ -45,10 +45,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/comm.h"
+#include "core/error.h"
 #include "engine/parameters.h"
 #include "engine/strategy.h"
-#include "io/comm.h"
-#include "io/error.h"
 
 namespace {
 
@@ -58,17 +58,17 @@ using tessera::engine::Param;
 
 struct Options {
   std::string strategy = "easgd";
-  std::string layout;              // file: "param N" / "buffer N" per line
-  double payload_scale = 1.0;      // every tensor's element count divided by this (≥ 1)
+  std::string layout;          // file: "param N" / "buffer N" per line
+  double payload_scale = 1.0;  // every tensor's element count divided by this (≥ 1)
   int steps = 16;
-  double compute = 0.1;            // simulated seconds of forward + backward per step
+  double compute = 0.1;  // simulated seconds of forward + backward per step
   tessera::engine::StrategyOptions strategy_options;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  throw tessera::io::UsageError("tessera-simulate: " + problem +
-                                " (flags: --strategy NAME --layout FILE --payload-scale K --steps N --compute S "
-                                "--tau T --beta B --bucket-mb M --inter allreduce|easgd --ranks-per-node K)");
+  throw tessera::core::UsageError("tessera-simulate: " + problem +
+                                  " (flags: --strategy NAME --layout FILE --payload-scale K --steps N --compute S "
+                                  "--tau T --beta B --bucket-mb M --inter allreduce|easgd --ranks-per-node K)");
 }
 
 Options parse(int argc, char** argv) {
@@ -79,17 +79,28 @@ Options parse(int argc, char** argv) {
     if (i + 1 >= argc) usage("flag " + key + " needs a value");
     const std::string value = argv[i + 1];
     try {
-      if (key == "--strategy") o.strategy = value;
-      else if (key == "--layout") o.layout = value;
-      else if (key == "--payload-scale") o.payload_scale = std::stod(value);
-      else if (key == "--steps") o.steps = std::stoi(value);
-      else if (key == "--compute") o.compute = std::stod(value);
-      else if (key == "--tau") o.strategy_options.tau = std::stoi(value);
-      else if (key == "--beta") o.strategy_options.beta = std::stod(value);
-      else if (key == "--bucket-mb") o.strategy_options.bucket_mb = std::stod(value);
-      else if (key == "--inter") o.strategy_options.inter = value;
-      else if (key == "--ranks-per-node") o.strategy_options.ranks_per_node = std::stoi(value);
-      else usage("unknown flag " + key);
+      if (key == "--strategy")
+        o.strategy = value;
+      else if (key == "--layout")
+        o.layout = value;
+      else if (key == "--payload-scale")
+        o.payload_scale = std::stod(value);
+      else if (key == "--steps")
+        o.steps = std::stoi(value);
+      else if (key == "--compute")
+        o.compute = std::stod(value);
+      else if (key == "--tau")
+        o.strategy_options.tau = std::stoi(value);
+      else if (key == "--beta")
+        o.strategy_options.beta = std::stod(value);
+      else if (key == "--bucket-mb")
+        o.strategy_options.bucket_mb = std::stod(value);
+      else if (key == "--inter")
+        o.strategy_options.inter = value;
+      else if (key == "--ranks-per-node")
+        o.strategy_options.ranks_per_node = std::stoi(value);
+      else
+        usage("unknown flag " + key);
     } catch (const std::logic_error&) {  // stoi/stod: not a number
       usage("flag " + key + ": '" + value + "' is not a number");
     }
@@ -105,13 +116,13 @@ Options parse(int argc, char** argv) {
 struct Model {
   std::vector<Param> params;
   std::vector<Buffer> buffers;
-  std::int64_t full_elements = 0;   // before scaling
-  std::int64_t elements = 0;        // after
+  std::int64_t full_elements = 0;  // before scaling
+  std::int64_t elements = 0;       // after
 };
 
 Model read_layout(const std::string& path, double scale) {
   std::ifstream in(path);
-  if (!in) throw tessera::io::FileNotFoundError(path);
+  if (!in) throw tessera::core::FileNotFoundError(path);
   Model m;
   std::string line;
   int number = 0;
@@ -122,7 +133,7 @@ Model read_layout(const std::string& path, double scale) {
     std::string kind;
     std::int64_t n = 0;
     if (!(fields >> kind >> n) || n < 1 || (kind != "param" && kind != "buffer")) {
-      throw tessera::io::InputError(fmt::format("layout line {}: expected 'param N' or 'buffer N'", number), path);
+      throw tessera::core::InputError(fmt::format("layout line {}: expected 'param N' or 'buffer N'", number), path);
     }
     const auto scaled = std::max<std::int64_t>(1, std::llround(static_cast<double>(n) / scale));
     m.full_elements += n;
@@ -142,7 +153,7 @@ Model read_layout(const std::string& path, double scale) {
       m.buffers.push_back(std::move(b));
     }
   }
-  if (m.params.empty()) throw tessera::io::InputError("layout without parameters", path);
+  if (m.params.empty()) throw tessera::core::InputError("layout without parameters", path);
   return m;
 }
 
@@ -152,13 +163,13 @@ void compute(double seconds) {
 }
 
 // The original EASGD's parameter server (see the top). Returns this rank's communication seconds and bytes.
-CommStats central_easgd(const tessera::io::Comm& world, Model& model, const Options& o) {
+CommStats central_easgd(const tessera::core::Comm& world, Model& model, const Options& o) {
   CommStats stats;
   const int server = world.size() - 1;
   const int workers = world.size() - 1;
   const double beta = o.strategy_options.beta;
-  const float alpha = static_cast<float>(o.strategy_options.alpha > 0.0 ? o.strategy_options.alpha
-                                                                         : beta / std::max(1, workers));
+  const float alpha =
+      static_cast<float>(o.strategy_options.alpha > 0.0 ? o.strategy_options.alpha : beta / std::max(1, workers));
   const std::size_t n = static_cast<std::size_t>(model.elements);
   std::vector<float> flat(n), center(n, 0.01f);
   const int exchanges = o.steps / o.strategy_options.tau;
@@ -194,7 +205,7 @@ CommStats central_easgd(const tessera::io::Comm& world, Model& model, const Opti
 
 void run(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  const auto world = tessera::io::Comm::world();
+  const auto world = tessera::core::Comm::world();
   Model model = read_layout(o.layout, o.payload_scale);
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
@@ -231,11 +242,11 @@ void run(int argc, char** argv) {
   // Step time of the slowest rank; communication and waiting averaged over the training ranks.
   const bool trains = !(central && world.rank() == world.size() - 1);
   const int trainers = central ? world.size() - 1 : world.size();
-  const double slowest = world.allreduce_value(elapsed, tessera::io::ReduceOp::max);
-  const double comm_sum = world.allreduce_value(trains ? stats.seconds : 0.0, tessera::io::ReduceOp::sum);
-  const double wait_sum = world.allreduce_value(trains ? stats.wait_seconds : 0.0, tessera::io::ReduceOp::sum);
-  const std::int64_t bytes_max = world.allreduce_value(trains ? stats.bytes : std::int64_t{0},
-                                                       tessera::io::ReduceOp::max);
+  const double slowest = world.allreduce_value(elapsed, tessera::core::ReduceOp::max);
+  const double comm_sum = world.allreduce_value(trains ? stats.seconds : 0.0, tessera::core::ReduceOp::sum);
+  const double wait_sum = world.allreduce_value(trains ? stats.wait_seconds : 0.0, tessera::core::ReduceOp::sum);
+  const std::int64_t bytes_max =
+      world.allreduce_value(trains ? stats.bytes : std::int64_t{0}, tessera::core::ReduceOp::max);
   if (world.rank() == 0) {
     const double step = slowest / o.steps;
     const double comm = comm_sum / trainers / o.steps;
@@ -279,9 +290,9 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     std::fflush(stdout);
     // Tessera's exit codes (README): 2 a usage or configuration mistake, 3 bad input (the layout file), 1 others.
-    const bool usage = dynamic_cast<const tessera::io::UsageError*>(&e) != nullptr ||
-                       dynamic_cast<const tessera::io::ConfigError*>(&e) != nullptr;
-    std::_Exit(usage ? 2 : dynamic_cast<const tessera::io::InputError*>(&e) != nullptr ? 3 : 1);
+    const bool usage = dynamic_cast<const tessera::core::UsageError*>(&e) != nullptr ||
+                       dynamic_cast<const tessera::core::ConfigError*>(&e) != nullptr;
+    std::_Exit(usage ? 2 : dynamic_cast<const tessera::core::InputError*>(&e) != nullptr ? 3 : 1);
   }
   MPI_Finalize();
   return 0;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/context.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -13,7 +13,7 @@ using dnnl::memory;
 ResidualAdd::ResidualAdd(std::string name, bool relu) : name_(std::move(name)), relu_(relu) {}
 
 void ResidualAdd::fail(const std::string& message) const {
-  throw io::InternalError("ResidualAdd '" + name_ + "': " + message);
+  throw core::InternalError("ResidualAdd '" + name_ + "': " + message);
 }
 
 memory::desc ResidualAdd::setup(const memory::desc& a, const memory::desc& b) {

@@ -5,7 +5,7 @@
 #include <string>
 #include <utility>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -26,7 +26,7 @@ constexpr double two_to_32 = 4294967296.0;
 Dropout::Dropout(std::string name, float p, std::uint64_t seed) : Module(std::move(name)), p_(p), seed_(seed) {
   if (!(p >= 0.0f && p < 1.0f)) {
     // Not fail(): type() is not callable while the base is being constructed.
-    throw io::InternalError("Dropout '" + this->name() + "': p must be in [0, 1), got " + std::to_string(p));
+    throw core::InternalError("Dropout '" + this->name() + "': p must be in [0, 1), got " + std::to_string(p));
   }
 }
 

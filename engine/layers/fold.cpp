@@ -4,18 +4,18 @@
 #include <cstddef>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 
 void fold_batchnorm(Conv2d& conv, BatchNorm2d& bn) {
   const std::string what = "fold '" + bn.name() + "' into '" + conv.name() + "': ";
   if (bn.channels() != conv.options().out) {
-    throw io::InternalError(what + "batch norm has " + std::to_string(bn.channels()) + " channels, convolution has " +
-                            std::to_string(conv.options().out) + " outputs");
+    throw core::InternalError(what + "batch norm has " + std::to_string(bn.channels()) + " channels, convolution has " +
+                              std::to_string(conv.options().out) + " outputs");
   }
-  if (bn.folded()) throw io::InternalError(what + "batch norm is already folded");
-  if (conv.options().relu) throw io::InternalError(what + "convolution has a fused ReLU before the batch norm");
+  if (bn.folded()) throw core::InternalError(what + "batch norm is already folded");
+  if (conv.options().relu) throw core::InternalError(what + "convolution has a fused ReLU before the batch norm");
 
   conv.enable_bias();
   Param& weight = conv.weight();

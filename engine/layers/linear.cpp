@@ -4,8 +4,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/context.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -14,8 +14,8 @@ using dnnl::memory;
 Linear::Linear(std::string name, const LinearOptions& options) : Module(std::move(name)), options_(options) {
   if (options_.in < 1 || options_.out < 1) {
     // Not fail(): type() is not callable while the base is being constructed.
-    throw io::InternalError("Linear '" + this->name() + "': needs positive in and out features, got " +
-                            std::to_string(options_.in) + " and " + std::to_string(options_.out));
+    throw core::InternalError("Linear '" + this->name() + "': needs positive in and out features, got " +
+                              std::to_string(options_.in) + " and " + std::to_string(options_.out));
   }
   const auto size = static_cast<std::size_t>(options_.out) * static_cast<std::size_t>(options_.in);
   weight_ = Param{child_name("weight"),

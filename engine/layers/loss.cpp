@@ -6,8 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/context.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -16,18 +16,18 @@ using dnnl::memory;
 SoftmaxCrossEntropy::SoftmaxCrossEntropy(std::vector<float> class_weights) : class_weights_(std::move(class_weights)) {
   for (std::size_t k = 0; k < class_weights_.size(); ++k) {
     if (!(class_weights_[k] >= 0.0f) || !std::isfinite(class_weights_[k])) {
-      throw io::InternalError("SoftmaxCrossEntropy: class weight " + std::to_string(k) + " is " +
-                              std::to_string(class_weights_[k]) + "; weights must be finite and non-negative");
+      throw core::InternalError("SoftmaxCrossEntropy: class weight " + std::to_string(k) + " is " +
+                                std::to_string(class_weights_[k]) + "; weights must be finite and non-negative");
     }
   }
 }
 
 void SoftmaxCrossEntropy::prepare(const Tensor& logits) {
   const dims_t d = logits.dims();
-  if (d.size() != 2 || d[1] < 1) throw io::InternalError("SoftmaxCrossEntropy: logits must be N×K");
+  if (d.size() != 2 || d[1] < 1) throw core::InternalError("SoftmaxCrossEntropy: logits must be N×K");
   if (!class_weights_.empty() && d[1] != static_cast<memory::dim>(class_weights_.size())) {
-    throw io::InternalError("SoftmaxCrossEntropy: " + std::to_string(d[1]) + " logits per sample but " +
-                            std::to_string(class_weights_.size()) + " class weights");
+    throw core::InternalError("SoftmaxCrossEntropy: " + std::to_string(d[1]) + " logits per sample but " +
+                              std::to_string(class_weights_.size()) + " class weights");
   }
   if (d != dims_) {
     const auto& engine = Context::get().engine();
@@ -57,8 +57,8 @@ void SoftmaxCrossEntropy::prepare(const Tensor& logits) {
 
 double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> labels, double gradient_scale) {
   if (logits.empty() || logits.dims().size() != 2 || logits.dims()[0] != static_cast<memory::dim>(labels.size())) {
-    throw io::InternalError("SoftmaxCrossEntropy: logits for " + std::to_string(labels.size()) + " labels must be " +
-                            std::to_string(labels.size()) + "×K");
+    throw core::InternalError("SoftmaxCrossEntropy: logits for " + std::to_string(labels.size()) + " labels must be " +
+                              std::to_string(labels.size()) + "×K");
   }
   prepare(logits);
   const auto n_count = static_cast<std::int64_t>(dims_[0]), classes = static_cast<std::int64_t>(dims_[1]);
@@ -67,8 +67,8 @@ double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> l
   for (std::int64_t n = 0; n < n_count; ++n) {
     const int t = labels[n];
     if (t < 0 || t >= classes) {
-      throw io::InternalError("SoftmaxCrossEntropy: label " + std::to_string(t) + " of sample " + std::to_string(n) +
-                              " is outside [0, " + std::to_string(classes) + ")");
+      throw core::InternalError("SoftmaxCrossEntropy: label " + std::to_string(t) + " of sample " + std::to_string(n) +
+                                " is outside [0, " + std::to_string(classes) + ")");
     }
     const double w = class_weights_.empty() ? 1.0 : class_weights_[t];
     total_weight += w;
@@ -90,12 +90,12 @@ double SoftmaxCrossEntropy::forward(const Tensor& logits, std::span<const int> l
 }
 
 const Tensor& SoftmaxCrossEntropy::backward() const {
-  if (!forwarded_) throw io::InternalError("SoftmaxCrossEntropy: backward without a forward");
+  if (!forwarded_) throw core::InternalError("SoftmaxCrossEntropy: backward without a forward");
   return diff_;
 }
 
 const std::vector<float>& SoftmaxCrossEntropy::predict(const Tensor& logits) {
-  if (logits.empty()) throw io::InternalError("SoftmaxCrossEntropy: predict of an empty tensor");
+  if (logits.empty()) throw core::InternalError("SoftmaxCrossEntropy: predict of an empty tensor");
   prepare(logits);
   return probabilities_;
 }

@@ -4,8 +4,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/context.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -17,9 +17,9 @@ Pool2d::Pool2d(std::string name, const Pool2dOptions& options, bool max)
   if (options_.kernel < 1 || options_.stride < 1 || options_.padding < 0 || 2 * options_.padding > options_.kernel) {
     // Padding beyond half the kernel would make windows of padding only (PyTorch refuses it too).
     // Not fail(): type() is not callable while the base is being constructed.
-    throw io::InternalError(std::string(max ? "MaxPool2d" : "AvgPool2d") + " '" + this->name() + "': kernel " +
-                            std::to_string(options_.kernel) + ", stride " + std::to_string(options_.stride) +
-                            ", padding " + std::to_string(options_.padding) + " is not a valid pooling window");
+    throw core::InternalError(std::string(max ? "MaxPool2d" : "AvgPool2d") + " '" + this->name() + "': kernel " +
+                              std::to_string(options_.kernel) + ", stride " + std::to_string(options_.stride) +
+                              ", padding " + std::to_string(options_.padding) + " is not a valid pooling window");
   }
 }
 

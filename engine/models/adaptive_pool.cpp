@@ -6,8 +6,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/context.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -25,8 +25,8 @@ AdaptiveAvgPool2dTo::AdaptiveAvgPool2dTo(std::string name, int out_h, int out_w)
     : Module(std::move(name)), out_h_(out_h), out_w_(out_w) {
   if (out_h < 1 || out_w < 1) {
     // Not fail(): type() is not callable while the base is being constructed.
-    throw io::InternalError("AdaptiveAvgPool2d '" + this->name() + "': output size " + std::to_string(out_h) + "x" +
-                            std::to_string(out_w) + " is not positive");
+    throw core::InternalError("AdaptiveAvgPool2d '" + this->name() + "': output size " + std::to_string(out_h) + "x" +
+                              std::to_string(out_w) + " is not positive");
   }
 }
 

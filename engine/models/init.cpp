@@ -7,7 +7,7 @@
 #include <numbers>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -45,8 +45,8 @@ void uniforms(std::uint64_t key, std::int64_t i, double& u1, double& u2) {
 
 void check_size(const Param& param) {
   if (static_cast<std::int64_t>(param.value.size()) != param.numel()) {
-    throw io::InternalError("initialise '" + param.name + "': holds " + std::to_string(param.value.size()) +
-                            " values for " + std::to_string(param.numel()) + " elements");
+    throw core::InternalError("initialise '" + param.name + "': holds " + std::to_string(param.value.size()) +
+                              " values for " + std::to_string(param.numel()) + " elements");
   }
 }
 
@@ -68,7 +68,7 @@ const Param& weight_of(const Param& bias, const std::map<std::string, const Para
     const auto it = by_name.find(bias.name.substr(0, bias.name.size() - suffix.size()) + "weight");
     if (it != by_name.end()) return *it->second;
   }
-  throw io::InternalError("initialise '" + bias.name + "': no weight of the same module to take the fan-in from");
+  throw core::InternalError("initialise '" + bias.name + "': no weight of the same module to take the fan-in from");
 }
 
 }  // namespace

@@ -2,12 +2,12 @@
 
 #include <string>
 
+#include "core/error.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/pool.h"
 #include "engine/layers/relu.h"
 #include "engine/models/init.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -20,9 +20,9 @@ constexpr int minimum_input = 16;  // the smallest S with s = ⌊(⌊(S−4)/2�
 std::unique_ptr<Model> build_lenet5(const ModelOptions& options) {
   const int s = ((options.input_size - (kernel - 1)) / 2 - (kernel - 1)) / 2;
   if (options.input_size < minimum_input || s < 1) {
-    throw io::ConfigError("lenet5 cannot take a " + std::to_string(options.input_size) +
-                              " px input (the smallest input it takes is " + std::to_string(minimum_input) + " px)",
-                          "", 0, "model.input_size");
+    throw core::ConfigError("lenet5 cannot take a " + std::to_string(options.input_size) +
+                                " px input (the smallest input it takes is " + std::to_string(minimum_input) + " px)",
+                            "", 0, "model.input_size");
   }
   auto model = std::make_unique<Model>("LeNet", options);
   Sequential& body = model->body();

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/error.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/dropout.h"
@@ -13,7 +14,6 @@
 #include "engine/layers/pool.h"
 #include "engine/layers/relu.h"
 #include "engine/models/adaptive_pool.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -111,7 +111,7 @@ bool trace_module(const Module& m, FeatureShape& s, LayerCost& cost, std::string
     return true;
   }
   if (const auto* block = dynamic_cast<const Block*>(&m)) return block->trace(s, cost, why);
-  throw io::InternalError("model trace: module '" + m.name() + "' of type " + m.type() + " is not known");
+  throw core::InternalError("model trace: module '" + m.name() + "' of type " + m.type() + " is not known");
 }
 
 std::vector<Module*> children_of(Module& module) {
@@ -142,7 +142,7 @@ Model::Model(std::string type, const ModelOptions& options)
     : Module(""), type_(std::move(type)), options_(options), body_("") {}
 
 void Model::refuse(const std::string& message) const {
-  throw io::InternalError(options_.architecture + " (" + type_ + "): " + message);
+  throw core::InternalError(options_.architecture + " (" + type_ + "): " + message);
 }
 
 const Tensor& Model::forward(const std::vector<float>& batch, int n, int h, int w) {
@@ -227,7 +227,7 @@ std::vector<LayerSummary> Model::layers(int input_size) const {
     const int minimum = minimum_input_size();
     std::string message = options_.architecture + " cannot take a " + std::to_string(input_size) + " px input: " + why;
     if (minimum > 0) message += " (the smallest input it takes is " + std::to_string(minimum) + " px)";
-    throw io::ConfigError(message, "", 0, "model.input_size");
+    throw core::ConfigError(message, "", 0, "model.input_size");
   }
   return rows;
 }

@@ -2,13 +2,13 @@
 
 #include <cmath>
 
+#include "core/config.h"
+#include "core/error.h"
 #include "engine/models/alexnet.h"
 #include "engine/models/compact.h"
 #include "engine/models/lenet.h"
 #include "engine/models/resnet.h"
 #include "engine/models/vgg.h"
-#include "io/config.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -34,7 +34,7 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 void require(bool ok, const char* key, const std::string& message) {
-  if (!ok) throw io::ConfigError(message, "", 0, key);
+  if (!ok) throw core::ConfigError(message, "", 0, key);
 }
 
 const ModelEntry& find_entry(const std::string& name) {
@@ -43,10 +43,10 @@ const ModelEntry& find_entry(const std::string& name) {
   }
   const std::vector<std::string> names = model_names();
   std::string message = "unknown model architecture '" + name + "' (known: " + join(names) + ")";
-  if (const std::string guess = io::closest_match(name, names); !guess.empty()) {
+  if (const std::string guess = core::closest_match(name, names); !guess.empty()) {
     message += "; did you mean '" + guess + "'?";
   }
-  throw io::ConfigError(message, "", 0, "model.architecture");
+  throw core::ConfigError(message, "", 0, "model.architecture");
 }
 
 }  // namespace

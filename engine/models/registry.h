@@ -1,5 +1,5 @@
-// The one list of model architectures (STYLE.md item 5): name → builder. No static self-registration: a new
-// model is one line in registry.cpp.
+// The one list of model architectures (docs/ARCHITECTURE.md "Conventions": explicit registries): name → builder. No
+// static self-registration: a new model is one line in registry.cpp.
 //
 //   lenet5      LeNet-5 (ReLU, max-pool), classic at 32 px             lenet.h
 //   alexnet     torchvision's AlexNet                                   alexnet.h

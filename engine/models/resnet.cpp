@@ -2,11 +2,11 @@
 
 #include <utility>
 
+#include "core/error.h"
 #include "engine/layers/global_pool.h"
 #include "engine/layers/linear.h"
 #include "engine/layers/pool.h"
 #include "engine/models/init.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 
@@ -14,7 +14,7 @@ using dnnl::memory;
 
 ResidualBlock::ResidualBlock(std::string name, int in, const std::vector<PathConv>& path, int stride)
     : Block(std::move(name)), in_(in), join_(this->name(), true), grad_sum_(this->name() + " gradient sum") {
-  if (path.empty()) throw io::InternalError("residual block '" + this->name() + "': empty main path");
+  if (path.empty()) throw core::InternalError("residual block '" + this->name() + "': empty main path");
   int channels = in;
   for (std::size_t k = 0; k < path.size(); ++k) {
     const std::string index = std::to_string(k + 1);
@@ -114,7 +114,7 @@ Bottleneck::Bottleneck(std::string name, int in, int planes, int stride)
     : ResidualBlock(std::move(name), in, {{planes, 1, 1}, {planes, 3, stride}, {planes * expansion, 1, 1}}, stride) {}
 
 std::unique_ptr<Model> build_resnet(const ModelOptions& options, const ResNetSpec& spec) {
-  if (spec.blocks.empty() || spec.width < 1) throw io::InternalError("resnet: needs at least one stage and width");
+  if (spec.blocks.empty() || spec.width < 1) throw core::InternalError("resnet: needs at least one stage and width");
   auto model = std::make_unique<Model>("ResNet", options);
   Sequential& body = model->body();
   const int width = spec.width;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -13,16 +13,16 @@ namespace {
 // The optimizer and schedule check their options against config key names without knowing the file; here the
 // error gets the file the config came from.
 template <typename Build>
-auto with_source(const io::Config& config, Build build) {
+auto with_source(const core::Config& config, Build build) {
   try {
     return build();
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     if (!e.file().empty()) throw;
-    throw io::ConfigError(e.message(), config.source(), e.line(), e.key());
+    throw core::ConfigError(e.message(), config.source(), e.line(), e.key());
   }
 }
 
-std::vector<double> parse_milestones(const io::Config& config) {
+std::vector<double> parse_milestones(const core::Config& config) {
   constexpr const char* key = "schedule.milestones";
   std::vector<double> epochs;
   for (const std::string& text : config.get_string_list(key)) {
@@ -30,7 +30,7 @@ std::vector<double> parse_milestones(const io::Config& config) {
     const char* end = text.data() + text.size();
     const auto [ptr, ec] = std::from_chars(text.data(), end, value);
     if (ec != std::errc() || ptr != end || !std::isfinite(value)) {
-      throw io::ConfigError(
+      throw core::ConfigError(
           "expected epochs (numbers), got '" + text + "' as item " + std::to_string(epochs.size() + 1), config.source(),
           0, key);
     }
@@ -41,7 +41,7 @@ std::vector<double> parse_milestones(const io::Config& config) {
 
 }  // namespace
 
-io::Schema& declare_optim_keys(io::Schema& schema) {
+core::Schema& declare_optim_keys(core::Schema& schema) {
   const std::vector<std::string> optimizers = optimizer_names();
   const std::vector<std::string> schedules = schedule_names();
   const OptimizerOptions o;
@@ -69,7 +69,7 @@ io::Schema& declare_optim_keys(io::Schema& schema) {
       .number("schedule.min_lr", s.min_lr, "cosine, poly: the rate at the end of training (not scaled)", 0, 1e3);
 }
 
-OptimizerOptions optimizer_options(const io::Config& config) {
+OptimizerOptions optimizer_options(const core::Config& config) {
   OptimizerOptions o;
   o.momentum = config.get_number("optimizer.momentum");
   o.nesterov = config.get_bool("optimizer.nesterov");
@@ -79,12 +79,12 @@ OptimizerOptions optimizer_options(const io::Config& config) {
   return o;
 }
 
-std::unique_ptr<Optimizer> build_optimizer(const io::Config& config) {
+std::unique_ptr<Optimizer> build_optimizer(const core::Config& config) {
   return with_source(config,
                      [&] { return make_optimizer(config.get_string("optimizer.name"), optimizer_options(config)); });
 }
 
-ScheduleOptions schedule_options(const io::Config& config, const TrainingShape& shape) {
+ScheduleOptions schedule_options(const core::Config& config, const TrainingShape& shape) {
   return with_source(config, [&] {
     ScheduleOptions s;
     s.base_lr = linearly_scaled_lr(config.get_number("optimizer.lr"), shape.global_batch,
@@ -102,7 +102,7 @@ ScheduleOptions schedule_options(const io::Config& config, const TrainingShape& 
   });
 }
 
-std::unique_ptr<Schedule> build_schedule(const io::Config& config, const TrainingShape& shape) {
+std::unique_ptr<Schedule> build_schedule(const core::Config& config, const TrainingShape& shape) {
   const ScheduleOptions options = schedule_options(config, shape);
   return with_source(config, [&] { return make_schedule(config.get_string("schedule.name"), options); });
 }

@@ -19,14 +19,14 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/config.h"
 #include "engine/optim/optimizer.h"
 #include "engine/optim/schedule.h"
-#include "io/config.h"
 
 namespace tessera::engine {
 
 // Adds the optimizer.* and schedule.* keys with their defaults, ranges and docs; returns `schema`.
-io::Schema& declare_optim_keys(io::Schema& schema);
+core::Schema& declare_optim_keys(core::Schema& schema);
 
 // What the training run contributes to the schedule.
 struct TrainingShape {
@@ -35,11 +35,11 @@ struct TrainingShape {
   std::int64_t total_steps = 1;      // optimizer steps of the whole run
 };
 
-OptimizerOptions optimizer_options(const io::Config& config);
-std::unique_ptr<Optimizer> build_optimizer(const io::Config& config);
+OptimizerOptions optimizer_options(const core::Config& config);
+std::unique_ptr<Optimizer> build_optimizer(const core::Config& config);
 
 // Milestones parsed, warmup epochs turned into steps (rounded), optimizer.lr linearly scaled.
-ScheduleOptions schedule_options(const io::Config& config, const TrainingShape& shape);
-std::unique_ptr<Schedule> build_schedule(const io::Config& config, const TrainingShape& shape);
+ScheduleOptions schedule_options(const core::Config& config, const TrainingShape& shape);
+std::unique_ptr<Schedule> build_schedule(const core::Config& config, const TrainingShape& shape);
 
 }  // namespace tessera::engine

@@ -6,8 +6,8 @@
 #include <set>
 #include <utility>
 
-#include "io/config.h"
-#include "io/error.h"
+#include "core/config.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -19,7 +19,7 @@ constexpr std::int64_t norm_block = 8192;
 
 // Options are checked where the optimizer is made, so that a bad value is reported against its config key.
 void require(bool ok, const char* key, const std::string& message) {
-  if (!ok) throw io::ConfigError(message, "", 0, key);
+  if (!ok) throw core::ConfigError(message, "", 0, key);
 }
 
 void check_common_options(const OptimizerOptions& o) {
@@ -89,14 +89,15 @@ std::string state_key(const std::string& slot, const std::string& param_name) { 
 
 void Optimizer::step(const std::vector<Param*>& params, double lr) {
   if (!std::isfinite(lr) || lr < 0.0) {
-    throw io::InternalError(std::string(name()) + ": learning rate must be finite and >= 0, got " + std::to_string(lr));
+    throw core::InternalError(std::string(name()) + ": learning rate must be finite and >= 0, got " +
+                              std::to_string(lr));
   }
   for (const Param* p : params) {
     const auto n = static_cast<std::size_t>(p->numel());
     if (p->value.size() != n || p->grad.size() != n) {
-      throw io::InternalError(std::string(name()) + ": parameter '" + p->name + "' has " +
-                              std::to_string(p->value.size()) + " values and " + std::to_string(p->grad.size()) +
-                              " grads for " + std::to_string(n) + " elements");
+      throw core::InternalError(std::string(name()) + ": parameter '" + p->name + "' has " +
+                                std::to_string(p->value.size()) + " values and " + std::to_string(p->grad.size()) +
+                                " grads for " + std::to_string(n) + " elements");
     }
   }
   for (Param* p : params) update(*p, lr);
@@ -121,21 +122,22 @@ void Optimizer::load_state(const OptimizerState& state, const std::vector<Param*
   for (const auto& [key, values] : state) {
     std::string slot, param;
     if (!split_key(key, slot, param)) {
-      throw io::InputError(std::string(name()) + " state: entry '" + key + "' is not '<slot>/<parameter>'", source);
+      throw core::InputError(std::string(name()) + " state: entry '" + key + "' is not '<slot>/<parameter>'", source);
     }
     if (std::find(known_slots.begin(), known_slots.end(), slot) == known_slots.end()) {
-      throw io::InputError(std::string(name()) + " state: entry '" + key + "' has unknown slot '" + slot +
-                               "' (this optimizer keeps: " + join(known_slots) + ")",
-                           source);
+      throw core::InputError(std::string(name()) + " state: entry '" + key + "' has unknown slot '" + slot +
+                                 "' (this optimizer keeps: " + join(known_slots) + ")",
+                             source);
     }
     const auto size = sizes.find(param);
     if (size == sizes.end()) {
-      throw io::InputError(std::string(name()) + " state: entry '" + key + "' names no parameter of the model", source);
+      throw core::InputError(std::string(name()) + " state: entry '" + key + "' names no parameter of the model",
+                             source);
     }
     if (static_cast<std::int64_t>(values.size()) != size->second) {
-      throw io::InputError(std::string(name()) + " state: entry '" + key + "' has " + std::to_string(values.size()) +
-                               " values, the parameter has " + std::to_string(size->second),
-                           source);
+      throw core::InputError(std::string(name()) + " state: entry '" + key + "' has " + std::to_string(values.size()) +
+                                 " values, the parameter has " + std::to_string(size->second),
+                             source);
     }
     params_of_slot[slot].insert(param);
   }
@@ -143,7 +145,7 @@ void Optimizer::load_state(const OptimizerState& state, const std::vector<Param*
   for (const auto& [slot, names] : params_of_slot) {
     for (const auto& [param, size] : sizes) {
       if (names.count(param) == 0) {
-        throw io::InputError(
+        throw core::InputError(
             std::string(name()) + " state: slot '" + slot + "' is missing for parameter '" + param + "'", source);
       }
     }
@@ -267,10 +269,10 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& name, const Optimiz
   }
   const std::vector<std::string> names = optimizer_names();
   std::string message = "unknown optimizer '" + name + "' (known: " + join(names) + ")";
-  if (const std::string guess = io::closest_match(name, names); !guess.empty()) {
+  if (const std::string guess = core::closest_match(name, names); !guess.empty()) {
     message += "; did you mean '" + guess + "'?";
   }
-  throw io::ConfigError(message, "", 0, "optimizer.name");
+  throw core::ConfigError(message, "", 0, "optimizer.name");
 }
 
 }  // namespace tessera::engine

@@ -5,15 +5,15 @@
 #include <cstdio>
 #include <numbers>
 
-#include "io/config.h"
-#include "io/error.h"
+#include "core/config.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
 
 // Options are checked where the schedule is made, so that a bad value is reported against its config key.
 void require(bool ok, const char* key, const std::string& message) {
-  if (!ok) throw io::ConfigError(message, "", 0, key);
+  if (!ok) throw core::ConfigError(message, "", 0, key);
 }
 
 bool in_range(double x, double lo, double hi) { return std::isfinite(x) && x >= lo && x <= hi; }
@@ -43,7 +43,8 @@ std::string join(const std::vector<std::string>& items) {
 }  // namespace
 
 double linearly_scaled_lr(double base_lr, std::int64_t global_batch, std::int64_t reference_batch) {
-  if (global_batch < 1) throw io::InternalError("global batch must be at least 1, got " + std::to_string(global_batch));
+  if (global_batch < 1)
+    throw core::InternalError("global batch must be at least 1, got " + std::to_string(global_batch));
   require(reference_batch >= 0, "schedule.reference_batch",
           "reference batch must be >= 0 (0 = no scaling), got " + std::to_string(reference_batch));
   if (reference_batch == 0) return base_lr;
@@ -54,8 +55,8 @@ double linearly_scaled_lr(double base_lr, std::int64_t global_batch, std::int64_
 
 Schedule::Schedule(const ScheduleOptions& options) : options_(options) {
   if (options.steps_per_epoch < 1) {
-    throw io::InternalError("schedule: steps per epoch must be at least 1, got " +
-                            std::to_string(options.steps_per_epoch));
+    throw core::InternalError("schedule: steps per epoch must be at least 1, got " +
+                              std::to_string(options.steps_per_epoch));
   }
   require(std::isfinite(options.base_lr) && options.base_lr >= 0.0, "optimizer.lr",
           "the learning rate must be a finite number >= 0, got " + text_of(options.base_lr));
@@ -72,7 +73,7 @@ double Schedule::warmup_factor(std::int64_t step) const {
 }
 
 double Schedule::lr(std::int64_t step) const {
-  if (step < 0) throw io::InternalError("schedule: step must be >= 0, got " + std::to_string(step));
+  if (step < 0) throw core::InternalError("schedule: step must be >= 0, got " + std::to_string(step));
   return warmup_factor(step) * decayed(step);
 }
 
@@ -164,10 +165,10 @@ std::unique_ptr<Schedule> make_schedule(const std::string& name, const ScheduleO
   }
   const std::vector<std::string> names = schedule_names();
   std::string message = "unknown schedule '" + name + "' (known: " + join(names) + ")";
-  if (const std::string guess = io::closest_match(name, names); !guess.empty()) {
+  if (const std::string guess = core::closest_match(name, names); !guess.empty()) {
     message += "; did you mean '" + guess + "'?";
   }
-  throw io::ConfigError(message, "", 0, "schedule.name");
+  throw core::ConfigError(message, "", 0, "schedule.name");
 }
 
 }  // namespace tessera::engine

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine::reference {
 namespace {
@@ -11,14 +11,14 @@ namespace {
 template <typename A, typename B>
 void check_same_size(const A& a, const B& b, const char* what) {
   if (a.size() != b.size()) {
-    throw io::InternalError(std::string("reference ") + what + ": sizes differ (" + std::to_string(a.size()) + " and " +
-                            std::to_string(b.size()) + ")");
+    throw core::InternalError(std::string("reference ") + what + ": sizes differ (" + std::to_string(a.size()) +
+                              " and " + std::to_string(b.size()) + ")");
   }
 }
 
 float keep_scale(float p) {
   if (!(p >= 0.0f && p < 1.0f))
-    throw io::InternalError("reference dropout: p must be in [0, 1), got " + std::to_string(p));
+    throw core::InternalError("reference dropout: p must be in [0, 1), got " + std::to_string(p));
   return 1.0f / (1.0f - p);
 }
 

@@ -3,15 +3,15 @@
 #include <cstddef>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine::reference {
 namespace {
 
 void check_size(const std::vector<float>& v, int expected, const char* what) {
   if (v.size() != static_cast<std::size_t>(expected)) {
-    throw io::InternalError(std::string("reference linear: ") + what + " has " + std::to_string(v.size()) +
-                            " values, expected " + std::to_string(expected));
+    throw core::InternalError(std::string("reference linear: ") + what + " has " + std::to_string(v.size()) +
+                              " values, expected " + std::to_string(expected));
   }
 }
 

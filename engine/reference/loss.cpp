@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine::reference {
 
@@ -13,12 +13,12 @@ CrossEntropyResult softmax_cross_entropy(const std::vector<float>& logits, const
                                          const std::vector<float>& class_weights) {
   const auto n_count = static_cast<int>(labels.size());
   if (classes < 1 || logits.size() != static_cast<std::size_t>(n_count) * classes) {
-    throw io::InternalError("reference cross-entropy: " + std::to_string(logits.size()) + " logits for " +
-                            std::to_string(n_count) + " labels and " + std::to_string(classes) + " classes");
+    throw core::InternalError("reference cross-entropy: " + std::to_string(logits.size()) + " logits for " +
+                              std::to_string(n_count) + " labels and " + std::to_string(classes) + " classes");
   }
   if (!class_weights.empty() && class_weights.size() != static_cast<std::size_t>(classes)) {
-    throw io::InternalError("reference cross-entropy: " + std::to_string(class_weights.size()) + " class weights for " +
-                            std::to_string(classes) + " classes");
+    throw core::InternalError("reference cross-entropy: " + std::to_string(class_weights.size()) +
+                              " class weights for " + std::to_string(classes) + " classes");
   }
   CrossEntropyResult r;
   r.probabilities.resize(logits.size());
@@ -28,8 +28,8 @@ CrossEntropyResult softmax_cross_entropy(const std::vector<float>& logits, const
   for (int n = 0; n < n_count; ++n) {
     const int t = labels[n];
     if (t < 0 || t >= classes) {
-      throw io::InternalError("reference cross-entropy: label " + std::to_string(t) + " outside [0, " +
-                              std::to_string(classes) + ")");
+      throw core::InternalError("reference cross-entropy: label " + std::to_string(t) + " outside [0, " +
+                                std::to_string(classes) + ")");
     }
     const float* z = &logits[static_cast<std::size_t>(n) * classes];
     const double z_max = *std::max_element(z, z + classes);

@@ -5,15 +5,15 @@
 #include <limits>
 #include <string>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine::reference {
 namespace {
 
 void check_size(const std::vector<float>& v, int expected, const char* what) {
   if (v.size() != static_cast<std::size_t>(expected)) {
-    throw io::InternalError(std::string("reference pooling: ") + what + " has " + std::to_string(v.size()) +
-                            " values, expected " + std::to_string(expected));
+    throw core::InternalError(std::string("reference pooling: ") + what + " has " + std::to_string(v.size()) +
+                              " values, expected " + std::to_string(expected));
   }
 }
 
@@ -21,8 +21,8 @@ void check_window(const PoolInput& s, const PoolWindow& p) {
   // Padding at most half the kernel (PyTorch's rule) keeps at least one image cell in every window.
   if (p.kernel_h < 1 || p.kernel_w < 1 || p.stride_h < 1 || p.stride_w < 1 || p.pad_h < 0 || p.pad_w < 0 ||
       2 * p.pad_h > p.kernel_h || 2 * p.pad_w > p.kernel_w || p.out_h(s.h) < 1 || p.out_w(s.w) < 1) {
-    throw io::InternalError("reference pooling: window does not fit the " + std::to_string(s.h) + "x" +
-                            std::to_string(s.w) + " input");
+    throw core::InternalError("reference pooling: window does not fit the " + std::to_string(s.h) + "x" +
+                              std::to_string(s.w) + " input");
   }
 }
 
@@ -154,8 +154,8 @@ int adaptive_end(int o, int in_count, int out_count) { return ((o + 1) * in_coun
 
 void check_adaptive(const PoolInput& s, int out_h, int out_w) {
   if (out_h < 1 || out_w < 1 || s.n < 1 || s.c < 1 || s.h < 1 || s.w < 1) {
-    throw io::InternalError("reference adaptive pooling: bad output size " + std::to_string(out_h) + "x" +
-                            std::to_string(out_w));
+    throw core::InternalError("reference adaptive pooling: bad output size " + std::to_string(out_h) + "x" +
+                              std::to_string(out_w));
   }
 }
 

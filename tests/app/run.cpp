@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/hash.h"
+#include "core/hash.h"
 #include "io/shard.h"
 #include "tests/testing/testing.h"
 
@@ -43,8 +43,8 @@ Run run_with(const std::string& prefix, const std::string& args) {
 Run run(const std::string& args) { return run_with("", args); }
 
 Run run_mpi(int ranks, const std::string& args) {
-  return run_with(std::string(TESSERA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root ",
-                  args);
+  return run_with(
+      std::string(TESSERA_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe --allow-run-as-root ", args);
 }
 
 Run run_script(const std::string& script) {
@@ -75,9 +75,9 @@ std::map<ShardTileKey, std::uint64_t> shard_tiles(const std::filesystem::path& f
     for (std::int64_t i = 0; i < shard.size(); ++i) {
       const auto k = static_cast<std::size_t>(i);
       shard.read_images(i, 1, pixels.data());
-      const ShardTileKey key{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k],
-                             shard.coords()[2 * k + 1], shard.labels()[k]};
-      EXPECT_TRUE(tiles.emplace(key, io::fnv1a(pixels.data(), pixels.size())).second)
+      const ShardTileKey key{shard.slides()[shard.slide_indices()[k]], shard.coords()[2 * k], shard.coords()[2 * k + 1],
+                             shard.labels()[k]};
+      EXPECT_TRUE(tiles.emplace(key, core::fnv1a(pixels.data(), pixels.size())).second)
           << "tile twice: " << std::get<0>(key) << " (" << std::get<1>(key) << ", " << std::get<2>(key) << ")";
     }
   }

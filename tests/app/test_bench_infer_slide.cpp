@@ -63,7 +63,7 @@ TEST(BenchInferSlide, MeasuresInferEndToEndAndAgreesWithItsRuns) {
   EXPECT_EQ(two["ranks"], 2);
   EXPECT_EQ(j["slide"]["width"], kSide);
   EXPECT_EQ(j["slide"]["height"], kSide);
-  ASSERT_EQ(j["outputs"].size(), 7u) << j.dump(2);  // every output of preprocessing/heatmap_outputs.h
+  ASSERT_EQ(j["outputs"].size(), 7u) << j.dump(2);  // every output of analysis/heatmap_outputs.h
   for (const auto& name : j["outputs"]) EXPECT_TRUE(fs::exists(work / "infer-1rank" / name.get<std::string>())) << name;
   EXPECT_EQ(one["slides"][0]["outputs"], j["outputs"]);
   EXPECT_EQ(two["slides"][0]["outputs"], j["outputs"]);
@@ -102,7 +102,8 @@ TEST(BenchInferSlide, MeasuresInferEndToEndAndAgreesWithItsRuns) {
   EXPECT_TRUE(contains(r.out, std::to_string(tiles) + " tiles of the 1024x1024 px slide")) << r.out;
   EXPECT_TRUE(contains(r.out, "1 rank x ")) << r.out;
   EXPECT_TRUE(contains(r.out, "2 ranks x ")) << r.out;
-  EXPECT_TRUE(contains(r.out, "peak memory, tessera infer 1 rank: 1024x1024 slide (" + std::to_string(tiles) + " tiles)"))
+  EXPECT_TRUE(
+      contains(r.out, "peak memory, tessera infer 1 rank: 1024x1024 slide (" + std::to_string(tiles) + " tiles)"))
       << r.out;
   EXPECT_TRUE(contains(r.out, "load average")) << r.out;
 }

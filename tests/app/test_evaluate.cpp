@@ -2,7 +2,7 @@
 // synth data set with detections placed on its own tumours, and failures (a broken annotation fails alone, missing
 // detection files are counted as none and listed, bad usage is refused).
 //
-// Mask geometry as in tests/engine/test_evaluation.cpp: synth slides are 0.25 µm/px, so a mask pixel is 32 level-0
+// Mask geometry as in tests/analysis/test_evaluation.cpp: synth slides are 0.25 µm/px, so a mask pixel is 32 level-0
 // pixels (8 µm) and lesion borders grow by 4 mask pixels (32 µm; the 5th pixel, 40 µm out, stays outside).
 #include <array>
 #include <cmath>

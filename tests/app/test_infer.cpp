@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/metrics.h"
+#include "core/metrics.h"
 #include "io/annotations.h"
 #include "io/checkpoint.h"
 #include "io/heatmap.h"
@@ -117,9 +117,9 @@ TEST_F(Infer, TheMapCoversTheSlideAtTheStrideAndScoresTheTissueCells) {
     const std::string out = "geometry" + std::to_string(stride);
     // The tissue rule: the checkpoint's (its tiling kept tiles with 0.3 tissue), or the job's when it sets one.
     const double min_fraction = stride == 0 ? 0.3 : 0.5;
-    const auto r = infer(slide(id), out,
-                         "--stride " + std::to_string(stride) +
-                             (stride == 0 ? std::string() : " --set tissue.min_fraction=0.5"));
+    const auto r =
+        infer(slide(id), out,
+              "--stride " + std::to_string(stride) + (stride == 0 ? std::string() : " --set tissue.min_fraction=0.5"));
     ASSERT_EQ(r.code, 0) << r.err;
     const io::Heatmap map = heatmap(out, id);
 
@@ -231,9 +231,9 @@ TEST_F(Infer, TissueIsFoundAsTheCheckpointsTilingFoundItUnlessTheJobSaysOtherwis
     io::TissueSettings expected;
   };
   const std::vector<Case> cases = {
-      {"tissue_other.h5", "", {0.7, 16.0, false}},                                 // all three from /meta
+      {"tissue_other.h5", "", {0.7, 16.0, false}},                               // all three from /meta
       {"tissue_other.h5", "--set tissue.min_fraction=0.4", {0.4, 16.0, false}},  // the job's key wins
-      {"tissue_none.h5", "", {0.5, 8.0, true}},                                    // none recorded: the defaults
+      {"tissue_none.h5", "", {0.5, 8.0, true}},                                  // none recorded: the defaults
   };
   for (std::size_t k = 0; k < cases.size(); ++k) {
     const Case& c = cases[k];
@@ -325,8 +325,8 @@ TEST_F(Infer, TheMapFindsTheTumourOfASlideTheModelDidNotTrainOn) {
   EXPECT_TRUE(fs::exists(dir_->file("truth/infer.config.yaml")));
   const io::Heatmap map = heatmap("truth", id);
   std::vector<io::Annotation> tumour, exclusion;
-  prep::split_annotations(io::read_annotations(dir_->file("synth/slides/" + id + ".xml")), prep::AnnotationClasses{},
-                          tumour, exclusion);
+  io::split_annotations(io::read_annotations(dir_->file("synth/slides/" + id + ".xml")), io::AnnotationClasses{},
+                        tumour, exclusion);
   ASSERT_FALSE(tumour.empty());
 
   // Cells whose tile is mostly annotated tumour against cells without any: the map ranks them apart.
@@ -353,7 +353,7 @@ TEST_F(Infer, TheMapFindsTheTumourOfASlideTheModelDidNotTrainOn) {
   }
   const auto positives = std::count(labels.begin(), labels.end(), 1);
   ASSERT_GE(positives, 5);
-  const double auc = engine::roc_auc(scores, labels);
+  const double auc = core::roc_auc(scores, labels);
   EXPECT_GT(auc, 0.85) << positives << " tumour cells of " << labels.size();
   EXPECT_GT(best_fraction, 0.0) << "the highest-scoring cell (P " << best << ") has no annotated tumour";
 

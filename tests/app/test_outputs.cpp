@@ -2,7 +2,7 @@
 // a folder), an output that cannot be written is a usage error before any work (a file in the way, a read-only mount,
 // a folder of another user), a full disk ends the job with the error and never a signal (injected at the shard,
 // heatmap and checkpoint writes, and a real full tmpfs), and a killed `tile` or `infer` keeps what it finished.
-// Kills and full disks happen at fault-injection points (io/fault.h), never after a timer.
+// Kills and full disks happen at fault-injection points (core/fault.h), never after a timer.
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,9 +20,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
+#include "core/output_dir.h"
 #include "io/heatmap.h"
-#include "io/output_dir.h"
 #include "io/shard.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
@@ -150,13 +150,13 @@ TEST_F(Outputs, ASecondJobOnALockedFolderIsRefusedNamingTheHolderInEveryVerb) {
     SCOPED_TRACE(verb);
     const std::string out = dir_->file("locked-" + verb);
     // This test process is the "first job": it holds the lock through the same API the verbs use.
-    io::OutputLock first = io::OutputLock::acquire(out, "test");
+    core::OutputLock first = core::OutputLock::acquire(out, "test");
     const auto r = run(verb_line(verb, out));
     EXPECT_EQ(r.code, 2) << r.err;
     EXPECT_TRUE(contains(r.err, "output folder '" + out + "' is in use by another Tessera job (tessera test, pid " +
                                     std::to_string(::getpid()) + " on host "))
         << r.err;
-    EXPECT_EQ(names_in(out), std::set<std::string>{io::output_lock_name}) << "nothing written by the refused job";
+    EXPECT_EQ(names_in(out), std::set<std::string>{core::output_lock_name}) << "nothing written by the refused job";
   }
   // Once the first job lets go, the folder is free (the refusal was the lock's).
   const std::string out = dir_->file("locked-tile");
@@ -361,7 +361,8 @@ TEST_F(Outputs, TileKilledOnOneOfTwoRanksKeepsEveryShardFinishedWithItsRecord) {
     EXPECT_TRUE(contains(r.err, shard + ": kept from an earlier run of this job")) << shard << "\n" << r.err;
     EXPECT_EQ(inode_of(out + "/" + shard), inode) << shard;
   }
-  EXPECT_TRUE(testing::shard_tiles(out) == testing::shard_tiles(dir_->file("shards"))) << "the same tiles as an uninterrupted run";
+  EXPECT_TRUE(testing::shard_tiles(out) == testing::shard_tiles(dir_->file("shards")))
+      << "the same tiles as an uninterrupted run";
 }
 
 TEST_F(Outputs, AKeptShardWhosePixelsChangedIsExtractedAgain) {

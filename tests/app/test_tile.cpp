@@ -95,11 +95,11 @@ TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string out = dir_->file("labels");
   const auto manifest = io::read_manifest(out + "/manifest.json");
-  prep::AnnotationClasses classes;
+  io::AnnotationClasses classes;
   std::map<std::string, std::pair<std::vector<io::Annotation>, std::vector<io::Annotation>>> truth;
   for (const auto& s : manifest.slides) {
     const auto annotations = io::read_asap_xml(dir_->file("synth/slides/" + s.id + ".xml"));
-    prep::split_annotations(annotations, classes, truth[s.id].first, truth[s.id].second);
+    io::split_annotations(annotations, classes, truth[s.id].first, truth[s.id].second);
   }
   int checked = 0;
   for (const auto& entry : manifest.shards) {

@@ -18,7 +18,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "engine/metrics.h"
+#include "core/metrics.h"
 #include "io/checkpoint.h"
 #include "io/shard.h"
 #include "tests/app/run.h"
@@ -147,7 +147,7 @@ std::map<std::string, std::string> split_of_slides(const std::string& folder) {
   return split;
 }
 
-// AUC and accuracy at 0.5 of predictions, as engine/metrics.h computes them.
+// AUC and accuracy at 0.5 of predictions, as core/metrics.h computes them.
 std::pair<double, double> auc_and_accuracy(const std::vector<Prediction>& rows) {
   std::vector<float> scores;
   std::vector<std::uint8_t> labels;
@@ -157,7 +157,7 @@ std::pair<double, double> auc_and_accuracy(const std::vector<Prediction>& rows) 
     labels.push_back(static_cast<std::uint8_t>(std::get<3>(r.key)));
     correct += (r.p >= 0.5f) == (std::get<3>(r.key) != 0);
   }
-  return {engine::roc_auc(scores, labels), static_cast<double>(correct) / static_cast<double>(rows.size())};
+  return {core::roc_auc(scores, labels), static_cast<double>(correct) / static_cast<double>(rows.size())};
 }
 
 // metrics.csv as rows of named numbers.
@@ -257,8 +257,8 @@ TEST_F(Train, ResumedRunContinuesBitForBit) {
 
 TEST_F(Train, PredictScoresEveryChosenTileWithTheAucTheMetricsGive) {
   const fs::path csv = dir_->file("preds/test-val.csv");
-  const auto r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() +
-                     " --out " + csv.string() + " --splits test,val --batch 50");
+  const auto r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+                     csv.string() + " --splits test,val --batch 50");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto rows = read_predictions(csv);
 
@@ -296,10 +296,11 @@ TEST_F(Train, PredictScoresEveryChosenTileWithTheAucTheMetricsGive) {
   EXPECT_NEAR(summary["per_split"]["val"]["accuracy"].get<double>(), val.back()["accuracy"].get<double>(), 2e-3);
 
   // Default: every slide.
-  const auto all = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() +
-                       " --out " + dir_->file("preds/all.csv"));
+  const auto all = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+                       dir_->file("preds/all.csv"));
   ASSERT_EQ(all.code, 0) << all.err;
-  EXPECT_EQ(read_predictions(dir_->file("preds/all.csv")).size(), shard_tiles(shards(), {"train", "val", "test"}).size());
+  EXPECT_EQ(read_predictions(dir_->file("preds/all.csv")).size(),
+            shard_tiles(shards(), {"train", "val", "test"}).size());
 }
 
 TEST_F(Train, PredictOnTwoRanksWritesTheSameRows) {

@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/add.h"
 #include "engine/layers/conv.h"
 #include "engine/reference/elementwise.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -25,7 +25,7 @@ TEST(AddReference, HandWorkedAndCentralDifferences) {
   EXPECT_EQ(reference::add_forward({1, -2, 3}, {1, 1, -4}), (std::vector<float>{2, -1, -1}));
   EXPECT_EQ(reference::add_forward({1, -2, 3}, {1, 1, -4}, true), (std::vector<float>{2, 0, 0}));
   EXPECT_EQ(reference::add_backward({5, 6, 7}, {2, 0, 0}, true), (std::vector<float>{5, 0, 0}));
-  EXPECT_THROW(reference::add_forward({1}, {1, 2}), io::InternalError);
+  EXPECT_THROW(reference::add_forward({1}, {1, 2}), core::InternalError);
 
   auto a = gradcheck::random_vector(300, 1);
   const auto b = gradcheck::random_vector(300, 2);
@@ -71,10 +71,10 @@ TEST(ResidualAdd, MatchesTheReferenceAcrossLayouts) {
 
 TEST(ResidualAdd, RejectsMismatchedInputsAndEarlyBackward) {
   ResidualAdd join("j", true);
-  EXPECT_THROW(join.backward(Tensor::plain({1, 2, 3, 3})), io::InternalError) << "no forward yet";
-  EXPECT_THROW(join.forward(Tensor::plain({1, 2, 3, 3}), Tensor::plain({1, 2, 3, 4})), io::InternalError);
+  EXPECT_THROW(join.backward(Tensor::plain({1, 2, 3, 3})), core::InternalError) << "no forward yet";
+  EXPECT_THROW(join.forward(Tensor::plain({1, 2, 3, 3}), Tensor::plain({1, 2, 3, 4})), core::InternalError);
   join.forward(Tensor::plain({1, 2, 3, 3}), Tensor::plain({1, 2, 3, 3}));
-  EXPECT_THROW(join.backward(Tensor::plain({1, 2, 3, 4})), io::InternalError);
+  EXPECT_THROW(join.backward(Tensor::plain({1, 2, 3, 4})), core::InternalError);
 }
 
 // y = relu(conv(x) + x): forward through the join, backward through the join, the conv and the shortcut, the

@@ -5,13 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/fold.h"
 #include "engine/reference/batchnorm.h"
 #include "engine/reference/relu.h"
 #include "engine/sequential.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -180,7 +180,7 @@ TEST(BatchNorm2d, NamesFollowPyTorch) {
 
 TEST(BatchNorm2d, RejectsASingleValuePerChannelInTraining) {
   BatchNorm2d bn("bn", 3);
-  EXPECT_THROW(bn.forward(Tensor::plain({1, 3, 1, 1})), io::InternalError);
+  EXPECT_THROW(bn.forward(Tensor::plain({1, 3, 1, 1})), core::InternalError);
   bn.set_mode(Mode::eval);
   EXPECT_NO_THROW(bn.forward(Tensor::plain({1, 3, 1, 1})));
 }
@@ -214,9 +214,9 @@ TEST_P(FoldCases, FoldingLeavesEvalOutputsUnchanged) {
   EXPECT_TRUE(all_near(after, before, 1e-5));
   EXPECT_EQ(after.size(), before.size());
 
-  EXPECT_THROW(fold_batchnorm(conv, bn), io::InternalError) << "folding twice";
+  EXPECT_THROW(fold_batchnorm(conv, bn), core::InternalError) << "folding twice";
   block.set_mode(Mode::train);
-  EXPECT_THROW(block.forward(x), io::InternalError) << "a folded batch norm cannot train";
+  EXPECT_THROW(block.forward(x), core::InternalError) << "a folded batch norm cannot train";
 }
 
 INSTANTIATE_TEST_SUITE_P(FoldBatchnorm, FoldCases,
@@ -227,10 +227,10 @@ INSTANTIATE_TEST_SUITE_P(FoldBatchnorm, FoldCases,
 TEST(FoldBatchnorm, RefusesPairsThatDoNotFit) {
   Conv2d conv("conv", {.in = 3, .out = 8, .kernel = 3});
   BatchNorm2d wrong("bn", 7);
-  EXPECT_THROW(fold_batchnorm(conv, wrong), io::InternalError);
+  EXPECT_THROW(fold_batchnorm(conv, wrong), core::InternalError);
   Conv2d with_relu("conv", {.in = 3, .out = 8, .kernel = 3, .relu = true});
   BatchNorm2d bn("bn", 8);
-  EXPECT_THROW(fold_batchnorm(with_relu, bn), io::InternalError);
+  EXPECT_THROW(fold_batchnorm(with_relu, bn), core::InternalError);
 }
 
 }  // namespace

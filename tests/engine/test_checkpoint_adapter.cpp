@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/checkpoint_adapter.h"
 #include "io/checkpoint.h"
-#include "io/error.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::engine {
@@ -147,7 +147,7 @@ TEST(CheckpointAdapter, MismatchesAreRefusedAndLeaveTheModelUnchanged) {
   try {
     load_checkpoint_tensors(c, target.param_ptrs(), target.buffer_ptrs());
     FAIL() << "no error";
-  } catch (const io::InternalError& e) {
+  } catch (const core::InternalError& e) {
     EXPECT_NE(
         std::string(e.what()).find("tensor 'bn1.running_var' in /buffers has shape [2, 2], the model expects [4]"),
         std::string::npos)
@@ -156,19 +156,19 @@ TEST(CheckpointAdapter, MismatchesAreRefusedAndLeaveTheModelUnchanged) {
   EXPECT_TRUE(same_bits(target.params[0].value, before)) << "nothing copied before the check failed";
 
   c.params.erase("fc.bias");
-  EXPECT_THROW(load_checkpoint_tensors(c, target.param_ptrs(), target.buffer_ptrs()), io::InternalError);
+  EXPECT_THROW(load_checkpoint_tensors(c, target.param_ptrs(), target.buffer_ptrs()), core::InternalError);
 
   OptimizerState foreign;
   foreign[state_key(momentum_slot, "old_head.weight")] = {1.0f};
-  EXPECT_THROW(to_checkpoint_state("sgd", 1, foreign, source.param_ptrs()), io::InternalError);
+  EXPECT_THROW(to_checkpoint_state("sgd", 1, foreign, source.param_ptrs()), core::InternalError);
   OptimizerState wrong_size;
   wrong_size[state_key(momentum_slot, "fc.bias")] = {1.0f, 2.0f, 3.0f};
-  EXPECT_THROW(to_checkpoint_state("sgd", 1, wrong_size, source.param_ptrs()), io::InternalError);
-  EXPECT_THROW(to_checkpoint_center({{1.0f}}, source.param_ptrs()), io::InternalError);
+  EXPECT_THROW(to_checkpoint_state("sgd", 1, wrong_size, source.param_ptrs()), core::InternalError);
+  EXPECT_THROW(to_checkpoint_center({{1.0f}}, source.param_ptrs()), core::InternalError);
 
   source.params[1].name = "conv1.weight";  // a duplicate name
   io::Checkpoint duplicate = with_meta();
-  EXPECT_THROW(store_checkpoint_tensors(source.param_ptrs(), source.buffer_ptrs(), duplicate), io::InternalError);
+  EXPECT_THROW(store_checkpoint_tensors(source.param_ptrs(), source.buffer_ptrs(), duplicate), core::InternalError);
 }
 
 }  // namespace

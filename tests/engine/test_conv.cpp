@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/conv.h"
 #include "engine/reference/conv.h"
 #include "engine/reference/relu.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -213,14 +213,14 @@ TEST(Conv2d, AcceptsAnyInputLayout) {
 
 TEST(Conv2d, RejectsAMismatchedInput) {
   Conv2d conv("layer1.0.conv1", {.in = 7, .out = 5, .kernel = 3});
-  EXPECT_THROW(conv.forward(Tensor::plain({2, 6, 7, 7})), io::InternalError) << "wrong channel count";
-  EXPECT_THROW(conv.forward(Tensor::plain({2, 7, 2, 7})), io::InternalError) << "image smaller than the kernel";
+  EXPECT_THROW(conv.forward(Tensor::plain({2, 6, 7, 7})), core::InternalError) << "wrong channel count";
+  EXPECT_THROW(conv.forward(Tensor::plain({2, 7, 2, 7})), core::InternalError) << "image smaller than the kernel";
   try {
     conv.forward(Tensor::plain({2, 6, 7, 7}));
-  } catch (const io::InternalError& e) {
+  } catch (const core::InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("layer1.0.conv1"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(Conv2d("c", {.in = 0, .out = 5}), io::InternalError);
+  EXPECT_THROW(Conv2d("c", {.in = 0, .out = 5}), core::InternalError);
 }
 
 TEST(Conv2d, ParametersCarryPyTorchNamesAndShapes) {

@@ -5,10 +5,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/context.h"
 #include "engine/layers/dropout.h"
 #include "engine/reference/elementwise.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -34,8 +34,8 @@ std::vector<std::uint8_t> plain_mask(const Dropout& dropout, const dnnl::memory:
 TEST(DropoutReference, HandWorkedAndLinear) {
   EXPECT_EQ(reference::dropout_forward({1, 2, 3, 4}, {1, 0, 1, 1}, 0.5f), (std::vector<float>{2, 0, 6, 8}));
   EXPECT_EQ(reference::dropout_backward({1, 1, 1, 1}, {0, 1, 1, 0}, 0.75f), (std::vector<float>{0, 4, 4, 0}));
-  EXPECT_THROW(reference::dropout_forward({1}, {1}, 1.0f), io::InternalError);
-  EXPECT_THROW(reference::dropout_forward({1, 2}, {1}, 0.5f), io::InternalError);
+  EXPECT_THROW(reference::dropout_forward({1}, {1}, 1.0f), core::InternalError);
+  EXPECT_THROW(reference::dropout_forward({1, 2}, {1}, 0.5f), core::InternalError);
 
   auto x = gradcheck::random_vector(200, 1);
   std::vector<std::uint8_t> keep(x.size());
@@ -113,8 +113,8 @@ TEST(Dropout, EvalAndZeroPAreTheIdentityWithoutACopy) {
   Dropout none("d", 0.0f);
   EXPECT_EQ(none.forward(input).data(), input.data());
 
-  EXPECT_THROW(Dropout("bad", 1.0f), io::InternalError);
-  EXPECT_THROW(Dropout("bad", -0.1f), io::InternalError);
+  EXPECT_THROW(Dropout("bad", 1.0f), core::InternalError);
+  EXPECT_THROW(Dropout("bad", -0.1f), core::InternalError);
 }
 
 }  // namespace

@@ -8,11 +8,11 @@
 #include <tuple>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/linear.h"
 #include "engine/reference/conv.h"
 #include "engine/reference/linear.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -41,7 +41,7 @@ TEST(LinearReference, HandWorked) {
   EXPECT_EQ(g.diff_x, (std::vector<float>{3, 2}));
   EXPECT_EQ(g.diff_weight, (std::vector<float>{1, 2, 1, 2, 1, 2}));
   EXPECT_EQ(g.diff_bias, (std::vector<float>{1, 1, 1}));
-  EXPECT_THROW(reference::linear_forward(x, w, b, {1, 3, 3}), io::InternalError);
+  EXPECT_THROW(reference::linear_forward(x, w, b, {1, 3, 3}), core::InternalError);
 }
 
 TEST(LinearReference, BackwardMatchesCentralDifferences) {
@@ -181,11 +181,11 @@ TEST(Linear, NamesShapesAndErrors) {
   EXPECT_EQ(params.size(), 1u);
   EXPECT_EQ(no_bias.bias(), nullptr);
 
-  EXPECT_THROW(Linear("bad", {.in = 0, .out = 2}), io::InternalError);
-  EXPECT_THROW(fc.forward(Tensor::plain({2, 511})), io::InternalError);
-  EXPECT_THROW(fc.forward(Tensor::plain({2, 8, 8, 7})), io::InternalError) << "448 features, not 512";
+  EXPECT_THROW(Linear("bad", {.in = 0, .out = 2}), core::InternalError);
+  EXPECT_THROW(fc.forward(Tensor::plain({2, 511})), core::InternalError);
+  EXPECT_THROW(fc.forward(Tensor::plain({2, 8, 8, 7})), core::InternalError) << "448 features, not 512";
   fc.weight().grad.clear();
-  EXPECT_THROW(fc.forward(Tensor::plain({2, 512})), io::InternalError) << "a Param resized behind the layer's back";
+  EXPECT_THROW(fc.forward(Tensor::plain({2, 512})), core::InternalError) << "a Param resized behind the layer's back";
 }
 
 TEST(Linear, WithoutPropagateDownStillComputesParameterGradients) {

@@ -6,9 +6,9 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/loss.h"
 #include "engine/reference/loss.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -39,7 +39,7 @@ TEST(CrossEntropyReference, HandWorkedWeightedMean) {
   // Uniform logits: log K whatever the labels.
   EXPECT_NEAR(reference::softmax_cross_entropy(std::vector<float>(3 * 7, 0.5f), {0, 3, 6}, 7).loss, std::log(7.0),
               1e-6);
-  EXPECT_THROW(reference::softmax_cross_entropy({0, 0}, {2}, 2), io::InternalError);
+  EXPECT_THROW(reference::softmax_cross_entropy({0, 0}, {2}, 2), core::InternalError);
 }
 
 TEST(CrossEntropyReference, BackwardMatchesCentralDifferences) {
@@ -115,7 +115,7 @@ TEST(SoftmaxCrossEntropy, PredictGivesProbabilities) {
   const auto& p = loss.predict(make_tensor({5, 3}, z, tag::ba));
   ASSERT_EQ(p.size(), 15u);
   EXPECT_TRUE(all_near(p, reference::softmax_cross_entropy(z, {0, 0, 0, 0, 0}, 3).probabilities, tol));
-  EXPECT_THROW(loss.backward(), io::InternalError) << "predict computes no gradient";
+  EXPECT_THROW(loss.backward(), core::InternalError) << "predict computes no gradient";
 }
 
 // exp(log-softmax) of the winning class can round to just above 1 (oneDNN's log-softmax is a few ulp off 0 there);
@@ -147,15 +147,15 @@ TEST(SoftmaxCrossEntropy, ProbabilitiesNeverLeaveZeroOne) {
 TEST(SoftmaxCrossEntropy, RejectsBadLabelsShapesAndWeights) {
   SoftmaxCrossEntropy loss;
   const Tensor z = make_tensor({2, 3}, {1, 2, 3, 4, 5, 6});
-  EXPECT_THROW(loss.forward(z, std::vector<int>{0, 3}), io::InternalError);
-  EXPECT_THROW(loss.forward(z, std::vector<int>{0, -1}), io::InternalError);
-  EXPECT_THROW(loss.forward(z, std::vector<int>{0}), io::InternalError);
-  EXPECT_THROW(loss.forward(Tensor::plain({2, 3, 1, 1}), std::vector<int>{0, 1}), io::InternalError);
-  EXPECT_THROW(loss.backward(), io::InternalError);
+  EXPECT_THROW(loss.forward(z, std::vector<int>{0, 3}), core::InternalError);
+  EXPECT_THROW(loss.forward(z, std::vector<int>{0, -1}), core::InternalError);
+  EXPECT_THROW(loss.forward(z, std::vector<int>{0}), core::InternalError);
+  EXPECT_THROW(loss.forward(Tensor::plain({2, 3, 1, 1}), std::vector<int>{0, 1}), core::InternalError);
+  EXPECT_THROW(loss.backward(), core::InternalError);
   SoftmaxCrossEntropy two({1.0f, 2.0f});
-  EXPECT_THROW(two.forward(z, std::vector<int>{0, 1}), io::InternalError) << "3 classes, 2 weights";
-  EXPECT_THROW(SoftmaxCrossEntropy({1.0f, -1.0f}), io::InternalError);
-  EXPECT_THROW(SoftmaxCrossEntropy({1.0f, NAN}), io::InternalError);
+  EXPECT_THROW(two.forward(z, std::vector<int>{0, 1}), core::InternalError) << "3 classes, 2 weights";
+  EXPECT_THROW(SoftmaxCrossEntropy({1.0f, -1.0f}), core::InternalError);
+  EXPECT_THROW(SoftmaxCrossEntropy({1.0f, NAN}), core::InternalError);
 }
 
 }  // namespace

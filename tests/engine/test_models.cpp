@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/adaptive_pool.h"
 #include "engine/models/init.h"
@@ -28,7 +29,6 @@
 #include "engine/reference/pool.h"
 #include "engine/reference/relu.h"
 #include "io/checkpoint.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 #include "tests/testing/testing.h"
@@ -141,7 +141,7 @@ TEST(ModelRegistry, UnknownNameIsAConfigErrorListingTheKnownOnes) {
   try {
     make_model(o);
     FAIL() << "no error";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "model.architecture");
     const std::string what = e.what();
     for (const auto& name : model_names()) EXPECT_NE(what.find(name), std::string::npos) << name << " in " << what;
@@ -153,7 +153,7 @@ TEST(ModelRegistry, BadOptionsNameTheirKey) {
   const auto key_of = [](const ModelOptions& o) {
     try {
       make_model(o);
-    } catch (const io::ConfigError& e) {
+    } catch (const core::ConfigError& e) {
       return e.key();
     }
     return std::string("no error");
@@ -176,7 +176,7 @@ TEST(ModelRegistry, TooSmallInputNamesTheLayerAndTheSmallestSize) {
   try {
     make_model(options_for("alexnet", 62, 2));
     FAIL() << "no error";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "model.input_size");
     const std::string what = e.what();
     EXPECT_NE(what.find("features.12"), std::string::npos) << what;  // the third max-pool
@@ -184,7 +184,7 @@ TEST(ModelRegistry, TooSmallInputNamesTheLayerAndTheSmallestSize) {
   }
   auto vgg = make_model(options_for("vgg11", 32, 2));
   EXPECT_EQ(vgg->minimum_input_size(), 32);
-  EXPECT_THROW(vgg->flops(31), io::ConfigError);
+  EXPECT_THROW(vgg->flops(31), core::ConfigError);
   EXPECT_EQ(make_model(options_for("compact", 96, 2))->minimum_input_size(), 16);
 }
 
@@ -418,7 +418,7 @@ TEST(Models, OneModelTakesChangingInputSizes) {
   const std::vector<float> first = model->forward(a, 2, 32, 32).to_plain();
   EXPECT_EQ(model->forward(b, 3, 40, 40).dims(), (dims_t{3, 4}));
   EXPECT_EQ(model->forward(a, 2, 32, 32).to_plain(), first);
-  EXPECT_THROW(model->forward(a, 2, 31, 31), io::InternalError);  // the values do not fill the stated shape
+  EXPECT_THROW(model->forward(a, 2, 31, 31), core::InternalError);  // the values do not fill the stated shape
 }
 
 TEST(Models, DropoutMasksFollowTheSeed) {
@@ -552,7 +552,7 @@ TEST(Models, FoldingBatchNormKeepsEvalOutputs) {
     if (name != "vgg11_bn") {  // VGG's convolutions have biases already
       EXPECT_GT(model->parameter_count(), params_before) << "folded convolutions gain a bias";
     }
-    EXPECT_THROW(model->set_mode(Mode::train), io::InternalError);
+    EXPECT_THROW(model->set_mode(Mode::train), core::InternalError);
   }
   auto resnet = make_model(options_for("resnet18", 32, 5));
   resnet->fold_batchnorm();

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "core/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -153,11 +153,11 @@ TEST(Sgd, NesterovWithoutMomentumIsAConfigError) {
   try {
     Sgd sgd(options(0.0, true, 0.0));
     FAIL() << "expected a ConfigError";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "optimizer.nesterov");
   }
-  EXPECT_THROW(Sgd(options(1.5, false, 0.0)), io::ConfigError);
-  EXPECT_THROW(Sgd(options(0.9, false, -1.0)), io::ConfigError);
+  EXPECT_THROW(Sgd(options(1.5, false, 0.0)), core::ConfigError);
+  EXPECT_THROW(Sgd(options(0.9, false, -1.0)), core::ConfigError);
 }
 
 // ---- LARS ----
@@ -285,10 +285,10 @@ TEST(Lars, LocalRateOfALargeParameterMatchesDoubleSums) {
 TEST(Lars, NesterovIsAConfigError) {
   OptimizerOptions o = lars_options(0.9);
   o.nesterov = true;
-  EXPECT_THROW(Lars{o}, io::ConfigError);
+  EXPECT_THROW(Lars{o}, core::ConfigError);
   o.nesterov = false;
   o.trust_coefficient = 0.0;
-  EXPECT_THROW(Lars{o}, io::ConfigError);
+  EXPECT_THROW(Lars{o}, core::ConfigError);
 }
 
 // ---- common behaviour ----
@@ -310,12 +310,12 @@ TEST(Optimizer, StepRejectsMismatchedGradientsAndBadRates) {
   try {
     sgd.step({&p}, 0.1);
     FAIL() << "expected an InternalError";
-  } catch (const io::InternalError& e) {
+  } catch (const core::InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("layer1.0.conv1.weight"), std::string::npos) << e.what();
   }
   p.grad.resize(2);
-  EXPECT_THROW(sgd.step({&p}, -0.1), io::InternalError);
-  EXPECT_THROW(sgd.step({&p}, std::nan("")), io::InternalError);
+  EXPECT_THROW(sgd.step({&p}, -0.1), core::InternalError);
+  EXPECT_THROW(sgd.step({&p}, std::nan("")), core::InternalError);
   EXPECT_EQ(p.value, (std::vector<float>{1.0f, 2.0f})) << "a rejected step changes nothing";
 }
 
@@ -379,16 +379,16 @@ TEST_P(Resume, ExportedStateContinuesBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, Resume, ::testing::Values("sgd", "lars"));
 
-io::InputError load_error(const OptimizerState& state, const std::vector<Param*>& params) {
+core::InputError load_error(const OptimizerState& state, const std::vector<Param*>& params) {
   Sgd sgd(options(0.9, false, 0.0));
   try {
     sgd.load_state(state, params, "ckpt.h5");
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_TRUE(sgd.state().empty()) << "a rejected state is not half-loaded";
     return e;
   }
   ADD_FAILURE() << "expected an InputError";
-  return io::InputError("", "");
+  return core::InputError("", "");
 }
 
 TEST(Optimizer, LoadStateRejectsMismatchedCheckpoints) {
@@ -414,7 +414,7 @@ TEST(Optimizer, LoadStateRejectsMismatchedCheckpoints) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.says);
-    const io::InputError e = load_error(c.state, params);
+    const core::InputError e = load_error(c.state, params);
     EXPECT_EQ(e.file(), "ckpt.h5");
     EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
   }
@@ -433,14 +433,14 @@ TEST(OptimizerRegistry, UnknownNameListsTheKnownOnes) {
   try {
     make_optimizer("adam", OptimizerOptions{});
     FAIL() << "expected a ConfigError";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "optimizer.name");
     EXPECT_NE(std::string(e.what()).find("unknown optimizer 'adam' (known: sgd, lars)"), std::string::npos) << e.what();
   }
   try {
     make_optimizer("lras", OptimizerOptions{});
     FAIL() << "expected a ConfigError";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("did you mean 'lars'?"), std::string::npos) << e.what();
   }
 }

@@ -5,10 +5,10 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/global_pool.h"
 #include "engine/layers/pool.h"
 #include "engine/reference/pool.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -53,10 +53,10 @@ TEST(PoolReference, HandWorkedMaxAndAverage) {
 }
 
 TEST(PoolReference, RejectsWindowsThatDoNotFit) {
-  EXPECT_THROW(reference::max_pool_forward(iota(9), {1, 1, 3, 3}, {5, 5, 1, 1, 0, 0}), io::InternalError);
-  EXPECT_THROW(reference::max_pool_forward(iota(9), {1, 1, 3, 3}, {2, 2, 1, 1, 2, 2}), io::InternalError)
+  EXPECT_THROW(reference::max_pool_forward(iota(9), {1, 1, 3, 3}, {5, 5, 1, 1, 0, 0}), core::InternalError);
+  EXPECT_THROW(reference::max_pool_forward(iota(9), {1, 1, 3, 3}, {2, 2, 1, 1, 2, 2}), core::InternalError)
       << "padding beyond half the kernel";
-  EXPECT_THROW(reference::max_pool_forward(iota(8), {1, 1, 3, 3}, {2, 2, 1, 1, 0, 0}), io::InternalError);
+  EXPECT_THROW(reference::max_pool_forward(iota(8), {1, 1, 3, 3}, {2, 2, 1, 1, 0, 0}), core::InternalError);
 }
 
 struct ReferenceCase {
@@ -198,18 +198,18 @@ TEST(MaxPool2d, EvalModeComputesTheSameAndRefusesBackward) {
   pool.set_mode(Mode::eval);
   const Tensor& y = pool.forward(x);
   EXPECT_EQ(y.to_plain(), train);
-  EXPECT_THROW(pool.backward(make_tensor(y.dims(), train)), io::InternalError);
+  EXPECT_THROW(pool.backward(make_tensor(y.dims(), train)), core::InternalError);
   pool.set_mode(Mode::train);
   const Tensor& y2 = pool.forward(x);
   EXPECT_NO_THROW(pool.backward(make_tensor(y2.dims(), train)));
 }
 
 TEST(Pool2d, RejectsBadWindowsAndInputs) {
-  EXPECT_THROW(MaxPool2d("p", {.kernel = 2, .padding = 2}), io::InternalError);
-  EXPECT_THROW(AvgPool2d("p", {.kernel = 0}), io::InternalError);
+  EXPECT_THROW(MaxPool2d("p", {.kernel = 2, .padding = 2}), core::InternalError);
+  EXPECT_THROW(AvgPool2d("p", {.kernel = 0}), core::InternalError);
   MaxPool2d pool("p", {.kernel = 5});
-  EXPECT_THROW(pool.forward(Tensor::plain({1, 3, 4, 4})), io::InternalError) << "smaller than the kernel";
-  EXPECT_THROW(pool.forward(Tensor::plain({1, 3})), io::InternalError) << "2-D";
+  EXPECT_THROW(pool.forward(Tensor::plain({1, 3, 4, 4})), core::InternalError) << "smaller than the kernel";
+  EXPECT_THROW(pool.forward(Tensor::plain({1, 3})), core::InternalError) << "2-D";
   MaxPool2d no_down("p", {.kernel = 2});
   no_down.set_propagate_down(false);
   const Tensor& y = no_down.forward(Tensor::plain({1, 3, 4, 4}));
@@ -248,7 +248,7 @@ TEST(AdaptiveAvgPool2d, FollowsANewInputShape) {
   const auto b = gradcheck::random_vector(4 * 5 * 1 * 2, 54);
   EXPECT_TRUE(all_near(pool.forward(make_tensor({4, 5, 1, 2}, b, tag::nChw8c)).to_plain(),
                        reference::adaptive_avg_pool_forward(b, {4, 5, 1, 2}, 1, 1), tol));
-  EXPECT_THROW(pool.forward(Tensor::plain({4, 5})), io::InternalError);
+  EXPECT_THROW(pool.forward(Tensor::plain({4, 5})), core::InternalError);
 }
 
 }  // namespace

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
+#include "core/error.h"
 #include "engine/optim/config.h"
-#include "io/config.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -30,17 +30,17 @@ ScheduleOptions base_options() {
 }
 
 // Runs `action`, which must throw a ConfigError, and returns it.
-io::ConfigError config_error(const std::function<void()>& action) {
+core::ConfigError config_error(const std::function<void()>& action) {
   try {
     action();
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     return e;
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected a ConfigError, got: " << e.what();
-    return io::ConfigError("", "", 0, "");
+    return core::ConfigError("", "", 0, "");
   }
   ADD_FAILURE() << "expected a ConfigError, nothing was thrown";
-  return io::ConfigError("", "", 0, "");
+  return core::ConfigError("", "", 0, "");
 }
 
 // ---- linear scaling ----
@@ -49,7 +49,7 @@ TEST(LinearScaling, RateGrowsWithTheGlobalBatch) {
   EXPECT_NEAR(linearly_scaled_lr(0.1, 4096, 256), 1.6, tolerance);  // Goyal et al.: 0.1 per 256
   EXPECT_NEAR(linearly_scaled_lr(0.1, 64, 256), 0.025, tolerance);
   EXPECT_EQ(linearly_scaled_lr(0.1, 4096, 0), 0.1) << "reference batch 0 turns scaling off";
-  EXPECT_THROW(linearly_scaled_lr(0.1, 0, 256), io::InternalError);
+  EXPECT_THROW(linearly_scaled_lr(0.1, 0, 256), core::InternalError);
 }
 
 // ---- warmup and the four schedules ----
@@ -59,7 +59,7 @@ TEST(Schedule, ConstantHoldsTheRate) {
   EXPECT_EQ(s->lr(0), 1.0);
   EXPECT_EQ(s->lr(999), 1.0);
   EXPECT_EQ(s->lr(5000), 1.0);
-  EXPECT_THROW(s->lr(-1), io::InternalError);
+  EXPECT_THROW(s->lr(-1), core::InternalError);
 }
 
 TEST(Schedule, WarmupRisesLinearlyFromTheStartFactor) {
@@ -150,12 +150,12 @@ TEST(Schedule, InconsistentOptionsNameTheirKey) {
   EXPECT_EQ(config_error([&] { make_schedule("constant", o); }).key(), "schedule.warmup_start_factor");
   o = base_options();
   o.steps_per_epoch = 0;
-  EXPECT_THROW(make_schedule("constant", o), io::InternalError);
+  EXPECT_THROW(make_schedule("constant", o), core::InternalError);
 }
 
 TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
   EXPECT_EQ(schedule_names(), (std::vector<std::string>{"constant", "step", "cosine", "poly"}));
-  const io::ConfigError e = config_error([] { make_schedule("cosin", base_options()); });
+  const core::ConfigError e = config_error([] { make_schedule("cosin", base_options()); });
   EXPECT_EQ(e.key(), "schedule.name");
   EXPECT_NE(std::string(e.what()).find("unknown schedule 'cosin' (known: constant, step, cosine, poly)"),
             std::string::npos)
@@ -165,9 +165,9 @@ TEST(ScheduleRegistry, UnknownNameListsTheKnownOnes) {
 
 // ---- the YAML sections ----
 
-const io::Schema& optim_schema() {
-  static const io::Schema schema = [] {
-    io::Schema s;
+const core::Schema& optim_schema() {
+  static const core::Schema schema = [] {
+    core::Schema s;
     s.integer("train.epochs", 10, "Epochs");  // a key of the training verb next to ours
     declare_optim_keys(s);
     return s;
@@ -215,7 +215,7 @@ void expect_same(const ScheduleOptions& a, const ScheduleOptions& b) {
 }
 
 TEST(OptimConfig, BuildsWhatTheYamlSays) {
-  const io::Config config = io::Config::parse(optim_schema(), lars_job, "job.yaml");
+  const core::Config config = core::Config::parse(optim_schema(), lars_job, "job.yaml");
   const TrainingShape shape{4096, 100, 9000};
 
   const auto optimizer = build_optimizer(config);
@@ -244,8 +244,8 @@ TEST(OptimConfig, BuildsWhatTheYamlSays) {
 }
 
 TEST(OptimConfig, EffectiveConfigRoundTrips) {
-  const io::Config config = io::Config::parse(optim_schema(), lars_job, "job.yaml");
-  const io::Config again = io::Config::parse(optim_schema(), config.to_yaml(), "effective.yaml");
+  const core::Config config = core::Config::parse(optim_schema(), lars_job, "job.yaml");
+  const core::Config again = core::Config::parse(optim_schema(), config.to_yaml(), "effective.yaml");
   const TrainingShape shape{1024, 50, 5000};
   expect_same(optimizer_options(config), optimizer_options(again));
   expect_same(schedule_options(config, shape), schedule_options(again, shape));
@@ -254,7 +254,7 @@ TEST(OptimConfig, EffectiveConfigRoundTrips) {
 }
 
 TEST(OptimConfig, DefaultsBuildSgdWithCosine) {
-  const io::Config config(optim_schema());
+  const core::Config config(optim_schema());
   const auto optimizer = build_optimizer(config);
   EXPECT_STREQ(optimizer->name(), "sgd");
   const auto schedule = build_schedule(config, TrainingShape{256, 10, 100});
@@ -264,7 +264,7 @@ TEST(OptimConfig, DefaultsBuildSgdWithCosine) {
 }
 
 TEST(OptimConfig, ScalingOffKeepsTheRate) {
-  const io::Config config = io::Config::parse(
+  const core::Config config = core::Config::parse(
       optim_schema(), "optimizer: {lr: 0.05}\nschedule: {name: constant, reference_batch: 0}\n", "job.yaml");
   EXPECT_EQ(build_schedule(config, TrainingShape{4096, 10, 100})->lr(7), 0.05);
 }
@@ -287,8 +287,8 @@ TEST(OptimConfig, ErrorsNameTheFileAndTheKey) {
   const TrainingShape shape{256, 10, 100};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
-    const io::Config config = io::Config::parse(optim_schema(), c.yaml, "job.yaml");
-    const io::ConfigError e = config_error([&] {
+    const core::Config config = core::Config::parse(optim_schema(), c.yaml, "job.yaml");
+    const core::ConfigError e = config_error([&] {
       build_optimizer(config);
       build_schedule(config, shape);
     });
@@ -297,8 +297,8 @@ TEST(OptimConfig, ErrorsNameTheFileAndTheKey) {
     EXPECT_NE(std::string(e.what()).find(c.says), std::string::npos) << e.what();
   }
   // Names outside the registries are caught by the schema, with the registry's list.
-  const io::ConfigError e =
-      config_error([] { io::Config::parse(optim_schema(), "optimizer: {name: adam}\n", "job.yaml"); });
+  const core::ConfigError e =
+      config_error([] { core::Config::parse(optim_schema(), "optimizer: {name: adam}\n", "job.yaml"); });
   EXPECT_EQ(e.key(), "optimizer.name");
   EXPECT_NE(std::string(e.what()).find("sgd, lars"), std::string::npos) << e.what();
 }

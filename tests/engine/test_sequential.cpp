@@ -4,11 +4,11 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/relu.h"
 #include "engine/sequential.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -172,7 +172,7 @@ TEST(Sequential, ObserverSeesEachChildAroundItsForwardAndBackwardWithoutChanging
 TEST(Sequential, BackwardBeforeForwardIsAnError) {
   Sequential seq("features");
   build(seq);
-  EXPECT_THROW(seq.backward(Tensor::plain({1, 6, 3, 6})), io::InternalError);
+  EXPECT_THROW(seq.backward(Tensor::plain({1, 6, 3, 6})), core::InternalError);
 }
 
 }  // namespace

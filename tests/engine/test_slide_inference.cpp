@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 #include <opencv2/core.hpp>
 
+#include "core/error.h"
 #include "engine/slide_inference.h"
-#include "io/error.h"
 
 namespace tessera::engine {
 namespace {
@@ -88,7 +88,7 @@ TEST(TtaView, FlipsAreTheMirrorsAndD8AddsTheRotations) {
     for (int b = a + 1; b < 8; ++b) EXPECT_FALSE(equal(views[a], views[b])) << a << " and " << b;
   }
 
-  EXPECT_THROW(tta_view(src.data(), dst.data(), 1, kSize, Tta::flips, 4), io::InternalError);
+  EXPECT_THROW(tta_view(src.data(), dst.data(), 1, kSize, Tta::flips, 4), core::InternalError);
 }
 
 TEST(TtaView, NamesRoundTripAndAnUnknownNameListsTheKnownOnes) {
@@ -96,7 +96,7 @@ TEST(TtaView, NamesRoundTripAndAnUnknownNameListsTheKnownOnes) {
   try {
     parse_tta("rotations");
     FAIL() << "no error";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("none, flips, d8"), std::string::npos) << e.what();
   }
 }

@@ -3,9 +3,9 @@
 
 #include <vector>
 
+#include "core/error.h"
 #include "engine/context.h"
 #include "engine/tensor.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 
@@ -64,13 +64,13 @@ TEST(Tensor, ReorderedToSharesWhenTheLayoutAlreadyMatches) {
   EXPECT_EQ(blocked.to_plain(), t.to_plain());
   const Tensor copy = t;  // a handle: shares
   EXPECT_EQ(copy.data(), t.data());
-  EXPECT_THROW(t.reordered_to(plain_desc({2, 3, 4, 6})), io::InternalError);
+  EXPECT_THROW(t.reordered_to(plain_desc({2, 3, 4, 6})), core::InternalError);
 }
 
 TEST(Tensor, FromPlainRejectsTheWrongSize) {
   Tensor t = Tensor::plain({2, 3});
-  EXPECT_THROW(t.from_plain(std::vector<float>(5)), io::InternalError);
-  EXPECT_THROW(Tensor().from_plain({}), io::InternalError);
+  EXPECT_THROW(t.from_plain(std::vector<float>(5)), core::InternalError);
+  EXPECT_THROW(Tensor().from_plain({}), core::InternalError);
 }
 
 TEST(Reorderer, PassesMatchingTensorsThroughAndReusesItsBuffer) {

@@ -28,13 +28,14 @@
 #include <hdf5/serial/hdf5.h>
 #endif
 
+#include "core/error.h"
 #include "io/checkpoint.h"
-#include "io/error.h"
 #include "tests/testing/testing.h"
 
 namespace {
 
 namespace io = tessera::io;
+namespace core = tessera::core;
 namespace fs = std::filesystem;
 using tessera::testing::TempDir;
 
@@ -162,17 +163,17 @@ io::CheckpointLayout tiny_layout() {
 
 fs::path checkpoint_data() { return tessera::testing::test_data_dir() / "checkpoints"; }
 
-// The message of the InputError that `read` throws, checked to name `path`; empty (and a failure) if none.
+// The message of the core::InputError that `read` throws, checked to name `path`; empty (and a failure) if none.
 template <typename Read>
 std::string input_error(const std::string& path, Read read) {
   try {
     read();
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     return e.message();
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "not an InputError: " << e.what();
+    ADD_FAILURE() << "not a core::InputError: " << e.what();
     return {};
   }
   ADD_FAILURE() << "no error for " << path;
@@ -183,11 +184,11 @@ template <typename Write>
 std::string internal_error(const std::string& path, Write write) {
   try {
     write();
-  } catch (const io::InternalError& e) {
+  } catch (const core::InternalError& e) {
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     return e.what();
   } catch (const std::exception& e) {
-    ADD_FAILURE() << "not an InternalError: " << e.what();
+    ADD_FAILURE() << "not a core::InternalError: " << e.what();
     return {};
   }
   ADD_FAILURE() << "no error for " << path;
@@ -580,9 +581,15 @@ TEST(CheckpointAtomic, ArgumentMistakesAreRefusedBeforeAnythingIsWritten) {
          c.meta.class_names = {"a", "b", "c"};
        },
        "3 class names for 2 classes"},
-      {"tissue fraction", [](io::Checkpoint& c) { c.meta.tissue = io::TissueSettings{1.5, 8.0, true}; },
+      {"tissue fraction",
+       [](io::Checkpoint& c) {
+         c.meta.tissue = io::TissueSettings{1.5, 8.0, true};
+       },
        "tissue min_fraction must be in [0, 1]"},
-      {"tissue mask", [](io::Checkpoint& c) { c.meta.tissue = io::TissueSettings{0.5, 0.0, true}; },
+      {"tissue mask",
+       [](io::Checkpoint& c) {
+         c.meta.tissue = io::TissueSettings{0.5, 0.0, true};
+       },
        "tissue mask_mpp must be a finite number > 0"},
       {"optimizer",
        [](io::Checkpoint& c) {
@@ -615,7 +622,7 @@ TEST(CheckpointAtomic, ArgumentMistakesAreRefusedBeforeAnythingIsWritten) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Broken files: one InputError naming the file and the first bad tensor.
+// Broken files: one core::InputError naming the file and the first bad tensor.
 
 TEST(CheckpointErrors, CheckedReadNamesTheFirstBadTensorInModelOrder) {
   TempDir dir;
@@ -645,7 +652,7 @@ TEST(CheckpointErrors, CheckedReadNamesTheFirstBadTensorInModelOrder) {
   // The message is all there is: "file '<path>': tensor ...".
   try {
     io::read_checkpoint(path, layout);
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(std::string(e.what()), "file '" + path + "': " + e.message());
   }
 }
@@ -685,8 +692,8 @@ TEST(CheckpointErrors, OptimizerAndEasgdStateMustMatchTheParameters) {
 
 TEST(CheckpointErrors, MissingFileAndFolder) {
   TempDir dir;
-  EXPECT_THROW(io::read_checkpoint(dir.file("absent.h5")), io::FileNotFoundError);
-  EXPECT_THROW(io::read_checkpoint_meta(dir.file("absent.h5")), io::FileNotFoundError);
+  EXPECT_THROW(io::read_checkpoint(dir.file("absent.h5")), core::FileNotFoundError);
+  EXPECT_THROW(io::read_checkpoint_meta(dir.file("absent.h5")), core::FileNotFoundError);
   EXPECT_EQ(input_error(dir.path().string(), [&] { io::read_checkpoint(dir.path().string()); }), "not a regular file");
 }
 

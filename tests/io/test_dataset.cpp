@@ -8,14 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "io/csv.h"
+#include "core/csv.h"
+#include "core/error.h"
 #include "io/dataset.h"
-#include "io/error.h"
 #include "tests/testing/testing.h"
 
 namespace {
 
 namespace io = tessera::io;
+namespace core = tessera::core;
 namespace fs = std::filesystem;
 
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
@@ -78,7 +79,7 @@ TEST(DatasetCsv, LabelAndSlideFileAreRequiredOnlyWhenAsked) {
   ASSERT_EQ(rows.size(), 2u);
   EXPECT_EQ(rows[0].label, io::SlideLabel::unknown);
   EXPECT_EQ(rows[1].label, io::SlideLabel::normal);
-  EXPECT_THROW(io::read_dataset_csv(path, {.slide = true, .label = true}), io::InputError);
+  EXPECT_THROW(io::read_dataset_csv(path, {.slide = true, .label = true}), core::InputError);
 
   // evaluate's ground truth may name slides by id only (the mpp column then gives the resolution).
   write_text(path, "slide_id,label,mpp\nx,tumor,0.5\n");
@@ -86,10 +87,10 @@ TEST(DatasetCsv, LabelAndSlideFileAreRequiredOnlyWhenAsked) {
   ASSERT_EQ(by_id.size(), 1u);
   EXPECT_EQ(by_id[0].id, "x");
   EXPECT_EQ(by_id[0].slide, "");
-  EXPECT_THROW(io::read_dataset_csv(path, {.slide = true, .label = true}), io::InputError);
+  EXPECT_THROW(io::read_dataset_csv(path, {.slide = true, .label = true}), core::InputError);
   // Even a wrong label is an error where the label is optional: it is never silently "unknown".
   write_text(path, "slide,label\na.svs,tumr\n");
-  EXPECT_THROW(io::read_dataset_csv(path, {.slide = true, .label = false}), io::InputError);
+  EXPECT_THROW(io::read_dataset_csv(path, {.slide = true, .label = false}), core::InputError);
 }
 
 TEST(DatasetCsv, MissingFileIsFileNotFound) {
@@ -97,18 +98,18 @@ TEST(DatasetCsv, MissingFileIsFileNotFound) {
   try {
     io::read_dataset_csv(dir.file("none.csv"));
     ADD_FAILURE() << "no error";
-  } catch (const io::FileNotFoundError& e) {
+  } catch (const core::FileNotFoundError& e) {
     EXPECT_EQ(e.file(), dir.file("none.csv"));
   }
 }
 
 TEST(CsvLine, AnOpenQuoteIsReportedOnlyWhenAFileIsNamed) {
-  EXPECT_EQ(io::split_csv_line("a,\"b,c"), (std::vector<std::string>{"a", "b,c"}));
-  EXPECT_EQ(io::split_csv_line("a,\"b,\"\"c\"\"\",d\r", "f.csv", 7), (std::vector<std::string>{"a", "b,\"c\"", "d"}));
+  EXPECT_EQ(core::split_csv_line("a,\"b,c"), (std::vector<std::string>{"a", "b,c"}));
+  EXPECT_EQ(core::split_csv_line("a,\"b,\"\"c\"\"\",d\r", "f.csv", 7), (std::vector<std::string>{"a", "b,\"c\"", "d"}));
   try {
-    io::split_csv_line("a,\"b,c", "f.csv", 7, {"one", "two"});
+    core::split_csv_line("a,\"b,c", "f.csv", 7, {"one", "two"});
     ADD_FAILURE() << "no error";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), "f.csv");
     EXPECT_NE(std::string(e.what()).find("line 7, column 'two': unterminated quote"), std::string::npos) << e.what();
   }
@@ -143,7 +144,7 @@ TEST_P(BrokenDataset, FailsNamingTheFileLineAndColumn) {
   try {
     io::read_dataset_csv(input, {.slide = true, .label = true});
     ADD_FAILURE() << "no error";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     const std::string message = e.what();
     EXPECT_EQ(e.file(), input);
     EXPECT_NE(message.find(input), std::string::npos) << message;

@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::io {
@@ -73,12 +73,12 @@ void expect_same(const Heatmap& a, const Heatmap& b) {
   }
 }
 
-// The InputError read_heatmap throws for `path`, with the message checked to name the file and contain `text`.
+// The core::InputError read_heatmap throws for `path`, with the message checked to name the file and contain `text`.
 void expect_refused(const std::string& path, const std::string& text) {
   try {
     read_heatmap(path);
     FAIL() << "read_heatmap accepted " << path;
-  } catch (const InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(e.message().find(text), std::string::npos) << e.what();
@@ -150,24 +150,24 @@ TEST(Heatmap, WriteRefusesAnInvalidMapAndLeavesNothing) {
   testing::TempDir dir;
   Heatmap h = make_heatmap(4, 5, 256, 256);
   h.prob.pop_back();
-  EXPECT_THROW(write_heatmap(dir.file("a.h5"), h), InternalError);
+  EXPECT_THROW(write_heatmap(dir.file("a.h5"), h), core::InternalError);
   h = make_heatmap(4, 5, 256, 256);
   h.prob[3] = 1.5f;
   try {
     write_heatmap(dir.file("a.h5"), h);
     FAIL();
-  } catch (const InternalError& e) {
+  } catch (const core::InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("row 0, column 3"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("a.h5"), std::string::npos) << e.what();
   }
   h = make_heatmap(4, 5, 256, 0);
-  EXPECT_THROW(write_heatmap(dir.file("a.h5"), h), InternalError);
+  EXPECT_THROW(write_heatmap(dir.file("a.h5"), h), core::InternalError);
   EXPECT_TRUE(folder_names(dir.path()).empty());
 }
 
 TEST(Heatmap, ReadRefusesMissingEmptyAndGarbageFiles) {
   testing::TempDir dir;
-  EXPECT_THROW(read_heatmap(dir.file("missing.h5")), FileNotFoundError);
+  EXPECT_THROW(read_heatmap(dir.file("missing.h5")), core::FileNotFoundError);
   std::ofstream(dir.file("empty.h5")).close();
   expect_refused(dir.file("empty.h5"), "empty file");
   std::ofstream(dir.file("text.h5")) << "this is not an HDF5 file\n";
@@ -263,7 +263,7 @@ TEST(Heatmap, ColormapsAreTheirMatplotlibEnds) {
   EXPECT_GT(viridis1[0], 200);          // yellow: red and green high, blue low
   EXPECT_LT(viridis1[2], 80);
   EXPECT_EQ(parse_colormap("viridis"), Colormap::viridis);
-  EXPECT_THROW(parse_colormap("jet"), InternalError);
+  EXPECT_THROW(parse_colormap("jet"), core::InternalError);
 }
 
 // The probability map as an OpenSlide reader sees it.
@@ -341,7 +341,7 @@ TEST(HeatmapTiffErrors, NeedsTheSlideResolution) {
   testing::TempDir dir;
   Heatmap h = make_heatmap(3, 3, 256, 256);
   h.slide_mpp = 0.0;
-  EXPECT_THROW(write_heatmap_tiff(dir.file("a.tif"), h), InternalError);
+  EXPECT_THROW(write_heatmap_tiff(dir.file("a.tif"), h), core::InternalError);
   EXPECT_TRUE(folder_names(dir.path()).empty());
 }
 

@@ -21,13 +21,14 @@
 #include <hdf5/serial/hdf5.h>
 #endif
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/shard.h"
 #include "tests/testing/testing.h"
 
 namespace {
 
 namespace io = tessera::io;
+namespace core = tessera::core;
 namespace fs = std::filesystem;
 using tessera::testing::TempDir;
 
@@ -102,16 +103,16 @@ void copy_truncated(const std::string& from, const std::string& to, std::uintmax
   fs::resize_file(to, size);
 }
 
-// The message of the InputError that `open` throws, or a failure.
+// The message of the core::InputError that `open` throws, or a failure.
 std::string open_error(const std::string& path) {
   try {
     io::ShardFile::open(path);
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     return e.message();
   }
-  ADD_FAILURE() << "no InputError for " << path;
+  ADD_FAILURE() << "no core::InputError for " << path;
   return {};
 }
 
@@ -286,8 +287,8 @@ TEST(ShardFile, RoundTripIsExact) {
   const auto last = tile_pixels(n - 1, t);
   EXPECT_TRUE(std::equal(last.begin(), last.end(), one.ptr<std::uint8_t>()));
 
-  EXPECT_THROW(shard.read_images(n - 2, 3, block.data()), io::InternalError);
-  EXPECT_THROW(shard.read_images(-1, 1, block.data()), io::InternalError);
+  EXPECT_THROW(shard.read_images(n - 2, 3, block.data()), core::InternalError);
+  EXPECT_THROW(shard.read_images(-1, 1, block.data()), core::InternalError);
 }
 
 TEST(ShardFile, MatOverloadAndEmptyShard) {
@@ -300,7 +301,7 @@ TEST(ShardFile, MatOverloadAndEmptyShard) {
     roi.at<cv::Vec3b>(3, 4) = cv::Vec3b(200, 100, 50);
     writer.write(1, tile_record(1, 0), roi);
     writer.write(0, tile_record(0, 0), cv::Mat(16, 16, CV_8UC3, cv::Scalar(9, 8, 7)));
-    EXPECT_THROW(writer.write(0, tile_record(0, 0), cv::Mat(8, 8, CV_8UC3)), io::InternalError);
+    EXPECT_THROW(writer.write(0, tile_record(0, 0), cv::Mat(8, 8, CV_8UC3)), core::InternalError);
     writer.finish();
   }
   const auto shard = io::ShardFile::open(path);
@@ -453,7 +454,7 @@ TEST(ShardWriter, FinishRefusesMissingTiles) {
     try {
       writer.finish();
       FAIL() << "finish() with a missing tile";
-    } catch (const io::InternalError& e) {
+    } catch (const core::InternalError& e) {
       EXPECT_NE(std::string(e.what()).find("1 of 10 tiles"), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("first: 6"), std::string::npos) << e.what();
     }
@@ -466,11 +467,11 @@ TEST(ShardWriter, RejectsBadWrites) {
   TempDir dir;
   io::ShardWriter writer(dir.file("bad.h5"), attributes(8), 10, slide_ids);
   const auto pixels = tile_pixels(0, 8);
-  EXPECT_THROW(writer.write(10, {tile_record(0, 0)}, pixels.data()), io::InternalError);
-  EXPECT_THROW(writer.write(-1, {tile_record(0, 0)}, pixels.data()), io::InternalError);
-  EXPECT_THROW(writer.write(0, {tile_record(0, 3)}, pixels.data()), io::InternalError) << "slide index >= S";
-  EXPECT_THROW(io::ShardWriter(dir.file("zero.h5"), attributes(0), 1, slide_ids), io::InternalError);
-  EXPECT_THROW(io::ShardWriter(dir.file("nofolder/x.h5"), attributes(8), 1, slide_ids), io::InternalError);
+  EXPECT_THROW(writer.write(10, {tile_record(0, 0)}, pixels.data()), core::InternalError);
+  EXPECT_THROW(writer.write(-1, {tile_record(0, 0)}, pixels.data()), core::InternalError);
+  EXPECT_THROW(writer.write(0, {tile_record(0, 3)}, pixels.data()), core::InternalError) << "slide index >= S";
+  EXPECT_THROW(io::ShardWriter(dir.file("zero.h5"), attributes(0), 1, slide_ids), core::InternalError);
+  EXPECT_THROW(io::ShardWriter(dir.file("nofolder/x.h5"), attributes(8), 1, slide_ids), core::InternalError);
   EXPECT_FALSE(fs::exists(dir.file("zero.h5")));
 }
 
@@ -509,7 +510,7 @@ class ShardBroken : public ::testing::Test {
   std::string good_;
 };
 
-TEST_F(ShardBroken, MissingFile) { EXPECT_THROW(io::ShardFile::open(dir_.file("absent.h5")), io::FileNotFoundError); }
+TEST_F(ShardBroken, MissingFile) { EXPECT_THROW(io::ShardFile::open(dir_.file("absent.h5")), core::FileNotFoundError); }
 
 TEST_F(ShardBroken, TruncatedCopy) {
   const auto size = fs::file_size(good_);
@@ -538,7 +539,7 @@ TEST_F(ShardBroken, TruncatedAfterOpen) {
   try {
     shard.read_images(40, 20, block.data());
     FAIL() << "read past the end";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
     EXPECT_EQ(e.message().rfind("truncated: expected at least", 0), 0u) << e.what();
   }
@@ -564,8 +565,8 @@ TEST_F(ShardBroken, ScatteredReadAndItsErrors) {
     EXPECT_TRUE(std::all_of(gap, gap + bytes, [](std::uint8_t b) { return b == 0xAB; })) << "after tile " << 40 + k;
   }
   shard.read_images(200, std::vector<std::uint8_t*>{});  // nothing, at the end
-  EXPECT_THROW(shard.read_images(51, destinations), io::InternalError);
-  EXPECT_THROW(shard.read_images(-1, std::vector<std::uint8_t*>{slots.data()}), io::InternalError);
+  EXPECT_THROW(shard.read_images(51, destinations), core::InternalError);
+  EXPECT_THROW(shard.read_images(-1, std::vector<std::uint8_t*>{slots.data()}), core::InternalError);
 
   // More tiles than one preadv takes (IOV_MAX), from a shard of small tiles.
   const std::string many = dir_.file("many.h5");
@@ -590,7 +591,7 @@ TEST_F(ShardBroken, ScatteredReadAndItsErrors) {
   try {
     shrinking.read_images(40, destinations);
     FAIL() << "read past the end";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
     EXPECT_EQ(e.message().rfind("truncated: expected at least", 0), 0u) << e.what();
   }
@@ -733,11 +734,11 @@ class ManifestBroken : public ::testing::Test {
     std::ofstream(path) << text;
     try {
       io::read_manifest(path);
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path);
       return e.message();
     }
-    ADD_FAILURE() << "no InputError for " << text;
+    ADD_FAILURE() << "no core::InputError for " << text;
     return {};
   }
   TempDir dir_;
@@ -793,8 +794,9 @@ TEST(Manifest, TissueSettingsComeFromTheTilingJob) {
   io::Manifest m = sample_manifest();
   io::write_manifest(path, m);
   EXPECT_FALSE(io::read_manifest(path).tissue.has_value()) << "config_yaml has no tissue section";
-  m.config_yaml = "# doc\ntile:\n  size: 96\ntissue:\n  # Minimum tissue fraction\n  min_fraction: 0.3\n"
-                  "  mask_mpp: 16\n  reject_pen_marks: false\n";
+  m.config_yaml =
+      "# doc\ntile:\n  size: 96\ntissue:\n  # Minimum tissue fraction\n  min_fraction: 0.3\n"
+      "  mask_mpp: 16\n  reject_pen_marks: false\n";
   io::write_manifest(path, m);
   auto tissue = io::read_manifest(path).tissue;
   ASSERT_TRUE(tissue.has_value());
@@ -813,7 +815,7 @@ TEST(Manifest, TissueSettingsComeFromTheTilingJob) {
     try {
       io::read_manifest(path);
       ADD_FAILURE() << "no error for " << bad;
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path);
       EXPECT_NE(e.message().find("config_yaml"), std::string::npos) << e.message();
     }
@@ -822,7 +824,7 @@ TEST(Manifest, TissueSettingsComeFromTheTilingJob) {
 
 TEST(Manifest, MissingFile) {
   TempDir dir;
-  EXPECT_THROW(io::read_manifest(dir.file("manifest.json")), io::FileNotFoundError);
+  EXPECT_THROW(io::read_manifest(dir.file("manifest.json")), core::FileNotFoundError);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 #include "tests/testing/testing.h"
@@ -21,6 +21,7 @@
 namespace {
 
 namespace io = tessera::io;
+namespace core = tessera::core;
 namespace fs = std::filesystem;
 using tessera::testing::TempDir;
 
@@ -310,12 +311,12 @@ TEST_F(ShardDatasetTest, ShardErrorSurfacesFromNext) {
     try {
       while (dataset.next(batch)) ++delivered;
       FAIL() << "the epoch ended without the error";
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), broken);
       EXPECT_EQ(e.message().rfind("truncated: expected at least", 0), 0u) << e.what();
     }
     EXPECT_GE(delivered, 150 / 16) << "the batches read before the failure come first";
-    EXPECT_THROW(dataset.next(batch), io::InputError) << "the error stays until the next start_epoch";
+    EXPECT_THROW(dataset.next(batch), core::InputError) << "the error stays until the next start_epoch";
   }
 }
 
@@ -345,7 +346,7 @@ TEST_F(ShardDatasetTest, RestartWhilePrefetching) {
         io::ShardDataset fresh(folder_.path, options);
         fresh.next(batch);
       },
-      io::InternalError)
+      core::InternalError)
       << "next() before start_epoch()";
 }
 
@@ -488,10 +489,10 @@ TEST_F(ShardDatasetTest, RejectsBadOptions) {
   auto options = small_options();
   options.rank = 2;
   options.world_size = 2;
-  EXPECT_THROW(io::ShardDataset(folder_.path, options), io::InternalError);
+  EXPECT_THROW(io::ShardDataset(folder_.path, options), core::InternalError);
   options = small_options();
   options.batch_size = 0;
-  EXPECT_THROW(io::ShardDataset(folder_.path, options), io::InternalError);
+  EXPECT_THROW(io::ShardDataset(folder_.path, options), core::InternalError);
 }
 
 TEST(ShardDatasetFolder, ShardsMustAgree) {
@@ -513,7 +514,7 @@ TEST(ShardDatasetFolder, ShardsMustAgree) {
     try {
       io::ShardDataset dataset(path, small_options());
       FAIL() << "mixed tile sizes";
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path + "/shard-1.h5");
       EXPECT_EQ(e.message().rfind("tile size 16 differs from 8", 0), 0u) << e.what();
     }
@@ -525,7 +526,7 @@ TEST(ShardDatasetFolder, ShardsMustAgree) {
     try {
       io::ShardDataset dataset(path, small_options());
       FAIL() << "mixed mpp";
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path + "/shard-1.h5");
       EXPECT_NE(e.message().find("mpp"), std::string::npos) << e.what();
     }
@@ -538,16 +539,16 @@ TEST(ShardDatasetFolder, ShardsMustAgree) {
     try {
       io::ShardDataset dataset(path, small_options());
       FAIL() << "missing shard";
-    } catch (const io::FileNotFoundError& e) {
+    } catch (const core::FileNotFoundError& e) {
       EXPECT_EQ(e.file(), path + "/shard-1.h5");
     }
     auto manifest = io::read_manifest(path + "/manifest.json");
     manifest.shards.pop_back();
     manifest.shards[0].tiles = 11;
     io::write_manifest(path + "/manifest.json", manifest);
-    EXPECT_THROW(io::ShardDataset(path, small_options()), io::InputError);
+    EXPECT_THROW(io::ShardDataset(path, small_options()), core::InputError);
   }
-  EXPECT_THROW(io::ShardDataset(dir.file("nowhere"), small_options()), io::FileNotFoundError);
+  EXPECT_THROW(io::ShardDataset(dir.file("nowhere"), small_options()), core::FileNotFoundError);
 }
 
 // The manifest's class counts, per shard and per slide, are what the shards' labels say; counts it does not give
@@ -574,7 +575,7 @@ TEST(ShardDatasetFolder, ManifestClassCountsMatchTheShards) {
   try {
     io::ShardDataset dataset(path, small_options());
     FAIL() << "stale per-shard counts";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path + "/shard-1.h5");
     EXPECT_EQ(e.message(), "its labels hold 4 normal and 2 tumour tiles, but '" + manifest_path +
                                "' lists 5 normal and 1 tumour for this shard");
@@ -587,7 +588,7 @@ TEST(ShardDatasetFolder, ManifestClassCountsMatchTheShards) {
   try {
     io::ShardDataset dataset(path, small_options());
     FAIL() << "stale per-slide counts";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), manifest_path);
     EXPECT_EQ(e.message(),
               "slide 'B': the manifest lists 11 tiles (9 normal and 2 tumour), its shards ('shard-0.h5', "

@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/tiff_writer.h"
 #include "tests/testing/testing.h"
 
@@ -113,9 +113,7 @@ class SlidePyramid : public ::testing::TestWithParam<Format> {
   bool lossless() const { return GetParam().compression == TiffCompression::deflate; }
   // On coarse levels the pattern's red changes by up to F·100/97 per pixel (F = level-0 pixels per level
   // pixel), and JPEG halves the chroma resolution, so its error grows with F.
-  double tolerance(double factor_power = 1.0) const {
-    return lossless() ? 3.0 : kJpegTolerance + factor_power / 3.0;
-  }
+  double tolerance(double factor_power = 1.0) const { return lossless() ? 3.0 : kJpegTolerance + factor_power / 3.0; }
 
   TempDir dir_;
   TiffWriterOptions options_;
@@ -158,7 +156,7 @@ TEST_P(SlidePyramid, ReportsVendorLevelsAndResolution) {
     h = (h + f.factor - 1) / f.factor;
     factor_power *= f.factor;
   }
-  EXPECT_THROW(slide.level(slide.level_count()), Error);
+  EXPECT_THROW(slide.level(slide.level_count()), core::Error);
 
   EXPECT_DOUBLE_EQ(slide.mpp(), kMpp);
   EXPECT_DOUBLE_EQ(slide.mpp_y(), kMpp);
@@ -198,9 +196,9 @@ TEST_P(SlidePyramid, PixelsMatchThePatternOnEveryLevel) {
         // OpenSlide's sub-pixel placement.
         const double margin = (lossless() ? 2 : 16) * factor_power;
         const bool with_blue = !near_wrap(x0, y0, kBlock * factor_power, margin);
-        const cv::Mat block = slide.read_region(std::llround(static_cast<double>(lx) * level.downsample),
-                                                std::llround(static_cast<double>(ly) * level.downsample), i,
-                                                kBlock, kBlock);
+        const cv::Mat block =
+            slide.read_region(std::llround(static_cast<double>(lx) * level.downsample),
+                              std::llround(static_cast<double>(ly) * level.downsample), i, kBlock, kBlock);
         ASSERT_EQ(block.type(), CV_8UC3);
         ASSERT_EQ(block.size(), cv::Size(kBlock, kBlock));
         for (int r = 0; r < kBlock; ++r) {
@@ -248,7 +246,7 @@ TEST_P(SlidePyramid, AssociatedImages) {
   const Slide slide = Slide::open(path_);
   if (f.flavor == TiffFlavor::generic) {
     EXPECT_TRUE(slide.associated_images().empty());  // OpenSlide's generic-tiff driver has none
-    EXPECT_THROW(slide.read_associated_image("label"), InputError);
+    EXPECT_THROW(slide.read_associated_image("label"), core::InputError);
     return;
   }
   std::vector<std::string> names;
@@ -275,7 +273,7 @@ TEST_P(SlidePyramid, AssociatedImages) {
     const cv::Vec3d expected = pattern_mean(tx * scale, ty * scale, scale, scale, f.width, f.height);
     EXPECT_LE(max_channel_diff(thumbnail.at<cv::Vec3b>(ty, tx), expected), tolerance() + 4);
   }
-  EXPECT_THROW(slide.read_associated_image("overview"), InputError);
+  EXPECT_THROW(slide.read_associated_image("overview"), core::InputError);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -403,7 +401,7 @@ TEST_F(SlideResolution, WindowServesTheSamePixelsAsSingleReads) {
       }
       EXPECT_GE(served, 5) << name << " at " << mpp << " um/px: the window covers its row of tiles";
       EXPECT_FALSE(window.contains(101, 57 + side0, side, side, mpp)) << "the next row is outside";
-      EXPECT_THROW(window.read_at_mpp(101, 57 + side0, side, side, mpp), InternalError);
+      EXPECT_THROW(window.read_at_mpp(101, 57 + side0, side, side, mpp), core::InternalError);
     }
   }
 }
@@ -414,7 +412,7 @@ TEST_F(SlideResolution, ThumbnailFitsTheRequestedSide) {
   ASSERT_EQ(thumbnail.size(), cv::Size(300, 225));
   expect_matches_pattern(thumbnail, 0, 0, kMpp * kWidth / 300.0, kJpegTolerance);
   EXPECT_EQ(slide.thumbnail(500).size(), cv::Size(500, 375));
-  EXPECT_THROW(slide.thumbnail(0), Error);
+  EXPECT_THROW(slide.thumbnail(0), core::Error);
 }
 
 // A tiled RGB TIFF written directly with libtiff, with or without resolution tags.
@@ -450,8 +448,8 @@ TEST(SlideResolutionChain, AssumedWhenTheTiffHasNoResolution) {
   write_plain_tiff(path, 0, 0.0);
   try {
     Slide::open(path);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
+    FAIL() << "expected a core::InputError";
+  } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("assume_mpp"), std::string::npos) << e.what();
     EXPECT_EQ(e.file(), path);
   }
@@ -482,7 +480,7 @@ TEST(SlideResolutionChain, UnitNoneIsNotAResolution) {
   TempDir dir;
   const std::string path = dir.file("none.tif");
   write_plain_tiff(path, RESUNIT_NONE, 300.0);
-  EXPECT_THROW(Slide::open(path), InputError);
+  EXPECT_THROW(Slide::open(path), core::InputError);
   SlideOpenOptions options;
   options.assume_mpp = 0.3;
   const Slide slide = Slide::open(path, options);
@@ -496,8 +494,8 @@ TEST(SlideResolutionChain, ScreenDefaultDpiIsNotAScanResolution) {
   write_plain_tiff(path, RESUNIT_INCH, 72.0);  // 352.8 µm/px: what image editors write, not a scanner
   try {
     Slide::open(path);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
+    FAIL() << "expected a core::InputError";
+  } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("screen default"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("assume_mpp"), std::string::npos) << e.what();
   }
@@ -513,17 +511,17 @@ TEST(SlideOpen, MissingFileIsFileNotFound) {
   const std::string path = dir.file("absent.svs");
   try {
     Slide::open(path);
-    FAIL() << "expected FileNotFoundError";
-  } catch (const FileNotFoundError& e) {
+    FAIL() << "expected core::FileNotFoundError";
+  } catch (const core::FileNotFoundError& e) {
     EXPECT_EQ(e.file(), path);
-    EXPECT_EQ(e.kind(), ErrorKind::input);
+    EXPECT_EQ(e.kind(), core::ErrorKind::input);
     EXPECT_NE(std::string(e.what()).find("absent.svs"), std::string::npos);
   }
 }
 
 TEST(SlideOpen, DirectoryIsNotASlide) {
   TempDir dir;
-  EXPECT_THROW(Slide::open(dir.path().string()), InputError);
+  EXPECT_THROW(Slide::open(dir.path().string()), core::InputError);
 }
 
 // tests/data/slides/<case>/: one input file and expected.txt, a substring of the error Slide::open throws, or,
@@ -557,7 +555,7 @@ TEST(SlideOpen, DataDrivenBrokenFiles) {
           slide.read_region(0, 0, level, slide.level(level).width, slide.level(level).height);
         }
         ADD_FAILURE() << "no error for " << input;
-      } catch (const InputError& e) {
+      } catch (const core::InputError& e) {
         EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what() << "\nexpected: " << expected;
         EXPECT_EQ(e.file(), input);
       }
@@ -577,8 +575,8 @@ TEST(SlideOpen, FreshlyTruncatedSlideIsCorrupt) {
   std::filesystem::resize_file(path, std::filesystem::file_size(path) * 2 / 3);
   try {
     Slide::open(path);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
+    FAIL() << "expected a core::InputError";
+  } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("corrupt slide"), std::string::npos) << e.what();
   }
 }
@@ -609,8 +607,8 @@ TEST(SlideRead, DamagedTileFailsWithLevelAndRegion) {
     ASSERT_EQ(slide.reads_tiff_directly(), direct);
     try {
       slide.read_region(10, 20, 0, 30, 40);
-      FAIL() << "expected an InputError";
-    } catch (const InputError& e) {
+      FAIL() << "expected a core::InputError";
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path);
       EXPECT_EQ(e.context("level"), "0");
       EXPECT_EQ(e.context("region"), "(10, 20, 30x40)");
@@ -626,10 +624,10 @@ TEST(SlideRead, RejectsBadArguments) {
   const std::string path = dir.file("small.tif");
   testing::write_pattern_slide(path, 300, 300, TiffWriterOptions{});
   const Slide slide = Slide::open(path);
-  EXPECT_THROW(slide.read_region(0, 0, 1, 10, 10), InputError);  // one level only
-  EXPECT_THROW(slide.read_region(0, 0, -1, 10, 10), InputError);
-  EXPECT_THROW(slide.read_region(0, 0, 0, 0, 10), InputError);
-  EXPECT_THROW(slide.read_at_mpp(0, 0, 10, 10, 0.0), InputError);
+  EXPECT_THROW(slide.read_region(0, 0, 1, 10, 10), core::InputError);  // one level only
+  EXPECT_THROW(slide.read_region(0, 0, -1, 10, 10), core::InputError);
+  EXPECT_THROW(slide.read_region(0, 0, 0, 0, 10), core::InputError);
+  EXPECT_THROW(slide.read_at_mpp(0, 0, 10, 10, 0.0), core::InputError);
 }
 
 TEST(SlideHandle, MoveTransfersTheOpenSlide) {

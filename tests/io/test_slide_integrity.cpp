@@ -1,5 +1,5 @@
 // Damaged pixels are an error, never data: a JPEG tile whose entropy-coded bytes are scrambled decodes in libjpeg
-// with only a "Corrupt JPEG data" warning, and both read paths of Slide must fail it (CorruptTileError naming the
+// with only a "Corrupt JPEG data" warning, and both read paths of Slide must fail it (core::CorruptTileError naming the
 // file, level, tile and the decoder's message) while the slide's intact tiles still read, also from other threads
 // at the same time and, on the OpenSlide path (whose errors are sticky), after the failure. Opening a slide says
 // why a file cannot be read: a symlink loop, a dangling link. A real file whose every tile is damaged
@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
 #include "tests/testing/testing.h"
@@ -111,8 +111,8 @@ TEST_F(DamagedSlide, DirectReaderFailsTheTileNamingLevelTileAndTheDecoder) {
   for (int attempt = 0; attempt < 2; ++attempt) {  // a failed tile is not cached: it fails again
     try {
       slide.read_region(600, 40, 1, 20, 20);  // level 1 pixels (300, 20): its tile (1, 0)
-      FAIL() << "expected a CorruptTileError";
-    } catch (const CorruptTileError& e) {
+      FAIL() << "expected a core::CorruptTileError";
+    } catch (const core::CorruptTileError& e) {
       EXPECT_EQ(e.file(), damaged_);
       EXPECT_EQ(e.context("level"), "1");
       EXPECT_EQ(e.context("region"), "(600, 40, 20x20)");
@@ -136,8 +136,8 @@ TEST_F(DamagedSlide, OpenSlideFailsTheTileAndTheNextReadOfAnIntactTileWorks) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
       slide.read_region(600, 40, 1, 20, 20);
-      FAIL() << "expected a CorruptTileError";
-    } catch (const CorruptTileError& e) {
+      FAIL() << "expected a core::CorruptTileError";
+    } catch (const core::CorruptTileError& e) {
       EXPECT_EQ(e.file(), damaged_);
       EXPECT_EQ(e.context("level"), "1");
       EXPECT_EQ(e.context("region"), "(600, 40, 20x20)");
@@ -172,7 +172,7 @@ TEST_F(DamagedSlide, ConcurrentReadsFailOnlyTheDamagedTile) {
             try {
               slide.read_region(600, 40, 1, 20, 20);
               ++passed_damaged;
-            } catch (const CorruptTileError&) {
+            } catch (const core::CorruptTileError&) {
               ++failed_damaged;
             }
           } else {
@@ -180,7 +180,7 @@ TEST_F(DamagedSlide, ConcurrentReadsFailOnlyTheDamagedTile) {
               const cv::Mat pixels = slide.read_region(0, 0, 1, 256, 256);
               ++good_reads;
               if (cv::countNonZero(cv::Mat(pixels != expected).reshape(1)) != 0) ++wrong_pixels;
-            } catch (const Error&) {
+            } catch (const core::Error&) {
               ++failed_good;
             }
           }
@@ -204,8 +204,8 @@ TEST(SlideOpenMessages, SymlinkLoopSaysSo) {
   fs::create_symlink(a, b);
   try {
     Slide::open(a);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
+    FAIL() << "expected a core::InputError";
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), a);
     EXPECT_NE(std::string(e.what()).find("too many levels of symbolic links (a symlink loop)"), std::string::npos)
         << e.what();
@@ -216,7 +216,7 @@ TEST(SlideOpenMessages, DanglingSymlinkIsNotFound) {
   TempDir dir;
   const std::string link = dir.file("link.svs");
   fs::create_symlink(dir.file("gone.svs"), link);
-  EXPECT_THROW(Slide::open(link), FileNotFoundError);
+  EXPECT_THROW(Slide::open(link), core::FileNotFoundError);
 }
 
 TEST(SlideOpenMessages, UnreadableFileSaysPermissionDenied) {
@@ -227,8 +227,8 @@ TEST(SlideOpenMessages, UnreadableFileSaysPermissionDenied) {
   fs::permissions(path, fs::perms::none);
   try {
     Slide::open(path);
-    FAIL() << "expected an InputError";
-  } catch (const InputError& e) {
+    FAIL() << "expected a core::InputError";
+  } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("permission denied"), std::string::npos) << e.what();
   }
 }
@@ -245,8 +245,8 @@ TEST(RealSlides, UnreadableSvsFailsEveryRead) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       try {
         slide.read_region(0, 0, slide.level_count() - 1, 16, 16);
-        FAIL() << "expected a CorruptTileError";
-      } catch (const CorruptTileError& e) {
+        FAIL() << "expected a core::CorruptTileError";
+      } catch (const core::CorruptTileError& e) {
         EXPECT_EQ(e.file(), path.string());
         EXPECT_NE(std::string(e.what()).find("Bogus marker length"), std::string::npos) << e.what();
       }

@@ -19,7 +19,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
 #include "tests/testing/testing.h"
@@ -398,8 +398,8 @@ TEST(DirectTiffRead, DamagedTileNamesTheTileLevelAndRegion) {
   for (int attempt = 0; attempt < 2; ++attempt) {  // a failed tile is not cached: it fails again
     try {
       slide.read_region(500, 20, 1, 30, 40);
-      FAIL() << "expected an InputError";
-    } catch (const InputError& e) {
+      FAIL() << "expected a core::InputError";
+    } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path);
       EXPECT_EQ(e.context("level"), "1");
       EXPECT_EQ(e.context("region"), "(500, 20, 30x40)");
@@ -501,7 +501,7 @@ TEST(TiffTileReader, MapsLevelsToTiledDirectoriesAndEvictsOldTiles) {
   sizes.push_back({60, 40});
   EXPECT_EQ(TiffTileReader::open(path, sizes, true, why_not), nullptr);
   EXPECT_EQ(why_not, "level 4: no tiled directory of 60x40");
-  EXPECT_THROW(small->read(4, 0, 0, 1, 1), InternalError);
+  EXPECT_THROW(small->read(4, 0, 0, 1, 1), core::InternalError);
 }
 
 TEST(TiffTileReader, DeclinesFilesLibtiffCannotOpen) {

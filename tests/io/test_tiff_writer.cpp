@@ -15,7 +15,7 @@
 
 #include <gtest/gtest.h>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::io {
@@ -143,7 +143,7 @@ TEST(TiffWriterFiles, DestructionWithoutFinishRemovesEverything) {
     writer.write_strip(pattern_strip(1200, 0, 256));
     writer.write_strip(pattern_strip(1200, 256, 256));
     EXPECT_EQ(writer.rows_written(), 512);
-    EXPECT_FALSE(files_in(dir.path()).empty());  // temporaries exist while writing
+    EXPECT_FALSE(files_in(dir.path()).empty());                    // temporaries exist while writing
     EXPECT_FALSE(std::filesystem::exists(dir.file("slide.svs")));  // but not the output name
   }
   EXPECT_TRUE(files_in(dir.path()).empty());
@@ -154,7 +154,7 @@ TEST(TiffWriterFiles, FailedFinishLeavesNothing) {
   {
     TiffWriter writer(dir.file("slide.tif"), 600, 600, TiffWriterOptions{});
     writer.write_strip(pattern_strip(600, 0, 256));
-    EXPECT_THROW(writer.finish(), Error);  // 344 rows missing
+    EXPECT_THROW(writer.finish(), core::Error);  // 344 rows missing
   }
   EXPECT_TRUE(files_in(dir.path()).empty());
 }
@@ -185,18 +185,18 @@ TEST(TiffWriterFiles, LargeSlidesAreBigTiff) {
 TEST(TiffWriterInput, RejectsStripsOfTheWrongShape) {
   TempDir dir;
   TiffWriter writer(dir.file("slide.tif"), 600, 300, TiffWriterOptions{});
-  EXPECT_THROW(writer.write_strip(pattern_strip(599, 0, 256)), Error);  // narrower than the slide
-  EXPECT_THROW(writer.write_strip(pattern_strip(601, 0, 256)), Error);  // wider
-  EXPECT_THROW(writer.write_strip(pattern_strip(600, 0, 100)), Error);  // not tile_size rows
-  EXPECT_THROW(writer.write_strip(cv::Mat(256, 600, CV_8UC1, cv::Scalar(0))), Error);  // not RGB
+  EXPECT_THROW(writer.write_strip(pattern_strip(599, 0, 256)), core::Error);                 // narrower than the slide
+  EXPECT_THROW(writer.write_strip(pattern_strip(601, 0, 256)), core::Error);                 // wider
+  EXPECT_THROW(writer.write_strip(pattern_strip(600, 0, 100)), core::Error);                 // not tile_size rows
+  EXPECT_THROW(writer.write_strip(cv::Mat(256, 600, CV_8UC1, cv::Scalar(0))), core::Error);  // not RGB
   EXPECT_EQ(writer.rows_written(), 0);
   writer.write_strip(pattern_strip(600, 0, 256));
-  EXPECT_THROW(writer.write_strip(pattern_strip(600, 256, 256)), Error);  // the last strip has 44 rows
+  EXPECT_THROW(writer.write_strip(pattern_strip(600, 256, 256)), core::Error);  // the last strip has 44 rows
   writer.write_strip(pattern_strip(600, 256, 44));
-  EXPECT_THROW(writer.write_strip(pattern_strip(600, 300, 44)), Error);  // past the bottom
+  EXPECT_THROW(writer.write_strip(pattern_strip(600, 300, 44)), core::Error);  // past the bottom
   EXPECT_EQ(writer.rows_written(), 300);
   writer.finish();
-  EXPECT_THROW(writer.finish(), Error);
+  EXPECT_THROW(writer.finish(), core::Error);
 }
 
 TEST(TiffWriterInput, ErrorNamesTheFile) {
@@ -205,7 +205,7 @@ TEST(TiffWriterInput, ErrorNamesTheFile) {
   try {
     writer.write_strip(pattern_strip(500, 0, 256));
     FAIL() << "expected an error";
-  } catch (const Error& e) {
+  } catch (const core::Error& e) {
     EXPECT_NE(std::string(e.what()).find("named.tif"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("600x256"), std::string::npos) << e.what();
   }
@@ -218,13 +218,13 @@ TEST(TiffWriterInput, RejectsInvalidOptions) {
     change(options);
     TiffWriter writer(dir.file("slide.tif"), 100, 100, options);
   };
-  EXPECT_THROW(make([](TiffWriterOptions& o) { o.tile_size = 100; }), Error);
-  EXPECT_THROW(make([](TiffWriterOptions& o) { o.level_factor = 1; }), Error);
-  EXPECT_THROW(make([](TiffWriterOptions& o) { o.level_factor = 9; }), Error);
-  EXPECT_THROW(make([](TiffWriterOptions& o) { o.mpp = 0.0; }), Error);
-  EXPECT_THROW(make([](TiffWriterOptions& o) { o.jpeg_quality = 0; }), Error);
-  EXPECT_THROW(TiffWriter(dir.file("empty.tif"), 0, 100, TiffWriterOptions{}), Error);
-  EXPECT_THROW(TiffWriter(dir.file("no/such/folder/slide.tif"), 100, 100, TiffWriterOptions{}), Error);
+  EXPECT_THROW(make([](TiffWriterOptions& o) { o.tile_size = 100; }), core::Error);
+  EXPECT_THROW(make([](TiffWriterOptions& o) { o.level_factor = 1; }), core::Error);
+  EXPECT_THROW(make([](TiffWriterOptions& o) { o.level_factor = 9; }), core::Error);
+  EXPECT_THROW(make([](TiffWriterOptions& o) { o.mpp = 0.0; }), core::Error);
+  EXPECT_THROW(make([](TiffWriterOptions& o) { o.jpeg_quality = 0; }), core::Error);
+  EXPECT_THROW(TiffWriter(dir.file("empty.tif"), 0, 100, TiffWriterOptions{}), core::Error);
+  EXPECT_THROW(TiffWriter(dir.file("no/such/folder/slide.tif"), 100, 100, TiffWriterOptions{}), core::Error);
   EXPECT_TRUE(files_in(dir.path()).empty());
 }
 
@@ -234,11 +234,11 @@ TEST(TiffWriterInput, RejectsBadAssociatedImages) {
   options.flavor = TiffFlavor::aperio;
   TiffWriter writer(dir.file("slide.svs"), 100, 100, options);
   const cv::Mat image(10, 10, CV_8UC3, cv::Scalar(1, 2, 3));
-  EXPECT_THROW(writer.add_associated_image("", image), Error);
-  EXPECT_THROW(writer.add_associated_image("two words", image), Error);
-  EXPECT_THROW(writer.add_associated_image("label", cv::Mat(10, 10, CV_8UC1)), Error);
+  EXPECT_THROW(writer.add_associated_image("", image), core::Error);
+  EXPECT_THROW(writer.add_associated_image("two words", image), core::Error);
+  EXPECT_THROW(writer.add_associated_image("label", cv::Mat(10, 10, CV_8UC1)), core::Error);
   writer.add_associated_image("label", image);
-  EXPECT_THROW(writer.add_associated_image("label", image), Error);
+  EXPECT_THROW(writer.add_associated_image("label", image), core::Error);
 }
 
 // Directory layout as OpenSlide's drivers expect it: level 0 first, reduced-resolution levels marked as such,
@@ -266,8 +266,9 @@ TEST(TiffWriterLayout, AperioDirectories) {
     const char* description_part;
   };
   const Expected expected[] = {
-      {2000, 1500, true, 0, "Aperio Image Library Tessera\r\n2000x1500 [0,0 2000x1500] (256x256) JPEG/RGB Q=85|"
-                            "AppMag = 20|MPP = 0.5|Description = case 7   stain H&E"},
+      {2000, 1500, true, 0,
+       "Aperio Image Library Tessera\r\n2000x1500 [0,0 2000x1500] (256x256) JPEG/RGB Q=85|"
+       "AppMag = 20|MPP = 0.5|Description = case 7   stain H&E"},
       {1000, 750, false, FILETYPE_REDUCEDIMAGE, "Aperio"},
       {1000, 750, true, FILETYPE_REDUCEDIMAGE, "-> 1000x750"},
       {500, 375, true, FILETYPE_REDUCEDIMAGE, "-> 500x375"},

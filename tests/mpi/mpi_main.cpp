@@ -9,8 +9,8 @@
 #include <exception>
 #include <string>
 
-#include "io/comm.h"
-#include "io/error.h"
+#include "core/comm.h"
+#include "core/error.h"
 
 namespace {
 
@@ -36,7 +36,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace tessera::io;
+  using namespace tessera::core;
   try {
     MpiSession session(&argc, &argv);
     ::testing::InitGoogleTest(&argc, argv);

@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/comm.h"
 #include "engine/context.h"
 #include "engine/parameters.h"
 #include "engine/strategy.h"
-#include "io/comm.h"
 
 namespace tessera::engine::strategy_testing {
 
@@ -31,12 +31,12 @@ inline std::vector<float> flatten(const std::vector<Param*>& params, const std::
 }
 
 // True on every rank of `comm` when `values` is the same, bit for bit, on all its ranks.
-inline bool same_on_all_ranks(const io::Comm& comm, std::vector<float> values) {
+inline bool same_on_all_ranks(const core::Comm& comm, std::vector<float> values) {
   auto max = values, min = values;
-  comm.allreduce(max.data(), max.size(), io::ReduceOp::max);
-  comm.allreduce(min.data(), min.size(), io::ReduceOp::min);
+  comm.allreduce(max.data(), max.size(), core::ReduceOp::max);
+  comm.allreduce(min.data(), min.size(), core::ReduceOp::min);
   const bool same = max == values && min == values;
-  return comm.allreduce_value<std::int64_t>(same ? 0 : 1, io::ReduceOp::max) == 0;
+  return comm.allreduce_value<std::int64_t>(same ? 0 : 1, core::ReduceOp::max) == 0;
 }
 
 }  // namespace tessera::engine::strategy_testing

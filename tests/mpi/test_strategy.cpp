@@ -12,16 +12,16 @@
 #include <utility>
 #include <vector>
 
+#include "core/comm.h"
+#include "core/error.h"
 #include "engine/context.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
 #include "engine/strategy.h"
-#include "io/comm.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
-#include "tests/mpi/strategy_testing.h"
 #include "tests/engine/layer_testing.h"
+#include "tests/mpi/strategy_testing.h"
 
 namespace tessera::engine {
 namespace {
@@ -31,8 +31,6 @@ using testing::all_near;
 using namespace strategy_testing;  // NOLINT(google-build-using-namespace): the suite's helpers
 
 class Strategies : public OneThreadPerRank {};
-
-
 
 // ------------------------------------------------------------------------------------ hand-made vectors
 
@@ -49,7 +47,7 @@ struct Tensors {
 float start_value(std::size_t j) { return 0.25f * static_cast<float>(j) - 1.0f; }
 
 TEST_F(Strategies, EasgdExchangeMatchesTheFormulasWorkedByHand) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   const int r = world.rank();
   Tensors t;
@@ -95,22 +93,22 @@ TEST_F(Strategies, EasgdExchangeMatchesTheFormulasWorkedByHand) {
 }
 
 TEST_F(Strategies, EasgdMovingRateIsBetaOverRanksUnlessAlphaIsGiven) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   EXPECT_EQ(EasgdStrategy(world, {}).alpha(), static_cast<float>(0.9 / world.size()));
   EXPECT_EQ(EasgdStrategy(world, {.beta = 0.5}).alpha(), static_cast<float>(0.5 / world.size()));
   EXPECT_EQ(EasgdStrategy(world, {.beta = 0.5, .alpha = 0.125}).alpha(), 0.125f);
-  EXPECT_THROW(EasgdStrategy(world, {.tau = 0}), io::ConfigError);
-  EXPECT_THROW(EasgdStrategy(world, {.beta = 1.5}), io::ConfigError);
-  EXPECT_THROW(EasgdStrategy(world, {.alpha = -0.1}), io::ConfigError);
+  EXPECT_THROW(EasgdStrategy(world, {.tau = 0}), core::ConfigError);
+  EXPECT_THROW(EasgdStrategy(world, {.beta = 1.5}), core::ConfigError);
+  EXPECT_THROW(EasgdStrategy(world, {.alpha = -0.1}), core::ConfigError);
   if (world.size() > 1) {
-    EXPECT_THROW(EasgdStrategy(world, {.alpha = 0.9}), io::ConfigError) << "p x alpha > 1 overshoots the centre";
+    EXPECT_THROW(EasgdStrategy(world, {.alpha = 0.9}), core::ConfigError) << "p x alpha > 1 overshoots the centre";
   }
-  EXPECT_THROW(make_strategy("parameter-server", world), io::ConfigError);
+  EXPECT_THROW(make_strategy("parameter-server", world), core::ConfigError);
   EXPECT_EQ(make_strategy("easgd", world, {.tau = 4})->name(), std::string("easgd"));
 }
 
 TEST_F(Strategies, EasgdRebroadcastsTheCentreOnItsSchedule) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   Tensors t;
   EasgdStrategy easgd(world, {.tau = 2, .alpha = 0.25, .center_sync_every = 3});
   easgd.initialize(t.params, t.buffers);
@@ -163,7 +161,7 @@ struct Data {
 TEST_F(Strategies, AllreduceEqualsOneProcessWithRanksTimesTheBatch) {
   // LeNet-5 has no batch norm (whose statistics are per rank) and no dropout: the averaged gradient of p slices
   // of b images is the gradient of the p·b images.
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   constexpr int kSize = 32, kPerRank = 3, kSteps = 3;
   Replica distributed("lenet5", kSize), single("lenet5", kSize);
@@ -206,7 +204,7 @@ void accumulated_step(Replica& r, const Data& data, int first, int n, int micro,
 }
 
 TEST_F(Strategies, BucketedAllreduceOverlapsBackwardAndEqualsOneProcess) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   constexpr int kSize = 32, kPerRank = 4, kSteps = 3;
   Replica bucketed("lenet5", kSize), accumulated("lenet5", kSize), single("lenet5", kSize);
@@ -252,7 +250,7 @@ std::vector<float> train_tiny(Strategy* strategy, int steps, int rank) {
 }
 
 TEST_F(Strategies, EasgdWithAlphaZeroEqualsIndependentRuns) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   constexpr int kSteps = 5;
   EasgdStrategy easgd(world, {.tau = 1, .beta = 0.0});
   ASSERT_EQ(easgd.alpha(), 0.0f);
@@ -266,7 +264,7 @@ TEST_F(Strategies, EasgdWithAlphaZeroEqualsIndependentRuns) {
 }
 
 TEST_F(Strategies, EasgdAndAllreduceAreBitReproducible) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   constexpr int kSteps = 7;
   auto easgd_run = [&] {
     EasgdStrategy easgd(world, {.tau = 2, .center_sync_every = 2});
@@ -295,7 +293,7 @@ TEST_F(Strategies, EasgdAndAllreduceAreBitReproducible) {
 }
 
 TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   Replica run("tiny_cnn", 12);
   EasgdStrategy easgd(world, {.tau = 1, .alpha = 0.25});
   easgd.initialize(run.params, run.buffers);

@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "core/comm.h"
+#include "core/error.h"
 #include "engine/context.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
 #include "engine/strategy.h"
 #include "engine/strategy_async.h"
-#include "io/comm.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/mpi/strategy_testing.h"
 
@@ -32,7 +32,6 @@ namespace {
 using namespace strategy_testing;  // NOLINT(google-build-using-namespace): the suite's helpers
 
 class AsyncEasgd : public OneThreadPerRank {};
-
 
 double max_abs_difference(const std::vector<float>& a, const std::vector<double>& b) {
   double worst = a.size() == b.size() ? 0.0 : INFINITY;
@@ -63,7 +62,7 @@ struct Tensors {
 // ------------------------------------------------------------------------------------ hand-made vectors
 
 TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   const int r = world.rank();
   Tensors t;
@@ -132,20 +131,20 @@ TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
 }
 
 TEST_F(AsyncEasgd, OptionsFollowEasgd) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   EXPECT_EQ(AsyncEasgdStrategy(world, {}).alpha(), static_cast<float>(0.9 / world.size()));
   EXPECT_EQ(AsyncEasgdStrategy(world, {.beta = 0.5, .alpha = 0.125}).alpha(), 0.125f);
   EXPECT_EQ(AsyncEasgdStrategy(world, {.tau = 3}).tau(), 3);
-  EXPECT_THROW(AsyncEasgdStrategy(world, {.tau = 0}), io::ConfigError);
-  EXPECT_THROW(AsyncEasgdStrategy(world, {.beta = 1.5}), io::ConfigError);
+  EXPECT_THROW(AsyncEasgdStrategy(world, {.tau = 0}), core::ConfigError);
+  EXPECT_THROW(AsyncEasgdStrategy(world, {.beta = 1.5}), core::ConfigError);
   if (world.size() > 1) {
-    EXPECT_THROW(AsyncEasgdStrategy(world, {.alpha = 0.9}), io::ConfigError) << "p x alpha > 1 overshoots the centre";
+    EXPECT_THROW(AsyncEasgdStrategy(world, {.alpha = 0.9}), core::ConfigError) << "p x alpha > 1 overshoots the centre";
   }
   EXPECT_EQ(make_strategy("async-easgd", world, {.tau = 4})->name(), std::string("async-easgd"));
 }
 
 TEST_F(AsyncEasgd, NoUpdateIsLostInUnsynchronizedExchanges) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int r = world.rank();
   // 1000 + 37 + 21 values: shards of a few hundred values that cut through the tensors.
   Tensors t(1000, 37, 21);
@@ -184,7 +183,7 @@ TEST_F(AsyncEasgd, NoUpdateIsLostInUnsynchronizedExchanges) {
   EXPECT_LT(max_abs_difference(flatten(t.params, t.buffers), replica), 1e-4);
   // The centre gained exactly what all ranks sent.
   std::vector<double> all_sent = sent;
-  world.allreduce(all_sent.data(), all_sent.size(), io::ReduceOp::sum);
+  world.allreduce(all_sent.data(), all_sent.size(), core::ReduceOp::sum);
   const std::vector<float> center_after = strategy.fetch_center();
   std::vector<double> expected(n);
   double moved = 0.0;
@@ -256,7 +255,7 @@ struct Data {
 };
 
 TEST_F(AsyncEasgd, CentreImprovesTheHeldOutLossWithUnequalStepCounts) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int r = world.rank();
   const Data held_out(64, 4242);
   Replica untrained;
@@ -317,7 +316,7 @@ TEST_F(AsyncEasgd, CentreImprovesTheHeldOutLossWithUnequalStepCounts) {
 }
 
 TEST_F(AsyncEasgd, AlphaZeroLeavesTheCentreAndTrainsIndependentReplicas) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int r = world.rank();
   const int steps = 5 + 2 * r;
   auto train = [&](Strategy* strategy) {

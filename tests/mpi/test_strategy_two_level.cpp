@@ -14,17 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "core/comm.h"
+#include "core/error.h"
 #include "engine/context.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
 #include "engine/strategy.h"
 #include "engine/strategy_two_level.h"
-#include "io/comm.h"
-#include "io/error.h"
 #include "tests/engine/gradcheck.h"
-#include "tests/mpi/strategy_testing.h"
 #include "tests/engine/layer_testing.h"
+#include "tests/mpi/strategy_testing.h"
 
 namespace tessera::engine {
 namespace {
@@ -35,8 +35,6 @@ using namespace strategy_testing;  // NOLINT(google-build-using-namespace): the 
 
 class TwoLevel : public OneThreadPerRank {};
 
-
-
 // Ranks per group that make two groups of p / 2 ranks (one group of one rank on a single rank).
 int half_of(int ranks) { return std::max(1, ranks / 2); }
 
@@ -44,7 +42,7 @@ int half_of(int ranks) { return std::max(1, ranks / 2); }
 std::string config_error_key(const std::function<void()>& fn) {
   try {
     fn();
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     return e.key();
   }
   return "";
@@ -96,7 +94,7 @@ std::vector<float> train(Strategy& strategy, const std::string& architecture, in
 // ------------------------------------------------------------------------------------------------ allreduce
 
 TEST_F(TwoLevel, WithOneGroupItIsTheSingleLevelAllreduce) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   constexpr int kSteps = 3;
   AllreduceStrategy single(world);
@@ -128,7 +126,7 @@ TEST_F(TwoLevel, WithOneGroupItIsTheSingleLevelAllreduce) {
 }
 
 TEST_F(TwoLevel, WithTwoGroupsItIsTheSingleLevelAllreduceToFloatTolerance) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   const int k = half_of(p);
   constexpr int kSteps = 3;
@@ -168,7 +166,7 @@ struct Tensors {
 };
 
 TEST_F(TwoLevel, EasgdAmongLeadersMatchesTheFormulasWorkedByHand) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   const int r = world.rank();
   const int k = half_of(p);
@@ -271,7 +269,7 @@ TEST_F(TwoLevel, EasgdAmongLeadersMatchesTheFormulasWorkedByHand) {
 }
 
 TEST_F(TwoLevel, EasgdGroupsAreOneReplicaEachAndDifferFromEachOther) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   const int k = half_of(p);
   constexpr int kSteps = 7;
@@ -301,7 +299,7 @@ TEST_F(TwoLevel, EasgdGroupsAreOneReplicaEachAndDifferFromEachOther) {
 // group of all ranks, one EASGD worker (α = β / 1) whose gradient is the allreduce average over the ranks.
 
 TEST_F(TwoLevel, EasgdWithOneRankPerGroupIsTheSingleLevelEasgd) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   constexpr int kSteps = 5;
   EasgdStrategy single(world, {.tau = 2, .center_sync_every = 2});
   const auto expected = train(single, "tiny_cnn", kSteps, world.rank());
@@ -323,7 +321,7 @@ TEST_F(TwoLevel, EasgdWithOneRankPerGroupIsTheSingleLevelEasgd) {
 // allreduce, fused): what two-level with inter = easgd does with one group.
 class AveragedEasgdWorker final : public Strategy {
  public:
-  AveragedEasgdWorker(const io::Comm& world, const StrategyOptions& options)
+  AveragedEasgdWorker(const core::Comm& world, const StrategyOptions& options)
       : Strategy(world),
         self_(world.split(world.rank(), 0)),
         allreduce_(world, {.bucket_mb = 0}),
@@ -342,13 +340,13 @@ class AveragedEasgdWorker final : public Strategy {
   const EasgdStrategy& easgd() const { return easgd_; }
 
  private:
-  io::Comm self_;  // before easgd_, which refers to it
+  core::Comm self_;  // before easgd_, which refers to it
   AllreduceStrategy allreduce_;
   EasgdStrategy easgd_;
 };
 
 TEST_F(TwoLevel, EasgdWithOneGroupIsOneEasgdWorkerOnTheAveragedGradients) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   constexpr int kSteps = 5;
   const StrategyOptions options{.tau = 2, .center_sync_every = 2, .inter = "easgd", .ranks_per_node = p};
@@ -377,7 +375,7 @@ TEST_F(TwoLevel, EasgdWithOneGroupIsOneEasgdWorkerOnTheAveragedGradients) {
 // ------------------------------------------------------------------------------------------------ options
 
 TEST_F(TwoLevel, BadGroupsAndOptionsAreConfigErrorsOnEveryRank) {
-  const auto world = io::Comm::world();
+  const auto world = core::Comm::world();
   const int p = world.size();
   // More ranks per group than the node has: never a divisor.
   EXPECT_EQ(config_error_key([&] { (void)TwoLevelStrategy(world, {.ranks_per_node = p + 1}); }),

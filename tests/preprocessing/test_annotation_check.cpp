@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "io/annotations.h"
-#include "io/error.h"
 #include "preprocessing/tiling.h"
 #include "tests/testing/testing.h"
 
@@ -18,6 +18,7 @@ namespace {
 
 namespace io = tessera::io;
 namespace prep = tessera::prep;
+namespace core = tessera::core;
 namespace fs = std::filesystem;
 
 // The slide every data-driven case is checked against.
@@ -82,7 +83,7 @@ TEST_P(LabelsNothing, IsAnInputErrorNamingTheFileTheGroupsAndTheTumourClasses) {
   try {
     prep::prepare_annotations(annotations, {}, tumour_slide(input.string(), kSide, kSide));
     ADD_FAILURE() << "no error";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     const std::string message = e.what();
     EXPECT_EQ(e.file(), input.string());
     EXPECT_NE(message.find(input.string()), std::string::npos) << message;
@@ -102,18 +103,18 @@ TEST(TumourAnnotations, NoSuggestionForExclusionGroupsOrUnrelatedNames) {
     try {
       prep::prepare_annotations({polygon(group, square(10, 10, 100))}, {}, tumour_slide("a.xml", kSide, kSide));
       ADD_FAILURE() << "no error for " << group;
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
     }
   }
   // A configured setting name is what the message tells the user to change (evaluate calls it classes.tumour).
-  prep::AnnotationClasses classes;
+  io::AnnotationClasses classes;
   classes.tumour = {"Carcinoma"};
   try {
     prep::prepare_annotations({polygon("carcinoma", square(10, 10, 100))}, classes,
                               {"b.geojson", "classes.tumour", true, 0, 0});
     ADD_FAILURE() << "no error";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("tumour classes (classes.tumour): Carcinoma"), std::string::npos) << message;
     EXPECT_NE(message.find("did you mean 'Carcinoma' for 'carcinoma'?"), std::string::npos) << message;
@@ -145,7 +146,7 @@ TEST(TumourAnnotations, PartlyOutsidePolygonsAreClippedToTheSlide) {
   }
   // The labels from the clipped polygons: the corner tile is wholly tumour.
   std::vector<io::Annotation> tumour, exclusion;
-  prep::split_annotations(out, {}, tumour, exclusion);
+  io::split_annotations(out, {}, tumour, exclusion);
   EXPECT_DOUBLE_EQ(prep::tumour_fraction(tumour, exclusion, 0, 0, 500, 50), 1.0);
   EXPECT_DOUBLE_EQ(prep::tumour_fraction(tumour, exclusion, 9500, 5500, 500, 50), 0.0);  // the hole
 }
@@ -175,7 +176,7 @@ TEST(TumourAnnotations, UnknownSlideSizeClipsToTheRangeOfAnySlide) {
   try {
     prep::prepare_annotations({read[2]}, {}, tumour_slide("e.xml", 0, 0));
     ADD_FAILURE() << "no error";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("its tumour polygons lie wholly outside the level-0 range of any slide"),
               std::string::npos)
         << e.what();
@@ -193,18 +194,18 @@ TEST(TumourAnnotations, Camelyon16FileWithMetastasisGroup) {
   try {
     prep::prepare_annotations(annotations, {}, tumour_slide(file.string(), 0, 0));
     ADD_FAILURE() << "no error";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find(file.string()), std::string::npos) << message;
     EXPECT_NE(message.find("'metastasis' (" + std::to_string(annotations.size()) + ")"), std::string::npos) << message;
     EXPECT_NE(message.find("did you mean 'metastases' for 'metastasis'?"), std::string::npos) << message;
   }
   // With the group configured as tumour (--set labels.tumour_classes=[metastasis]) the file labels tumour.
-  prep::AnnotationClasses classes;
+  io::AnnotationClasses classes;
   classes.tumour = {"metastasis"};
   const auto out = prep::prepare_annotations(annotations, classes, tumour_slide(file.string(), 0, 0));
   std::vector<io::Annotation> tumour, exclusion;
-  prep::split_annotations(out, classes, tumour, exclusion);
+  io::split_annotations(out, classes, tumour, exclusion);
   EXPECT_EQ(tumour.size(), annotations.size());
   double area = 0.0;
   for (const auto& a : tumour) area += io::annotation_area(a);

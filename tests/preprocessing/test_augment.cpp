@@ -11,8 +11,8 @@
 #include <gtest/gtest.h>
 #include <opencv2/imgproc.hpp>
 
-#include "io/config.h"
-#include "io/error.h"
+#include "core/config.h"
+#include "core/error.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::prep {
@@ -100,8 +100,8 @@ double gray_of(const cv::Vec3f& p) { return 0.299 * p[0] + 0.587 * p[1] + 0.114 
 
 TEST(AugmentDihedral, CodesRoundTrip) {
   for (int code = 0; code < 8; ++code) EXPECT_EQ(Dihedral::from_code(code).code(), code);
-  EXPECT_THROW(Dihedral::from_code(8), io::InternalError);
-  EXPECT_THROW(Dihedral::from_code(-1), io::InternalError);
+  EXPECT_THROW(Dihedral::from_code(8), core::InternalError);
+  EXPECT_THROW(Dihedral::from_code(-1), core::InternalError);
 }
 
 TEST(AugmentDihedral, RotationIsCounterClockwise) {
@@ -523,19 +523,19 @@ TEST(AugmentOutput, InPlaceChwAndEightBitAgree) {
 TEST(AugmentOutput, RejectsWhatIsNotAnRgbTile) {
   Augmenter augmenter;
   cv::Mat gray(4, 4, CV_8UC1, cv::Scalar(1)), out;
-  EXPECT_THROW(augmenter.apply(TileAugmentation{}, gray, out), io::InternalError);
-  EXPECT_THROW(augmenter.apply(TileAugmentation{}, cv::Mat(), out), io::InternalError);
+  EXPECT_THROW(augmenter.apply(TileAugmentation{}, gray, out), core::InternalError);
+  EXPECT_THROW(augmenter.apply(TileAugmentation{}, cv::Mat(), out), core::InternalError);
   std::vector<float> chw(48);
   ChannelNormalization zero_std;
   zero_std.std[1] = 0.0f;
-  EXPECT_THROW(augmenter.apply(TileAugmentation{}, he_tile(4, 4), chw.data(), zero_std), io::InternalError);
+  EXPECT_THROW(augmenter.apply(TileAugmentation{}, he_tile(4, 4), chw.data(), zero_std), core::InternalError);
 }
 
 // --- Configuration -------------------------------------------------------------------------------------------------
 
-const io::Schema& augment_schema() {
-  static const io::Schema schema = [] {
-    io::Schema s;
+const core::Schema& augment_schema() {
+  static const core::Schema schema = [] {
+    core::Schema s;
     s.integer("train.epochs", 10, "Epochs");
     declare_augment_schema(s);
     return s;
@@ -560,7 +560,7 @@ void expect_equal(const AugmentOptions& a, const AugmentOptions& b) {
 }
 
 TEST(AugmentConfig, DefaultsComeFromTheOptionsStruct) {
-  expect_equal(augment_options_from_config(io::Config(augment_schema())), AugmentOptions{});
+  expect_equal(augment_options_from_config(core::Config(augment_schema())), AugmentOptions{});
 }
 
 TEST(AugmentConfig, ReadsEveryKey) {
@@ -581,7 +581,7 @@ TEST(AugmentConfig, ReadsEveryKey) {
       "    probability: 0.9\n"
       "    scale: 0.2\n"
       "    shift: 0.03\n";
-  const io::Config config = io::Config::parse(augment_schema(), yaml, "job.yaml");
+  const core::Config config = core::Config::parse(augment_schema(), yaml, "job.yaml");
   AugmentOptions expected;
   expected.enabled = false;
   expected.flip_horizontal = 0.1, expected.flip_vertical = 0.2, expected.rotate90 = 0.3;
@@ -597,28 +597,29 @@ TEST(AugmentConfig, OutOfRangeValuesAreConfigErrorsNamingKeyAndLine) {
       "  colour:\n"
       "    hue: 0.7\n";
   try {
-    io::Config::parse(augment_schema(), yaml, "job.yaml");
+    core::Config::parse(augment_schema(), yaml, "job.yaml");
     FAIL() << "no error for hue 0.7";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "augment.colour.hue");
     EXPECT_EQ(e.file(), "job.yaml");
     EXPECT_EQ(e.line(), 3);
   }
-  EXPECT_THROW(io::Config::parse(augment_schema(), "augment:\n  rotate90: 1.5\n", "job.yaml"), io::ConfigError);
-  EXPECT_THROW(io::Config::parse(augment_schema(), "augment:\n  hed:\n    scale: -0.1\n", "job.yaml"), io::ConfigError);
-  EXPECT_THROW(io::Config::parse(augment_schema(), "augment:\n  colour:\n    order: shuffled\n", "job.yaml"),
-               io::ConfigError);
-  EXPECT_THROW(io::Config::parse(augment_schema(), "augment:\n  colour:\n    brightnes: 0.1\n", "job.yaml"),
-               io::ConfigError);
+  EXPECT_THROW(core::Config::parse(augment_schema(), "augment:\n  rotate90: 1.5\n", "job.yaml"), core::ConfigError);
+  EXPECT_THROW(core::Config::parse(augment_schema(), "augment:\n  hed:\n    scale: -0.1\n", "job.yaml"),
+               core::ConfigError);
+  EXPECT_THROW(core::Config::parse(augment_schema(), "augment:\n  colour:\n    order: shuffled\n", "job.yaml"),
+               core::ConfigError);
+  EXPECT_THROW(core::Config::parse(augment_schema(), "augment:\n  colour:\n    brightnes: 0.1\n", "job.yaml"),
+               core::ConfigError);
 }
 
 TEST(AugmentConfig, HandMadeOptionsAreValidated) {
   AugmentOptions o;
   o.hue = 0.6;
-  EXPECT_THROW(Augmenter{o}, io::InternalError);
+  EXPECT_THROW(Augmenter{o}, core::InternalError);
   o = AugmentOptions{};
   o.flip_vertical = -0.1;
-  EXPECT_THROW(validate(o), io::InternalError);
+  EXPECT_THROW(validate(o), core::InternalError);
   EXPECT_NO_THROW(validate(AugmentOptions{}));
 }
 

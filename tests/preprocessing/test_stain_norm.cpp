@@ -4,8 +4,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <random>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::prep {
@@ -56,8 +56,8 @@ Fields make_fields(int size, std::uint32_t seed, double glass_fraction = 0.25) {
         nucleus = std::max(nucleus, w);
         h = std::max(h, w * static_cast<float>(n.c));
       }
-      const double stroma = 0.32 + 0.16 * std::sin(0.11 * x + px) * std::cos(0.07 * y + py) +
-                            0.08 * std::sin(0.31 * (x + y) + py);
+      const double stroma =
+          0.32 + 0.16 * std::sin(0.11 * x + px) * std::cos(0.07 * y + py) + 0.08 * std::sin(0.31 * (x + y) + py);
       f.h(y, x) = 0.01f + h;
       f.e(y, x) = static_cast<float>(stroma) * (1.0f - 0.9f * nucleus);
     }
@@ -105,8 +105,10 @@ DescribedMacenko parse_macenko(const std::string& text) {
   // sscanf rather than std::regex: GCC 12's <regex> trips -Wmaybe-uninitialized under ASan with -Werror.
   DescribedMacenko d;
   const auto at = text.find("h=(");
-  const int fields = at == std::string::npos ? 0 : std::sscanf(text.c_str() + at, "h=(%lf,%lf,%lf) e=(%lf,%lf,%lf) max_concentration=(%lf,%lf)", &d.h[0],
-                                 &d.h[1], &d.h[2], &d.e[0], &d.e[1], &d.e[2], &d.max_c[0], &d.max_c[1]);
+  const int fields = at == std::string::npos
+                         ? 0
+                         : std::sscanf(text.c_str() + at, "h=(%lf,%lf,%lf) e=(%lf,%lf,%lf) max_concentration=(%lf,%lf)",
+                                       &d.h[0], &d.h[1], &d.h[2], &d.e[0], &d.e[1], &d.e[2], &d.max_c[0], &d.max_c[1]);
   if (fields != 8) {
     ADD_FAILURE() << "cannot parse: " << text;
     return {};
@@ -165,13 +167,13 @@ TEST(StainNormNames, UnknownNameListsKnownOnes) {
   try {
     parse_stain_method("vahadane");
     FAIL() << "expected an error";
-  } catch (const io::InternalError& e) {
+  } catch (const core::InternalError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("vahadane"), std::string::npos) << what;
     EXPECT_NE(what.find("none, reinhard, macenko"), std::string::npos) << what;
   }
-  EXPECT_THROW(parse_stain_method("Macenko"), io::InternalError);
-  EXPECT_THROW(parse_stain_method(""), io::InternalError);
+  EXPECT_THROW(parse_stain_method("Macenko"), core::InternalError);
+  EXPECT_THROW(parse_stain_method(""), core::InternalError);
 }
 
 TEST(StainNormFactory, NoneGivesNullptr) {
@@ -252,7 +254,7 @@ TEST(StainNormMacenko, BuiltinTargetGivesRuifrokStains) {
 
 TEST(StainNormMacenko, OneColourReferenceCannotBeFitted) {
   const cv::Mat pink(64, 64, CV_8UC3, cv::Scalar(230, 140, 190));
-  EXPECT_THROW(make_stain_normalizer(StainMethod::macenko, pink, "pink.png"), io::InputError);
+  EXPECT_THROW(make_stain_normalizer(StainMethod::macenko, pink, "pink.png"), core::InputError);
 }
 
 TEST(StainNormMacenko, SingleStainTileIsLeftAloneAndCannotBeAReference) {
@@ -263,7 +265,7 @@ TEST(StainNormMacenko, SingleStainTileIsLeftAloneAndCannotBeAReference) {
   cv::Mat tile = source.clone();
   make_stain_normalizer(StainMethod::macenko)->apply(tile);
   EXPECT_EQ(cv::norm(tile, source, cv::NORM_INF), 0.0);
-  EXPECT_THROW(make_stain_normalizer(StainMethod::macenko, source, "stroma.png"), io::InputError);
+  EXPECT_THROW(make_stain_normalizer(StainMethod::macenko, source, "stroma.png"), core::InputError);
 }
 
 // --- Reinhard -------------------------------------------------------------------------------------------
@@ -365,12 +367,12 @@ TEST_P(StainNormBoth, ReferenceWithoutTissueThrowsInputErrorNamingIt) {
   try {
     make_stain_normalizer(GetParam(), white, "blank-reference.png");
     FAIL() << "expected an InputError";
-  } catch (const io::InputError& e) {
+  } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), "blank-reference.png");
     EXPECT_NE(std::string(e.what()).find("blank-reference.png"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("too little tissue"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_stain_normalizer(GetParam(), cv::Mat(), "empty.png"), io::InputError);
+  EXPECT_THROW(make_stain_normalizer(GetParam(), cv::Mat(), "empty.png"), core::InputError);
 }
 
 TEST_P(StainNormBoth, RegionOfInterestIsNormalizedInPlace) {
@@ -406,7 +408,7 @@ TEST_P(StainNormBoth, ConcurrentApplyMatchesSequential) {
 TEST_P(StainNormBoth, RejectsImagesThatAreNotRgb8) {
   const auto normalizer = make_stain_normalizer(GetParam());
   cv::Mat grey(8, 8, CV_8UC1, cv::Scalar(100));
-  EXPECT_THROW(normalizer->apply(grey), io::InternalError);
+  EXPECT_THROW(normalizer->apply(grey), core::InternalError);
 }
 
 // Inference rebuilds the training tiles' target from the checkpoint's text: the same description, and on a tile
@@ -416,8 +418,8 @@ TEST_P(StainNormBoth, ADescriptionGivesBackItsNormalizer) {
   const cv::Mat reference = compose(f, ruifrok_he());
   const SlideStain lab = other_lab();
   const cv::Mat tile = compose(f, lab.vectors, lab.h_scale, lab.e_scale, 9);
-  for (const auto& original : {make_stain_normalizer(GetParam()),
-                               make_stain_normalizer(GetParam(), reference, "ref, with=(odd) name.png")}) {
+  for (const auto& original :
+       {make_stain_normalizer(GetParam()), make_stain_normalizer(GetParam(), reference, "ref, with=(odd) name.png")}) {
     const auto rebuilt = stain_normalizer_from_description(original->describe(), "model.h5");
     ASSERT_NE(rebuilt, nullptr);
     EXPECT_EQ(rebuilt->method(), GetParam());
@@ -437,13 +439,13 @@ TEST_P(StainNormBoth, ADescriptionGivesBackItsNormalizer) {
 TEST(StainNormDescription, NoneGivesNullptrAndGarbageNamesTheFile) {
   EXPECT_EQ(stain_normalizer_from_description("none", "model.h5"), nullptr);
   EXPECT_EQ(stain_normalizer_from_description("", "model.h5"), nullptr);
-  for (const std::string bad : {"vahadane target=builtin", "reinhard target=builtin lab_mean=(1,2) lab_std=(1,2,3)",
-                                "macenko target=builtin h=(0.6,0.7,0.3) e=(0.1,x,0.1) max_concentration=(1,1)",
-                                "reinhard"}) {
+  for (const std::string bad :
+       {"vahadane target=builtin", "reinhard target=builtin lab_mean=(1,2) lab_std=(1,2,3)",
+        "macenko target=builtin h=(0.6,0.7,0.3) e=(0.1,x,0.1) max_concentration=(1,1)", "reinhard"}) {
     try {
       stain_normalizer_from_description(bad, "model.h5");
       ADD_FAILURE() << "accepted: " << bad;
-    } catch (const io::InputError& e) {
+    } catch (const core::InputError& e) {
       EXPECT_NE(std::string(e.what()).find("model.h5"), std::string::npos) << e.what();
     }
   }

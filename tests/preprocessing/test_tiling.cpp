@@ -12,12 +12,12 @@
 
 #include <opencv2/imgproc.hpp>
 
-#include "io/error.h"
+#include "core/error.h"
 #include "io/image.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
-#include "preprocessing/synth.h"
 #include "preprocessing/tissue.h"
+#include "synth/synth.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::prep {
@@ -569,15 +569,15 @@ TEST(Tiling, BadGridOptionsAreConfigErrors) {
   try {
     plan_slide(slide, all, {}, AnnotationClasses{}, bad);
     FAIL() << "no error";
-  } catch (const io::ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "tile_size");
   }
   bad = GridOptions{};
   bad.mpp = 0.0;
-  EXPECT_THROW(plan_slide(slide, all, {}, AnnotationClasses{}, bad), io::ConfigError);
+  EXPECT_THROW(plan_slide(slide, all, {}, AnnotationClasses{}, bad), core::ConfigError);
   bad = GridOptions{};
   bad.stride = -1;
-  EXPECT_THROW(plan_slide(slide, all, {}, AnnotationClasses{}, bad), io::ConfigError);
+  EXPECT_THROW(plan_slide(slide, all, {}, AnnotationClasses{}, bad), core::ConfigError);
 }
 
 // ---- capping ------------------------------------------------------------------------------------------------
@@ -672,13 +672,13 @@ TEST(Tiling, CapIsDeterministicForTheSeed) {
 
 TEST(Tiling, SyntheticTumourSlideLabelsFollowTheGroundTruth) {
   testing::TempDir dir;
-  SynthSlideOptions synth;
+  synth::SynthSlideOptions synth;
   synth.width = 8192;
   synth.height = 8192;
   synth.mpp = 0.5;
   synth.seed = 7;
   synth.max_tumour_regions = 4;
-  const SynthGroundTruth truth = write_synthetic_slide(dir.file("synth.tif"), synth);
+  const synth::SynthGroundTruth truth = synth::write_synthetic_slide(dir.file("synth.tif"), synth);
   const io::Slide slide = io::Slide::open(dir.file("synth.tif"));
   const TissueMask tissue = detect_tissue(slide, TissueOptions{});
 

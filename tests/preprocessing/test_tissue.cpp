@@ -11,7 +11,7 @@
 
 #include "io/slide.h"
 #include "io/tiff_writer.h"
-#include "preprocessing/synth.h"
+#include "synth/synth.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::prep {
@@ -298,13 +298,13 @@ TEST(Tissue, SpecksAreRemovedAndSmallHolesFilled) {
 
 TEST(Tissue, SyntheticSlideMatchesItsGroundTruth) {
   testing::TempDir dir;
-  SynthSlideOptions options;
+  synth::SynthSlideOptions options;
   options.width = 4096;
   options.height = 4096;
   options.mpp = 1.0;
   options.seed = 21;
   options.folds = true;
-  const SynthGroundTruth truth = write_synthetic_slide(dir.file("synth.tif"), options);
+  const synth::SynthGroundTruth truth = synth::write_synthetic_slide(dir.file("synth.tif"), options);
   const io::Slide slide = io::Slide::open(dir.file("synth.tif"));
   const TissueMask tissue = detect_tissue(slide, TissueOptions{});
 

@@ -1,0 +1,139 @@
+// The per-slide outputs of `tessera infer` (docs/ARCHITECTURE.md "Inference outputs"), made from a probability map
+// (io::Heatmap) and its regions and detections (analysis/regions.h). One registry lists them; each
+// output is written atomically (temporary name, then rename), so a reader never sees half a file.
+//
+//   name            file                        what
+//   heatmap.h5      <slide>.heatmap.h5          the map and its geometry (io::write_heatmap)
+//   overlay.png     <slide>.overlay.png         thumbnail + colour-mapped probabilities, outlines, legend, scale bar
+//   heatmap.tif     <slide>.heatmap.tif         pyramidal TIFF of the map at the slide's size (io::write_heatmap_tiff)
+//   geojson         <slide>.geojson             QuPath: regions as "Tumor" annotations with measurements, and
+//                                               optionally every scored tile as a detection with `tumor_prob`
+//   xml             <slide>.xml                 ASAP: regions as polygons in group "Tumor" (holes as "_2")
+//   detections.csv  <slide>.detections.csv      CAMELYON16: one `prob,X,Y` line per detection, no header, level-0
+//                                               integer coordinates, as the challenge's evaluation script reads it
+//   report.json     <slide>.report.json         areas, slide score, regions with size class (see report_json())
+//
+// These live in preprocessing/ rather than io/ because they take Region and Detection (the analysis); the file
+// formats themselves are io's writers (io::write_geojson, io::write_asap_xml, io::TiffWriter, io::write_png).
+//
+//   analysis::SlideResult result = analysis::analyse_heatmap(heatmap, options);   // regions + detections
+//   result.thumbnail = slide.thumbnail(options.overlay.max_side);
+//   result.tissue_area_mm2 = tissue.tissue_area_mm2();
+//   analysis::write_slide_outputs(output_dir, result, options);
+#pragma once
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "analysis/regions.h"
+#include "io/heatmap.h"
+
+namespace tessera::analysis {
+
+struct OverlayOptions {
+  io::Colormap colormap = io::Colormap::inferno;
+  // Opacity of the colour over the slide grows linearly with P, from min_alpha at P = 0 to max_alpha at P = 1:
+  // tissue the model calls normal stays readable, tumour stands out. Unscored cells are not painted.
+  double min_alpha = 0.1;
+  double max_alpha = 0.65;
+  int max_side = 2048;  // longer side of the thumbnail to read for the overlay (used by the caller)
+  int max_labels = 40;  // regions numbered on the picture, largest first (numbers as in report.json)
+};
+
+struct GeojsonOptions {
+  // Every scored tile as a detection (footprint square) with measurement `tumor_prob`: QuPath's measurement
+  // maps show it as a heatmap. About 250 bytes and 25 µs per tile (200k tiles of a CAMELYON16-size slide: 50 MB).
+  bool tiles = true;
+};
+
+struct OutputOptions {
+  RegionOptions regions;  // threshold of the regions (also marked on the overlay's legend)
+  DetectionOptions detections;
+  OverlayOptions overlay;
+  io::HeatmapTiffOptions tiff;
+  GeojsonOptions geojson;
+  std::vector<std::string> outputs;  // registry names to write; empty = all
+};
+
+// Everything the writers need for one slide.
+struct SlideResult {
+  io::Heatmap heatmap;
+  std::vector<Region> regions;
+  std::vector<Detection> detections;
+  cv::Mat thumbnail;  // RGB whole-slide thumbnail for overlay.png; empty = a white background
+  // From the tissue mask (prep::TissueMask::tissue_area_mm2()); NaN = estimated as the scored tiles' footprints.
+  double tissue_area_mm2 = std::numeric_limits<double>::quiet_NaN();
+};
+
+// Regions and detections of `heatmap` with options.regions and options.detections.
+SlideResult analyse_heatmap(io::Heatmap heatmap, const OutputOptions& options);
+
+// ---------------------------------------------------------------------------------------------------------
+// overlay.png
+//
+// The canvas: a title band (slide id, slide score, regions per size class) above the thumbnail, which is drawn
+// unscaled at `image`, and a legend band below it (colour bar 0..1 with ticks and the threshold marked, the
+// outline's meaning, a scale bar of a round length in mm). Narrow thumbnails are centred on a wider canvas so
+// the legend fits.
+struct OverlayLayout {
+  cv::Size canvas;
+  cv::Rect image;  // where the thumbnail is, on the canvas
+};
+OverlayLayout overlay_layout(cv::Size thumbnail);
+
+// `thumbnail`: RGB CV_8UC3 of the whole slide (any size; its pixels are slide_width / cols level-0 pixels wide).
+cv::Mat render_overlay(const io::Heatmap& heatmap, const std::vector<Region>& regions, const cv::Mat& thumbnail,
+                       const OutputOptions& options);
+void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, const std::vector<Region>& regions,
+                       const cv::Mat& thumbnail, const OutputOptions& options);
+
+// ---------------------------------------------------------------------------------------------------------
+// Viewer annotations, detections, report
+
+// QuPath FeatureCollection: one "Tumor" annotation per region (Polygon with holes; name "Region <id>: <size
+// class>"; measurements "Area mm^2", "Longest diameter µm", "Max probability", "Mean probability", "Tiles"),
+// then (options.geojson.tiles) one detection per scored tile with measurement "tumor_prob".
+void write_regions_geojson(const std::string& path, const io::Heatmap& heatmap, const std::vector<Region>& regions,
+                           const OutputOptions& options);
+// ASAP XML: one Polygon per region in group "Tumor"; holes become "_2" polygons (CAMELYON's non-tumour inside
+// tumour), so io::read_asap_xml and `tessera tile` read the regions back as tumour.
+void write_regions_asap(const std::string& path, const std::vector<Region>& regions);
+
+// The report (keys): format "tessera-report", version, slide {id, path, width, height, mpp}, model {checkpoint,
+// tile_mpp, tile_um (side of a tile), tile_level0_px, step_level0_px}, threshold, slide_score (the maximum tile
+// probability, null when no tissue was scored) with slide_score_definition, scored_tiles, tissue_area_mm2 and
+// tissue_area_source
+// ("tissue mask" | "scored tiles"), tumour_area_mm2 (sum of the regions), tumour_fraction_of_tissue,
+// largest_size_class ("none" when there is no region), regions_per_size_class {isolated_tumour_cells,
+// micrometastasis, macrometastasis}, size_class_rule, detections (count), regions [{id, size_class, area_mm2,
+// longest_diameter_um, max_prob, mean_prob, tiles, centroid [x, y], peak [x, y], bounds [x, y, w, h]}] with
+// level-0 coordinates.
+std::string report_json(const SlideResult& result, const OutputOptions& options);
+void write_report_json(const std::string& path, const SlideResult& result, const OutputOptions& options);
+
+// ---------------------------------------------------------------------------------------------------------
+// The registry
+
+struct OutputWriter {
+  const char* name;    // as in OutputOptions::outputs
+  const char* suffix;  // file name is "<slide id>.<suffix>"
+  void (*write)(const std::string& path, const SlideResult& result, const OutputOptions& options);
+};
+
+// Every writer, in the order write_slide_outputs() runs them.
+const std::vector<OutputWriter>& output_writers();
+// nullptr when `name` is not a writer's name.
+const OutputWriter* find_output_writer(const std::string& name);
+std::string output_writer_names();  // "heatmap.h5, overlay.png, ..." for error messages
+
+// Writes the selected outputs of one slide into `directory` (which must exist) as "<slide id>.<suffix>", in
+// registry order, and returns their paths. An error names the output and the slide (context "output", "slide"); outputs
+// written before it stay (each is complete). InternalError listing the known names for an unknown name in
+// options.outputs.
+std::vector<std::string> write_slide_outputs(const std::string& directory, const SlideResult& result,
+                                             const OutputOptions& options);
+
+}  // namespace tessera::analysis

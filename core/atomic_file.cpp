@@ -1,0 +1,105 @@
+#include "core/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace tessera::core {
+namespace {
+
+// Removes `temporary` without disturbing errno (the caller's error message reads it).
+void remove_quietly(const std::string& temporary) {
+  const int saved = errno;
+  std::remove(temporary.c_str());
+  errno = saved;
+}
+
+}  // namespace
+
+std::string temporary_name(const std::string& path) { return path + ".tmp-" + std::to_string(::getpid()); }
+
+void sync_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check_errno(fd >= 0, "cannot reopen '" + path + "'");
+  const bool synced = ::fsync(fd) == 0;
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  check_errno(synced, "cannot sync '" + path + "'");
+}
+
+void sync_folder_of(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    (void)::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void publish_file(const std::string& temporary, const std::string& path) {
+  try {
+    sync_file(temporary);
+  } catch (...) {
+    remove_quietly(temporary);
+    throw;
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    remove_quietly(temporary);
+    check_errno(false, "cannot rename '" + temporary + "' to '" + path + "'");
+  }
+  sync_folder_of(path);
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string temporary = temporary_name(path);
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  check_errno(fd >= 0, "cannot create '" + temporary + "'");
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) {
+      if (wrote == 0) errno = ENOSPC;
+      const int saved = errno;
+      ::close(fd);
+      errno = saved;
+      remove_quietly(temporary);
+      check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(done) + " of " +
+                             std::to_string(bytes.size()) + " bytes written)");
+    }
+    done += static_cast<std::size_t>(wrote);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  int saved = errno;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed) {
+    if (synced) saved = errno;
+    errno = saved;
+    remove_quietly(temporary);
+    check_errno(false, "cannot write '" + temporary + "'");
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    remove_quietly(temporary);
+    check_errno(false, "cannot rename '" + temporary + "' to '" + path + "'");
+  }
+  sync_folder_of(path);
+}
+
+void write_atomic(const std::string& path, const std::function<void(const std::string& temporary)>& write) {
+  const std::string temporary = temporary_name(path);
+  try {
+    write(temporary);
+  } catch (...) {
+    remove_quietly(temporary);
+    throw;
+  }
+  publish_file(temporary, path);
+}
+
+}  // namespace tessera::core

@@ -1,0 +1,181 @@
+// The MPI communicator facade. Everything in Tessera that talks between processes goes through here.
+//
+// - A program started without mpirun/srun runs as a single rank (MPI singleton): every collective is valid.
+// - Every MPI call is checked (TESSERA_MPI_CHECK with file and line). MPI errors on communicators and
+//   windows are returned rather than fatal, turned into InternalError naming the call and the rank, and
+//   `main` calls abort_job(), which prints one message naming the rank and takes all ranks down.
+// - MPI is finalized explicitly by MpiSession::finalize() on the success path, never from a destructor
+//   that may run during stack unwinding.
+#pragma once
+
+// C API only: tessera_io defines OMPI_SKIP_MPICXX for every includer (io/CMakeLists.txt).
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <ratio>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+// Checks the return code of an MPI call: on failure throws InternalError naming the call text, file:line,
+// the MPI error string and the world rank. For raw MPI calls outside the facade, on handles whose error
+// handler is MPI_ERRORS_RETURN (MPI_COMM_WORLD and everything the facade creates).
+#define TESSERA_MPI_CHECK(call) ::tessera::core::detail::check_mpi((call), #call, __FILE__, __LINE__)
+
+namespace tessera::core {
+
+namespace detail {
+[[noreturn]] void throw_mpi_error(int code, const char* call, const char* file, int line);
+inline void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code != MPI_SUCCESS) throw_mpi_error(code, call, file, line);
+}
+}  // namespace detail
+
+// Initializes MPI for the life of main(). Threading level: MPI_THREAD_FUNNELED (only the main thread
+// calls MPI; loader threads never do).
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();  // does NOT finalize; if finalize() was not called the process is going down anyway
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  void finalize();       // collective; call once at the end of a successful run
+  static bool active();  // MPI initialized and not finalized
+};
+
+// Aborts every rank of the job with `exit_code` after printing "rank R: message" to stderr.
+// Safe to call whether or not MPI is initialized.
+[[noreturn]] void abort_job(const std::string& message, int exit_code);
+
+enum class ReduceOp { sum, max, min };
+
+// MPI's wall clock (MPI_Wtime) as a std::chrono clock. Code that times communication uses it rather than
+// steady_clock, so that under SimGrid's SMPI (sim/), where the network is simulated, it reads simulated time;
+// with a real MPI it is an ordinary monotonic wall clock. Valid while MPI is initialized.
+struct MpiClock {
+  using rep = double;
+  using period = std::ratio<1>;
+  using duration = std::chrono::duration<double>;
+  using time_point = std::chrono::time_point<MpiClock>;
+  static constexpr bool is_steady = true;
+  static time_point now() { return time_point(duration(MPI_Wtime())); }
+};
+
+class Comm {
+ public:
+  // MPI_COMM_WORLD (a non-owning handle).
+  static Comm world();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool is_root() const { return rank_ == 0; }
+  MPI_Comm handle() const { return comm_; }
+
+  void barrier() const;
+
+  // In-place allreduce over `count` elements, in pieces of at most 4 MB (core/comm.cpp: large single messages are
+  // an order of magnitude slower per byte with Open MPI's shared-memory transport).
+  void allreduce(float* data, std::size_t count, ReduceOp op) const;
+  void allreduce(double* data, std::size_t count, ReduceOp op) const;
+  void allreduce(std::int64_t* data, std::size_t count, ReduceOp op) const;
+  template <typename T>
+  T allreduce_value(T value, ReduceOp op) const {
+    allreduce(&value, 1, op);
+    return value;
+  }
+  // Non-blocking in-place allreduce (sum) for overlapping communication with compute.
+  MPI_Request iallreduce_sum(float* data, std::size_t count) const;
+  static void wait(MPI_Request& request);
+  // True when `request` has completed (it is then MPI_REQUEST_NULL); lets MPI progress non-blocking collectives.
+  static bool test(MPI_Request& request);
+
+  // Broadcast from `root`; vectors and strings are resized on the receivers.
+  void broadcast(void* data, std::size_t bytes, int root) const;
+  void broadcast(std::string& text, int root) const;
+  template <typename T>
+  void broadcast(std::vector<T>& values, int root) const {
+    static_assert(std::is_trivially_copyable_v<T>, "broadcast sends raw bytes");
+    std::uint64_t n = values.size();
+    broadcast(&n, sizeof n, root);
+    values.resize(n);
+    if (n > 0) broadcast(values.data(), n * sizeof(T), root);  // as broadcast(std::string&): see core/comm.cpp
+  }
+
+  // Variable-size gather of raw bytes to `root`: on root, one entry per rank (rank order); elsewhere empty.
+  std::vector<std::string> gather_bytes(const std::string& mine, int root) const;
+  // Variable-size allgather: every rank gets one entry per rank.
+  std::vector<std::string> allgather_bytes(const std::string& mine) const;
+
+  // Ranks that share memory (same node), keyed by world rank. Owns the new communicator.
+  Comm split_node() const;
+  // General split; ranks with the same color land in one communicator, ordered by key. A rank passing
+  // color MPI_UNDEFINED gets an empty Comm (handle() == MPI_COMM_NULL, size() == 0).
+  Comm split(int color, int key) const;
+
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  Comm(Comm&& other) noexcept;
+  Comm& operator=(Comm&& other) noexcept;
+  ~Comm();
+
+ private:
+  Comm(MPI_Comm comm, bool owned);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// An MPI one-sided window (RAII: freed in the destructor, which is collective, so destroy windows in the
+// same order on every rank). Each rank exposes `bytes` of its own memory (0 is fine). Creation is
+// collective. A window destroyed during stack unwinding is not freed (MPI_Win_free synchronizes, and the
+// other ranks may never get there): the failing rank is expected to abort_job().
+class Window {
+ public:
+  enum class Kind { allocate, shared };  // shared: MPI_Win_allocate_shared, comm must be node-local
+
+  Window(const Comm& comm, std::size_t bytes, int disp_unit, Kind kind = Kind::allocate);
+  ~Window();
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+
+  void* local() const { return base_; }
+  std::size_t local_bytes() const { return bytes_; }
+  // Shared windows only: direct pointer to `rank`'s segment (and its size in bytes).
+  void* shared_pointer(int rank, std::size_t* bytes = nullptr) const;
+
+  // Passive-target epochs.
+  void lock(int rank, bool exclusive) const;
+  void unlock(int rank) const;
+  void lock_all() const;
+  void unlock_all() const;
+  void flush(int rank) const;
+  void sync() const;  // MPI_Win_sync: memory barrier between public and private copies
+  // Active-target epoch boundary.
+  void fence() const;
+
+  // Transfers inside an epoch. `offset` is in units of the window's disp_unit.
+  void put(const void* data, std::size_t bytes, int rank, std::size_t offset) const;
+  void get(void* data, std::size_t bytes, int rank, std::size_t offset) const;
+  void accumulate_sum(const float* data, std::size_t count, int rank, std::size_t offset) const;
+  void accumulate_sum(const std::int64_t* data, std::size_t count, int rank, std::size_t offset) const;
+  // Atomic fetch-and-add of one int64 at `offset`; returns the previous value. Flushes `rank` to get the
+  // value, so call it inside a passive-target epoch (lock/lock_all), not between fences.
+  std::int64_t fetch_add(std::int64_t value, int rank, std::size_t offset) const;
+
+  MPI_Win handle() const { return win_; }
+
+ private:
+  MPI_Win win_ = MPI_WIN_NULL;
+  void* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  int rank_ = 0;
+  int disp_unit_ = 1;
+  Kind kind_ = Kind::allocate;
+  int uncaught_at_creation_ = 0;  // std::uncaught_exceptions() when created: detects unwinding in ~Window
+};
+
+}  // namespace tessera::core

@@ -1,0 +1,139 @@
+#include "core/fault.h"
+
+#include <unistd.h>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+
+namespace tessera::core::fault {
+namespace {
+
+enum class Action { kill, fail };
+
+struct Spec {
+  std::string point;
+  std::int64_t after = 1;
+  std::optional<int> rank;
+  Action action = Action::kill;
+  int error = 0;  // for Action::fail
+};
+
+[[noreturn]] void malformed(const std::string& value, const std::string& why) {
+  std::fprintf(stderr,
+               "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ do=kill|enospc|eio]\")\n",
+               value.c_str(), why.c_str());
+  std::_Exit(2);
+}
+
+std::int64_t parse_count(const std::string& value, const std::string& text, std::int64_t min) {
+  std::size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    malformed(value, "'" + text + "' is not a number");
+  }
+  if (used != text.size() || n < min) malformed(value, "'" + text + "' is not a number >= " + std::to_string(min));
+  return n;
+}
+
+std::optional<Spec> parse(const char* env) {
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  const std::string value(env);
+  std::istringstream words(value);
+  Spec spec;
+  words >> spec.point;
+  if (spec.point.empty() || spec.point.find('=') != std::string::npos) malformed(value, "no point named first");
+  std::string word;
+  while (words >> word) {
+    const auto eq = word.find('=');
+    if (eq == std::string::npos) malformed(value, "'" + word + "' is not key=value");
+    const std::string key = word.substr(0, eq);
+    const std::string v = word.substr(eq + 1);
+    if (key == "after") {
+      spec.after = parse_count(value, v, 1);
+    } else if (key == "rank") {
+      spec.rank = static_cast<int>(parse_count(value, v, 0));
+    } else if (key == "do") {
+      if (v == "kill") {
+        spec.action = Action::kill;
+      } else if (v == "enospc") {
+        spec.action = Action::fail;
+        spec.error = ENOSPC;
+      } else if (v == "eio") {
+        spec.action = Action::fail;
+        spec.error = EIO;
+      } else {
+        malformed(value, "unknown action '" + v + "'");
+      }
+    } else {
+      malformed(value, "unknown key '" + key + "'");
+    }
+  }
+  return spec;
+}
+
+// This process's MPI world rank as the launcher tells it (Open MPI, PMIx, Slurm), 0 without a launcher.
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return 0;
+}
+
+struct State {
+  std::optional<Spec> spec = parse(std::getenv("TESSERA_FAULT"));
+  std::int64_t hits = 0;
+  std::mutex mutex;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+// Counts a hit of `point`; true when the configured fault fires on this hit.
+bool fires(std::string_view point, Action* action, int* error) {
+  State& s = state();
+  if (!s.spec || s.spec->point != point) return false;
+  if (s.spec->rank && *s.spec->rank != launcher_rank()) return false;
+  std::lock_guard lock(s.mutex);
+  if (++s.hits != s.spec->after) return false;
+  *action = s.spec->action;
+  *error = s.spec->error;
+  return true;
+}
+
+[[noreturn]] void kill_self(std::string_view point) {
+  std::fprintf(stderr, "tessera: fault injected at %.*s: killing process %d\n", static_cast<int>(point.size()),
+               point.data(), static_cast<int>(getpid()));
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+  std::_Exit(137);  // not reached
+}
+
+}  // namespace
+
+bool enabled() { return state().spec.has_value(); }
+
+void at(std::string_view point) {
+  Action action{};
+  int error = 0;
+  if (fires(point, &action, &error) && action == Action::kill) kill_self(point);
+}
+
+int error_at(std::string_view point) {
+  Action action{};
+  int error = 0;
+  if (!fires(point, &action, &error)) return 0;
+  if (action == Action::kill) kill_self(point);
+  return error;
+}
+
+}  // namespace tessera::core::fault

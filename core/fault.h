@@ -1,0 +1,43 @@
+// Fault injection: named points in the code where a test makes the process fail, deterministically.
+//
+// Inert unless the environment variable TESSERA_FAULT is set (it is read once; an unset variable makes every point a
+// test of one flag). Tests set it to reproduce a kill, a full disk or a
+// failing write at an exact place instead of racing a timer:
+//
+//   TESSERA_FAULT="<point>[ after=<n>][ rank=<r>][ do=<action>]"
+//
+//   point   the name a call site passes to fault::at / fault::error_at, e.g. "train.checkpoint-published"
+//   after   fire on the n-th time the point is reached in this process (default 1)
+//   rank    fire only on this MPI world rank (default: every rank); read from the launcher's environment
+//   do      kill   — SIGKILL this process at fault::at (as a killed job, a node failure or a Slurm time limit's
+//                    second signal would; nothing after the point runs, no destructor, no atexit)
+//           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
+//
+// The points (each documented where it is called):
+//   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published      (engine/trainer.cpp)
+//   train.step                 every rank, after each optimizer step and its logging       (engine/trainer.cpp)
+//   tile.shard-finished        after a shard and its resume record are complete            (app/tile.cpp)
+//   infer.slide-finished       rank 0, after a slide's outputs and its record are complete (app/infer.cpp)
+//   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)
+//   checkpoint.write           each tensor written to a checkpoint (enospc, eio)           (io/checkpoint.cpp)
+//   heatmap.write              each dataset written to a heatmap file (enospc, eio)        (io/heatmap.cpp)
+//
+// Example: TESSERA_FAULT="train.checkpoint-written after=2 rank=0" kills rank 0 right after it published its
+// second checkpoint. A malformed TESSERA_FAULT is reported on stderr and ends the process with exit code 2.
+#pragma once
+
+#include <string_view>
+
+namespace tessera::core::fault {
+
+// A point where the process may be killed (do=kill). Counts the hit; returns normally unless the fault fires.
+void at(std::string_view point);
+
+// A point where an operation may fail (do=enospc|eio). Counts the hit; returns the errno to simulate when the
+// fault fires here, 0 otherwise. A do=kill fault on this point kills the process, as fault::at does.
+int error_at(std::string_view point);
+
+// True when TESSERA_FAULT is set at all (for messages that say a failure was injected).
+bool enabled();
+
+}  // namespace tessera::core::fault

@@ -1,0 +1,63 @@
+// Synthetic H&E whole-slide images with exact ground truth (`tessera synth`).
+//
+// Every pixel is a deterministic function of (x, y) and the slide's seed: the slide is rendered strip by
+// strip straight into the streaming TIFF writer, so memory stays bounded whatever the slide size; only
+// low-resolution fields (tissue and tumour maps at 1/16 scale) are held whole.
+//
+// What a slide contains: near-white glass with faint noise and vignetting; one or more tissue sections of
+// irregular outline with holes; eosin stroma with fibrous texture; normal lymphoid/glandular architecture
+// with small, round, evenly spaced nuclei; on tumour slides, tumour regions from isolated clusters
+// (< 0.2 mm) to macrometastases (several mm) with crowded, enlarged, pleomorphic, hyperchromatic nuclei
+// and borders that blend over a few cells; per-slide stain vectors and intensity; optional focus-blur
+// patches, pen marks and folds. Ground truth: tumour polygons (ASAP group "_0", QuPath class "Tumor") and
+// optional exclusion polygons (ASAP "_2") in level-0 pixels.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "io/annotations.h"
+#include "io/tiff_writer.h"
+
+namespace tessera::synth {
+
+struct SynthSlideOptions {
+  std::int64_t width = 16384;
+  std::int64_t height = 16384;
+  std::uint64_t seed = 1;
+  bool tumour = true;             // false: a normal slide, no tumour at all
+  int max_tumour_regions = 6;     // tumour slides get 1..max regions of widely varied size
+  bool exclusion_regions = true;  // ASAP "_2" regions inside some tumours (non-tumour holes), CAMELYON16 style
+  bool blur_patches = true;
+  bool pen_marks = false;
+  bool folds = false;
+  double mpp = 0.25;
+  io::TiffWriterOptions tiff;  // flavour, compression, quality (mpp is taken from above)
+};
+
+struct SynthGroundTruth {
+  std::vector<io::Annotation> tumour;     // group "_0", class "Tumor"
+  std::vector<io::Annotation> exclusion;  // group "_2"
+  double tissue_area_mm2 = 0.0;
+  double tumour_area_mm2 = 0.0;
+};
+
+// Renders one slide to `path` (a pyramidal TIFF) and returns its ground truth. Does not write annotation files.
+SynthGroundTruth write_synthetic_slide(const std::string& path, const SynthSlideOptions& options);
+
+// The renderer behind write_synthetic_slide, for tests and tools that want the pixels without a TIFF: calls
+// `sink(y0, strip)` for every level-0 strip from top to bottom (RGB CV_8UC3, full width, options.tiff.tile_size
+// rows, the last one shorter when the height is not a multiple) and returns the ground truth. The strips are
+// exactly what write_synthetic_slide hands to the TIFF writer. Bad options throw a ConfigError naming the option.
+// The ground truth of the slide `options` describe, without rendering any pixel: only the 1/16-scale plan is
+// made, so this is fast whatever the slide size. Identical to what the renderers return.
+SynthGroundTruth synthetic_ground_truth(const SynthSlideOptions& options);
+
+using SynthStripSink = std::function<void(std::int64_t y0, const cv::Mat& strip)>;
+SynthGroundTruth render_synthetic_slide(const SynthSlideOptions& options, const SynthStripSink& sink);
+
+}  // namespace tessera::synth

@@ -1,0 +1,328 @@
+// Every per-slide output of a map with known blobs: written atomically, parsed back (GeoJSON with nlohmann and
+// io::read_geojson, ASAP XML with io::read_asap_xml, the CSV by hand, the report), coordinates in level-0 pixels
+// inside the slide; the overlay's size and what it paints where.
+#include "analysis/heatmap_outputs.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/annotations.h"
+#include "io/image.h"
+#include "tests/testing/testing.h"
+
+namespace tessera::analysis {
+namespace {
+
+using nlohmann::json;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// A 4000×3000 slide at 1 µm/px scored on a 30×40 grid of 100 px tiles (100 µm cells), with a margin of unscored cells,
+// a macrometastasis with a hole, a micrometastasis and an isolated-tumour-cell focus.
+io::Heatmap blob_map() {
+  io::Heatmap h;
+  h.slide_id = "tumor_007";
+  h.slide_path = "/slides/tumor_007.svs";
+  h.slide_width = 4000;
+  h.slide_height = 3000;
+  h.slide_mpp = 1.0;
+  h.tile_mpp = 1.0;
+  h.tile = 100;
+  h.step = 100;
+  h.rows = 30;
+  h.cols = 40;
+  h.checkpoint = "/runs/demo/checkpoint.h5";
+  h.prob.assign(static_cast<std::size_t>(h.rows) * h.cols, kNaN);
+  auto set = [&](int i, int j, float p) { h.prob[static_cast<std::size_t>(i) * h.cols + j] = p; };
+  for (int i = 2; i < 28; ++i) {
+    for (int j = 2; j < 38; ++j) set(i, j, 0.02f + 0.001f * static_cast<float>((i * 7 + j * 3) % 20));
+  }
+  for (int i = 4; i < 16; ++i) {
+    for (int j = 4; j < 36; ++j) set(i, j, 0.93f);  // 12 × 32 cells: 1.2 × 3.2 mm → macrometastasis
+  }
+  set(9, 9, 0.2f);
+  set(9, 10, 0.3f);  // the hole (2 cells)
+  for (int i = 20; i < 25; ++i) {
+    for (int j = 6; j < 11; ++j) set(i, j, 0.75f);  // 5 × 5 cells: 0.5 mm square → micrometastasis
+  }
+  set(22, 30, 0.66f);  // one cell: 0.1 mm square → isolated tumour cells
+  return h;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void expect_inside_slide(const io::Heatmap& h, double x, double y) {
+  EXPECT_GE(x, 0.0);
+  EXPECT_LE(x, static_cast<double>(h.slide_width));
+  EXPECT_GE(y, 0.0);
+  EXPECT_LE(y, static_cast<double>(h.slide_height));
+}
+
+// The outputs are written once for the suite; each test reads what it checks.
+class SlideOutputs : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir = new testing::TempDir();
+    result = new SlideResult(analyse_heatmap(blob_map(), options));
+    result->thumbnail = cv::Mat(300, 400, CV_8UC3, cv::Scalar(236, 190, 215));  // pale pink, 10 px per pixel
+    result->tissue_area_mm2 = 2.5;
+    paths = write_slide_outputs(dir->path().string(), *result, options);
+  }
+  static void TearDownTestSuite() {
+    delete result;
+    delete dir;
+  }
+  static std::string path(const std::string& suffix) { return dir->file("tumor_007." + suffix); }
+
+  static inline testing::TempDir* dir = nullptr;
+  static inline const OutputOptions options{};
+  static inline SlideResult* result = nullptr;
+  static inline std::vector<std::string> paths;
+};
+
+TEST_F(SlideOutputs, FindsTheThreeBlobsInSizeOrder) {
+  ASSERT_EQ(result->regions.size(), 3u);
+  EXPECT_EQ(result->regions[0].size_class, SizeClass::macrometastasis);
+  EXPECT_EQ(result->regions[0].holes.size(), 1u);
+  EXPECT_NEAR(result->regions[0].area_mm2, (12 * 32 - 2) * 100.0 * 100.0 / 1e6, 1e-12);
+  EXPECT_EQ(result->regions[1].size_class, SizeClass::micrometastasis);
+  EXPECT_EQ(result->regions[2].size_class, SizeClass::isolated_tumour_cells);
+}
+
+TEST_F(SlideOutputs, WritesEveryOutputAndNothingElse) {
+  std::vector<std::string> expected;
+  for (const auto& w : output_writers()) expected.push_back(path(w.suffix));
+  EXPECT_EQ(paths, expected);
+  std::size_t files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir->path())) {
+    ++files;
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
+  EXPECT_EQ(files, output_writers().size());
+  EXPECT_EQ(io::read_heatmap(path("heatmap.h5")).prob.size(), result->heatmap.prob.size());
+}
+
+TEST_F(SlideOutputs, GeoJsonIsAQuPathFeatureCollection) {
+  const json doc = json::parse(read_text(path("geojson")));
+  EXPECT_EQ(doc["type"], "FeatureCollection");
+  const json& features = doc["features"];
+  ASSERT_EQ(features.size(), result->regions.size() + static_cast<std::size_t>(result->heatmap.scored_cells()));
+  for (std::size_t k = 0; k < result->regions.size(); ++k) {
+    const json& f = features[k];
+    const Region& r = result->regions[k];
+    EXPECT_EQ(f["type"], "Feature");
+    EXPECT_EQ(f["geometry"]["type"], "Polygon");
+    EXPECT_EQ(f["geometry"]["coordinates"].size(), 1 + r.holes.size());
+    const json& p = f["properties"];
+    EXPECT_EQ(p["objectType"], "annotation");
+    EXPECT_EQ(p["classification"]["name"], "Tumor");
+    EXPECT_EQ(p["classification"]["color"].size(), 3u);
+    EXPECT_DOUBLE_EQ(p["measurements"]["Area mm^2"].get<double>(), r.area_mm2);
+    EXPECT_DOUBLE_EQ(p["measurements"]["Longest diameter µm"].get<double>(), r.longest_diameter_um);
+    EXPECT_NEAR(p["measurements"]["Max probability"].get<double>(), r.max_prob, 1e-6);
+    EXPECT_NEAR(p["measurements"]["Mean probability"].get<double>(), r.mean_prob, 1e-6);
+    for (const auto& ring : f["geometry"]["coordinates"]) {
+      EXPECT_EQ(ring.front(), ring.back());  // GeoJSON closes rings
+      for (const auto& point : ring) expect_inside_slide(result->heatmap, point[0], point[1]);
+    }
+  }
+  // Tiles: detections with tumor_prob, in row-major order of the scored cells.
+  std::size_t k = result->regions.size();
+  for (int i = 0; i < result->heatmap.rows; ++i) {
+    for (int j = 0; j < result->heatmap.cols; ++j) {
+      const float p = result->heatmap.at(i, j);
+      if (std::isnan(p)) continue;
+      const json& f = features[k++];
+      EXPECT_EQ(f["properties"]["objectType"], "detection");
+      EXPECT_NEAR(f["properties"]["measurements"]["tumor_prob"].get<double>(), p, 1e-6);
+      EXPECT_EQ(f["geometry"]["coordinates"][0][0], json::array({j * 100, i * 100}));
+    }
+  }
+
+  // Tessera's own reader gets the regions back.
+  const std::vector<io::Annotation> back = io::read_geojson(path("geojson"));
+  ASSERT_EQ(back.size(), features.size());
+  for (std::size_t r = 0; r < result->regions.size(); ++r) {
+    EXPECT_EQ(back[r].group, "Tumor");
+    EXPECT_EQ(back[r].outer, result->regions[r].outer);
+    EXPECT_EQ(back[r].holes, result->regions[r].holes);
+  }
+}
+
+TEST_F(SlideOutputs, AsapXmlReadsBackAsTumourPolygons) {
+  const std::vector<io::Annotation> back = io::read_asap_xml(path("xml"));
+  // One polygon per region, then its holes as "_2" (non-tumour inside tumour).
+  std::size_t k = 0;
+  for (const auto& r : result->regions) {
+    ASSERT_LT(k, back.size());
+    EXPECT_EQ(back[k].group, "Tumor");
+    EXPECT_EQ(back[k].type, "Polygon");
+    EXPECT_EQ(back[k].outer, r.outer);
+    ++k;
+    for (const auto& hole : r.holes) {
+      ASSERT_LT(k, back.size());
+      EXPECT_EQ(back[k].group, "_2");
+      EXPECT_EQ(back[k].outer, hole);
+      ++k;
+    }
+  }
+  EXPECT_EQ(k, back.size());
+  for (const auto& a : back) {
+    for (const auto& p : a.outer) expect_inside_slide(result->heatmap, p.x, p.y);
+  }
+}
+
+TEST_F(SlideOutputs, DetectionsCsvIsCamelyonFormat) {
+  std::ifstream in(path("detections.csv"));
+  std::string line;
+  std::size_t n = 0;
+  double previous = 2.0;
+  while (std::getline(in, line)) {
+    // prob,X,Y: a number and two integers, no header.
+    double prob = 0;
+    long long x = 0, y = 0;
+    char c1 = 0, c2 = 0;
+    std::istringstream fields(line);
+    ASSERT_TRUE(fields >> prob >> c1 >> x >> c2 >> y) << line;
+    EXPECT_EQ(c1, ',');
+    EXPECT_EQ(c2, ',');
+    EXPECT_TRUE(fields.eof() || fields.peek() == EOF) << line;
+    ASSERT_LT(n, result->detections.size());
+    EXPECT_NEAR(prob, result->detections[n].p, 1e-6);
+    EXPECT_EQ(x, result->detections[n].x);
+    EXPECT_EQ(y, result->detections[n].y);
+    EXPECT_LE(prob, previous);
+    previous = prob;
+    EXPECT_GE(x, 0);
+    EXPECT_LT(x, result->heatmap.slide_width);
+    EXPECT_GE(y, 0);
+    EXPECT_LT(y, result->heatmap.slide_height);
+    ++n;
+  }
+  EXPECT_EQ(n, result->detections.size());
+  EXPECT_GE(n, 3u);  // at least one per blob
+}
+
+TEST_F(SlideOutputs, ReportStatesAreasScoreAndRegions) {
+  const json report = json::parse(read_text(path("report.json")));
+  EXPECT_EQ(report["format"], "tessera-report");
+  EXPECT_EQ(report["slide"]["id"], "tumor_007");
+  EXPECT_EQ(report["slide"]["width"], 4000);
+  EXPECT_EQ(report["model"]["checkpoint"], "/runs/demo/checkpoint.h5");
+  EXPECT_EQ(report["model"]["tile_level0_px"], 100);
+  EXPECT_EQ(report["model"]["step_level0_px"], 100);
+  EXPECT_DOUBLE_EQ(report["model"]["tile_um"].get<double>(), 100.0);  // 100 px at 1 µm/px
+  EXPECT_DOUBLE_EQ(report["threshold"].get<double>(), 0.5);
+  EXPECT_NEAR(report["slide_score"].get<double>(), 0.93, 1e-4);
+  EXPECT_EQ(report["tissue_area_source"], "tissue mask");
+  EXPECT_DOUBLE_EQ(report["tissue_area_mm2"].get<double>(), 2.5);
+  double total = 0.0;
+  for (const auto& r : result->regions) total += r.area_mm2;
+  EXPECT_NEAR(report["tumour_area_mm2"].get<double>(), total, 1e-6);
+  EXPECT_EQ(report["largest_size_class"], "macrometastasis");
+  EXPECT_EQ(report["regions_per_size_class"],
+            json({{"isolated_tumour_cells", 1}, {"micrometastasis", 1}, {"macrometastasis", 1}}));
+  EXPECT_EQ(report["detections"], result->detections.size());
+  ASSERT_EQ(report["regions"].size(), 3u);
+  const json& first = report["regions"][0];
+  EXPECT_EQ(first["id"], 1);
+  EXPECT_EQ(first["size_class"], "macrometastasis");
+  EXPECT_NEAR(first["longest_diameter_um"].get<double>(), result->regions[0].longest_diameter_um, 0.05);
+  EXPECT_EQ(first["tiles"], 12 * 32 - 2);
+  for (const auto& r : report["regions"]) {
+    expect_inside_slide(result->heatmap, r["centroid"][0], r["centroid"][1]);
+    expect_inside_slide(result->heatmap, r["peak"][0], r["peak"][1]);
+  }
+}
+
+TEST_F(SlideOutputs, OverlayHasTheLayoutSizeAndPaintsOnlyScoredCells) {
+  const cv::Mat overlay = io::read_rgb_image(path("overlay.png"));
+  const OverlayLayout layout = overlay_layout(result->thumbnail.size());
+  ASSERT_EQ(overlay.size(), layout.canvas);
+  EXPECT_GE(layout.canvas.width, result->thumbnail.cols);
+  EXPECT_GT(layout.canvas.height, result->thumbnail.rows);
+  const cv::Mat image = overlay(layout.image);
+  // The thumbnail is 10 level-0 px per pixel: cells are 10 px squares. Row 0 is unscored: untouched.
+  EXPECT_EQ(image.at<cv::Vec3b>(5, 200), result->thumbnail.at<cv::Vec3b>(5, 200));
+  // Cell (10, 20) has P = 0.93: the colour map's colour at 0.93 over the pink, at opacity 0.12 + 0.68·0.93.
+  const cv::Vec3b pink = result->thumbnail.at<cv::Vec3b>(0, 0);
+  const cv::Vec3b colour = io::colormap_rgb(0.93, options.overlay.colormap);
+  const double alpha = options.overlay.min_alpha + (options.overlay.max_alpha - options.overlay.min_alpha) * 0.93;
+  const cv::Vec3b painted = image.at<cv::Vec3b>(105, 205);
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(painted[c], (1 - alpha) * pink[c] + alpha * colour[c], 1.0) << c;
+  // A low-probability cell is barely tinted.
+  const cv::Vec3b low = image.at<cv::Vec3b>(255, 305);  // cell (25, 30)
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(low[c], pink[c], 0.2 * 255) << c;
+}
+
+TEST(SlideOutputsEdgeCases, AMapWithoutTissueStillGivesEveryOutput) {
+  testing::TempDir dir;
+  io::Heatmap h = blob_map();
+  std::fill(h.prob.begin(), h.prob.end(), kNaN);
+  OutputOptions options;
+  SlideResult result = analyse_heatmap(h, options);
+  EXPECT_TRUE(result.regions.empty());
+  EXPECT_TRUE(result.detections.empty());
+  // No thumbnail: the map is drawn on white.
+  const std::vector<std::string> paths = write_slide_outputs(dir.path().string(), result, options);
+  EXPECT_EQ(paths.size(), output_writers().size());
+  const json report = json::parse(read_text(dir.file("tumor_007.report.json")));
+  EXPECT_TRUE(report["slide_score"].is_null());
+  EXPECT_EQ(report["largest_size_class"], "none");
+  EXPECT_EQ(report["tissue_area_source"], "scored tiles");
+  EXPECT_EQ(report["tissue_area_mm2"], 0.0);
+  EXPECT_TRUE(report["regions"].empty());
+  EXPECT_EQ(read_text(dir.file("tumor_007.detections.csv")), "");
+  EXPECT_TRUE(io::read_asap_xml(dir.file("tumor_007.xml")).empty());
+  const cv::Mat overlay = io::read_rgb_image(dir.file("tumor_007.overlay.png"));
+  EXPECT_EQ(overlay.size(), overlay_layout(cv::Size(2048, 1536)).canvas);
+}
+
+TEST(SlideOutputsEdgeCases, SelectedOutputsOnlyAndUnknownNamesListTheKnownOnes) {
+  testing::TempDir dir;
+  OutputOptions options;
+  options.outputs = {"report.json", "xml"};
+  const SlideResult result = analyse_heatmap(blob_map(), options);
+  const std::vector<std::string> paths = write_slide_outputs(dir.path().string(), result, options);
+  // Registry order, whatever the order asked.
+  EXPECT_EQ(paths, (std::vector<std::string>{dir.file("tumor_007.xml"), dir.file("tumor_007.report.json")}));
+  options.outputs = {"report.json", "pdf"};
+  try {
+    write_slide_outputs(dir.path().string(), result, options);
+    FAIL();
+  } catch (const core::InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown output 'pdf'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(output_writer_names()), std::string::npos) << e.what();
+  }
+  EXPECT_NE(find_output_writer("heatmap.tif"), nullptr);
+  EXPECT_EQ(find_output_writer("tif"), nullptr);
+}
+
+TEST(SlideOutputsEdgeCases, AFailingOutputNamesItselfAndTheSlide) {
+  testing::TempDir dir;
+  OutputOptions options;
+  const SlideResult result = analyse_heatmap(blob_map(), options);
+  try {
+    write_slide_outputs(dir.file("no-such-folder"), result, options);
+    FAIL();
+  } catch (const core::Error& e) {
+    EXPECT_EQ(e.context("output"), "heatmap.h5") << e.what();
+    EXPECT_EQ(e.context("slide"), "tumor_007") << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera::analysis

@@ -1,0 +1,613 @@
+// Tests of the synthetic-slide generator and the stain model it uses.
+//
+// Besides the file-level checks (OpenSlide opens both flavours, determinism, ground truth on tissue), the
+// SynthEvaluation suite measures what the generator is for: telling tumour from normal tissue must need
+// texture and morphology. From several slides it takes 96×96 tiles at 1 µm/px (384×384 level-0 pixels
+// area-averaged 4×) and compares the ROC AUC of the tile's mean colour (best of the R, G and B means and of
+// a Fisher LDA of the three, fitted on half of the slides and scored on the other half) with the AUC of a
+// nuclear feature: the fraction of tissue that lies in haematoxylin-rich blobs of at least nuclear size
+// (Ruifrok H concentration above kNuclearH, surviving a morphological opening with a disc of radius
+// kNuclearOpeningUm) — crowded, enlarged, hyperchromatic tumour nuclei survive, small lymphocytes do not.
+#include "synth/synth.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <opencv2/imgproc.hpp>
+
+#include "core/error.h"
+#include "io/slide.h"
+#include "preprocessing/stain.h"
+#include "tests/testing/testing.h"
+
+namespace tessera::synth {
+namespace {
+
+using testing::TempDir;
+
+constexpr double kMpp = 0.25;
+constexpr int kFactor = 4;            // level-0 px per evaluation px: 0.25 µm/px → 1 µm/px
+constexpr int kEvalTile = 96;         // evaluation tile side at 1 µm/px
+constexpr double kTissueOdSum = 0.3;  // OD summed over R, G, B above which a pixel is tissue, not glass
+constexpr double kNuclearH = 1.0;     // Ruifrok H concentration of a hyperchromatic nuclear pixel
+constexpr int kNuclearOpeningUm = 3;  // opening radius (µm = px at 1 µm/px): removes blobs below nuclear size
+
+SynthSlideOptions small_options(std::uint64_t seed, bool tumour, std::int64_t size = 2048) {
+  SynthSlideOptions o;
+  o.width = size;
+  o.height = size;
+  o.seed = seed;
+  o.tumour = tumour;
+  o.mpp = kMpp;
+  return o;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The whole level-0 image, kept in memory (small slides only).
+struct Rendered {
+  cv::Mat image;  // RGB
+  SynthGroundTruth truth;
+};
+
+Rendered render_full(const SynthSlideOptions& o) {
+  Rendered r;
+  r.image.create(static_cast<int>(o.height), static_cast<int>(o.width), CV_8UC3);
+  r.truth = render_synthetic_slide(o, [&](std::int64_t y0, const cv::Mat& strip) {
+    ASSERT_EQ(strip.type(), CV_8UC3);
+    ASSERT_EQ(strip.cols, o.width);
+    strip.copyTo(r.image.rowRange(static_cast<int>(y0), static_cast<int>(y0) + strip.rows));
+  });
+  return r;
+}
+
+// The slide at 1 µm/px (area-averaged 4×, strip by strip) with its tumour mask (tumour minus exclusions).
+struct Downsampled {
+  cv::Mat image;     // RGB at 1 µm/px
+  cv::Mat1b tumour;  // 255 inside tumour polygons and outside exclusion polygons
+  SynthGroundTruth truth;
+};
+
+void fill_rings(cv::Mat1b& mask, const std::vector<io::Annotation>& annotations, double scale, std::uint8_t value) {
+  for (const auto& a : annotations) {
+    std::vector<cv::Point> points;
+    // 4 fractional bits; pixel (i, j) of the scaled image is centred on level-0 ((j + 0.5)/scale, ...).
+    for (const auto& p : a.outer) {
+      points.emplace_back(static_cast<int>(std::lround((p.x * scale - 0.5) * 16.0)),
+                          static_cast<int>(std::lround((p.y * scale - 0.5) * 16.0)));
+    }
+    cv::fillPoly(mask, std::vector<std::vector<cv::Point>>{points}, cv::Scalar(value), cv::LINE_8, 4);
+  }
+}
+
+Downsampled render_downsampled(const SynthSlideOptions& o) {
+  Downsampled d;
+  d.image.create(static_cast<int>(o.height / kFactor), static_cast<int>(o.width / kFactor), CV_8UC3);
+  d.truth = render_synthetic_slide(o, [&](std::int64_t y0, const cv::Mat& strip) {
+    cv::Mat small;
+    cv::resize(strip, small, cv::Size(strip.cols / kFactor, strip.rows / kFactor), 0, 0, cv::INTER_AREA);
+    small.copyTo(d.image.rowRange(static_cast<int>(y0 / kFactor), static_cast<int>(y0 / kFactor) + small.rows));
+  });
+  d.tumour = cv::Mat1b::zeros(d.image.size());
+  fill_rings(d.tumour, d.truth.tumour, 1.0 / kFactor, 255);
+  fill_rings(d.tumour, d.truth.exclusion, 1.0 / kFactor, 0);
+  return d;
+}
+
+// Per-pixel masks of an RGB image at 1 µm/px: tissue, and tissue in nuclear-sized haematoxylin-rich blobs.
+struct NuclearMasks {
+  cv::Mat1b tissue;
+  cv::Mat1b nuclear;
+};
+
+NuclearMasks nuclear_masks(const cv::Mat& rgb) {
+  const cv::Mat od = prep::rgb_to_od(rgb);
+  const cv::Mat he = prep::he_concentrations(rgb, prep::ruifrok_he());
+  NuclearMasks m{cv::Mat1b(rgb.size()), cv::Mat1b(rgb.size())};
+  for (int y = 0; y < rgb.rows; ++y) {
+    for (int x = 0; x < rgb.cols; ++x) {
+      const auto v = od.at<cv::Vec3f>(y, x);
+      m.tissue(y, x) = v[0] + v[1] + v[2] > kTissueOdSum ? 255 : 0;
+      m.nuclear(y, x) = he.at<cv::Vec2f>(y, x)[0] > kNuclearH ? 255 : 0;
+    }
+  }
+  const int d = 2 * kNuclearOpeningUm + 1;
+  cv::morphologyEx(m.nuclear, m.nuclear, cv::MORPH_OPEN, cv::getStructuringElement(cv::MORPH_ELLIPSE, {d, d}));
+  cv::bitwise_and(m.nuclear, m.tissue, m.nuclear);
+  return m;
+}
+
+// ROC AUC by the Mann–Whitney statistic (ties count half).
+double roc_auc(const std::vector<double>& positives, const std::vector<double>& negatives) {
+  if (positives.empty() || negatives.empty()) return 0.5;
+  std::vector<std::pair<double, int>> all;
+  for (double v : positives) all.emplace_back(v, 1);
+  for (double v : negatives) all.emplace_back(v, 0);
+  std::sort(all.begin(), all.end());
+  double rank_sum = 0.0;
+  for (std::size_t i = 0; i < all.size();) {
+    std::size_t j = i;
+    while (j < all.size() && all[j].first == all[i].first) ++j;
+    const double rank = 0.5 * static_cast<double>(i + 1 + j);
+    for (std::size_t k = i; k < j; ++k) rank_sum += all[k].second ? rank : 0.0;
+    i = j;
+  }
+  const double np = static_cast<double>(positives.size()), nn = static_cast<double>(negatives.size());
+  return (rank_sum - np * (np + 1.0) / 2.0) / (np * nn);
+}
+
+struct EvalTile {
+  cv::Vec3d mean_rgb;
+  double nuclear = 0.0;  // fraction of tissue in nuclear-sized H-rich blobs
+  bool tumour = false;
+  int slide = 0;
+};
+
+// Tiles on tissue (≥ 75 % tissue), labelled tumour (≥ 50 % tumour) or normal (0 %); others are skipped.
+void collect_tiles(const Downsampled& d, int slide, std::vector<EvalTile>& out) {
+  const NuclearMasks masks = nuclear_masks(d.image);
+  const double area = kEvalTile * kEvalTile;
+  for (int y = 0; y + kEvalTile <= d.image.rows; y += kEvalTile) {
+    for (int x = 0; x + kEvalTile <= d.image.cols; x += kEvalTile) {
+      const cv::Rect r(x, y, kEvalTile, kEvalTile);
+      const int tissue = cv::countNonZero(masks.tissue(r));
+      if (tissue < 0.75 * area) continue;
+      const double tumour = cv::countNonZero(d.tumour(r)) / area;
+      if (tumour > 0.0 && tumour < 0.5) continue;
+      const cv::Scalar mean = cv::mean(d.image(r));
+      out.push_back({cv::Vec3d(mean[0], mean[1], mean[2]), cv::countNonZero(masks.nuclear(r)) / double(tissue),
+                     tumour >= 0.5, slide});
+    }
+  }
+}
+
+// Fisher LDA of the mean colour, fitted on the tiles of slides with train[slide], AUC on the others.
+double lda_auc(const std::vector<EvalTile>& tiles, const std::vector<bool>& train) {
+  cv::Vec3d mu[2] = {};
+  int n[2] = {0, 0};
+  for (const auto& t : tiles) {
+    if (!train[static_cast<std::size_t>(t.slide)]) continue;
+    mu[t.tumour] += t.mean_rgb;
+    ++n[t.tumour];
+  }
+  if (n[0] == 0 || n[1] == 0) return 0.5;
+  mu[0] /= n[0];
+  mu[1] /= n[1];
+  cv::Matx33d within = cv::Matx33d::zeros();
+  for (const auto& t : tiles) {
+    if (!train[static_cast<std::size_t>(t.slide)]) continue;
+    const cv::Vec3d d = t.mean_rgb - mu[t.tumour];
+    within += d * d.t();
+  }
+  within = within * (1.0 / (n[0] + n[1])) + cv::Matx33d::eye() * 1e-3;
+  const cv::Vec3d w = within.inv() * (mu[1] - mu[0]);
+  std::vector<double> positives, negatives;
+  for (const auto& t : tiles) {
+    if (train[static_cast<std::size_t>(t.slide)]) continue;
+    (t.tumour ? positives : negatives).push_back(w.dot(t.mean_rgb));
+  }
+  return roc_auc(positives, negatives);
+}
+
+struct EvalResult {
+  int tumour_tiles = 0, normal_tiles = 0;
+  double channel_auc[3] = {0.5, 0.5, 0.5};  // max(AUC, 1 − AUC): either direction counts
+  double lda_auc = 0.5;                     // best of the two train/test splits
+  double colour_auc = 0.5;                  // best of all the above
+  double nuclear_auc = 0.5;                 // tumour has the higher feature
+  double seconds = 0.0;
+};
+
+// Slides alternate tumour/normal; slides 0, 1, 4, 5, ... form one half, 2, 3, 6, 7, ... the other.
+EvalResult evaluate_slides(std::uint64_t first_seed, int slides, std::int64_t size) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<EvalTile> tiles;
+  std::vector<bool> half(static_cast<std::size_t>(slides));
+  for (int i = 0; i < slides; ++i) {
+    collect_tiles(render_downsampled(small_options(first_seed + static_cast<std::uint64_t>(i), i % 2 == 0, size)), i,
+                  tiles);
+    half[static_cast<std::size_t>(i)] = (i / 2) % 2 == 0;
+  }
+  EvalResult r;
+  std::vector<double> positives[4], negatives[4];
+  for (const auto& t : tiles) {
+    (t.tumour ? r.tumour_tiles : r.normal_tiles)++;
+    auto* v = t.tumour ? positives : negatives;
+    for (int c = 0; c < 3; ++c) v[c].push_back(t.mean_rgb[c]);
+    v[3].push_back(t.nuclear);
+  }
+  for (int c = 0; c < 3; ++c) {
+    const double a = roc_auc(positives[c], negatives[c]);
+    r.channel_auc[c] = std::max(a, 1.0 - a);
+  }
+  std::vector<bool> other(half.size());
+  for (std::size_t i = 0; i < half.size(); ++i) other[i] = !half[i];
+  r.lda_auc = std::max(lda_auc(tiles, half), lda_auc(tiles, other));
+  r.colour_auc = std::max({r.channel_auc[0], r.channel_auc[1], r.channel_auc[2], r.lda_auc});
+  r.nuclear_auc = roc_auc(positives[3], negatives[3]);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+void print(const EvalResult& r, int slides, std::int64_t size) {
+  std::printf("[ synth eval ] %d slides of %lld², %d tumour / %d normal tiles (96×96 at 1 µm/px), %.1f s\n", slides,
+              static_cast<long long>(size), r.tumour_tiles, r.normal_tiles, r.seconds);
+  std::printf("[ synth eval ] colour AUC %.3f (R %.3f, G %.3f, B %.3f, LDA held-out %.3f); nuclear AUC %.3f\n",
+              r.colour_auc, r.channel_auc[0], r.channel_auc[1], r.channel_auc[2], r.lda_auc, r.nuclear_auc);
+}
+
+// =============================================================================================================
+// Stain model
+
+TEST(SynthStain, RuifrokVectorsAreUnitAndDistinct) {
+  const prep::StainVectors s = prep::ruifrok_he();
+  EXPECT_NEAR(cv::norm(s.h), 1.0, 1e-12);
+  EXPECT_NEAR(cv::norm(s.e), 1.0, 1e-12);
+  EXPECT_NEAR(s.h[0], 0.650, 0.01);
+  EXPECT_NEAR(s.e[1], 0.990, 0.01);
+  const double angle = std::acos(s.h.dot(s.e));
+  EXPECT_GT(angle, 0.6);  // about 47°
+  EXPECT_LT(angle, 1.0);
+}
+
+TEST(SynthStain, OpticalDensityRoundTripsAndTableMatches) {
+  for (int i = 1; i < 256; ++i) {
+    EXPECT_NEAR(prep::intensity_from_od(prep::od_from_intensity(i)), i, 1e-9);
+  }
+  EXPECT_DOUBLE_EQ(prep::od_from_intensity(255), 0.0);
+  EXPECT_TRUE(std::isfinite(prep::od_from_intensity(0)));
+  const prep::OdToIntensityTable table;
+  for (double od = 0.0; od < 6.0; od += 0.0137) {
+    EXPECT_NEAR(table(static_cast<float>(od)), prep::intensity_from_od(od), 0.75) << od;
+  }
+  EXPECT_EQ(table(-1.0f), 255);
+  EXPECT_EQ(table(100.0f), 0);
+  const cv::Vec3b rgb(200, 120, 30);
+  EXPECT_EQ(prep::od_to_rgb(prep::rgb_to_od(rgb)), rgb);
+  cv::Mat image(3, 5, CV_8UC3, cv::Scalar(10, 128, 250));
+  cv::Mat back = prep::od_to_rgb(prep::rgb_to_od(image));
+  EXPECT_EQ(cv::norm(image, back, cv::NORM_INF), 0.0);
+}
+
+TEST(SynthStain, UnmixingRecoversConcentrations) {
+  const prep::StainVectors s = prep::perturb_stain(prep::ruifrok_he(), 7).vectors;
+  for (const auto& [h, e] : {std::pair{0.3, 0.5}, std::pair{1.2, 0.1}, std::pair{0.0, 0.8}}) {
+    const cv::Vec3d od = h * s.h + e * s.e;
+    const cv::Vec3d c = prep::unmixing_matrix(s) * od;
+    EXPECT_NEAR(c[0], h, 1e-9);
+    EXPECT_NEAR(c[1], e, 1e-9);
+    EXPECT_NEAR(c[2], 0.0, 1e-9);
+    // Through 8-bit RGB, up to rounding.
+    cv::Vec3b rgb;
+    for (int k = 0; k < 3; ++k) rgb[k] = cv::saturate_cast<std::uint8_t>(prep::intensity_from_od(od[k]));
+    const cv::Vec2d he = prep::he_concentrations(rgb, s);
+    EXPECT_NEAR(he[0], h, 0.03);
+    EXPECT_NEAR(he[1], e, 0.03);
+    const cv::Mat image(2, 2, CV_8UC3, cv::Scalar(rgb[0], rgb[1], rgb[2]));
+    const cv::Vec2f he_image = prep::he_concentrations(image, s).at<cv::Vec2f>(1, 1);
+    EXPECT_NEAR(he_image[0], he[0], 1e-4);
+    EXPECT_NEAR(he_image[1], he[1], 1e-4);
+  }
+}
+
+TEST(SynthStain, PerturbationIsDeterministicAndBounded) {
+  const prep::StainVectors base = prep::ruifrok_he();
+  const prep::StainVariation variation;
+  bool any_different = false;
+  for (std::uint64_t seed = 0; seed < 200; ++seed) {
+    const prep::SlideStain a = prep::perturb_stain(base, seed, variation);
+    const prep::SlideStain b = prep::perturb_stain(base, seed, variation);
+    EXPECT_EQ(a.vectors.h, b.vectors.h);
+    EXPECT_EQ(a.h_scale, b.h_scale);
+    EXPECT_NEAR(cv::norm(a.vectors.h), 1.0, 1e-9);
+    EXPECT_NEAR(cv::norm(a.vectors.e), 1.0, 1e-9);
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_GE(a.vectors.h[c], 0.0);
+      EXPECT_GE(a.vectors.e[c], 0.0);
+    }
+    EXPECT_LE(std::acos(std::min(1.0, a.vectors.h.dot(base.h))), variation.max_angle + 1e-9);
+    EXPECT_LE(std::acos(std::min(1.0, a.vectors.e.dot(base.e))), variation.max_angle + 1e-9);
+    EXPECT_GE(a.h_scale, variation.h_scale_min);
+    EXPECT_LE(a.h_scale, variation.h_scale_max);
+    EXPECT_GE(a.e_scale, variation.e_scale_min);
+    EXPECT_LE(a.e_scale, variation.e_scale_max);
+    any_different = any_different || prep::perturb_stain(base, seed + 1).vectors.h != a.vectors.h;
+  }
+  EXPECT_TRUE(any_different);
+}
+
+// =============================================================================================================
+// Slides
+
+TEST(SynthSlide, OpenSlideReadsBothFlavours) {
+  TempDir dir;
+  for (const auto flavor : {io::TiffFlavor::aperio, io::TiffFlavor::generic}) {
+    SynthSlideOptions o = small_options(11, true);
+    o.width = 2560;  // not square, not a power of two: catches transposed or rounded geometry
+    o.height = 1792;
+    o.tiff.flavor = flavor;
+    const std::string path = dir.file(flavor == io::TiffFlavor::aperio ? "a.svs" : "g.tif");
+    const SynthGroundTruth truth = write_synthetic_slide(path, o);
+    EXPECT_FALSE(truth.tumour.empty());
+
+    const io::Slide slide = io::Slide::open(path);
+    EXPECT_EQ(slide.vendor(), flavor == io::TiffFlavor::aperio ? "aperio" : "generic-tiff");
+    EXPECT_NEAR(slide.mpp(), kMpp, 1e-6);
+    // Levels: ceil-halving until both sides fit in 512 → 2560×1792, 1280×896, 640×448, 320×224.
+    ASSERT_EQ(slide.level_count(), 4);
+    EXPECT_EQ(slide.width(), 2560);
+    EXPECT_EQ(slide.height(), 1792);
+    EXPECT_EQ(slide.level(1).width, 1280);
+    EXPECT_EQ(slide.level(1).height, 896);
+    EXPECT_EQ(slide.level(2).width, 640);
+    EXPECT_EQ(slide.level(2).height, 448);
+    EXPECT_EQ(slide.level(3).width, 320);
+    EXPECT_EQ(slide.level(3).height, 224);
+    if (flavor == io::TiffFlavor::aperio) {
+      std::vector<std::string> names;
+      for (const auto& image : slide.associated_images()) names.push_back(image.name);
+      EXPECT_NE(std::find(names.begin(), names.end(), "label"), names.end());
+      EXPECT_NE(std::find(names.begin(), names.end(), "macro"), names.end());
+    }
+    // The file holds what the renderer produced, up to JPEG.
+    const Rendered rendered = render_full(o);
+    const cv::Rect region(1000, 700, 300, 200);
+    const cv::Mat read = slide.read_region(region.x, region.y, 0, region.width, region.height);
+    cv::Mat difference;
+    cv::absdiff(read, rendered.image(region), difference);
+    const cv::Scalar mean_error = cv::mean(difference);
+    for (int c = 0; c < 3; ++c) EXPECT_LT(mean_error[c], 6.0) << "channel " << c;
+  }
+}
+
+TEST(SynthSlide, TumourPolygonsLieInsideTheSlideOnTissue) {
+  int slides_with_tumour = 0;
+  for (std::uint64_t seed : {21, 22, 23}) {
+    SynthSlideOptions o = small_options(seed, true, 3072);
+    o.max_tumour_regions = 5;
+    const Rendered r = render_full(o);
+    const auto& truth = r.truth;
+    ASSERT_GE(truth.tumour.size(), 1u);
+    ASSERT_LE(truth.tumour.size(), 5u);
+    ++slides_with_tumour;
+    double area = 0.0;
+    for (std::size_t k = 0; k < truth.tumour.size(); ++k) {
+      const auto& a = truth.tumour[k];
+      SCOPED_TRACE(a.name);
+      EXPECT_EQ(a.name, "Tumor " + std::to_string(k + 1));
+      EXPECT_EQ(a.group, "_0");
+      EXPECT_EQ(a.type, "Polygon");
+      EXPECT_GE(a.outer.size(), 48u);
+      EXPECT_LE(a.outer.size(), 128u);
+      area += io::ring_area(a.outer);
+      std::vector<cv::Point2f> contour;
+      for (const auto& p : a.outer) {
+        EXPECT_GE(p.x, 0.0);
+        EXPECT_GE(p.y, 0.0);
+        EXPECT_LT(p.x, static_cast<double>(o.width));
+        EXPECT_LT(p.y, static_cast<double>(o.height));
+        contour.emplace_back(static_cast<float>(p.x), static_cast<float>(p.y));
+      }
+      // Pixels inside are tissue, not glass: sample a grid over the bounding box.
+      const cv::Rect2d box = io::bounding_box(a.outer);
+      const double step = std::max(4.0, std::min(box.width, box.height) / 25.0);
+      int inside = 0, on_tissue = 0;
+      for (double y = box.y; y < box.y + box.height; y += step) {
+        for (double x = box.x; x < box.x + box.width; x += step) {
+          if (cv::pointPolygonTest(contour, cv::Point2f(static_cast<float>(x), static_cast<float>(y)), false) <= 0) {
+            continue;
+          }
+          ++inside;
+          const cv::Vec3d od = prep::rgb_to_od(r.image.at<cv::Vec3b>(static_cast<int>(y), static_cast<int>(x)));
+          on_tissue += od[0] + od[1] + od[2] > kTissueOdSum;
+        }
+      }
+      ASSERT_GT(inside, 10);
+      EXPECT_GE(on_tissue, 0.97 * inside) << on_tissue << " of " << inside << " samples on tissue";
+    }
+    for (const auto& hole : truth.exclusion) {
+      EXPECT_EQ(hole.group, "_2");
+      area -= io::ring_area(hole.outer);
+    }
+    EXPECT_NEAR(truth.tumour_area_mm2, area * kMpp * kMpp * 1e-6, 1e-9);
+    EXPECT_GT(truth.tissue_area_mm2, truth.tumour_area_mm2);
+    EXPECT_LT(truth.tissue_area_mm2, o.width * o.height * kMpp * kMpp * 1e-6);
+  }
+  EXPECT_EQ(slides_with_tumour, 3);
+}
+
+TEST(SynthSlide, GroundTruthWithoutRenderingMatchesTheRenderer) {
+  const SynthSlideOptions o = small_options(17, true, 2048);
+  const SynthGroundTruth planned = synthetic_ground_truth(o);
+  const SynthGroundTruth rendered = render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {});
+  ASSERT_EQ(planned.tumour.size(), rendered.tumour.size());
+  for (std::size_t k = 0; k < planned.tumour.size(); ++k) EXPECT_EQ(planned.tumour[k].outer, rendered.tumour[k].outer);
+  EXPECT_EQ(planned.tumour_area_mm2, rendered.tumour_area_mm2);
+  EXPECT_EQ(planned.tissue_area_mm2, rendered.tissue_area_mm2);
+}
+
+TEST(SynthSlide, TumourSizesSpanIsolatedCellsToMacrometastases) {
+  // Over many 16384² plans (4 mm slides; planning only, no pixels): radii are drawn log-uniformly from 40 µm, so
+  // there are isolated-cell clusters (< 0.2 mm across), micrometastases and the largest the slide allows; large
+  // tumours sometimes get "_2" exclusion islands, which lie inside their tumour.
+  int itc = 0, micro = 0, macro = 0, exclusions = 0;
+  for (std::uint64_t seed = 100; seed < 130; ++seed) {
+    SynthSlideOptions o = small_options(seed, true, 16384);
+    const SynthGroundTruth truth = synthetic_ground_truth(o);
+    for (const auto& t : truth.tumour) {
+      const cv::Rect2d box = io::bounding_box(t.outer);
+      const double diameter_mm = std::max(box.width, box.height) * kMpp * 1e-3;
+      (diameter_mm < 0.2 ? itc : diameter_mm <= 1.0 ? micro : macro)++;
+    }
+    for (const auto& hole : truth.exclusion) {
+      ++exclusions;
+      EXPECT_EQ(hole.group, "_2");
+      bool inside_some = false;
+      for (const auto& t : truth.tumour) {
+        std::vector<cv::Point2f> contour;
+        for (const auto& p : t.outer) contour.emplace_back(static_cast<float>(p.x), static_cast<float>(p.y));
+        bool all = true;
+        for (const auto& p : hole.outer) {
+          all = all &&
+                cv::pointPolygonTest(contour, cv::Point2f(static_cast<float>(p.x), static_cast<float>(p.y)), false) > 0;
+        }
+        inside_some = inside_some || all;
+      }
+      EXPECT_TRUE(inside_some) << hole.name;
+    }
+  }
+  std::printf("[ synth ] 30 plans: %d tumours < 0.2 mm, %d of 0.2-1 mm, %d > 1 mm; %d exclusions\n", itc, micro, macro,
+              exclusions);
+  EXPECT_GT(itc, 0);
+  EXPECT_GT(micro, 0);
+  EXPECT_GT(macro, 0);
+  EXPECT_GT(exclusions, 0);
+}
+
+TEST(SynthSlide, NormalSlideHasNoTumour) {
+  const Downsampled d = render_downsampled(small_options(5, false, 2048));
+  EXPECT_TRUE(d.truth.tumour.empty());
+  EXPECT_TRUE(d.truth.exclusion.empty());
+  EXPECT_EQ(d.truth.tumour_area_mm2, 0.0);
+  EXPECT_GT(d.truth.tissue_area_mm2, 0.05);
+  // And it looks like it: almost no tissue in nuclear-sized hyperchromatic blobs.
+  const NuclearMasks m = nuclear_masks(d.image);
+  EXPECT_LT(cv::countNonZero(m.nuclear), 0.05 * cv::countNonZero(m.tissue));
+}
+
+TEST(SynthSlide, NuclearDensityIsHigherInsideTumour) {
+  for (std::uint64_t seed : {41, 42}) {
+    SynthSlideOptions o = small_options(seed, true, 4096);
+    const Downsampled d = render_downsampled(o);
+    ASSERT_FALSE(d.truth.tumour.empty());
+    const NuclearMasks m = nuclear_masks(d.image);
+    // Compare the tumour's core with normal tissue clearly away from it (the border blends over a few cells).
+    cv::Mat1b core, near;
+    cv::erode(d.tumour, core, cv::getStructuringElement(cv::MORPH_ELLIPSE, {9, 9}));
+    cv::dilate(d.tumour, near, cv::getStructuringElement(cv::MORPH_ELLIPSE, {41, 41}));
+    cv::Mat1b inside, outside;
+    cv::bitwise_and(core, m.tissue, inside);
+    cv::bitwise_and(~near, m.tissue, outside);
+    ASSERT_GT(cv::countNonZero(inside), 500);
+    ASSERT_GT(cv::countNonZero(outside), 10000);
+    cv::Mat1b nuclear_inside, nuclear_outside;
+    cv::bitwise_and(m.nuclear, inside, nuclear_inside);
+    cv::bitwise_and(m.nuclear, outside, nuclear_outside);
+    const double density_inside = cv::countNonZero(nuclear_inside) / double(cv::countNonZero(inside));
+    const double density_outside = cv::countNonZero(nuclear_outside) / double(cv::countNonZero(outside));
+    std::printf("[ synth ] seed %llu: nuclear-blob fraction %.3f inside tumour, %.3f outside\n",
+                static_cast<unsigned long long>(seed), density_inside, density_outside);
+    EXPECT_GT(density_inside, 0.15);
+    EXPECT_GT(density_inside, 4.0 * density_outside);
+  }
+}
+
+TEST(SynthSlide, SameSeedGivesIdenticalFilesAndOtherSeedsDiffer) {
+  TempDir dir;
+  SynthSlideOptions o = small_options(3, true, 2048);
+  o.pen_marks = true;
+  o.folds = true;
+  const auto a = write_synthetic_slide(dir.file("a.tif"), o);
+  const auto b = write_synthetic_slide(dir.file("b.tif"), o);
+  o.seed = 4;
+  const auto c = write_synthetic_slide(dir.file("c.tif"), o);
+  const std::string bytes_a = read_bytes(dir.file("a.tif"));
+  EXPECT_GT(bytes_a.size(), 10000u);
+  EXPECT_TRUE(bytes_a == read_bytes(dir.file("b.tif")));
+  EXPECT_FALSE(bytes_a == read_bytes(dir.file("c.tif")));
+  ASSERT_EQ(a.tumour.size(), b.tumour.size());
+  for (std::size_t k = 0; k < a.tumour.size(); ++k) EXPECT_EQ(a.tumour[k].outer, b.tumour[k].outer);
+  EXPECT_EQ(a.tissue_area_mm2, b.tissue_area_mm2);
+  EXPECT_NE(a.tissue_area_mm2, c.tissue_area_mm2);
+}
+
+TEST(SynthSlide, PixelsDoNotDependOnTheStripHeight) {
+  // Every pixel is a function of (x, y, seed): strips of 256 and of 512 rows give the same image, focus-blur
+  // patches included (they are computed from a margin of rows each strip renders itself).
+  SynthSlideOptions o = small_options(9, true, 2048);
+  o.blur_patches = true;
+  o.pen_marks = true;
+  o.folds = true;
+  const Rendered a = render_full(o);
+  o.tiff.tile_size = 512;
+  const Rendered b = render_full(o);
+  EXPECT_EQ(cv::norm(a.image, b.image, cv::NORM_INF), 0.0);
+}
+
+TEST(SynthSlide, ArtefactsChangePixelsButNotTheGroundTruth) {
+  SynthSlideOptions o = small_options(12, true, 2048);
+  o.blur_patches = false;
+  const Rendered plain = render_full(o);
+  o.pen_marks = true;
+  o.folds = true;
+  o.blur_patches = true;
+  const Rendered marked = render_full(o);
+  ASSERT_EQ(plain.truth.tumour.size(), marked.truth.tumour.size());
+  for (std::size_t k = 0; k < plain.truth.tumour.size(); ++k) {
+    EXPECT_EQ(plain.truth.tumour[k].outer, marked.truth.tumour[k].outer);
+  }
+  cv::Mat difference;
+  cv::absdiff(plain.image, marked.image, difference);
+  cv::Mat grey;
+  cv::cvtColor(difference, grey, cv::COLOR_RGB2GRAY);
+  // Pen ink and a fold darken a visible share of the slide.
+  EXPECT_GT(cv::countNonZero(grey > 20), 0.005 * grey.total());
+}
+
+TEST(SynthSlide, BadOptionsAreConfigErrors) {
+  SynthSlideOptions o = small_options(1, true);
+  o.width = 10;
+  EXPECT_THROW(render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {}), core::ConfigError);
+  o = small_options(1, true);
+  o.mpp = 0.0;
+  try {
+    render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {});
+    ADD_FAILURE() << "no error";
+  } catch (const core::ConfigError& e) {
+    EXPECT_EQ(e.key(), "mpp");
+  }
+  o = small_options(1, true);
+  o.max_tumour_regions = 0;
+  EXPECT_THROW(render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {}), core::ConfigError);
+  o.tumour = false;  // irrelevant for a normal slide
+  EXPECT_NO_THROW(render_synthetic_slide(small_options(1, false, 256), [](std::int64_t, const cv::Mat&) {}));
+}
+
+// =============================================================================================================
+// The evaluation: colour alone must not find the tumour, nuclear morphology must.
+
+TEST(SynthEvaluation, ColourAloneFailsWhereNuclearMorphologySucceeds) {
+  constexpr int kSlides = 12;
+  constexpr std::int64_t kSize = 4096;
+  const EvalResult r = evaluate_slides(1000, kSlides, kSize);
+  print(r, kSlides, kSize);
+  ASSERT_GE(r.tumour_tiles, 20);
+  ASSERT_GE(r.normal_tiles, 200);
+  EXPECT_LT(r.colour_auc, 0.8);
+  EXPECT_GT(r.nuclear_auc, 0.85);
+}
+
+// The figures for the report, on more and larger slides: run by hand with --gtest_also_run_disabled_tests.
+TEST(SynthEvaluation, DISABLED_Report) {
+  constexpr int kSlides = 24;
+  constexpr std::int64_t kSize = 8192;
+  const EvalResult r = evaluate_slides(5000, kSlides, kSize);
+  print(r, kSlides, kSize);
+  EXPECT_LT(r.colour_auc, 0.8);
+  EXPECT_GT(r.nuclear_auc, 0.9);
+}
+
+}  // namespace
+}  // namespace tessera::synth
