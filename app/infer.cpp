@@ -14,7 +14,6 @@
 //   infer.config.yaml     the effective job
 // A slide that fails (missing, corrupt, unreadable region) is reported with the error naming its file, the
 // others go on, and the failures are listed at the end with exit code 3 (the outputs of the others are kept).
-#include <glob.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -50,6 +49,7 @@
 #include "io/dataset.h"
 #include "io/heatmap.h"
 #include "io/slide.h"
+#include "io/slide_list.h"
 
 namespace tessera::app {
 namespace {
@@ -149,30 +149,14 @@ std::vector<SlideInput> resolve_inputs(const core::Config& config) {
       throw core::ConfigError("splits select rows of a dataset.csv; the slides here are files or globs",
                               config.source(), 0, "splits");
     }
-    for (const auto& pattern : entries) {
-      glob_t matches{};
-      const int rc = ::glob(pattern.c_str(), 0, nullptr, &matches);
-      std::vector<std::string> files(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
-      globfree(&matches);
-      if (rc == GLOB_NOMATCH || files.empty()) {
-        if (pattern.find_first_of("*?[") != std::string::npos) {
-          throw core::ConfigError("no slide matches '" + pattern + "'", config.source(), 0, "slides");
-        }
-        files = {pattern};
-      }
-      std::sort(files.begin(), files.end());
-      for (const auto& f : files) inputs.push_back({fs::path(f).stem().string(), f, 0.0});
+    for (const auto& f : io::expand_slide_patterns(entries, config.source(), "slides")) {
+      inputs.push_back({io::slide_id_of(f), f, 0.0});
     }
   }
-  std::set<std::string> ids;
-  for (const auto& s : inputs) {
-    if (!ids.insert(s.id).second) {
-      throw core::ConfigError("two slides share the id '" + s.id +
-                                  "' (ids are file names without extension; the "
-                                  "outputs would overwrite each other)",
-                              config.source(), 0, "slides");
-    }
-  }
+  std::vector<std::string> ids;
+  for (const auto& s : inputs) ids.push_back(s.id);
+  io::check_unique_slide_ids(ids, config.source(), "slides",
+                             "ids are file names without extension; the outputs would overwrite each other");
   if (inputs.empty()) throw core::ConfigError("no slides to run", config.source(), 0, "slides");
   return inputs;
 }

@@ -17,6 +17,7 @@
 #include <opencv2/core.hpp>
 
 #include "core/error.h"
+#include "core/partition.h"
 #include "core/progress.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
@@ -35,14 +36,6 @@ struct TtaName {
   int views;
 };
 constexpr TtaName kTtaNames[] = {{Tta::none, "none", 1}, {Tta::flips, "flips", 4}, {Tta::d8, "d8", 8}};
-
-// Rank r's share [part_begin(r), part_begin(r + 1)) of `total` items: equal parts, the remainder to the first
-// ranks.
-std::int64_t part_begin(std::int64_t total, int ranks, int r) {
-  const std::int64_t base = total / ranks;
-  const std::int64_t extra = total % ranks;
-  return r * base + std::min<std::int64_t>(r, extra);
-}
 
 // The slide's grid as rank 0 plans it and every rank receives it.
 struct PlanHeader {
@@ -293,8 +286,8 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
   const auto total = static_cast<std::int64_t>(plan.cells.size());
   const std::int64_t batch_size = options_.batch_size;
   const std::int64_t batches = (total + batch_size - 1) / batch_size;
-  const std::int64_t first_batch = part_begin(batches, comm.size(), comm.rank());
-  const std::int64_t end_batch = part_begin(batches, comm.size(), comm.rank() + 1);
+  const std::int64_t first_batch = core::part_begin(batches, comm.size(), comm.rank());
+  const std::int64_t end_batch = core::part_begin(batches, comm.size(), comm.rank() + 1);
   const std::int64_t first_cell = first_batch * batch_size;
   const std::int64_t end_cell = std::min(total, end_batch * batch_size);
   std::vector<float> mine(static_cast<std::size_t>(std::max<std::int64_t>(0, end_cell - first_cell)));

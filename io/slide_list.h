@@ -1,0 +1,25 @@
+// The slides of a job given as files and globs: one expansion and one id rule for every verb (tile, infer).
+//
+// A glob's matches are taken in sorted order; a glob that matches nothing is a mistake in the job (a ConfigError
+// naming the setting), while a plain path that does not exist is kept, to fail later as that slide. A slide's id is
+// its file name without the extension; two slides with one id are a ConfigError (their outputs would collide).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tessera::io {
+
+// "data/slides/tumor_001.tif" → "tumor_001".
+std::string slide_id_of(const std::string& path);
+
+// Files and globs → slide paths, in the order given (each glob's matches sorted). `source` and `key` name the
+// setting in errors (the job file and e.g. "input.slides").
+std::vector<std::string> expand_slide_patterns(const std::vector<std::string>& patterns, const std::string& source,
+                                               const std::string& key);
+
+// ConfigError naming `key` when two of `ids` are equal: "two slides share the id 'x' (<why>)".
+void check_unique_slide_ids(const std::vector<std::string>& ids, const std::string& source, const std::string& key,
+                            const std::string& why);
+
+}  // namespace tessera::io

@@ -1,0 +1,854 @@
+// The tile job: preprocessing/tile_job.h says what it does; the resume records are preprocessing/tile_resume.h.
+#include "preprocessing/tile_job.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/fault.h"
+#include "core/hash.h"
+#include "core/output_dir.h"
+#include "core/partition.h"
+#include "core/progress.h"
+#include "io/annotations.h"
+#include "io/dataset.h"
+#include "io/image.h"
+#include "io/shard.h"
+#include "io/slide.h"
+#include "io/slide_list.h"
+#include "preprocessing/stain_norm.h"
+#include "preprocessing/tile_resume.h"
+#include "preprocessing/tiling.h"
+#include "preprocessing/tissue.h"
+
+namespace tessera::prep {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The annotation file next to a slide: <stem>.xml, else <stem>.geojson, else none.
+std::string sibling_annotation(const std::string& slide_path) {
+  for (const char* ext : {".xml", ".geojson", ".json"}) {
+    fs::path candidate = fs::path(slide_path).replace_extension(ext);
+    if (fs::exists(candidate)) return candidate.string();
+  }
+  return "";
+}
+
+// dataset.csv (io/dataset.h): the slide file is needed on every row; the label is optional here (a slide with none
+// is tiled without the tumour-annotation check).
+std::vector<SlideInput> read_csv_inputs(const std::string& csv_path) {
+  std::vector<SlideInput> inputs;
+  for (auto& row : io::read_dataset_csv(csv_path, {.slide = true, .label = false}).rows) {
+    inputs.push_back({std::move(row.id), std::move(row.slide), io::to_string(row.label), std::move(row.split),
+                      std::move(row.annotation), row.mpp.value_or(0.0)});
+  }
+  return inputs;
+}
+
+// FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
+// same hash may keep what is finished.
+std::string job_hash(const core::Config& config, const std::vector<SlideInput>& inputs) {
+  std::string text = config.to_yaml();
+  for (const auto& s : inputs) {
+    struct stat st {};
+    const bool ok = ::stat(s.path.c_str(), &st) == 0;
+    text +=
+        fmt::format("\n{}|{}|{}|{}|{}", s.path, ok ? st.st_size : -1, ok ? st.st_mtim.tv_sec : 0, s.annotation, s.mpp);
+    if (!s.annotation.empty() && ::stat(s.annotation.c_str(), &st) == 0) {
+      text += fmt::format("|{}|{}", st.st_size, st.st_mtim.tv_sec);
+    }
+  }
+  return fmt::format("{:016x}", core::fnv1a(text));
+}
+
+struct TileSettings {
+  GridOptions grid;
+  TissueOptions tissue;
+  io::AnnotationClasses classes;
+  std::int64_t max_tiles = 0;
+  double max_normal_per_tumour = 0.0;
+  std::uint64_t seed = 1;
+  double assume_mpp = 0.0;
+  int preview_size = 0;
+  fs::path previews;
+};
+
+// One slide's plan as every rank needs it for extraction.
+struct PlanResult {
+  SlideInput input;
+  std::string error;  // non-empty: the slide failed in planning
+  double footprint = 0.0;
+  double slide_mpp = 0.0;
+  double assume_mpp = 0.0;  // the mpp to open the slide with (override or job default)
+  std::vector<PlannedTile> tiles;
+};
+
+std::string serialize(const PlanResult& p) {
+  json j = {{"id", p.input.id},
+            {"path", p.input.path},
+            {"label", p.input.label},
+            {"split", p.input.split},
+            {"annotation", p.input.annotation},
+            {"mpp", p.input.mpp},
+            {"error", p.error},
+            {"footprint", p.footprint},
+            {"slide_mpp", p.slide_mpp},
+            {"assume_mpp", p.assume_mpp}};
+  const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
+  j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(PlannedTile)));
+  const auto packed = json::to_cbor(j);
+  return std::string(packed.begin(), packed.end());
+}
+
+std::vector<PlanResult> deserialize(const std::string& bytes) {
+  std::vector<PlanResult> out;
+  std::size_t pos = 0;
+  while (pos < bytes.size()) {
+    // Each rank's buffer is a sequence of [u64 length][cbor] records.
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + pos, sizeof n);
+    pos += sizeof n;
+    const json j = json::from_cbor(bytes.begin() + static_cast<std::ptrdiff_t>(pos),
+                                   bytes.begin() + static_cast<std::ptrdiff_t>(pos + n));
+    pos += n;
+    PlanResult p;
+    p.input = {j["id"], j["path"], j["label"], j["split"], j["annotation"], j["mpp"]};
+    p.error = j["error"];
+    p.footprint = j["footprint"];
+    p.slide_mpp = j["slide_mpp"];
+    p.assume_mpp = j["assume_mpp"];
+    const auto& blob = j["tiles"].get_binary();
+    p.tiles.resize(blob.size() / sizeof(PlannedTile));
+    if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(PlannedTile));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void append_record(std::string& buffer, const std::string& record) {
+  const std::uint64_t n = record.size();
+  buffer.append(reinterpret_cast<const char*>(&n), sizeof n);
+  buffer += record;
+}
+
+PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
+  PlanResult result;
+  result.input = input;
+  result.assume_mpp = input.mpp > 0 ? input.mpp : settings.assume_mpp;
+  try {
+    io::SlideOpenOptions open_options;
+    open_options.assume_mpp = result.assume_mpp;
+    const auto slide = io::Slide::open(input.path, open_options);
+    const bool tumour_slide = input.label == io::to_string(io::SlideLabel::tumour);
+    std::vector<io::Annotation> annotations;
+    if (!input.annotation.empty()) {
+      // Clipped to the slide; on a tumour slide, a file that labels no tumour area fails the slide (it would
+      // otherwise be tiled as all normal).
+      annotations =
+          prepare_annotations(io::read_annotations(input.annotation), settings.classes,
+                              {input.annotation, "labels.tumour_classes", tumour_slide, slide.width(), slide.height()});
+    } else if (tumour_slide) {
+      throw core::InputError("the slide is labelled tumour but has no annotation file", input.path);
+    }
+    const auto tissue = detect_tissue(slide, settings.tissue);
+    auto plan = plan_slide(slide, tissue, annotations, settings.classes, settings.grid);
+    cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour, settings.seed ^ core::fnv1a(input.id));
+    if (plan.tiles.empty()) {
+      spdlog::warn("{}: no tiles ({:.2f} mm2 of tissue at min fraction {:g}); the slide is skipped", input.path,
+                   tissue.tissue_area_mm2(), settings.grid.min_tissue);
+    }
+    if (settings.preview_size > 0) {
+      std::vector<io::Annotation> tumour, exclusion;
+      io::split_annotations(annotations, settings.classes, tumour, exclusion);
+      io::write_png((settings.previews / (input.id + ".png")).string(),
+                    render_plan_preview(slide, tissue, plan, tumour, settings.preview_size));
+    }
+    result.footprint = plan.footprint;
+    result.slide_mpp = plan.slide_mpp;
+    result.tiles = std::move(plan.tiles);
+  } catch (const core::Error& e) {
+    if (e.kind() != core::ErrorKind::input) throw;
+    result.error = e.what();
+    result.tiles.clear();
+    spdlog::error("{}", e.what());
+  }
+  return result;
+}
+
+// A tile of the job, in slide order.
+struct JobTile {
+  std::uint32_t slide = 0;  // index into the plans
+  std::uint32_t tile = 0;   // index into that plan's tiles
+};
+
+// A finished shard as the file system sees it (size, modification time, inode): the state file records it when
+// the manifest is written, so that a shard replaced or rewritten since is noticed without reading its pixels.
+json file_identity(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return nullptr;
+  return {{"size", st.st_size},
+          {"mtime", fmt::format("{}.{:09d}", st.st_mtim.tv_sec, st.st_mtim.tv_nsec)},
+          {"inode", st.st_ino}};
+}
+
+// "Up to date" needs the state file, the manifest and the shards to agree: the manifest was written by this job
+// (its config_hash), and every shard it lists is there, is the file the state file recorded when the manifest was
+// written and has the tiles the manifest lists. Says why not in the log.
+bool manifest_matches(const fs::path& out, const fs::path& manifest_path, const std::string& hash, const json& state) {
+  try {
+    const json recorded = state.value("shards", json::object());
+    const auto manifest = io::read_manifest(manifest_path.string());
+    if (manifest.config_hash != hash) {
+      spdlog::warn("{} was written by another job (config_hash {}, this job {}); rebuilding", manifest_path.string(),
+                   manifest.config_hash, hash);
+      return false;
+    }
+    if (recorded.size() != manifest.shards.size()) {
+      spdlog::warn("{} lists {} shards, the state file {}; rebuilding", manifest_path.string(), manifest.shards.size(),
+                   recorded.size());
+      return false;
+    }
+    for (const auto& entry : manifest.shards) {
+      if (!recorded.contains(entry.file) || recorded[entry.file] != file_identity(out / entry.file)) {
+        spdlog::warn("{}: not the file this job finished (replaced or changed since); rebuilding",
+                     (out / entry.file).string());
+        return false;
+      }
+      const auto shard = io::ShardFile::open((out / entry.file).string());
+      if (shard.size() != entry.tiles || shard.slides() != entry.slides) {
+        spdlog::warn("{}: {} tiles of {} slide(s), the manifest lists {} of {}; rebuilding", shard.path(), shard.size(),
+                     shard.slides().size(), entry.tiles, entry.slides.size());
+        return false;
+      }
+    }
+    return true;
+  } catch (const core::Error& e) {
+    spdlog::warn("{}; rebuilding", e.what());
+    return false;
+  }
+}
+
+std::int64_t rewrite_without(const std::string& from, const std::string& to, const std::set<std::string>& failed,
+                             const std::set<std::int64_t>& dropped = {});
+
+// Damaged tiles skipped on one slide (tile.on_corrupt_tile: skip).
+struct CorruptTiles {
+  std::int64_t count = 0;
+  std::string first;  // the first one's error
+};
+
+class Extractor {
+ public:
+  Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
+            const StainNormalizer* normalizer, int write_batch, bool skip_corrupt)
+      : plans_(plans),
+        attributes_(attributes),
+        normalizer_(normalizer),
+        write_batch_(write_batch),
+        skip_corrupt_(skip_corrupt) {}
+
+  // Damaged tiles skipped so far, by slide id.
+  const std::map<std::string, CorruptTiles>& corrupt() const { return corrupt_; }
+
+  // Writes one shard of `tiles` to `path`; slides whose tiles cannot be read are added to `failed` (their
+  // tiles are left blank here; the caller rewrites the shard without them). With skip_corrupt, a tile whose
+  // pixels are damaged (CorruptTileError) is left out instead and counted in corrupt(); its slide goes on. Such a
+  // shard holds fewer tiles than planned (none at all: no file; a rerun of the job then tries it again), and its
+  // record's tile count (the planned one) no longer matches it: a rerun extracts it again rather than keep it.
+  // Returns the checksum of the pixels the shard holds and their tile count.
+  struct Written {
+    std::string checksum;
+    std::int64_t tiles = 0;
+  };
+  Written write_shard(const std::string& path, const std::vector<JobTile>& tiles,
+                      std::map<std::string, std::string>& failed, core::Progress& progress) {
+    std::vector<std::string> slide_ids;
+    std::map<std::uint32_t, std::uint32_t> local_index;
+    for (const auto& t : tiles) {
+      if (local_index.emplace(t.slide, static_cast<std::uint32_t>(slide_ids.size())).second) {
+        slide_ids.push_back(plans_[t.slide].input.id);
+      }
+    }
+    io::ShardWriter writer(path, attributes_, static_cast<std::int64_t>(tiles.size()), slide_ids);
+    const int t_size = attributes_.tile_size;
+    const std::size_t tile_bytes = static_cast<std::size_t>(t_size) * t_size * 3;
+    std::vector<io::ShardTileRecord> records;
+    std::vector<std::uint8_t> images;
+    std::int64_t batch_first = 0;
+    PixelChecksum checksum;
+    std::set<std::int64_t> dropped;  // tiles of this shard with damaged pixels (skip_corrupt)
+    auto flush = [&] {
+      if (records.empty()) return;
+      writer.write(batch_first, records, images.data());
+      for (std::size_t j = 0; j < records.size(); ++j) {  // the pixels of the tiles the shard keeps
+        if (!dropped.contains(batch_first + static_cast<std::int64_t>(j))) {
+          checksum.add(images.data() + j * tile_bytes, tile_bytes);
+        }
+      }
+      progress.advance(static_cast<std::int64_t>(records.size()));
+      batch_first += static_cast<std::int64_t>(records.size());
+      records.clear();
+      images.clear();
+    };
+    for (std::size_t k = 0; k < tiles.size(); ++k) {
+      const auto& t = tiles[k];
+      const auto& plan = plans_[t.slide];
+      const auto& planned = plan.tiles[t.tile];
+      records.push_back({planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide]});
+      images.resize(images.size() + tile_bytes, 255);
+      if (!failed.contains(plan.input.id)) {
+        try {
+          cv::Mat rgb = read_tile(t.slide, planned.x, planned.y);
+          if (normalizer_ != nullptr) normalizer_->apply(rgb);
+          if (!rgb.isContinuous()) rgb = rgb.clone();
+          std::memcpy(images.data() + images.size() - tile_bytes, rgb.data, tile_bytes);
+        } catch (const core::Error& e) {
+          if (e.kind() != core::ErrorKind::input) throw;
+          if (skip_corrupt_ && dynamic_cast<const core::CorruptTileError*>(&e) != nullptr) {
+            dropped.insert(static_cast<std::int64_t>(k));
+            auto& corrupt = corrupt_[plan.input.id];
+            if (corrupt.count++ == 0) corrupt.first = e.what();
+          } else {
+            failed[plan.input.id] = e.what();
+            spdlog::error("{}", e.what());
+            close_slide();
+          }
+        }
+      }
+      if (static_cast<int>(records.size()) >= write_batch_) flush();
+    }
+    flush();
+    writer.finish();
+    if (!dropped.empty()) {
+      // Written whole (the writer wants its tile count up front), then copied without the damaged tiles. The
+      // ".unchecked" ending: a killed run's leftover is removed by the next.
+      const std::string whole = path + ".whole.unchecked";
+      std::filesystem::rename(path, whole);
+      rewrite_without(whole, path, {}, dropped);
+      std::filesystem::remove(whole);
+    }
+    return {checksum.hex(), static_cast<std::int64_t>(tiles.size() - dropped.size())};
+  }
+
+ private:
+  // One open slide at a time: tiles come in slide order, so each slide is opened once per shard.
+  const io::Slide& slide(std::uint32_t index) {
+    if (!open_ || open_index_ != index) {
+      close_slide();
+      io::SlideOpenOptions options;
+      options.assume_mpp = plans_[index].assume_mpp;
+      open_.emplace(io::Slide::open(plans_[index].input.path, options));
+      open_index_ = index;
+    }
+    return *open_;
+  }
+  void close_slide() {
+    window_.reset();
+    damaged_window_.reset();
+    open_.reset();
+  }
+
+  // Tiles come in grid order: one OpenSlide read covers the next kWindowTiles tiles of a row, and the tiles
+  // are cut from it (exactly the pixels a per-tile read gives; OpenSlide's per-call cost dominates small tiles).
+  // With skip_corrupt, the tiles of a window that holds damaged pixels are read one by one, so that only the
+  // damaged ones fail.
+  cv::Mat read_tile(std::uint32_t index, std::int64_t x, std::int64_t y) {
+    constexpr int kWindowTiles = 32;
+    const auto& s = slide(index);
+    const int t_size = attributes_.tile_size;
+    const double mpp = attributes_.mpp;
+    if (!window_ || !window_->contains(x, y, t_size, t_size, mpp)) {
+      window_.reset();
+      const auto side0 = static_cast<std::int64_t>(std::ceil(t_size * mpp / s.mpp()));
+      const auto width0 = std::min<std::int64_t>(side0 * kWindowTiles, std::max<std::int64_t>(side0, s.width() - x));
+      if (damaged_window_ && damaged_window_->holds(x, y, side0)) return s.read_at_mpp(x, y, t_size, t_size, mpp);
+      try {
+        window_.emplace(s, x, y, width0, side0, mpp);
+      } catch (const core::CorruptTileError&) {
+        if (!skip_corrupt_) throw;
+        damaged_window_ = Area{x, y, width0, side0};
+        return s.read_at_mpp(x, y, t_size, t_size, mpp);
+      }
+      if (!window_->contains(x, y, t_size, t_size, mpp)) {  // rounding at odd resolutions: read this tile alone
+        window_.reset();
+        return s.read_at_mpp(x, y, t_size, t_size, mpp);
+      }
+    }
+    return window_->read_at_mpp(x, y, t_size, t_size, mpp);
+  }
+
+  const std::vector<PlanResult>& plans_;
+  io::ShardAttributes attributes_;
+  const StainNormalizer* normalizer_;
+  int write_batch_;
+  bool skip_corrupt_;
+  std::map<std::string, CorruptTiles> corrupt_;
+  std::optional<io::Slide> open_;
+  std::uint32_t open_index_ = 0;
+  std::optional<io::SlideWindow> window_;
+  // A level-0 rectangle.
+  struct Area {
+    std::int64_t x, y, width, height;
+    bool holds(std::int64_t ax, std::int64_t ay, std::int64_t side) const {
+      return ax >= x && ay >= y && ax + side <= x + width && ay + side <= y + height;
+    }
+  };
+  std::optional<Area> damaged_window_;  // level-0 area of the last window read that hit damaged pixels
+};
+
+// Rewrites the shard at `from` into `to` without the tiles of `failed` slides and the `dropped` tiles (indices in
+// `from`); returns the tiles kept (none: `to` is not written).
+std::int64_t rewrite_without(const std::string& from, const std::string& to, const std::set<std::string>& failed,
+                             const std::set<std::int64_t>& dropped) {
+  const auto shard = io::ShardFile::open(from);
+  std::vector<std::string> slides;
+  std::map<std::uint32_t, std::uint32_t> remap;
+  for (std::uint32_t i = 0; i < shard.slides().size(); ++i) {
+    if (!failed.contains(shard.slides()[i])) {
+      remap[i] = static_cast<std::uint32_t>(slides.size());
+      slides.push_back(shard.slides()[i]);
+    }
+  }
+  std::vector<std::int64_t> keep;
+  for (std::int64_t i = 0; i < shard.size(); ++i) {
+    if (remap.contains(shard.slide_indices()[static_cast<std::size_t>(i)]) && !dropped.contains(i)) keep.push_back(i);
+  }
+  if (keep.empty()) return 0;
+  io::ShardWriter writer(to, shard.attributes(), static_cast<std::int64_t>(keep.size()), slides);
+  std::vector<std::uint8_t> image(shard.tile_bytes());
+  for (std::size_t k = 0; k < keep.size(); ++k) {
+    const auto i = static_cast<std::size_t>(keep[k]);
+    shard.read_images(keep[k], 1, image.data());
+    const io::ShardTileRecord record{shard.labels()[i], shard.tumor_fractions()[i], shard.coords()[2 * i],
+                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]]};
+    writer.write(static_cast<std::int64_t>(k), {record}, image.data());
+  }
+  writer.finish();
+  return static_cast<std::int64_t>(keep.size());
+}
+
+}  // namespace
+
+const core::Schema& tile_schema() {
+  static const core::Schema schema =
+      core::Schema()
+          .string_list("input.slides", {}, "Slide files or globs (e.g. data/demo/slides/*.svs); or use input.csv")
+          .string("input.csv", "", "CSV with columns slide, label, annotation (or annotation_xml/_geojson), split, mpp")
+          .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
+          .string("output", "data/shards", "Folder for manifest.json and shard-NNNNN.h5")
+          .integer("tile.size", 256, "Tile side in pixels at tile.mpp", 16, 4096)
+          .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05,
+                  64)
+          .integer("tile.stride", 0,
+                   "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)", 0, 4096)
+          .string("tile.on_corrupt_tile", "fail",
+                  "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
+                  "in the manifest",
+                  {"fail", "skip"})
+          .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a kept tile", 0, 1)
+          .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
+          .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
+          .number("labels.tumour_threshold", 0.5,
+                  "A tile is tumour when its annotated tumour fraction is at least this", 0.0001, 1)
+          .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
+                  {"drop", "keep"})
+          .string_list("labels.tumour_classes", {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"},
+                       "ASAP groups / QuPath classes that mark tumour ('*' at the end matches any suffix)")
+          .string_list("labels.exclusion_classes", {"_2", "Exclusion", "Ignore*"},
+                       "Groups/classes that mark non-tumour areas inside tumour annotations")
+          .integer("sampling.max_tiles_per_slide", 0, "Keep at most this many tiles per slide (0 = all)", 0, 1e9)
+          .number("sampling.max_normal_per_tumour", 0.0,
+                  "On slides with tumour, keep at most this many normal tiles per tumour tile (0 = all)", 0, 1e6)
+          .integer("sampling.seed", 1, "Seed of the tile sampling", 0, 9.0e15)
+          .string("stain.method", "none", "Stain normalization", {"none", "reinhard", "macenko"})
+          .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+          .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
+          .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
+          .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
+          .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
+  return schema;
+}
+
+std::vector<SlideInput> resolve_tile_inputs(const core::Config& config) {
+  std::vector<SlideInput> inputs;
+  const auto& csv = config.get_string("input.csv");
+  const auto& patterns = config.get_string_list("input.slides");
+  if (csv.empty() == patterns.empty()) {
+    throw core::ConfigError("give the slides either as input.slides (files or globs) or as input.csv, not both or none",
+                            config.source(), 0, "input.slides");
+  }
+  if (!csv.empty()) {
+    inputs = read_csv_inputs(csv);
+  } else {
+    for (const auto& f : io::expand_slide_patterns(patterns, config.source(), "input.slides")) {
+      inputs.push_back({io::slide_id_of(f), f, "", "", sibling_annotation(f), 0.0});
+    }
+  }
+  std::vector<std::string> ids;
+  for (const auto& s : inputs) ids.push_back(s.id);
+  io::check_unique_slide_ids(ids, config.source(), csv.empty() ? "input.slides" : "input.csv",
+                             "ids are file names without extension");
+  if (inputs.empty()) throw core::ConfigError("no slides to tile", config.source(), 0, "input.slides");
+  return inputs;
+}
+
+std::string shard_name(std::int64_t index) { return fmt::format("shard-{:05d}.h5", index); }
+
+std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks, std::int64_t per_shard) {
+  std::vector<std::vector<ShardSpan>> spans(static_cast<std::size_t>(ranks));
+  std::int64_t index = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::int64_t begin = core::part_begin(total, ranks, r);
+    const std::int64_t end = core::part_begin(total, ranks, r + 1);
+    for (std::int64_t first = begin; first < end; first += per_shard) {
+      spans[static_cast<std::size_t>(r)].push_back({index++, first, std::min(per_shard, end - first)});
+    }
+  }
+  return spans;
+}
+
+TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& options, const core::Comm& world) {
+  const fs::path out = config.get_string("output");
+  const auto inputs = resolve_tile_inputs(config);
+  // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
+  const core::OutputLock lock = core::lock_output_folder(world, out.string(), "tile");
+
+  TileSettings settings;
+  settings.grid.tile_size = static_cast<int>(config.get_int("tile.size"));
+  settings.grid.mpp = config.get_number("tile.mpp");
+  settings.grid.stride = static_cast<int>(config.get_int("tile.stride"));
+  settings.grid.min_tissue = config.get_number("tissue.min_fraction");
+  settings.grid.tumour_threshold = config.get_number("labels.tumour_threshold");
+  settings.grid.keep_ambiguous = config.get_string("labels.ambiguous") == "keep";
+  settings.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
+  settings.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
+  settings.classes.tumour = config.get_string_list("labels.tumour_classes");
+  settings.classes.exclusion = config.get_string_list("labels.exclusion_classes");
+  settings.max_tiles = config.get_int("sampling.max_tiles_per_slide");
+  settings.max_normal_per_tumour = config.get_number("sampling.max_normal_per_tumour");
+  settings.seed = static_cast<std::uint64_t>(config.get_int("sampling.seed"));
+  settings.assume_mpp = config.get_number("input.assume_mpp");
+  settings.preview_size = config.get_bool("preview.enabled") ? static_cast<int>(config.get_int("preview.size")) : 0;
+  settings.previews = out / "previews";
+  const bool preview_only = options.preview_only;
+
+  // Stain target: fitted once (rank 0 reads the reference; every rank fits the same numbers from it).
+  const auto method = parse_stain_method(config.get_string("stain.method"));
+  std::unique_ptr<StainNormalizer> normalizer;
+  if (method != StainMethod::none) {
+    const auto& reference = config.get_string("stain.reference");
+    normalizer = reference.empty() ? make_stain_normalizer(method)
+                                   : make_stain_normalizer(method, io::read_rgb_image(reference), reference);
+  }
+
+  // Resume: same hash → keep finished shards; otherwise (or --force) start over.
+  const std::string hash = job_hash(config, inputs);
+  const fs::path state_path = out / ".tessera-tile-state.json";
+  const fs::path manifest_path = out / "manifest.json";
+  int up_to_date = 0;
+  if (world.is_root()) {
+    fs::create_directories(out);
+    if (settings.preview_size > 0) fs::create_directories(settings.previews);
+    bool same_job = false;
+    json state;
+    if (!options.force && fs::exists(state_path)) {
+      try {
+        std::ifstream in(state_path);
+        state = json::parse(in);
+        same_job = state.value("hash", "") == hash;
+      } catch (const std::exception&) {
+        same_job = false;  // an unreadable state file means: start over
+      }
+    }
+    if (same_job && !preview_only && fs::exists(manifest_path)) {
+      if (manifest_matches(out, manifest_path, hash, state)) {
+        up_to_date = io::read_manifest(manifest_path.string()).failures.empty() ? 1 : 2;  // 2: with failed slides
+      } else {
+        same_job = false;  // what is there cannot be trusted as this job's: start over
+      }
+    }
+    if (!same_job && !preview_only) {
+      // A different job (or --force): nothing of the old one may be mistaken for this one's output.
+      for (const auto& entry : fs::directory_iterator(out)) {
+        const auto name = entry.path().filename().string();
+        if (name.rfind("shard-", 0) == 0 || name == "manifest.json") fs::remove(entry.path());
+      }
+      fs::remove_all(out / kTileRecordFolder);
+      core::write_file_atomic(state_path.string(), json({{"hash", hash}}).dump() + "\n");
+    }
+    if (!preview_only) fs::create_directories(out / kTileRecordFolder);
+    // Half-written files of a killed run are never complete: remove them. Finished (unchecked) shards stay for
+    // the extraction below to verify and keep.
+    for (const fs::path& folder : {out, out / kTileRecordFolder}) {
+      if (!fs::is_directory(folder)) continue;
+      for (const auto& entry : fs::directory_iterator(folder)) {
+        if (entry.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(entry.path());
+      }
+    }
+  }
+  world.broadcast(&up_to_date, sizeof up_to_date, 0);
+  if (up_to_date) {
+    if (world.is_root()) {
+      spdlog::info("{} is up to date for this job (same config and slides); use --force to rebuild",
+                   manifest_path.string());
+      // The job as it stands had failures: say so again, and exit as it did (a slide whose failure was passing,
+      // such as a permission since fixed, is tried again with --force).
+      for (const auto& f : io::read_manifest(manifest_path.string()).failures) {
+        spdlog::error("slide {} failed in that run: {}", f.slide, f.error);
+      }
+    }
+    return {.up_to_date = true, .slides_failed = up_to_date == 2};
+  }
+  world.barrier();
+
+  // Phase 1: plan, slides spread over ranks.
+  std::string mine;
+  {
+    core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
+    for (std::size_t i = static_cast<std::size_t>(world.rank()); i < inputs.size();
+         i += static_cast<std::size_t>(world.size())) {
+      append_record(mine, serialize(plan_one(inputs[i], settings)));
+      progress.advance();
+    }
+    progress.finish();
+  }
+  std::vector<PlanResult> plans;
+  for (const auto& part : world.allgather_bytes(mine)) {
+    for (auto& p : deserialize(part)) plans.push_back(std::move(p));
+  }
+  // Back to input order, so the job's tile order (and so the shards) do not depend on the rank count.
+  std::map<std::string, std::size_t> order;
+  for (std::size_t i = 0; i < inputs.size(); ++i) order[inputs[i].id] = i;
+  std::sort(plans.begin(), plans.end(),
+            [&](const PlanResult& a, const PlanResult& b) { return order[a.input.id] < order[b.input.id]; });
+
+  std::map<std::string, std::string> failed;
+  for (const auto& p : plans) {
+    if (!p.error.empty()) failed[p.input.id] = p.error;
+  }
+  if (preview_only) {
+    if (world.is_root()) {
+      spdlog::info("previews written to {}", settings.previews.string());
+      for (const auto& p : plans) {
+        if (p.error.empty()) {
+          spdlog::info("{}: {} tiles ({} tumour)", p.input.id, p.tiles.size(),
+                       std::count_if(p.tiles.begin(), p.tiles.end(), [](const auto& t) { return t.label == 1; }));
+        }
+      }
+    }
+    return {.up_to_date = false, .slides_failed = !failed.empty()};
+  }
+
+  // Phase 2: extract, equal shares of the job's tiles per rank, each in slide order.
+  std::vector<JobTile> job;
+  for (std::uint32_t s = 0; s < plans.size(); ++s) {
+    for (std::uint32_t t = 0; t < plans[s].tiles.size(); ++t) job.push_back({s, t});
+  }
+  const auto total = static_cast<std::int64_t>(job.size());
+  const auto spans = assign_shards(total, world.size(), config.get_int("shards.tiles_per_shard"));
+
+  io::ShardAttributes attributes;
+  attributes.tile_size = settings.grid.tile_size;
+  attributes.mpp = settings.grid.mpp;
+  attributes.stain_normalization = normalizer ? normalizer->describe() : "none";
+
+  const bool skip_corrupt = config.get_string("tile.on_corrupt_tile") == "skip";
+  Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")),
+                      skip_corrupt);
+  std::map<std::string, std::string> extract_failed;
+  std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
+  {
+    core::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
+    for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
+      const fs::path final_path = out / shard_name(span.index);
+      const std::string unchecked = final_path.string() + ".unchecked";
+      const std::vector<JobTile> tiles(job.begin() + span.first, job.begin() + span.first + span.count);
+      PixelChecksum digest;
+      for (const auto& t : tiles) {
+        const auto& planned = plans[t.slide].tiles[t.tile];
+        digest.add(plans[t.slide].input.id);
+        const std::int64_t fields[] = {planned.x, planned.y, planned.label};
+        digest.add(reinterpret_cast<const std::uint8_t*>(fields), sizeof fields);
+      }
+      // Finished by an earlier run of this same job: kept when its record and its file agree. Only an extracted
+      // (unchecked) shard is kept: one already put in place (a run killed between that and its manifest) may have
+      // been rewritten without slides that failed elsewhere in that run, which this run's failures need not match;
+      // it is extracted again.
+      if (const auto record = finished_shard(out, hash, span, digest.hex())) {
+        spdlog::info("{}: kept from an earlier run of this job ({} tiles, pixels verified)", shard_name(span.index),
+                     record->kept);
+        extract_failed.insert(record->failed.begin(), record->failed.end());
+        written.push_back(span);
+        progress.advance(span.count);
+        continue;
+      }
+      // The old record goes first: a new shard next to it is never taken for the recorded one.
+      fs::remove(shard_record_path(out, span.index));
+      fs::remove(final_path);
+      fs::remove(unchecked);
+      ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}};
+      const auto shard = extractor.write_shard(unchecked, tiles, extract_failed, progress);
+      record.checksum = shard.checksum;
+      record.kept = shard.tiles;
+      // Every slide of the span whose tiles are placeholders here, whenever its failure was first seen: a rerun
+      // that keeps this shard must drop them again.
+      for (const auto& t : tiles) {
+        const auto& id = plans[t.slide].input.id;
+        if (const auto it = extract_failed.find(id); it != extract_failed.end()) record.failed.emplace(id, it->second);
+      }
+      write_shard_record(out, record);
+      // Fault point "tile.shard-finished" (core/fault.h): after a shard and its record are complete, e.g.
+      // "tile.shard-finished after=1 do=kill" kills the job once its first shard is finished.
+      core::fault::at("tile.shard-finished");
+      written.push_back(span);
+    }
+    progress.finish();
+  }
+  for (const auto& [id, corrupt] : extractor.corrupt()) {
+    spdlog::warn("slide {}: skipped {} damaged tile(s) (tile.on_corrupt_tile: skip); the first: {}", id, corrupt.count,
+                 corrupt.first);
+  }
+
+  // Slides that failed on any rank are dropped everywhere; then shards are checked and put in place.
+  std::string failures_text;
+  for (const auto& [id, error] : extract_failed) append_record(failures_text, json({id, error}).dump());
+  for (const auto& part : world.allgather_bytes(failures_text)) {
+    std::size_t pos = 0;
+    while (pos < part.size()) {
+      std::uint64_t n = 0;
+      std::memcpy(&n, part.data() + pos, sizeof n);
+      const auto entry = json::parse(part.substr(pos + sizeof n, n));
+      failed.emplace(entry[0].get<std::string>(), entry[1].get<std::string>());
+      pos += sizeof n + n;
+    }
+  }
+  std::set<std::string> failed_ids;
+  for (const auto& [id, error] : failed) failed_ids.insert(id);
+  for (const auto& span : written) {
+    const fs::path final_path = out / shard_name(span.index);
+    const std::string unchecked = final_path.string() + ".unchecked";
+    if (!fs::exists(unchecked)) continue;  // every tile of it was damaged and skipped
+    bool touched = false;
+    for (std::int64_t k = span.first; k < span.first + span.count; ++k) {
+      touched = touched || failed_ids.contains(plans[job[static_cast<std::size_t>(k)].slide].input.id);
+    }
+    if (touched) {
+      rewrite_without(unchecked, final_path.string(), failed_ids);
+      fs::remove(unchecked);
+    } else {
+      fs::rename(unchecked, final_path);
+    }
+  }
+  world.barrier();
+
+  // Manifest (rank 0), from the shards as they are on disk.
+  bool slides_failed = !failed.empty();
+  if (world.is_root()) {
+    // Every shard of this job is in place now; an unchecked one left, or a shard (and its record) beyond this
+    // job's, is of an earlier run on another rank count.
+    std::set<std::string> ours;
+    for (const auto& rank_spans : spans) {
+      for (const auto& span : rank_spans) ours.insert(shard_name(span.index));
+    }
+    for (const auto& entry : fs::directory_iterator(out)) {
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".unchecked") ||
+          (name.starts_with("shard-") && name.ends_with(".h5") && !ours.contains(name))) {
+        fs::remove(entry.path());
+      }
+    }
+    for (const auto& entry : fs::directory_iterator(out / kTileRecordFolder)) {  // records of shards not of this job
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".json") && !ours.contains(name.substr(0, name.size() - 5))) fs::remove(entry.path());
+    }
+    io::Manifest manifest;
+    manifest.config_hash = hash;
+    manifest.config_yaml = config.to_yaml();
+    manifest.attributes = attributes;
+    std::map<std::string, io::ManifestSlide> slides;
+    for (const auto& p : plans) {
+      if (!p.error.empty() || failed_ids.contains(p.input.id)) continue;
+      slides[p.input.id] = {p.input.id, p.input.path, p.input.label, p.input.split, 0, 0, 0};
+    }
+    std::int64_t shard_count = 0;
+    for (const auto& rank_spans : spans) shard_count += static_cast<std::int64_t>(rank_spans.size());
+    for (std::int64_t index = 0; index < shard_count; ++index) {
+      const fs::path path = out / shard_name(index);
+      if (!fs::exists(path)) continue;  // every tile of it belonged to failed slides
+      const auto shard = io::ShardFile::open(path.string());
+      io::ManifestShard entry{path.filename().string(), shard.size(), 0, 0, shard.slides()};
+      for (std::int64_t i = 0; i < shard.size(); ++i) {
+        const auto label = shard.labels()[static_cast<std::size_t>(i)];
+        const std::string& id = shard.slides()[shard.slide_indices()[static_cast<std::size_t>(i)]];
+        const auto found = slides.find(id);
+        if (found == slides.end()) {
+          throw core::InternalError(
+              fmt::format("{} holds tiles of slide '{}', which failed or is not in this job", path.string(), id));
+        }
+        auto& slide = found->second;
+        ++slide.tiles;
+        (label == 1 ? entry.tumour : entry.normal) += 1;
+        (label == 1 ? slide.tumour : slide.normal) += 1;
+      }
+      manifest.shards.push_back(std::move(entry));
+    }
+    for (const auto& p : plans) {
+      if (!slides.contains(p.input.id)) continue;
+      auto& slide = slides[p.input.id];
+      // The shards on disk are the record (they survive a resumed run; this run's counts do not): a planned
+      // tile that no shard holds was skipped as damaged.
+      if (skip_corrupt) slide.corrupt_tiles = static_cast<std::int64_t>(p.tiles.size()) - slide.tiles;
+      if (!p.tiles.empty() && slide.tiles == 0 && slide.corrupt_tiles > 0) {
+        failed[p.input.id] =
+            core::InputError(
+                fmt::format("all {} of its tiles are damaged (tile.on_corrupt_tile: skip)", p.tiles.size()),
+                p.input.path)
+                .what();
+        slides_failed = true;
+        continue;
+      }
+      manifest.slides.push_back(slide);
+    }
+    for (const auto& [id, error] : failed) manifest.failures.push_back({id, error});
+    // The state file first: a manifest without the shards it lists recorded is rebuilt, never trusted.
+    json finished = json::object();
+    for (const auto& entry : manifest.shards) finished[entry.file] = file_identity(out / entry.file);
+    core::write_file_atomic(state_path.string(), json({{"hash", hash}, {"shards", finished}}).dump() + "\n");
+    io::write_manifest(manifest_path.string(), manifest);
+    config.save((out / "tile.config.yaml").string());
+
+    std::int64_t tumour = 0;
+    for (const auto& s : manifest.shards) tumour += s.tumour;
+    spdlog::info("{} tiles ({} tumour, {} normal) from {} slides in {} shards; manifest {}", manifest.total_tiles(),
+                 tumour, manifest.total_tiles() - tumour, manifest.slides.size(), manifest.shards.size(),
+                 manifest_path.string());
+    if (!failed.empty()) {
+      std::fprintf(stderr, "tessera tile: %zu of %zu slides failed and were left out:\n", failed.size(), inputs.size());
+      for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
+    }
+  }
+  return {.up_to_date = false, .slides_failed = slides_failed};
+}
+
+}  // namespace tessera::prep
