@@ -67,4 +67,39 @@ bool maybe_print_config(const core::Config& config, const JobOptions& options) {
   return true;
 }
 
+// "a, b,c" → {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> items(1);
+  for (const char c : text) {
+    if (c == ',') {
+      items.emplace_back();
+    } else {
+      items.back() += c;
+    }
+  }
+  for (auto& item : items) {
+    const auto first = item.find_first_not_of(' ');
+    const auto last = item.find_last_not_of(' ');
+    item = first == std::string::npos ? std::string() : item.substr(first, last - first + 1);
+  }
+  std::erase(items, std::string());
+  return items;
+}
+
+// A YAML flow-sequence item: quoted, so that globs, commas and colons in paths stay one string.
+static std::string yaml_item(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string yaml_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + yaml_item(items[i]);
+  return out + "]";
+}
+
 }  // namespace tessera::app

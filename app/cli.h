@@ -57,6 +57,13 @@ core::Config load_job(const core::Schema& schema, const JobOptions& options,
 // The config points at its schema, which must outlive it: no temporaries.
 core::Config load_job(core::Schema&&, const JobOptions&, const std::vector<std::string>& = {}) = delete;
 
+// A flag's comma-separated list: "a, b,c" → {"a", "b", "c"} (items trimmed, empty ones dropped).
+std::vector<std::string> comma_list(const std::string& text);
+
+// `items` as a YAML flow sequence of quoted strings, for a --set-style override: globs, commas and colons in paths
+// stay one item each.
+std::string yaml_list(const std::vector<std::string>& items);
+
 // When --print-config was given: prints the effective config (rank 0) and returns true.
 bool maybe_print_config(const core::Config& config, const JobOptions& options);
 

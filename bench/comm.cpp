@@ -42,6 +42,7 @@
 #include "bench/peak.h"
 #include "core/comm.h"
 #include "core/error.h"
+#include "core/measure.h"
 #include "engine/context.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
@@ -78,17 +79,6 @@ const char* const kBusConvention =
     "busbw = 2(p-1)/p x bytes / time (the NCCL convention: per second, the bytes each rank sends, and receives, in a "
     "ring allreduce)";
 constexpr double kMB = 1e6;  // decimal megabytes, as the README's model sizes
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
 
 std::string cpu_name() {
   std::ifstream in("/proc/cpuinfo");
@@ -129,9 +119,10 @@ int bandwidth_worker(const core::Comm& comm) {
       comm.barrier();
       const auto t0 = clock_type::now();
       comm.allreduce(data.data(), count, core::ReduceOp::sum);
-      times.push_back(seconds_since(t0));
+      times.push_back(core::seconds_since(t0));
       // Rank 0's clock decides when the size has had enough calls, so that every rank makes as many.
-      char more = times.size() < kMaxCalls && (times.size() < kMinCalls || seconds_since(start) < kMinSizeSeconds);
+      char more =
+          times.size() < kMaxCalls && (times.size() < kMinCalls || core::seconds_since(start) < kMinSizeSeconds);
       comm.broadcast(&more, 1, 0);
       if (more == 0) break;
     }
@@ -139,7 +130,7 @@ int bandwidth_worker(const core::Comm& comm) {
     comm.allreduce(times.data(), times.size(), core::ReduceOp::max);
     rows.push_back({{"bytes", bytes},
                     {"calls", times.size()},
-                    {"seconds", median(times)},
+                    {"seconds", core::median(times)},
                     {"best_seconds", *std::min_element(times.begin(), times.end())}});
   }
   if (comm.is_root()) print_result({{"kind", "bandwidth"}, {"ranks", comm.size()}, {"sizes", rows}});
@@ -168,7 +159,7 @@ int train_worker(const CommBenchOptions& o, const core::Comm& comm) {
   comm.barrier();
   const auto t0 = clock_type::now();
   for (int s = 1; s <= o.steps; ++s) step(s);  // optimizer updates 1..steps: τ's schedule starts with them
-  const double seconds = seconds_since(t0);
+  const double seconds = core::seconds_since(t0);
   if (strategy) strategy->settle(params, buffers);
   const engine::CommStats c = strategy ? strategy->stats() - before : engine::CommStats{};
 

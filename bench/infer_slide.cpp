@@ -32,6 +32,7 @@
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/registry.h"
 #include "io/checkpoint.h"
+#include "io/shard.h"
 #include "io/slide.h"
 #include "preprocessing/stain_norm.h"
 
@@ -42,7 +43,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr int kClasses = 2;
-const std::vector<std::string> kClassNames = {"normal", "tumor"};  // as tessera train writes them
 constexpr std::uint64_t kModelSeed = 1;
 constexpr std::uint64_t kSlideSeed = 5;
 constexpr double kMB = 1024.0;  // ru_maxrss is in KB; MB here are MiB, as bench tile prints them
@@ -131,7 +131,7 @@ void write_untrained_checkpoint(const InferSlideBenchOptions& o, const std::stri
   checkpoint.meta.architecture = o.model;
   checkpoint.meta.input_size = o.tile_size;
   checkpoint.meta.num_classes = kClasses;
-  checkpoint.meta.class_names = kClassNames;
+  checkpoint.meta.class_names = io::kLabelNames;
   checkpoint.meta.mpp = o.mpp;
   checkpoint.meta.stain_normalization = normalizer ? normalizer->describe() : "none";
   checkpoint.meta.tissue = io::TissueSettings{};  // what training records from a tiling with the default tissue keys

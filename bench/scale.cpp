@@ -33,6 +33,7 @@
 #include "bench/bench.h"
 #include "bench/child.h"
 #include "core/error.h"
+#include "core/measure.h"
 #include "engine/context.h"
 #include "engine/models/model.h"
 #include "io/image.h"
@@ -95,10 +96,6 @@ std::map<std::string, std::string> key_values(const std::string& text, const cha
   return out;
 }
 
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
 // A model as the simulator sees it: its tensors' sizes (sim/simulate.cpp's layout file) and one step's time.
 struct ModelFacts {
   std::string name;
@@ -143,11 +140,11 @@ ModelFacts calibrate(const std::string& name, int size, int batch, const std::st
   for (int i = 0; i < kCalibrationWarmup; ++i) training.step(nullptr, 0);
   int steps = 0;
   const auto t0 = clock_type::now();
-  while (steps < kCalibrationMinSteps || seconds_since(t0) < kCalibrationSeconds) {
+  while (steps < kCalibrationMinSteps || core::seconds_since(t0) < kCalibrationSeconds) {
     training.step(nullptr, steps + 1);
     ++steps;
   }
-  m.step_seconds = seconds_since(t0) / steps;
+  m.step_seconds = core::seconds_since(t0) / steps;
   m.measured = true;
   return m;
 }
@@ -260,7 +257,7 @@ class Simulator {
     const std::string log = (work_ / "simulations.log").string();
     const ChildResult run = run_child(args, log, timeout_);
     const auto results = result_lines(log, kSimPrefix);
-    s.wall_seconds = seconds_since(t0);
+    s.wall_seconds = core::seconds_since(t0);
     if (run.timed_out) {
       s.failure = fmt::format("stopped after {:.0f} s", timeout_);
     } else if (run.code != 0) {

@@ -40,6 +40,7 @@
 #include "bench/bench.h"
 #include "bench/child.h"
 #include "core/error.h"
+#include "core/measure.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 #include "io/slide.h"
@@ -57,10 +58,6 @@ constexpr std::size_t kSequentialChunk = std::size_t{1} << 20;  // the fastest o
 // The shards are copied into a reading set of at least --read-mb and four shuffle buffers, so that neither side
 // reads from the CPU caches and the shuffle buffer spends most of an epoch in its steady state.
 constexpr std::int64_t kReadSetBuffers = 4;
-
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
 
 double thread_cpu_seconds() {
   timespec t{};
@@ -182,7 +179,7 @@ void decode_touched(const io::Slide& slide, const TouchedTiles& touched, DecodeR
       }
     }
     result.cpu_seconds += thread_cpu_seconds() - cpu0;
-    result.seconds += seconds_since(t0);
+    result.seconds += core::seconds_since(t0);
     result.tiles += static_cast<std::int64_t>(tiles.size());
     result.megapixels += static_cast<double>(tiles.size()) * tw * th / 1e6;
   }
@@ -471,15 +468,15 @@ int run_bench_tile(const TileBenchOptions& o) {
     auto t0 = clock_type::now();
     double cpu0 = process_cpu();
     const auto seq_bytes = read_sequentially(shard_files, chunk);
-    sequential.add(seq_bytes, seconds_since(t0), process_cpu() - cpu0);
+    sequential.add(seq_bytes, core::seconds_since(t0), process_cpu() - cpu0);
     t0 = clock_type::now();
     cpu0 = process_cpu();
     const auto shuffled_bytes = read_epoch(shuffled, rounds, batch);
-    reader.add(shuffled_bytes, seconds_since(t0), process_cpu() - cpu0);
+    reader.add(shuffled_bytes, core::seconds_since(t0), process_cpu() - cpu0);
     t0 = clock_type::now();
     cpu0 = process_cpu();
     const auto ordered_bytes = read_epoch(ordered, rounds, batch);
-    unshuffled.add(ordered_bytes, seconds_since(t0), process_cpu() - cpu0);
+    unshuffled.add(ordered_bytes, core::seconds_since(t0), process_cpu() - cpu0);
   }
   fs::remove_all(read_set);
 

@@ -35,6 +35,7 @@
 #include "bench/bench.h"
 #include "bench/peak.h"
 #include "core/error.h"
+#include "core/measure.h"
 #include "engine/context.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
@@ -62,17 +63,6 @@ const char* const kFlopConvention =
     "Model::flops(): convolutions and linear layers, 2 FLOPs per multiply-add, forward; a training step counts "
     "3x the forward FLOPs (forward, backward data, backward weights)";
 
-double seconds_since(clock_type::time_point t0) {
-  return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
-
 std::string cpu_name() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -83,17 +73,6 @@ std::string cpu_name() {
     }
   }
   return "an unknown CPU";
-}
-
-// 979746 → "979,746".
-std::string grouped(std::int64_t v) {
-  std::string digits = std::to_string(v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -109,7 +88,7 @@ class LayerTimer final : public engine::ModuleObserver {
 
   void begin(const engine::Module&, Pass) override { starts_.push_back(clock_type::now()); }
   void end(const engine::Module& child, Pass pass) override {
-    const double dt = seconds_since(starts_.back());
+    const double dt = core::seconds_since(starts_.back());
     starts_.pop_back();
     Times& t = times_[child.name()];
     (pass == Pass::forward ? t.forward : t.backward) += dt;
@@ -188,7 +167,7 @@ class TesseraRunner {
     while (steps == 0 || elapsed < seconds) {
       step();
       ++steps;
-      elapsed = seconds_since(t0);
+      elapsed = core::seconds_since(t0);
     }
     return steps * static_cast<double>(batch_) / elapsed;
   }
@@ -212,18 +191,18 @@ class TesseraRunner {
         model_->forward(input_);
       } else {
         engine::Optimizer::zero_grad(params_);
-        optimizer += seconds_since(t0);
+        optimizer += core::seconds_since(t0);
         const engine::Tensor& logits = model_->forward(input_);
         const auto t1 = clock_type::now();
         loss_.forward(logits, labels_);
         const engine::Tensor& diff = loss_.backward();
-        loss += seconds_since(t1);
+        loss += core::seconds_since(t1);
         model_->backward(diff);
         const auto t2 = clock_type::now();
         optimizer_.step(params_, kLearningRate);
-        optimizer += seconds_since(t2);
+        optimizer += core::seconds_since(t2);
       }
-      total += seconds_since(t0);
+      total += core::seconds_since(t0);
     }
     for (auto* seq : observed) seq->set_observer(nullptr);
 
@@ -360,9 +339,9 @@ struct Side {
 };
 
 void summarise(Side& side, double gflop_per_image) {
-  side.images_per_s = median(side.rounds);
+  side.images_per_s = core::median(side.rounds);
   side.gflops = side.images_per_s * gflop_per_image;
-  side.fraction_of_peak = median(side.fractions);
+  side.fraction_of_peak = core::median(side.fractions);
 }
 
 json side_json(const Side& side) {
@@ -420,8 +399,9 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
         } else if (torch_facts.at("parameters").get<std::int64_t>() != tessera.parameter_count()) {
           throw core::InternalError(fmt::format(
               "{}: the PyTorch model ({}) has {} parameters, Tessera's {}: the two are not the same network", o.model,
-              torch_facts.value("source", std::string("?")), grouped(torch_facts.at("parameters").get<std::int64_t>()),
-              grouped(tessera.parameter_count())));
+              torch_facts.value("source", std::string("?")),
+              core::grouped(torch_facts.at("parameters").get<std::int64_t>()),
+              core::grouped(tessera.parameter_count())));
         }
       }
     }
@@ -447,7 +427,7 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
     }
     if (!ours_first) ours.add(tessera.measure(per_round), gflop_per_image, peak.gflops);
   }
-  const double peak_gflops = median(peaks);
+  const double peak_gflops = core::median(peaks);
   summarise(ours, gflop_per_image);
   if (torch) summarise(theirs, gflop_per_image);
   const double ratio = torch ? ours.images_per_s / theirs.images_per_s : 0.0;
@@ -539,11 +519,11 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
                              fmt::format("PyTorch {}", torch_facts.value("torch", std::string())), theirs.images_per_s,
                              theirs.gflops, 100.0 * theirs.fraction_of_peak, rounds_text(theirs.rounds));
     std::cout << fmt::format("\nTessera / PyTorch: {:.2f}x\n", ratio);
-    std::cout << fmt::format("parameters: {} in both (PyTorch model from {})\n", grouped(tessera.parameter_count()),
-                             torch_facts.value("source", std::string("?")));
+    std::cout << fmt::format("parameters: {} in both (PyTorch model from {})\n",
+                             core::grouped(tessera.parameter_count()), torch_facts.value("source", std::string("?")));
   } else {
     std::cout << fmt::format("{:<16} {}\n", "PyTorch", torch_missing);
-    std::cout << fmt::format("\nparameters: {}\n", grouped(tessera.parameter_count()));
+    std::cout << fmt::format("\nparameters: {}\n", core::grouped(tessera.parameter_count()));
   }
   if (profile) {
     std::cout << fmt::format("\nprofile: Tessera, mean of {} step(s), {:.2f} ms per step\n", profile->steps,

@@ -17,6 +17,7 @@
 #include <opencv2/core.hpp>
 
 #include "core/error.h"
+#include "core/measure.h"
 #include "core/partition.h"
 #include "core/progress.h"
 #include "io/slide.h"
@@ -27,8 +28,6 @@ namespace tessera::engine {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 struct TtaName {
   Tta tta;
@@ -269,7 +268,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
         if (fractions[c] >= options_.min_tissue) plan.cells.push_back(static_cast<std::int64_t>(c));
       }
       h.cells = static_cast<std::int64_t>(plan.cells.size());
-      h.plan_seconds = seconds_since(start);
+      h.plan_seconds = core::seconds_since(start);
       plan_bytes = pack_plan(plan);
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;
@@ -318,7 +317,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
         for (std::int64_t b = first_batch; b < end_batch; ++b) {
           const auto wait_start = Clock::now();
           next.get();  // rethrows the reader's error
-          read_wait += seconds_since(wait_start);
+          read_wait += core::seconds_since(wait_start);
           io::Batch& batch = batches_buf[(b - first_batch) % 2];
           if (b + 1 < end_batch) next = fetch(b + 1, batches_buf[(b + 1 - first_batch) % 2]);
 
@@ -390,7 +389,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
   if (stats != nullptr) {
     stats->cells = h.rows * h.cols;
     stats->tiles = total;
-    stats->seconds = seconds_since(start);
+    stats->seconds = core::seconds_since(start);
     stats->plan_seconds = h.plan_seconds;
     stats->tissue_area_mm2 = h.tissue_area_mm2;
     stats->read_wait_seconds = read_wait;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/measure.h"
 #include "engine/checkpoint_adapter.h"
 
 namespace tessera::engine {
@@ -16,10 +17,6 @@ namespace {
 using clock_type = core::MpiClock;  // simulated time under SMPI (core/comm.h)
 
 constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
 
 std::size_t bytes_of(std::size_t floats) { return floats * sizeof(float); }
 
@@ -202,7 +199,7 @@ void TwoLevelStrategy::reduce_gradients(const std::vector<Param*>& params) {
     for (const auto* p : params) mine = std::copy(p->grad.begin(), p->grad.end(), mine);
     const auto arrived = clock_type::now();
     group_sync();
-    wait = seconds_since(arrived);
+    wait = core::seconds_since(arrived);
     std::vector<const float*> segments(static_cast<std::size_t>(k));
     for (int r = 0; r < k; ++r) segments[static_cast<std::size_t>(r)] = static_cast<float*>(window_->shared_pointer(r));
     const std::size_t r = static_cast<std::size_t>(group_.rank());
@@ -222,7 +219,7 @@ void TwoLevelStrategy::reduce_gradients(const std::vector<Param*>& params) {
     float* out = sum;
     for (const auto* p : params) out = std::copy(p->grad.begin(), p->grad.end(), out);
   }
-  add(phases_.shared, wait, seconds_since(start) - wait, bytes_of(k > 1 ? n : 0), k > 1 ? 1 : 0);
+  add(phases_.shared, wait, core::seconds_since(start) - wait, bytes_of(k > 1 ? n : 0), k > 1 ? 1 : 0);
 
   float scale = 1.0f / static_cast<float>(k);
   if (inter_ == Inter::allreduce) {
@@ -233,11 +230,11 @@ void TwoLevelStrategy::reduce_gradients(const std::vector<Param*>& params) {
       if (is_leader()) {
         const auto arrived = clock_type::now();
         leaders_.barrier();
-        inter_wait = seconds_since(arrived);
+        inter_wait = core::seconds_since(arrived);
         leaders_.allreduce(sum, n, core::ReduceOp::sum);
       }
       group_sync();  // the others wait for their leader's result
-      add(phases_.inter, inter_wait, seconds_since(inter_start) - inter_wait, is_leader() ? bytes_of(n) : 0,
+      add(phases_.inter, inter_wait, core::seconds_since(inter_start) - inter_wait, is_leader() ? bytes_of(n) : 0,
           is_leader() ? 1 : 0);
     }
   }
@@ -252,7 +249,7 @@ void TwoLevelStrategy::reduce_gradients(const std::vector<Param*>& params) {
     in += m;
   }
   epoch.end();
-  add(phases_.shared, 0.0, seconds_since(read_start), 0, 0);
+  add(phases_.shared, 0.0, core::seconds_since(read_start), 0, 0);
 }
 
 void TwoLevelStrategy::after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
@@ -274,15 +271,15 @@ void TwoLevelStrategy::after_update(const std::vector<Param*>& params, const std
       const auto moving = clock_type::now();
       inter_wait = std::chrono::duration<double>(moving - arrived).count();
       leaders_.broadcast(shared, bytes_of(layout_.buffers), 0);
-      inter_seconds = seconds_since(moving);
+      inter_seconds = core::seconds_since(moving);
       add(phases_.inter, inter_wait, inter_seconds, bytes_of(layout_.buffers), 1);
     }
     const auto arrived = clock_type::now();
     group_sync();
-    const double wait = seconds_since(arrived);
+    const double wait = core::seconds_since(arrived);
     if (comm_.rank() != 0) unpack_values(shared, {}, buffers);
     epoch.end();
-    add(phases_.shared, wait, seconds_since(start) - wait - inter_wait - inter_seconds,
+    add(phases_.shared, wait, core::seconds_since(start) - wait - inter_wait - inter_seconds,
         k > 1 && is_leader() ? bytes_of(layout_.buffers) : 0, k > 1 ? 1 : 0);
     return;
   }
@@ -310,7 +307,7 @@ void TwoLevelStrategy::after_update(const std::vector<Param*>& params, const std
   }
   const auto arrived = clock_type::now();
   group_sync();
-  const double wait = seconds_since(arrived);
+  const double wait = core::seconds_since(arrived);
   if (!is_leader()) {
     if (exchanged) {
       const float* c = unpack_values(shared, params, buffers);
@@ -320,7 +317,7 @@ void TwoLevelStrategy::after_update(const std::vector<Param*>& params, const std
     }
   }
   epoch.end();
-  add(phases_.shared, wait, seconds_since(share_start) - wait, is_leader() ? bytes_of(count) : 0, 1);
+  add(phases_.shared, wait, core::seconds_since(share_start) - wait, is_leader() ? bytes_of(count) : 0, 1);
 }
 
 const std::vector<float>& TwoLevelStrategy::center() const {

@@ -31,6 +31,7 @@
 #include "engine/strategy.h"
 #include "io/annotations.h"
 #include "io/checkpoint.h"
+#include "io/shard.h"
 #include "io/shard_dataset.h"
 #include "preprocessing/augment.h"
 
@@ -78,7 +79,6 @@ const core::Schema& train_schema() {
 namespace {
 
 constexpr int kClasses = 2;  // normal, tumour
-const std::vector<std::string> kClassNames = {"normal", "tumor"};
 
 std::set<std::string> slides_in_splits(const io::Manifest& manifest, const std::vector<std::string>& splits) {
   std::set<std::string> ids;
@@ -455,7 +455,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     checkpoint.meta.architecture = model_options.architecture;
     checkpoint.meta.input_size = model_options.input_size;
     checkpoint.meta.num_classes = kClasses;
-    checkpoint.meta.class_names = kClassNames;
+    checkpoint.meta.class_names = io::kLabelNames;
     checkpoint.meta.mpp = manifest.attributes.mpp;
     checkpoint.meta.stain_normalization = manifest.attributes.stain_normalization;
     checkpoint.meta.tissue = manifest.tissue;  // so that inference finds tissue as the tiling did

@@ -28,6 +28,10 @@ namespace tessera::io {
 
 inline constexpr int shard_format_version = 1;
 
+// The classes of a shard's labels, by value (0 normal, 1 tumour): the names a model trained on shards records in
+// its checkpoint's class_names.
+inline const std::vector<std::string> kLabelNames = {"normal", "tumor"};
+
 struct ShardAttributes {
   int tile_size = 0;
   double mpp = 0.0;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/measure.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/dropout.h"
@@ -19,17 +20,6 @@ namespace tessera::engine {
 namespace {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
-
-// 11689512 → "11,689,512".
-std::string grouped(std::int64_t v) {
-  std::string digits = std::to_string(v < 0 ? -v : v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return v < 0 ? "-" + out : out;
-}
 
 std::string type_label(const Module& m) {
   if (const auto* conv = dynamic_cast<const Conv2d*>(&m); conv && conv->options().relu) return "Conv2d+ReLU";
@@ -254,14 +244,14 @@ std::string Model::summary() const {
   char line[256];
   std::snprintf(line, sizeof line, "%s (%s): input %dx%dx%d, %d classes, %s parameters, %.3f GFLOP/image forward%s\n",
                 options_.architecture.c_str(), type_.c_str(), options_.channels, options_.input_size,
-                options_.input_size, options_.num_classes, grouped(params).c_str(), static_cast<double>(flops) * 1e-9,
-                folded_ ? ", batch norm folded" : "");
+                options_.input_size, options_.num_classes, core::grouped(params).c_str(),
+                static_cast<double>(flops) * 1e-9, folded_ ? ", batch norm folded" : "");
   std::string out = line;
   std::snprintf(line, sizeof line, "  %-16s %-18s %-14s %13s %10s\n", "layer", "type", "output", "params", "MFLOP");
   out += line;
   for (const auto& row : rows) {
     std::snprintf(line, sizeof line, "  %-16s %-18s %-14s %13s %10.1f\n", row.name.c_str(), row.type.c_str(),
-                  row.output.text().c_str(), grouped(row.params).c_str(), static_cast<double>(row.flops) * 1e-6);
+                  row.output.text().c_str(), core::grouped(row.params).c_str(), static_cast<double>(row.flops) * 1e-6);
     out += line;
   }
   return out;
