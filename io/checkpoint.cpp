@@ -43,26 +43,10 @@ constexpr const char* replicas_group = "replicas";
 constexpr std::int64_t max_tensor_elements = std::int64_t{1} << 34;
 
 // ---------------------------------------------------------------------------------------------------------
-// HDF5 plumbing: a quiet error stack, RAII ids, and the text of the last failure.
+// HDF5 plumbing (io/hdf5.h): a quiet error stack, RAII ids, checks, and the typed attribute and dataset helpers.
 
 using hdf5::Handle;
 using hdf5::QuietHdf5;
-
-std::string join_dims(const std::vector<hsize_t>& dims) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(dims[i]);
-  }
-  return text + "]";
-}
-
-Handle make_string_type() {
-  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-  if (type.get() < 0) return type;
-  if (H5Tset_size(type.get(), H5T_VARIABLE) < 0 || H5Tset_cset(type.get(), H5T_CSET_UTF8) < 0) return Handle();
-  return type;
-}
 
 // "tensor 'conv1.weight' in /params"
 std::string tensor_label(const std::string& group, const std::string& name) {
@@ -195,22 +179,11 @@ class CheckpointWriter {
   void create_tensor(hid_t group, const std::string& group_path, const std::string& name,
                      const CheckpointTensor& tensor) {
     const std::string label = tensor_label(group_path, name);
-    const std::string what = "cannot create " + label;
-    Handle space;
-    if (tensor.shape.empty()) {
-      space = h5_.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-    } else {
-      const std::vector<hsize_t> dims(tensor.shape.begin(), tensor.shape.end());
-      space = h5_.own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose, what);
-    }
-    // Contiguous little-endian float32: what h5py and numpy read directly, and what torch.from_numpy takes.
-    Handle dcpl = h5_.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, what);
-    h5_.check(H5Pset_obj_track_times(dcpl.get(), false), what);
-    h5_.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), what);
-    h5_.check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_LATE), what);
+    // Contiguous little-endian float32 (a scalar for an empty shape): what h5py and numpy read directly, and what
+    // torch.from_numpy takes. Allocated at the first write, without modification times.
+    const std::vector<hsize_t> dims(tensor.shape.begin(), tensor.shape.end());
     Handle dataset =
-        h5_.own(H5Dcreate2(group, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                H5Dclose, what);
+        hdf5::create_dataset<float>(h5_, group, name, dims, {.track_times = false}, "cannot create " + label);
     pending_.push_back({std::move(dataset), &tensor, label});
   }
 
@@ -225,63 +198,21 @@ class CheckpointWriter {
       const std::string what = "cannot write " + p.label;
       // Fault point "checkpoint.write" (core/fault.h): do=enospc|eio fails a tensor's write as a full disk would.
       if (const int error = core::fault::error_at("checkpoint.write"); error != 0) h5_.fail_system(what, error);
-      if (!p.tensor->data.empty()) {
-        h5_.check(H5Dwrite(p.dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, p.tensor->data.data()),
-                  what);
-      }
+      hdf5::write_dataset(h5_, p.dataset, p.tensor->data, what);
       h5_.close(p.dataset, what);
     }
     pending_.clear();
   }
 
+  // Attributes: integers as int64, numbers as float64, strings as variable-length UTF-8 (io/hdf5.h).
   void write_string(hid_t object, const std::string& name, const std::string& value) {
-    const std::string what = "cannot write attribute '" + name + "'";
-    Handle type = make_string_type();
-    h5_.check(type.get(), what);
-    Handle space = h5_.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-    Handle attribute =
-        h5_.own(H5Acreate2(object, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-    const char* data = value.c_str();
-    h5_.check(H5Awrite(attribute.get(), type.get(), &data), what);
-    h5_.close(attribute, what);
-  }
-
-  void write_strings(hid_t object, const std::string& name, const std::vector<std::string>& values) {
-    const std::string what = "cannot write attribute '" + name + "'";
-    Handle type = make_string_type();
-    h5_.check(type.get(), what);
-    const hsize_t count = values.size();
-    Handle space = h5_.own(H5Screate_simple(1, &count, nullptr), H5Sclose, what);
-    Handle attribute =
-        h5_.own(H5Acreate2(object, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-    std::vector<const char*> data;
-    data.reserve(values.size());
-    for (const auto& v : values) data.push_back(v.c_str());
-    if (!data.empty()) h5_.check(H5Awrite(attribute.get(), type.get(), data.data()), what);
-    h5_.close(attribute, what);
-  }
-
-  // A scalar (`count` < 0) or a one-dimensional array of `count` numbers.
-  void write_numbers(hid_t object, const std::string& name, hid_t file_type, hid_t memory_type, const void* data,
-                     std::int64_t count) {
-    const std::string what = "cannot write attribute '" + name + "'";
-    Handle space;
-    if (count < 0) {
-      space = h5_.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-    } else {
-      const auto n = static_cast<hsize_t>(count);
-      space = h5_.own(H5Screate_simple(1, &n, nullptr), H5Sclose, what);
-    }
-    Handle attribute =
-        h5_.own(H5Acreate2(object, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-    if (count != 0) h5_.check(H5Awrite(attribute.get(), memory_type, data), what);
-    h5_.close(attribute, what);
+    hdf5::write_attribute<std::string>(h5_, object, name, value);
   }
   void write_int(hid_t object, const std::string& name, std::int64_t value) {
-    write_numbers(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value, -1);
+    hdf5::write_attribute<std::int64_t>(h5_, object, name, value);
   }
   void write_double(hid_t object, const std::string& name, double value) {
-    write_numbers(object, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value, -1);
+    hdf5::write_attribute<double>(h5_, object, name, value);
   }
 
   void write_meta(const CheckpointMeta& meta) {
@@ -292,7 +223,9 @@ class CheckpointWriter {
     write_string(g, "architecture", meta.architecture);
     write_int(g, "input_size", meta.input_size);
     write_int(g, "num_classes", meta.num_classes);
-    if (!meta.class_names.empty()) write_strings(g, "class_names", meta.class_names);
+    if (!meta.class_names.empty()) {
+      hdf5::write_attribute<std::vector<std::string>>(h5_, g, "class_names", meta.class_names);
+    }
     write_double(g, "mpp", meta.mpp);
     write_string(g, "stain_normalization", meta.stain_normalization);
     write_string(g, "stain_target", meta.stain_target);
@@ -347,27 +280,8 @@ class CheckpointWriter {
     const hid_t g = group.get();
     for (const auto& [key, value] : state) {
       const std::string& name = key;  // a lambda may not capture a structured binding before clang 16 (make fuzz)
-      std::visit(
-          [&](const auto& v) {
-            using T = std::decay_t<decltype(v)>;
-            if constexpr (std::is_same_v<T, std::int64_t>) {
-              write_numbers(g, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v, -1);
-            } else if constexpr (std::is_same_v<T, std::uint64_t>) {
-              write_numbers(g, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &v, -1);
-            } else if constexpr (std::is_same_v<T, double>) {
-              write_numbers(g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v, -1);
-            } else if constexpr (std::is_same_v<T, std::string>) {
-              write_string(g, name, v);
-            } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
-              write_numbers(g, name, H5T_STD_I64LE, H5T_NATIVE_INT64, v.data(), static_cast<std::int64_t>(v.size()));
-            } else if constexpr (std::is_same_v<T, std::vector<std::uint64_t>>) {
-              write_numbers(g, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, v.data(), static_cast<std::int64_t>(v.size()));
-            } else {
-              static_assert(std::is_same_v<T, std::vector<double>>);
-              write_numbers(g, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, v.data(), static_cast<std::int64_t>(v.size()));
-            }
-          },
-          value);
+      // Each alternative of StateValue is stored as its own type (io/hdf5.h): a scalar, or a one-dimensional array.
+      std::visit([&](const auto& v) { hdf5::write_attribute<std::decay_t<decltype(v)>>(h5_, g, name, v); }, value);
     }
     h5_.close(group, "cannot close group '/state'");
   }
@@ -472,36 +386,42 @@ void write_file(const WriteChecker& h5, const std::string& path, const std::vect
 // =========================================================================================================
 // Reading: every failure is a core::InputError naming the checkpoint.
 
-struct Dataset {
-  Handle dataset;
-  std::vector<hsize_t> dims;
+using hdf5::Dataset;
+
+// The checks of a checkpoint being read: every refusal, and every failing HDF5 call, is a core::InputError naming
+// the checkpoint. A truncated file is said to be so whatever else went wrong: naming the first tensor whose data
+// is gone is the most useful thing to say, and otherwise the truncation is the news and what HDF5 tripped over in
+// the missing part is detail.
+class ReadChecker : public hdf5::Hdf5Checker {
+ public:
+  explicit ReadChecker(std::string path) : Hdf5Checker(std::move(path), core::ErrorKind::input) {}
+
+  std::int64_t actual_size = 0;
+  std::int64_t stored_eof = 0;  // > 0: the file is truncated and was opened from a padded image
+
+  bool truncated() const { return stored_eof > 0; }
+  std::string truncation_sizes() const {
+    return "expected at least " + std::to_string(stored_eof) + " bytes, the file has " + std::to_string(actual_size);
+  }
+
+ protected:
+  std::string error_text(const std::string& message) const override {
+    if (!truncated()) return message;
+    if (message.rfind("tensor '", 0) == 0) return message + " (the file is truncated: " + truncation_sizes() + ")";
+    return "truncated: " + truncation_sizes() + " (" + message + ")";
+  }
 };
 
 class CheckpointReader {
  public:
-  explicit CheckpointReader(std::string path) : path_(std::move(path)) { open(); }
+  explicit CheckpointReader(std::string path) : path_(std::move(path)), h5_(path_) { open(); }
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
 
-  // Every refusal goes through here. A truncated file is said to be so whatever else went wrong: naming the
-  // first tensor whose data is gone is the most useful thing to say, and otherwise the truncation is the news
-  // and what HDF5 tripped over in the missing part is detail.
-  [[noreturn]] void fail(const std::string& message) const {
-    if (!truncated()) throw core::InputError(message, path_);
-    if (message.rfind("tensor '", 0) == 0) {
-      throw core::InputError(message + " (the file is truncated: " + truncation_sizes() + ")", path_);
-    }
-    throw core::InputError("truncated: " + truncation_sizes() + " (" + message + ")", path_);
-  }
-  template <typename T>
-  T check(T result, const std::string& what) const {
-    if (result < 0) {
-      const std::string hdf5 = hdf5::last_failure().text();
-      fail(hdf5.empty() ? what : what + ": HDF5: " + hdf5);
-    }
-    return result;
-  }
-  Handle own(hid_t id, Handle::Closer closer, const std::string& what) const { return Handle(check(id, what), closer); }
+  // Every refusal goes through here (see ReadChecker).
+  [[noreturn]] void fail(const std::string& message) const { h5_.fail(message); }
 
-  bool truncated() const { return stored_eof_ > 0; }
+  bool truncated() const { return h5_.truncated(); }
 
   // A truncated file is only probed, never read: the tensors are visited in the order a read would visit
   // them (`expected`: the model's order for params and buffers) and the first whose stored data reaches past
@@ -527,7 +447,7 @@ class CheckpointReader {
       }
     }
     // The missing part held no tensor data (free space, or metadata no probe reached).
-    throw core::InputError("truncated: " + truncation_sizes(), path_);
+    throw core::InputError("truncated: " + h5_.truncation_sizes(), path_);
   }
 
   // params, buffers and optimizer under `parent`; `prefix` is "" or "replicas/<rank>/".
@@ -548,12 +468,12 @@ class CheckpointReader {
   hid_t file() const { return file_.get(); }
 
   bool has_link(hid_t parent, const std::string& name, const std::string& label) const {
-    return check(H5Lexists(parent, name.c_str(), H5P_DEFAULT), "cannot look up '" + label + "'") > 0;
+    return h5_.check(H5Lexists(parent, name.c_str(), H5P_DEFAULT), "cannot look up '" + label + "'") > 0;
   }
 
   H5O_type_t object_type(hid_t parent, const std::string& name, const std::string& what) const {
     H5O_info_t info{};
-    check(H5Oget_info_by_name2(parent, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT), what);
+    h5_.check(H5Oget_info_by_name2(parent, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT), what);
     return info.type;
   }
 
@@ -566,23 +486,23 @@ class CheckpointReader {
     if (object_type(parent, name, "cannot open '" + label + "'") != H5O_TYPE_GROUP) {
       fail("'" + label + "' is not a group");
     }
-    return own(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose, "cannot open group '" + label + "'");
+    return h5_.own(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose, "cannot open group '" + label + "'");
   }
 
   // Link names in the group's creation order when it tracks one (Tessera's and h5py's track_order files), else
   // in name order.
   std::vector<std::string> list(hid_t group, const std::string& label) const {
     const std::string what = "cannot list '" + label + "'";
-    Handle gcpl = own(H5Gget_create_plist(group), H5Pclose, what);
+    Handle gcpl = h5_.own(H5Gget_create_plist(group), H5Pclose, what);
     unsigned flags = 0;
-    check(H5Pget_link_creation_order(gcpl.get(), &flags), what);
+    h5_.check(H5Pget_link_creation_order(gcpl.get(), &flags), what);
     const H5_index_t index = (flags & H5P_CRT_ORDER_INDEXED) != 0 ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME;
     std::vector<std::string> names;
     auto collect = [](hid_t, const char* name, const H5L_info_t*, void* data) -> herr_t {
       static_cast<std::vector<std::string>*>(data)->emplace_back(name);
       return 0;
     };
-    check(H5Literate(group, index, H5_ITER_INC, nullptr, collect, &names), what);
+    h5_.check(H5Literate(group, index, H5_ITER_INC, nullptr, collect, &names), what);
     return names;
   }
 
@@ -590,43 +510,47 @@ class CheckpointReader {
     if (!has_link(file(), meta_group, "/meta")) fail("not a Tessera checkpoint (no /meta group)");
     Handle meta = open_group(file(), meta_group, "/meta", true);
     const hid_t g = meta.get();
-    if (!has_attribute(g, "format")) fail("not a Tessera checkpoint (no 'format' attribute in /meta)");
-    const std::string format = read_string(g, "format");
+    const auto has_attribute = [&](const char* name) { return hdf5::has_attribute(h5_, g, name); };
+    const auto read_string = [&](const char* name) { return hdf5::read_attribute<std::string>(h5_, g, name, "/meta"); };
+    const auto read_int = [&](const char* name) { return hdf5::read_attribute<std::int64_t>(h5_, g, name, "/meta"); };
+    const auto read_double = [&](const char* name) { return hdf5::read_attribute<double>(h5_, g, name, "/meta"); };
+    if (!has_attribute("format")) fail("not a Tessera checkpoint (no 'format' attribute in /meta)");
+    const std::string format = read_string("format");
     if (format != checkpoint_format_name) {
       fail("not a Tessera checkpoint (format attribute is '" + format + "', expected '" + checkpoint_format_name +
            "')");
     }
     CheckpointMeta m;
-    m.version = read_int(g, "version");
+    m.version = read_int("version");
     if (m.version < 1) fail("invalid checkpoint format version " + std::to_string(m.version));
     if (m.version > checkpoint_format_version) {
       fail("checkpoint format version " + std::to_string(m.version) + " is newer than this Tessera reads (" +
            std::to_string(checkpoint_format_version) + ")");
     }
-    m.architecture = read_string(g, "architecture");
+    m.architecture = read_string("architecture");
     if (m.architecture.empty()) fail("attribute 'architecture' in /meta is empty");
-    m.input_size = read_int(g, "input_size");
+    m.input_size = read_int("input_size");
     if (m.input_size <= 0) {
       fail("attribute 'input_size' in /meta must be positive, got " + std::to_string(m.input_size));
     }
-    m.num_classes = read_int(g, "num_classes");
+    m.num_classes = read_int("num_classes");
     if (m.num_classes <= 0) {
       fail("attribute 'num_classes' in /meta must be positive, got " + std::to_string(m.num_classes));
     }
-    if (has_attribute(g, "class_names")) {
-      m.class_names = read_strings(g, "class_names");
+    if (has_attribute("class_names")) {
+      m.class_names = hdf5::read_attribute<std::vector<std::string>>(h5_, g, "class_names", "/meta");
       if (static_cast<std::int64_t>(m.class_names.size()) != m.num_classes) {
         fail("attribute 'class_names' in /meta has " + std::to_string(m.class_names.size()) + " names for " +
              std::to_string(m.num_classes) + " classes");
       }
     }
-    if (has_attribute(g, "mpp")) m.mpp = read_double(g, "mpp");
+    if (has_attribute("mpp")) m.mpp = read_double("mpp");
     if (!(m.mpp >= 0.0) || !std::isfinite(m.mpp)) fail("attribute 'mpp' in /meta must be a finite number >= 0");
     auto optional_string = [&](const char* name, std::string& out) {
-      if (has_attribute(g, name)) out = read_string(g, name);
+      if (has_attribute(name)) out = read_string(name);
     };
     auto optional_int = [&](const char* name, std::int64_t& out) {
-      if (has_attribute(g, name)) out = read_int(g, name);
+      if (has_attribute(name)) out = read_int(name);
     };
     optional_string("stain_normalization", m.stain_normalization);
     optional_string("stain_target", m.stain_target);
@@ -636,19 +560,19 @@ class CheckpointReader {
     optional_string("created", m.created);
     optional_string("tessera_version", m.tessera_version);
     // The tiling's tissue settings: all three or none (a checkpoint from before they were recorded).
-    if (has_attribute(g, "tissue_min_fraction") || has_attribute(g, "tissue_mask_mpp") ||
-        has_attribute(g, "tissue_reject_pen_marks")) {
+    if (has_attribute("tissue_min_fraction") || has_attribute("tissue_mask_mpp") ||
+        has_attribute("tissue_reject_pen_marks")) {
       TissueSettings tissue;
-      tissue.min_fraction = read_double(g, "tissue_min_fraction");
+      tissue.min_fraction = read_double("tissue_min_fraction");
       if (!(tissue.min_fraction >= 0.0 && tissue.min_fraction <= 1.0)) {
         fail("attribute 'tissue_min_fraction' in /meta must be in [0, 1], got " + std::to_string(tissue.min_fraction));
       }
-      tissue.mask_mpp = read_double(g, "tissue_mask_mpp");
+      tissue.mask_mpp = read_double("tissue_mask_mpp");
       if (!(tissue.mask_mpp > 0.0) || !std::isfinite(tissue.mask_mpp)) {
         fail("attribute 'tissue_mask_mpp' in /meta must be a finite number > 0, got " +
              std::to_string(tissue.mask_mpp));
       }
-      const std::int64_t pen = read_int(g, "tissue_reject_pen_marks");
+      const std::int64_t pen = read_int("tissue_reject_pen_marks");
       if (pen != 0 && pen != 1) {
         fail("attribute 'tissue_reject_pen_marks' in /meta must be 0 or 1, got " + std::to_string(pen));
       }
@@ -671,22 +595,13 @@ class CheckpointReader {
   Dataset open_tensor(hid_t group, const std::string& group_path, const std::string& name) const {
     const std::string label = tensor_label(group_path, name);
     check_not_group(group, group_path, name);
-    Dataset d;
-    d.dataset = own(H5Dopen2(group, name.c_str(), H5P_DEFAULT), H5Dclose, label + ": cannot open");
-    const hid_t id = d.dataset.get();
-    Handle type = own(H5Dget_type(id), H5Tclose, label + ": cannot read its type");
-    const std::string type_name = describe_type(type.get());
+    Dataset d = hdf5::open_dataset(h5_, group, name, label + ": cannot open");
+    const std::string type_name = describe_type(d.type.get());
     if (type_name != "float32") fail(label + " has type " + type_name + ", expected float32");
-    Handle space = own(H5Dget_space(id), H5Sclose, label + ": cannot read its shape");
-    const int rank = check(H5Sget_simple_extent_ndims(space.get()), label + ": cannot read its shape");
-    d.dims.resize(static_cast<std::size_t>(rank));
-    if (rank > 0) {
-      check(H5Sget_simple_extent_dims(space.get(), d.dims.data(), nullptr), label + ": cannot read its shape");
-    }
     std::uint64_t n = 1;
     for (const hsize_t dim : d.dims) {
       if (dim != 0 && n > static_cast<std::uint64_t>(max_tensor_elements) / dim) {
-        fail(label + " has an implausible shape " + join_dims(d.dims));
+        fail(label + " has an implausible shape " + hdf5::describe_dims(d.dims));
       }
       n *= dim;
     }
@@ -700,9 +615,7 @@ class CheckpointReader {
     const std::int64_t n = tensor.numel();
     if (n == 0) return tensor;
     check_storage(d, label, n);
-    tensor.data.resize(static_cast<std::size_t>(n));
-    check(H5Dread(d.dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, tensor.data.data()),
-          label + ": cannot read its data");
+    tensor.data = hdf5::read_dataset<float>(h5_, d, label + ": cannot read its data");
     return tensor;
   }
 
@@ -756,9 +669,10 @@ class CheckpointReader {
       // position is checked before anything it says is believed.
       const std::string label = tensor_label(group_path, tensor_name);
       H5O_info_t info{};
-      check(H5Oget_info_by_name2(group.get(), tensor_name.c_str(), &info, H5O_INFO_BASIC | H5O_INFO_HDR, H5P_DEFAULT),
-            label + ": cannot read its header");
-      const auto limit = static_cast<std::uint64_t>(actual_size_);
+      h5_.check(
+          H5Oget_info_by_name2(group.get(), tensor_name.c_str(), &info, H5O_INFO_BASIC | H5O_INFO_HDR, H5P_DEFAULT),
+          label + ": cannot read its header");
+      const auto limit = static_cast<std::uint64_t>(h5_.actual_size);
       if (info.addr > limit || info.hdr.space.total > limit - info.addr) {
         fail(label + ": its header (bytes " + std::to_string(info.addr) + ".." +
              std::to_string(info.addr + info.hdr.space.total) + ") lies beyond the end of the file");
@@ -825,9 +739,11 @@ class CheckpointReader {
     const std::string label = "/" + path;
     Handle group = open_group(parent, optimizer_group, label, false);
     if (group.get() < 0) return state;
-    state.name = read_string(group.get(), "name", label);
+    state.name = hdf5::read_attribute<std::string>(h5_, group.get(), "name", label);
     if (state.name.empty()) fail("attribute 'name' in " + label + " is empty");
-    state.step = has_attribute(group.get(), "step") ? read_int(group.get(), "step", label) : 0;
+    state.step = hdf5::has_attribute(h5_, group.get(), "step")
+                     ? hdf5::read_attribute<std::int64_t>(h5_, group.get(), "step", label)
+                     : 0;
     for (const auto& slot : list(group.get(), label)) {
       const std::string slot_path = path + "/" + slot;
       if (object_type(group.get(), slot, "cannot open '/" + slot_path + "'") != H5O_TYPE_GROUP) {
@@ -920,16 +836,12 @@ class CheckpointReader {
       static_cast<std::vector<std::string>*>(data)->emplace_back(name);
       return 0;
     };
-    check(H5Aiterate2(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), "cannot list /state");
+    h5_.check(H5Aiterate2(group.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), "cannot list /state");
     for (const auto& name : names) state.emplace(name, read_state_value(group.get(), name));
     return state;
   }
 
  private:
-  std::string truncation_sizes() const {
-    return "expected at least " + std::to_string(stored_eof_) + " bytes, the file has " + std::to_string(actual_size_);
-  }
-
   void open() {
     struct stat info {};
     if (::stat(path_.c_str(), &info) != 0) {
@@ -937,13 +849,10 @@ class CheckpointReader {
       throw core::InputError(std::string("cannot open: ") + std::strerror(errno), path_);
     }
     if (!S_ISREG(info.st_mode)) throw core::InputError("not a regular file", path_);
-    actual_size_ = static_cast<std::int64_t>(info.st_size);
-    if (actual_size_ == 0) throw core::InputError("empty file (0 bytes), not a checkpoint", path_);
+    h5_.actual_size = static_cast<std::int64_t>(info.st_size);
+    if (h5_.actual_size == 0) throw core::InputError("empty file (0 bytes), not a checkpoint", path_);
 
-    Handle fapl = own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
-#if H5_VERSION_GE(1, 10, 7)
-    check(H5Pset_file_locking(fapl.get(), true, true), "cannot set file locking");
-#endif
+    Handle fapl = hdf5::make_file_access(h5_);
     const hid_t id = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get());
     if (id >= 0) {
       file_ = Handle(id, H5Fclose);
@@ -965,39 +874,40 @@ class CheckpointReader {
         at == std::string::npos ? 0 : std::strtoull(desc.c_str() + at + key.size(), nullptr, 10);
     // Beyond a sane factor of the real size the recorded end is itself garbage: do not allocate it.
     constexpr std::int64_t max_padding = std::int64_t{1} << 31;
-    if (expected == 0 || static_cast<std::int64_t>(expected) <= actual_size_ ||
-        static_cast<std::int64_t>(expected) > actual_size_ + max_padding) {
-      throw core::InputError("truncated: the file has " + std::to_string(actual_size_) + " bytes (HDF5: " + desc + ")",
-                             path_);
+    if (expected == 0 || static_cast<std::int64_t>(expected) <= h5_.actual_size ||
+        static_cast<std::int64_t>(expected) > h5_.actual_size + max_padding) {
+      throw core::InputError(
+          "truncated: the file has " + std::to_string(h5_.actual_size) + " bytes (HDF5: " + desc + ")", path_);
     }
-    stored_eof_ = static_cast<std::int64_t>(expected);
+    h5_.stored_eof = static_cast<std::int64_t>(expected);
 
-    std::vector<char> image(static_cast<std::size_t>(stored_eof_), '\0');
+    std::vector<char> image(static_cast<std::size_t>(h5_.stored_eof), '\0');
     std::ifstream in(path_, std::ios::binary);
-    if (!in.read(image.data(), actual_size_)) fail("cannot read the file");
+    if (!in.read(image.data(), h5_.actual_size)) fail("cannot read the file");
 
-    Handle fapl = own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
+    Handle fapl = h5_.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
     constexpr std::size_t core_increment = std::size_t{1} << 20;
-    check(H5Pset_fapl_core(fapl.get(), core_increment, false), "cannot set the in-memory driver");
-    check(H5Pset_file_image(fapl.get(), image.data(), image.size()), "cannot set the file image");
+    h5_.check(H5Pset_fapl_core(fapl.get(), core_increment, false), "cannot set the in-memory driver");
+    h5_.check(H5Pset_file_image(fapl.get(), image.data(), image.size()), "cannot set the file image");
     // The in-memory driver refuses a name that exists on disk when given an image: use one that does not.
     const std::string image_name = path_ + ".padded-image-" + std::to_string(::getpid());
-    file_ = own(H5Fopen(image_name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "not a readable HDF5 checkpoint");
+    file_ =
+        h5_.own(H5Fopen(image_name.c_str(), H5F_ACC_RDONLY, fapl.get()), H5Fclose, "not a readable HDF5 checkpoint");
   }
 
   // Data past the real end of the file would read as the zero padding (or, for a damaged file, fail deep inside
   // HDF5): check each piece of storage explicitly.
   void check_storage(const Dataset& d, const std::string& label, std::int64_t n) const {
     const hid_t id = d.dataset.get();
-    Handle dcpl = own(H5Dget_create_plist(id), H5Pclose, label + ": cannot read its layout");
+    Handle dcpl = h5_.own(H5Dget_create_plist(id), H5Pclose, label + ": cannot read its layout");
     const H5D_layout_t layout = H5Pget_layout(dcpl.get());
-    const auto limit = static_cast<std::uint64_t>(actual_size_);
+    const auto limit = static_cast<std::uint64_t>(h5_.actual_size);
     auto past_end = [&](std::uint64_t offset, std::uint64_t size) {
       fail(label + ": its data (bytes " + std::to_string(offset) + ".." + std::to_string(offset + size) +
            ") lies beyond the end of the file");
     };
     if (layout == H5D_CONTIGUOUS) {
-      if (check(H5Pget_external_count(dcpl.get()), label + ": cannot read its layout") > 0) {
+      if (h5_.check(H5Pget_external_count(dcpl.get()), label + ": cannot read its layout") > 0) {
         fail(label + " is stored in an external file; checkpoints must be self-contained");
       }
       const haddr_t offset = H5Dget_offset(id);
@@ -1011,12 +921,12 @@ class CheckpointReader {
     } else if (layout == H5D_CHUNKED) {
       const int rank = static_cast<int>(d.dims.size());
       std::vector<hsize_t> chunk(d.dims.size());
-      check(H5Pget_chunk(dcpl.get(), rank, chunk.data()), label + ": cannot read its chunking");
+      h5_.check(H5Pget_chunk(dcpl.get(), rank, chunk.data()), label + ": cannot read its chunking");
       std::uint64_t expected = 1;
       for (std::size_t i = 0; i < chunk.size(); ++i) expected *= (d.dims[i] + chunk[i] - 1) / chunk[i];
-      Handle space = own(H5Dget_space(id), H5Sclose, label + ": cannot read its shape");
+      Handle space = h5_.own(H5Dget_space(id), H5Sclose, label + ": cannot read its shape");
       hsize_t count = 0;
-      check(H5Dget_num_chunks(id, space.get(), &count), label + ": cannot count its chunks");
+      h5_.check(H5Dget_num_chunks(id, space.get(), &count), label + ": cannot count its chunks");
       if (count != expected) {
         fail(label + " has " + std::to_string(count) + " of its " + std::to_string(expected) +
              " chunks in the file (partly never written)");
@@ -1025,8 +935,8 @@ class CheckpointReader {
         haddr_t address = HADDR_UNDEF;
         hsize_t size = 0;
         unsigned filters = 0;
-        check(H5Dget_chunk_info(id, space.get(), i, nullptr, &filters, &address, &size),
-              label + ": cannot locate its chunks");
+        h5_.check(H5Dget_chunk_info(id, space.get(), i, nullptr, &filters, &address, &size),
+                  label + ": cannot locate its chunks");
         if (address == HADDR_UNDEF || address > limit || size > limit - address) past_end(address, size);
       }
     } else if (layout != H5D_COMPACT) {  // compact data lives in the object header, which was just read
@@ -1053,139 +963,33 @@ class CheckpointReader {
     }
   }
 
-  bool has_attribute(hid_t object, const char* name) const {
-    return check(H5Aexists(object, name), std::string("cannot look up attribute '") + name + "'") > 0;
-  }
-
-  struct Attribute {
-    Handle attribute;
-    Handle type;
-    H5T_class_t type_class = H5T_NO_CLASS;
-    H5S_class_t space_class = H5S_NO_CLASS;
-    std::vector<hsize_t> dims;
-    std::string label;  // "attribute 'x' in /meta"
-  };
-
-  Attribute open_attribute(hid_t object, const std::string& name, const std::string& where) const {
-    Attribute a;
-    a.label = "attribute '" + name + "' in " + where;
-    if (!has_attribute(object, name.c_str())) fail("missing " + a.label);
-    const std::string what = "cannot read " + a.label;
-    a.attribute = own(H5Aopen(object, name.c_str(), H5P_DEFAULT), H5Aclose, what);
-    a.type = own(H5Aget_type(a.attribute.get()), H5Tclose, what);
-    a.type_class = check(H5Tget_class(a.type.get()), what);
-    Handle space = own(H5Aget_space(a.attribute.get()), H5Sclose, what);
-    a.space_class = check(H5Sget_simple_extent_type(space.get()), what);
-    const int rank = check(H5Sget_simple_extent_ndims(space.get()), what);
-    a.dims.resize(static_cast<std::size_t>(rank));
-    if (rank > 0) check(H5Sget_simple_extent_dims(space.get(), a.dims.data(), nullptr), what);
-    return a;
-  }
-
-  static std::size_t count_of(const Attribute& a) {
-    std::size_t n = 1;
-    for (const hsize_t d : a.dims) n *= static_cast<std::size_t>(d);
-    return n;
-  }
-
-  std::string read_string(hid_t object, const char* name, const std::string& where = "/meta") const {
-    const Attribute a = open_attribute(object, name, where);
-    if (a.type_class != H5T_STRING || count_of(a) != 1) fail(a.label + " must be a string");
-    return read_string_values(a).front();
-  }
-
-  std::vector<std::string> read_strings(hid_t object, const char* name, const std::string& where = "/meta") const {
-    const Attribute a = open_attribute(object, name, where);
-    if (a.type_class != H5T_STRING || a.dims.size() > 1) fail(a.label + " must be a list of strings");
-    return read_string_values(a);
-  }
-
-  std::vector<std::string> read_string_values(const Attribute& a) const {
-    const std::string what = "cannot read " + a.label;
-    const std::size_t count = count_of(a);
-    std::vector<std::string> values;
-    if (count == 0) return values;
-    values.reserve(count);
-    if (check(H5Tis_variable_str(a.type.get()), what) > 0) {
-      // Read through a native-order copy of the file type so ASCII and UTF-8 strings both convert.
-      Handle memory = own(H5Tcopy(a.type.get()), H5Tclose, what);
-      std::vector<char*> data(count, nullptr);
-      check(H5Aread(a.attribute.get(), memory.get(), data.data()), what);
-      for (char* s : data) values.emplace_back(s != nullptr ? s : "");
-      Handle space = own(H5Aget_space(a.attribute.get()), H5Sclose, what);
-      check(H5Dvlen_reclaim(memory.get(), space.get(), H5P_DEFAULT, data.data()), what);
-      return values;
-    }
-    const std::size_t size = H5Tget_size(a.type.get());
-    if (size == 0) fail(what);
-    std::vector<char> data(count * size, '\0');
-    check(H5Aread(a.attribute.get(), a.type.get(), data.data()), what);
-    for (std::size_t i = 0; i < count; ++i) {
-      const char* s = data.data() + i * size;
-      values.emplace_back(s, strnlen(s, size));
-    }
-    return values;
-  }
-
-  std::int64_t read_int(hid_t object, const char* name, const std::string& where = "/meta") const {
-    const Attribute a = open_attribute(object, name, where);
-    if (a.type_class != H5T_INTEGER || count_of(a) != 1) fail(a.label + " must be an integer");
-    std::int64_t value = 0;
-    check(H5Aread(a.attribute.get(), H5T_NATIVE_INT64, &value), "cannot read " + a.label);
-    return value;
-  }
-
-  double read_double(hid_t object, const char* name, const std::string& where = "/meta") const {
-    const Attribute a = open_attribute(object, name, where);
-    if ((a.type_class != H5T_FLOAT && a.type_class != H5T_INTEGER) || count_of(a) != 1) {
-      fail(a.label + " must be a number");
-    }
-    double value = 0.0;
-    check(H5Aread(a.attribute.get(), H5T_NATIVE_DOUBLE, &value), "cannot read " + a.label);
-    return value;
-  }
-
-  template <typename T>
-  std::vector<T> read_numbers(const Attribute& a, hid_t memory_type) const {
-    std::vector<T> values(count_of(a));
-    if (!values.empty()) check(H5Aread(a.attribute.get(), memory_type, values.data()), "cannot read " + a.label);
-    return values;
-  }
-
   StateValue read_state_value(hid_t group, const std::string& name) const {
-    const Attribute a = open_attribute(group, name, "/state");
+    const hdf5::Attribute a = hdf5::open_attribute(h5_, group, name, "/state");
     const bool scalar = a.space_class == H5S_SCALAR;
     if (!scalar && (a.space_class != H5S_SIMPLE || a.dims.size() != 1)) {
       fail(a.label + " must be a scalar or a one-dimensional array");
     }
+    // A scalar's one value, or the array.
+    const auto value = [&]<typename T>(std::vector<T> values) -> StateValue {
+      if (scalar) return values.front();
+      return values;
+    };
     switch (a.type_class) {
-      case H5T_INTEGER: {
-        const bool is_unsigned = H5Tget_sign(a.type.get()) == H5T_SGN_NONE;
-        if (is_unsigned) {
-          auto values = read_numbers<std::uint64_t>(a, H5T_NATIVE_UINT64);
-          if (scalar) return values.front();
-          return values;
-        }
-        auto values = read_numbers<std::int64_t>(a, H5T_NATIVE_INT64);
-        if (scalar) return values.front();
-        return values;
-      }
-      case H5T_FLOAT: {
-        auto values = read_numbers<double>(a, H5T_NATIVE_DOUBLE);
-        if (scalar) return values.front();
-        return values;
-      }
+      case H5T_INTEGER:
+        if (H5Tget_sign(a.type.get()) == H5T_SGN_NONE) return value(hdf5::read_values<std::uint64_t>(h5_, a));
+        return value(hdf5::read_values<std::int64_t>(h5_, a));
+      case H5T_FLOAT:
+        return value(hdf5::read_values<double>(h5_, a));
       case H5T_STRING:
         if (!scalar) fail(a.label + ": string arrays are not supported in /state");
-        return read_string_values(a).front();
+        return hdf5::read_values<std::string>(h5_, a).front();
       default:
         fail(a.label + " must hold integers, floating-point numbers or a string");
     }
   }
 
   std::string path_;
-  std::int64_t actual_size_ = 0;
-  std::int64_t stored_eof_ = 0;  // > 0: the file is truncated and was opened from a padded image
+  ReadChecker h5_;  // with the file's size, and the size it should have when it is truncated
   Handle file_;
 };
 

@@ -37,94 +37,7 @@ using hdf5::Hdf5Checker;
 using hdf5::QuietHdf5;
 
 // ---------------------------------------------------------------------------------------------------------
-// HDF5 attributes (scalar int64, float64 and UTF-8 strings) and the truncation message.
-
-void write_string_attribute(const Hdf5Checker& h5, hid_t object, const char* name, const std::string& value) {
-  const std::string what = fmt::format("cannot write attribute '{}'", name);
-  Handle type = h5.own(H5Tcopy(H5T_C_S1), H5Tclose, what);
-  h5.check(H5Tset_size(type.get(), H5T_VARIABLE), what);
-  h5.check(H5Tset_cset(type.get(), H5T_CSET_UTF8), what);
-  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-  Handle attribute =
-      h5.own(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-  const char* data = value.c_str();
-  h5.check(H5Awrite(attribute.get(), type.get(), &data), what);
-  h5.close(attribute, what);
-}
-
-void write_int_attribute(const Hdf5Checker& h5, hid_t object, const char* name, std::int64_t value) {
-  const std::string what = fmt::format("cannot write attribute '{}'", name);
-  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-  Handle attribute =
-      h5.own(H5Acreate2(object, name, H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-  h5.check(H5Awrite(attribute.get(), H5T_NATIVE_INT64, &value), what);
-  h5.close(attribute, what);
-}
-
-void write_double_attribute(const Hdf5Checker& h5, hid_t object, const char* name, double value) {
-  const std::string what = fmt::format("cannot write attribute '{}'", name);
-  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-  Handle attribute =
-      h5.own(H5Acreate2(object, name, H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-  h5.check(H5Awrite(attribute.get(), H5T_NATIVE_DOUBLE, &value), what);
-  h5.close(attribute, what);
-}
-
-// Opens a scalar attribute and returns its type class; `type` receives the attribute's type.
-H5T_class_t open_scalar_attribute(const Hdf5Checker& h5, hid_t object, const char* name, Handle& attribute,
-                                  Handle& type) {
-  const std::string what = fmt::format("cannot read attribute '{}'", name);
-  if (h5.check(H5Aexists(object, name), what) == 0) {
-    if (std::strcmp(name, "format") == 0) h5.fail("not a Tessera heatmap (no 'format' attribute)");
-    h5.fail(fmt::format("missing attribute '{}'", name));
-  }
-  attribute = h5.own(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, what);
-  Handle space = h5.own(H5Aget_space(attribute.get()), H5Sclose, what);
-  if (H5Sget_simple_extent_npoints(space.get()) != 1)
-    h5.fail(fmt::format("attribute '{}' must be a single value", name));
-  type = h5.own(H5Aget_type(attribute.get()), H5Tclose, what);
-  return h5.check(H5Tget_class(type.get()), what);
-}
-
-std::string read_string_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  const std::string what = fmt::format("cannot read attribute '{}'", name);
-  Handle attribute, type;
-  if (open_scalar_attribute(h5, object, name, attribute, type) != H5T_STRING) {
-    h5.fail(fmt::format("attribute '{}' must be a string", name));
-  }
-  if (h5.check(H5Tis_variable_str(type.get()), what) > 0) {
-    char* data = nullptr;
-    h5.check(H5Aread(attribute.get(), type.get(), &data), what);
-    std::string value = data != nullptr ? data : "";
-    H5free_memory(data);
-    return value;
-  }
-  const std::size_t size = H5Tget_size(type.get());
-  if (size == 0) h5.fail(what);
-  std::vector<char> buffer(size + 1, '\0');
-  h5.check(H5Aread(attribute.get(), type.get(), buffer.data()), what);
-  return std::string(buffer.data(), strnlen(buffer.data(), size));
-}
-
-std::int64_t read_int_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  Handle attribute, type;
-  if (open_scalar_attribute(h5, object, name, attribute, type) != H5T_INTEGER) {
-    h5.fail(fmt::format("attribute '{}' must be an integer", name));
-  }
-  std::int64_t value = 0;
-  h5.check(H5Aread(attribute.get(), H5T_NATIVE_INT64, &value), fmt::format("cannot read attribute '{}'", name));
-  return value;
-}
-
-double read_double_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  Handle attribute, type;
-  const H5T_class_t type_class = open_scalar_attribute(h5, object, name, attribute, type);
-  if (type_class != H5T_FLOAT && type_class != H5T_INTEGER)
-    h5.fail(fmt::format("attribute '{}' must be a number", name));
-  double value = 0.0;
-  h5.check(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), fmt::format("cannot read attribute '{}'", name));
-  return value;
-}
+// File helpers (the attributes and the map go through io/hdf5.h).
 
 // HDF5 refuses a file shorter than the end address its superblock records with
 // "truncated file: eof = <size>, sblock->base_addr = <b>, stored_eof = <expected>".
@@ -242,34 +155,38 @@ void write_heatmap(const std::string& path, const Heatmap& h) {
     Handle file = h5.own(H5Fcreate(temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose,
                          "cannot create the heatmap file");
     const hid_t root = file.get();
-    write_string_attribute(h5, root, "format", kFormatName);
-    write_int_attribute(h5, root, "version", kFormatVersion);
-    write_string_attribute(h5, root, "slide_id", h.slide_id);
-    write_string_attribute(h5, root, "slide_path", h.slide_path);
-    write_int_attribute(h5, root, "slide_width", h.slide_width);
-    write_int_attribute(h5, root, "slide_height", h.slide_height);
-    write_double_attribute(h5, root, "slide_mpp", h.slide_mpp);
-    write_double_attribute(h5, root, "tile_mpp", h.tile_mpp);
-    write_int_attribute(h5, root, "origin_x", h.origin_x);
-    write_int_attribute(h5, root, "origin_y", h.origin_y);
-    write_int_attribute(h5, root, "step", h.step);
-    write_int_attribute(h5, root, "tile", h.tile);
-    write_int_attribute(h5, root, "rows", h.rows);
-    write_int_attribute(h5, root, "cols", h.cols);
-    write_string_attribute(h5, root, "checkpoint", h.checkpoint);
+    // Every integer is stored as int64, every number as float64, every string as UTF-8.
+    const auto write_int = [&](const char* name, std::int64_t value) {
+      hdf5::write_attribute<std::int64_t>(h5, root, name, value);
+    };
+    const auto write_double = [&](const char* name, double value) {
+      hdf5::write_attribute<double>(h5, root, name, value);
+    };
+    const auto write_string = [&](const char* name, const std::string& value) {
+      hdf5::write_attribute<std::string>(h5, root, name, value);
+    };
+    write_string("format", kFormatName);
+    write_int("version", kFormatVersion);
+    write_string("slide_id", h.slide_id);
+    write_string("slide_path", h.slide_path);
+    write_int("slide_width", h.slide_width);
+    write_int("slide_height", h.slide_height);
+    write_double("slide_mpp", h.slide_mpp);
+    write_double("tile_mpp", h.tile_mpp);
+    write_int("origin_x", h.origin_x);
+    write_int("origin_y", h.origin_y);
+    write_int("step", h.step);
+    write_int("tile", h.tile);
+    write_int("rows", h.rows);
+    write_int("cols", h.cols);
+    write_string("checkpoint", h.checkpoint);
 
     const std::string what = "cannot write dataset '/prob'";
-    const std::array<hsize_t, 2> dims = {static_cast<hsize_t>(h.rows), static_cast<hsize_t>(h.cols)};
-    Handle space = h5.own(H5Screate_simple(2, dims.data(), nullptr), H5Sclose, what);
-    Handle dcpl = h5.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, what);
-    h5.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), what);
-    Handle dataset = h5.own(H5Dcreate2(root, "prob", H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                            H5Dclose, what);
+    Handle dataset = hdf5::create_dataset<float>(
+        h5, root, "prob", {static_cast<hsize_t>(h.rows), static_cast<hsize_t>(h.cols)}, {}, what);
     // Fault point "heatmap.write" (core/fault.h): do=enospc|eio fails the map's write as a full disk would.
     if (const int error = core::fault::error_at("heatmap.write"); error != 0) h5.fail_system(what, error);
-    if (!h.prob.empty()) {
-      h5.check(H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.prob.data()), what);
-    }
+    hdf5::write_dataset(h5, dataset, h.prob, what);
     h5.close(dataset, what);
     h5.close(file, "cannot close the heatmap file");
     sync_file(temporary);
@@ -294,10 +211,7 @@ Heatmap read_heatmap(const std::string& path) {
 
   QuietHdf5 quiet;
   const Hdf5Checker h5(path, core::ErrorKind::input);
-  Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
-#if H5_VERSION_GE(1, 10, 7)
-  h5.check(H5Pset_file_locking(fapl.get(), true, true), "cannot set file locking");
-#endif
+  Handle fapl = hdf5::make_file_access(h5);
   const hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get());
   if (id < 0) {
     const hdf5::Failure failure = hdf5::last_failure();
@@ -306,31 +220,35 @@ Heatmap read_heatmap(const std::string& path) {
   }
   Handle file(id, H5Fclose);
   const hid_t root = file.get();
+  const auto read_int = [&](const char* name) { return hdf5::read_attribute<std::int64_t>(h5, root, name); };
+  const auto read_double = [&](const char* name) { return hdf5::read_attribute<double>(h5, root, name); };
+  const auto read_string = [&](const char* name) { return hdf5::read_attribute<std::string>(h5, root, name); };
 
-  const std::string format = read_string_attribute(h5, root, "format");
+  if (!hdf5::has_attribute(h5, root, "format")) h5.fail("not a Tessera heatmap (no 'format' attribute)");
+  const std::string format = read_string("format");
   if (format != kFormatName) {
     h5.fail(fmt::format("not a Tessera heatmap (format attribute is '{}', expected '{}')", format, kFormatName));
   }
-  const std::int64_t version = read_int_attribute(h5, root, "version");
+  const std::int64_t version = read_int("version");
   if (version < 1) h5.fail(fmt::format("invalid heatmap format version {}", version));
   if (version > kFormatVersion) {
     h5.fail(fmt::format("heatmap format version {} is newer than this Tessera reads ({})", version, kFormatVersion));
   }
 
   Heatmap h;
-  h.slide_id = read_string_attribute(h5, root, "slide_id");
-  h.slide_path = read_string_attribute(h5, root, "slide_path");
-  h.slide_width = read_int_attribute(h5, root, "slide_width");
-  h.slide_height = read_int_attribute(h5, root, "slide_height");
-  h.slide_mpp = read_double_attribute(h5, root, "slide_mpp");
-  h.tile_mpp = read_double_attribute(h5, root, "tile_mpp");
-  h.origin_x = read_int_attribute(h5, root, "origin_x");
-  h.origin_y = read_int_attribute(h5, root, "origin_y");
-  h.step = read_int_attribute(h5, root, "step");
-  h.tile = read_int_attribute(h5, root, "tile");
-  const std::int64_t rows = read_int_attribute(h5, root, "rows");
-  const std::int64_t cols = read_int_attribute(h5, root, "cols");
-  h.checkpoint = read_string_attribute(h5, root, "checkpoint");
+  h.slide_id = read_string("slide_id");
+  h.slide_path = read_string("slide_path");
+  h.slide_width = read_int("slide_width");
+  h.slide_height = read_int("slide_height");
+  h.slide_mpp = read_double("slide_mpp");
+  h.tile_mpp = read_double("tile_mpp");
+  h.origin_x = read_int("origin_x");
+  h.origin_y = read_int("origin_y");
+  h.step = read_int("step");
+  h.tile = read_int("tile");
+  const std::int64_t rows = read_int("rows");
+  const std::int64_t cols = read_int("cols");
+  h.checkpoint = read_string("checkpoint");
   if (rows < 0 || cols < 0 || rows > std::numeric_limits<int>::max() || cols > std::numeric_limits<int>::max() ||
       rows * cols > kMaxCells) {
     h5.fail(fmt::format("invalid grid size {}x{} (rows x cols)", rows, cols));
@@ -339,21 +257,12 @@ Heatmap read_heatmap(const std::string& path) {
   h.cols = static_cast<int>(cols);
 
   const std::string what = "cannot read dataset '/prob'";
-  if (h5.check(H5Lexists(root, "prob", H5P_DEFAULT), what) == 0) h5.fail("missing dataset '/prob'");
-  Handle dataset = h5.own(H5Dopen2(root, "prob", H5P_DEFAULT), H5Dclose, what);
-  Handle type = h5.own(H5Dget_type(dataset.get()), H5Tclose, what);
-  if (h5.check(H5Tget_class(type.get()), what) != H5T_FLOAT) h5.fail("dataset '/prob' must hold floating-point values");
-  Handle space = h5.own(H5Dget_space(dataset.get()), H5Sclose, what);
-  const int rank = h5.check(H5Sget_simple_extent_ndims(space.get()), what);
-  std::array<hsize_t, 2> dims = {0, 0};
-  if (rank == 2) h5.check(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr), what);
-  if (rank != 2 || dims[0] != static_cast<hsize_t>(rows) || dims[1] != static_cast<hsize_t>(cols)) {
+  const hdf5::Dataset prob = hdf5::open_dataset(h5, root, "/prob", what);
+  hdf5::expect_class(h5, prob, H5T_FLOAT, "floating-point values");
+  if (prob.dims != std::vector<hsize_t>{static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)}) {
     h5.fail(fmt::format("dataset '/prob' must have shape [{}, {}] (the rows and cols attributes)", rows, cols));
   }
-  h.prob.resize(static_cast<std::size_t>(rows * cols));
-  if (!h.prob.empty()) {
-    h5.check(H5Dread(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, h.prob.data()), what);
-  }
+  h.prob = hdf5::read_dataset<float>(h5, prob, what);
   if (const std::string problem = heatmap_problem(h); !problem.empty()) h5.fail("invalid heatmap: " + problem);
   return h;
 }

@@ -37,67 +37,13 @@ constexpr int manifest_format_version = 1;
 constexpr int rgb_channels = 3;
 
 // ---------------------------------------------------------------------------------------------------------
-// HDF5 plumbing: RAII ids, a quiet error stack, and checks that turn failures into Tessera errors.
+// HDF5 plumbing (io/hdf5.h): RAII ids, a quiet error stack, checks that turn failures into Tessera errors, and
+// the typed attribute and dataset helpers.
 
 using hdf5::Handle;
 using hdf5::Hdf5Checker;
+using hdf5::make_file_access;
 using hdf5::QuietHdf5;
-
-Handle make_file_access(const Hdf5Checker& h5) {
-  Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
-#if H5_VERSION_GE(1, 10, 7)
-  // Keep HDF5's lock, but do not fail on file systems that have none (some cluster file systems).
-  h5.check(H5Pset_file_locking(fapl.get(), true, true), "cannot set file locking");
-#endif
-  return fapl;
-}
-
-Handle make_utf8_string_type(const Hdf5Checker& h5) {
-  Handle type = h5.own(H5Tcopy(H5T_C_S1), H5Tclose, "cannot create a string type");
-  h5.check(H5Tset_size(type.get(), H5T_VARIABLE), "cannot make a variable-length string type");
-  h5.check(H5Tset_cset(type.get(), H5T_CSET_UTF8), "cannot set UTF-8 on a string type");
-  return type;
-}
-
-Handle make_space(const Hdf5Checker& h5, std::initializer_list<hsize_t> dims) {
-  const std::vector<hsize_t> d(dims);
-  return h5.own(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), H5Sclose, "cannot create a dataspace");
-}
-
-void write_string_attribute(const Hdf5Checker& h5, hid_t object, const char* name, const std::string& value) {
-  const std::string what = std::string("cannot write attribute '") + name + "'";
-  Handle type = make_utf8_string_type(h5);
-  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-  Handle attribute =
-      h5.own(H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-  const char* data = value.c_str();
-  h5.check(H5Awrite(attribute.get(), type.get(), &data), what);
-  h5.close(attribute, what);
-}
-
-void write_numeric_attribute(const Hdf5Checker& h5, hid_t object, const char* name, hid_t file_type, hid_t memory_type,
-                             const void* value) {
-  const std::string what = std::string("cannot write attribute '") + name + "'";
-  Handle space = h5.own(H5Screate(H5S_SCALAR), H5Sclose, what);
-  Handle attribute = h5.own(H5Acreate2(object, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose, what);
-  h5.check(H5Awrite(attribute.get(), memory_type, value), what);
-  h5.close(attribute, what);
-}
-
-Handle create_dataset(const Hdf5Checker& h5, hid_t file, const char* name, hid_t type, const Handle& space,
-                      hid_t dcpl = H5P_DEFAULT) {
-  return h5.own(H5Dcreate2(file, name, type, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose,
-                std::string("cannot create dataset '") + name + "'");
-}
-
-std::string describe_dims(const std::vector<hsize_t>& dims) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(dims[i]);
-  }
-  return text + "]";
-}
 
 std::int64_t file_size(int fd) {
   struct stat info {};
@@ -120,143 +66,6 @@ std::string hdf5_truncated_message(const std::string& desc, std::int64_t actual)
     }
   }
   return "truncated: file has " + std::to_string(actual) + " bytes (HDF5: " + desc + ")";
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Reading helpers (every failure is a core::InputError naming the shard).
-
-Handle open_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  const htri_t exists = h5.check(H5Aexists(object, name), std::string("cannot look up attribute '") + name + "'");
-  if (exists == 0) {
-    if (std::strcmp(name, "format") == 0) h5.fail("not a Tessera shard (no 'format' attribute)");
-    h5.fail(std::string("missing attribute '") + name + "'");
-  }
-  Handle attribute =
-      h5.own(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("cannot open attribute '") + name + "'");
-  Handle space = h5.own(H5Aget_space(attribute.get()), H5Sclose, std::string("cannot read attribute '") + name + "'");
-  if (H5Sget_simple_extent_npoints(space.get()) != 1) {
-    h5.fail(std::string("attribute '") + name + "' must be a single value");
-  }
-  return attribute;
-}
-
-H5T_class_t attribute_class(const Hdf5Checker& h5, const Handle& attribute, const char* name, Handle& type) {
-  type = h5.own(H5Aget_type(attribute.get()), H5Tclose, std::string("cannot read attribute '") + name + "'");
-  return h5.check(H5Tget_class(type.get()), std::string("cannot read attribute '") + name + "'");
-}
-
-std::string read_string_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  const std::string what = std::string("cannot read attribute '") + name + "'";
-  Handle attribute = open_attribute(h5, object, name);
-  Handle type;
-  if (attribute_class(h5, attribute, name, type) != H5T_STRING) {
-    h5.fail(std::string("attribute '") + name + "' must be a string");
-  }
-  const htri_t variable = h5.check(H5Tis_variable_str(type.get()), what);
-  if (variable > 0) {
-    char* data = nullptr;
-    h5.check(H5Aread(attribute.get(), type.get(), &data), what);
-    std::string value = data != nullptr ? data : "";
-    H5free_memory(data);
-    return value;
-  }
-  const std::size_t size = H5Tget_size(type.get());
-  if (size == 0) h5.fail(what);
-  std::vector<char> buffer(size + 1, '\0');
-  h5.check(H5Aread(attribute.get(), type.get(), buffer.data()), what);
-  return std::string(buffer.data(), strnlen(buffer.data(), size));
-}
-
-long long read_integer_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  Handle attribute = open_attribute(h5, object, name);
-  Handle type;
-  if (attribute_class(h5, attribute, name, type) != H5T_INTEGER) {
-    h5.fail(std::string("attribute '") + name + "' must be an integer");
-  }
-  long long value = 0;
-  h5.check(H5Aread(attribute.get(), H5T_NATIVE_LLONG, &value), std::string("cannot read attribute '") + name + "'");
-  return value;
-}
-
-double read_number_attribute(const Hdf5Checker& h5, hid_t object, const char* name) {
-  Handle attribute = open_attribute(h5, object, name);
-  Handle type;
-  const H5T_class_t type_class = attribute_class(h5, attribute, name, type);
-  if (type_class != H5T_FLOAT && type_class != H5T_INTEGER) {
-    h5.fail(std::string("attribute '") + name + "' must be a number");
-  }
-  double value = 0.0;
-  h5.check(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), std::string("cannot read attribute '") + name + "'");
-  return value;
-}
-
-struct OpenDataset {
-  Handle dataset;
-  Handle type;
-  H5T_class_t type_class = H5T_NO_CLASS;
-  std::vector<hsize_t> dims;
-};
-
-OpenDataset open_dataset(const Hdf5Checker& h5, hid_t file, const char* name) {
-  const std::string what = std::string("cannot open dataset '") + name + "'";
-  const htri_t exists = h5.check(H5Lexists(file, name, H5P_DEFAULT), what);
-  if (exists == 0) h5.fail(std::string("missing dataset '") + name + "'");
-  OpenDataset result;
-  result.dataset = h5.own(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose, what);
-  result.type = h5.own(H5Dget_type(result.dataset.get()), H5Tclose, what);
-  result.type_class = h5.check(H5Tget_class(result.type.get()), what);
-  Handle space = h5.own(H5Dget_space(result.dataset.get()), H5Sclose, what);
-  const int rank = h5.check(H5Sget_simple_extent_ndims(space.get()), what);
-  result.dims.resize(static_cast<std::size_t>(rank));
-  if (rank > 0) h5.check(H5Sget_simple_extent_dims(space.get(), result.dims.data(), nullptr), what);
-  return result;
-}
-
-void expect_shape(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset,
-                  const std::vector<hsize_t>& expected) {
-  if (dataset.dims != expected) {
-    h5.fail(std::string("dataset '") + name + "' has shape " + describe_dims(dataset.dims) + ", expected " +
-            describe_dims(expected));
-  }
-}
-
-void expect_class(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset, H5T_class_t expected,
-                  const char* described) {
-  if (dataset.type_class != expected) h5.fail(std::string("dataset '") + name + "' must hold " + described);
-}
-
-template <typename T>
-void read_all(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset, hid_t memory_type,
-              std::vector<T>& out) {
-  if (out.empty()) return;
-  h5.check(H5Dread(dataset.dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()),
-           std::string("cannot read dataset '") + name + "'");
-}
-
-std::vector<std::string> read_strings(const Hdf5Checker& h5, const char* name, const OpenDataset& dataset) {
-  const std::string what = std::string("cannot read dataset '") + name + "'";
-  const std::size_t count = dataset.dims.empty() ? 0 : static_cast<std::size_t>(dataset.dims[0]);
-  std::vector<std::string> values;
-  if (count == 0) return values;
-  values.reserve(count);
-  const htri_t variable = h5.check(H5Tis_variable_str(dataset.type.get()), what);
-  if (variable > 0) {
-    std::vector<char*> data(count, nullptr);
-    h5.check(H5Dread(dataset.dataset.get(), dataset.type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), what);
-    for (char* s : data) values.emplace_back(s != nullptr ? s : "");
-    Handle space = h5.own(H5Dget_space(dataset.dataset.get()), H5Sclose, what);
-    h5.check(H5Dvlen_reclaim(dataset.type.get(), space.get(), H5P_DEFAULT, data.data()), what);
-    return values;
-  }
-  const std::size_t size = H5Tget_size(dataset.type.get());
-  if (size == 0) h5.fail(what);
-  std::vector<char> data(count * size, '\0');
-  h5.check(H5Dread(dataset.dataset.get(), dataset.type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), what);
-  for (std::size_t i = 0; i < count; ++i) {
-    const char* s = data.data() + i * size;
-    values.emplace_back(s, strnlen(s, size));
-  }
-  return values;
 }
 
 }  // namespace
@@ -333,39 +142,23 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
 
     // images: contiguous and allocated now, so the file offset exists from the start and tiles can later be
     // read with one pread per block; never pre-filled (every tile is written, finish() checks).
-    Handle dcpl = h5.own(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "cannot create a dataset property list");
-    h5.check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "cannot set contiguous layout");
-    h5.check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "cannot set early allocation");
-    h5.check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "cannot disable fill values");
     const auto hn = static_cast<hsize_t>(tile_count);
-    Handle image_space = make_space(h5, {hn, t, t, static_cast<hsize_t>(rgb_channels)});
-    impl.images = create_dataset(h5, file, "images", H5T_STD_U8LE, image_space, dcpl.get());
+    impl.images = hdf5::create_dataset<std::uint8_t>(h5, file, "images", {hn, t, t, static_cast<hsize_t>(rgb_channels)},
+                                                     {.allocation = hdf5::DatasetOptions::Allocation::early_unfilled});
+    impl.labels = hdf5::create_dataset<std::uint8_t>(h5, file, "labels", {hn});
+    impl.fractions = hdf5::create_dataset<float>(h5, file, "tumor_fraction", {hn});
+    impl.coords = hdf5::create_dataset<std::int64_t>(h5, file, "coords", {hn, 2});
+    impl.slide_index = hdf5::create_dataset<std::uint32_t>(h5, file, "slide_index", {hn});
 
-    Handle one_d = make_space(h5, {hn});
-    Handle pairs = make_space(h5, {hn, 2});
-    impl.labels = create_dataset(h5, file, "labels", H5T_STD_U8LE, one_d);
-    impl.fractions = create_dataset(h5, file, "tumor_fraction", H5T_IEEE_F32LE, one_d);
-    impl.coords = create_dataset(h5, file, "coords", H5T_STD_I64LE, pairs);
-    impl.slide_index = create_dataset(h5, file, "slide_index", H5T_STD_U32LE, one_d);
-
-    Handle string_type = make_utf8_string_type(h5);
-    Handle slide_space = make_space(h5, {static_cast<hsize_t>(slides.size())});
-    Handle slide_ids = create_dataset(h5, file, "slides", string_type.get(), slide_space);
-    if (!slides.empty()) {
-      std::vector<const char*> ids;
-      ids.reserve(slides.size());
-      for (const auto& s : slides) ids.push_back(s.c_str());
-      h5.check(H5Dwrite(slide_ids.get(), string_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ids.data()),
-               "cannot write dataset 'slides'");
-    }
+    Handle slide_ids = hdf5::create_dataset<std::string>(h5, file, "slides", {static_cast<hsize_t>(slides.size())});
+    hdf5::write_dataset(h5, slide_ids, slides, "cannot write dataset 'slides'");
     h5.close(slide_ids, "cannot close dataset 'slides'");
 
-    write_string_attribute(h5, file, "format", shard_format_name);
-    const int version = shard_format_version;
-    write_numeric_attribute(h5, file, "version", H5T_STD_I32LE, H5T_NATIVE_INT, &version);
-    write_numeric_attribute(h5, file, "tile_size", H5T_STD_I32LE, H5T_NATIVE_INT, &attributes.tile_size);
-    write_numeric_attribute(h5, file, "mpp", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &attributes.mpp);
-    write_string_attribute(h5, file, "stain_normalization", attributes.stain_normalization);
+    hdf5::write_attribute<std::string>(h5, file, "format", shard_format_name);
+    hdf5::write_attribute<std::int32_t>(h5, file, "version", shard_format_version);
+    hdf5::write_attribute<std::int32_t>(h5, file, "tile_size", attributes.tile_size);
+    hdf5::write_attribute<double>(h5, file, "mpp", attributes.mpp);
+    hdf5::write_attribute<std::string>(h5, file, "stain_normalization", attributes.stain_normalization);
   } catch (...) {
     impl.close_quietly();
     std::remove(impl.temporary.c_str());
@@ -451,16 +244,10 @@ void ShardWriter::finish() {
   {
     QuietHdf5 quiet;
     const Hdf5Checker h5(impl.path, core::ErrorKind::internal);
-    if (impl.tile_count > 0) {
-      auto write_all = [&](const Handle& dataset, hid_t type, const void* data, const char* name) {
-        h5.check(H5Dwrite(dataset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
-                 std::string("cannot write dataset '") + name + "'");
-      };
-      write_all(impl.labels, H5T_NATIVE_UINT8, impl.label_values.data(), "labels");
-      write_all(impl.fractions, H5T_NATIVE_FLOAT, impl.fraction_values.data(), "tumor_fraction");
-      write_all(impl.coords, H5T_NATIVE_INT64, impl.coord_values.data(), "coords");
-      write_all(impl.slide_index, H5T_NATIVE_UINT32, impl.slide_values.data(), "slide_index");
-    }
+    hdf5::write_dataset(h5, impl.labels, impl.label_values, "cannot write dataset 'labels'");
+    hdf5::write_dataset(h5, impl.fractions, impl.fraction_values, "cannot write dataset 'tumor_fraction'");
+    hdf5::write_dataset(h5, impl.coords, impl.coord_values, "cannot write dataset 'coords'");
+    hdf5::write_dataset(h5, impl.slide_index, impl.slide_values, "cannot write dataset 'slide_index'");
     h5.close(impl.slide_index, "cannot close dataset 'slide_index'");
     h5.close(impl.coords, "cannot close dataset 'coords'");
     h5.close(impl.fractions, "cannot close dataset 'tumor_fraction'");
@@ -518,57 +305,58 @@ ShardFile ShardFile::open(const std::string& path) {
     Handle file(file_id, H5Fclose);
 
     // Attributes first: a foreign HDF5 file is named as such before any dataset is looked at.
-    const std::string format = read_string_attribute(h5, file.get(), "format");
+    if (!hdf5::has_attribute(h5, file.get(), "format")) h5.fail("not a Tessera shard (no 'format' attribute)");
+    const std::string format = hdf5::read_attribute<std::string>(h5, file.get(), "format");
     if (format != shard_format_name) {
       h5.fail("not a Tessera shard (format attribute is '" + format + "', expected '" + shard_format_name + "')");
     }
-    const long long version = read_integer_attribute(h5, file.get(), "version");
+    const std::int64_t version = hdf5::read_attribute<std::int64_t>(h5, file.get(), "version");
     if (version < 1) h5.fail("invalid shard format version " + std::to_string(version));
     if (version > shard_format_version) {
       h5.fail("shard format version " + std::to_string(version) + " is newer than this Tessera reads (" +
               std::to_string(shard_format_version) + ")");
     }
-    const long long tile_size = read_integer_attribute(h5, file.get(), "tile_size");
+    const std::int64_t tile_size = hdf5::read_attribute<std::int64_t>(h5, file.get(), "tile_size");
     if (tile_size <= 0 || tile_size > std::numeric_limits<int>::max() / 4) {
       h5.fail("invalid tile_size attribute " + std::to_string(tile_size));
     }
     shard.attributes_.tile_size = static_cast<int>(tile_size);
-    shard.attributes_.mpp = read_number_attribute(h5, file.get(), "mpp");
+    shard.attributes_.mpp = hdf5::read_attribute<double>(h5, file.get(), "mpp");
     if (!(shard.attributes_.mpp > 0.0) || !std::isfinite(shard.attributes_.mpp)) {
       h5.fail("invalid mpp attribute " + std::to_string(shard.attributes_.mpp));
     }
-    shard.attributes_.stain_normalization = read_string_attribute(h5, file.get(), "stain_normalization");
+    shard.attributes_.stain_normalization = hdf5::read_attribute<std::string>(h5, file.get(), "stain_normalization");
 
-    OpenDataset images = open_dataset(h5, file.get(), "images");
-    OpenDataset labels = open_dataset(h5, file.get(), "labels");
-    OpenDataset fractions = open_dataset(h5, file.get(), "tumor_fraction");
-    OpenDataset coords = open_dataset(h5, file.get(), "coords");
-    OpenDataset slide_index = open_dataset(h5, file.get(), "slide_index");
-    OpenDataset slides = open_dataset(h5, file.get(), "slides");
+    hdf5::Dataset images = hdf5::open_dataset(h5, file.get(), "images");
+    hdf5::Dataset labels = hdf5::open_dataset(h5, file.get(), "labels");
+    hdf5::Dataset fractions = hdf5::open_dataset(h5, file.get(), "tumor_fraction");
+    hdf5::Dataset coords = hdf5::open_dataset(h5, file.get(), "coords");
+    hdf5::Dataset slide_index = hdf5::open_dataset(h5, file.get(), "slide_index");
+    hdf5::Dataset slides = hdf5::open_dataset(h5, file.get(), "slides");
 
     if (images.type_class != H5T_INTEGER || H5Tget_size(images.type.get()) != 1 ||
         H5Tget_sign(images.type.get()) != H5T_SGN_NONE) {
       h5.fail("dataset 'images' must hold uint8");
     }
-    expect_class(h5, "labels", labels, H5T_INTEGER, "integers");
-    expect_class(h5, "tumor_fraction", fractions, H5T_FLOAT, "floating-point numbers");
-    expect_class(h5, "coords", coords, H5T_INTEGER, "integers");
-    expect_class(h5, "slide_index", slide_index, H5T_INTEGER, "integers");
-    expect_class(h5, "slides", slides, H5T_STRING, "strings");
+    hdf5::expect_class(h5, labels, H5T_INTEGER, "integers");
+    hdf5::expect_class(h5, fractions, H5T_FLOAT, "floating-point numbers");
+    hdf5::expect_class(h5, coords, H5T_INTEGER, "integers");
+    hdf5::expect_class(h5, slide_index, H5T_INTEGER, "integers");
+    hdf5::expect_class(h5, slides, H5T_STRING, "strings");
 
     const auto t = static_cast<hsize_t>(tile_size);
     if (images.dims.size() != 4) {
-      h5.fail("dataset 'images' has shape " + describe_dims(images.dims) + ", expected [N, " + std::to_string(t) +
+      h5.fail("dataset 'images' has shape " + hdf5::describe_dims(images.dims) + ", expected [N, " + std::to_string(t) +
               ", " + std::to_string(t) + ", 3]");
     }
     const hsize_t n = images.dims[0];
-    expect_shape(h5, "images", images, {n, t, t, static_cast<hsize_t>(rgb_channels)});
-    expect_shape(h5, "labels", labels, {n});
-    expect_shape(h5, "tumor_fraction", fractions, {n});
-    expect_shape(h5, "coords", coords, {n, 2});
-    expect_shape(h5, "slide_index", slide_index, {n});
+    hdf5::expect_shape(h5, images, {n, t, t, static_cast<hsize_t>(rgb_channels)});
+    hdf5::expect_shape(h5, labels, {n});
+    hdf5::expect_shape(h5, fractions, {n});
+    hdf5::expect_shape(h5, coords, {n, 2});
+    hdf5::expect_shape(h5, slide_index, {n});
     if (slides.dims.size() != 1) {
-      h5.fail("dataset 'slides' has shape " + describe_dims(slides.dims) + ", expected [S]");
+      h5.fail("dataset 'slides' has shape " + hdf5::describe_dims(slides.dims) + ", expected [S]");
     }
 
     // Tiles are read with pread at the dataset's file offset, which only exists for contiguous storage.
@@ -586,14 +374,10 @@ ShardFile ShardFile::open(const std::string& path) {
     shard.images_offset_ = n > 0 ? static_cast<std::uint64_t>(offset) : 0;
 
     const auto count = static_cast<std::size_t>(n);
-    shard.labels_.resize(count);
-    shard.fractions_.resize(count);
-    shard.coords_.resize(2 * count);
-    shard.slide_index_.resize(count);
     // Read wide and checked here: HDF5 would convert a stored -1 or 256 to uint8 by clipping it to a valid-looking
     // 0 or 255. A label that is not 0 or 1 reaches training as an impossible class and prediction as a NaN AUC.
-    std::vector<std::int64_t> stored_labels(count);
-    read_all(h5, "labels", labels, H5T_NATIVE_INT64, stored_labels);
+    const std::vector<std::int64_t> stored_labels = hdf5::read_dataset<std::int64_t>(h5, labels);
+    shard.labels_.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
       if (stored_labels[i] != 0 && stored_labels[i] != 1) {
         h5.fail("labels[" + std::to_string(i) + "] = " + std::to_string(stored_labels[i]) +
@@ -601,11 +385,11 @@ ShardFile ShardFile::open(const std::string& path) {
       }
       shard.labels_[i] = static_cast<std::uint8_t>(stored_labels[i]);
     }
-    read_all(h5, "tumor_fraction", fractions, H5T_NATIVE_FLOAT, shard.fractions_);
+    shard.fractions_ = hdf5::read_dataset<float>(h5, fractions);
 
-    read_all(h5, "coords", coords, H5T_NATIVE_INT64, shard.coords_);
-    read_all(h5, "slide_index", slide_index, H5T_NATIVE_UINT32, shard.slide_index_);
-    shard.slides_ = read_strings(h5, "slides", slides);
+    shard.coords_ = hdf5::read_dataset<std::int64_t>(h5, coords);
+    shard.slide_index_ = hdf5::read_dataset<std::uint32_t>(h5, slide_index);
+    shard.slides_ = hdf5::read_dataset<std::string>(h5, slides);
     for (std::size_t i = 0; i < count; ++i) {
       if (shard.slide_index_[i] >= shard.slides_.size()) {
         h5.fail("slide_index[" + std::to_string(i) + "] = " + std::to_string(shard.slide_index_[i]) +
@@ -613,7 +397,7 @@ ShardFile ShardFile::open(const std::string& path) {
       }
     }
 
-    for (OpenDataset* d : {&images, &labels, &fractions, &coords, &slide_index, &slides}) {
+    for (hdf5::Dataset* d : {&images, &labels, &fractions, &coords, &slide_index, &slides}) {
       h5.close(d->type, "cannot close a datatype");
       h5.close(d->dataset, "cannot close a dataset");
     }
