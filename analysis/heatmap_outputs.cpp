@@ -565,4 +565,40 @@ std::vector<std::string> write_slide_outputs(const std::string& directory, const
   return written;
 }
 
+core::Schema& declare_output_keys(core::Schema& schema) {
+  return schema
+      .string_list("outputs", {},
+                   "Outputs per slide (empty = all): heatmap.h5, overlay.png, heatmap.tif, geojson, xml, "
+                   "detections.csv, report.json")
+      .string("overlay.colormap", "inferno", "Colour map of overlay.png and heatmap.tif", {"inferno", "viridis"})
+      .integer("overlay.max_side", 2048, "Longer side of the slide thumbnail under the overlay, in pixels", 128, 16384)
+      .boolean("geojson.tiles", true, "Every scored tile as a QuPath detection with a tumor_prob measurement")
+      .number("detections.min_prob", 0.1, "Cells below this P(tumour) are never detections (detections.csv)", 0, 1)
+      .number("detections.nms_radius_tiles", 2.0, "Non-maximum suppression radius of the detections, in tile widths", 0,
+              1000);
+}
+
+OutputOptions read_output_options(const core::Config& config, double threshold, const std::string& threshold_key) {
+  OutputOptions options;
+  options.regions.threshold = threshold;
+  options.detections.min_prob = config.get_number("detections.min_prob");
+  options.detections.nms_radius_tiles = config.get_number("detections.nms_radius_tiles");
+  options.overlay.colormap = io::parse_colormap(config.get_string("overlay.colormap"));
+  options.overlay.max_side = static_cast<int>(config.get_int("overlay.max_side"));
+  options.tiff.colormap = options.overlay.colormap;
+  options.geojson.tiles = config.get_bool("geojson.tiles");
+  options.outputs = config.get_string_list("outputs");
+  for (const auto& name : options.outputs) {
+    if (find_output_writer(name) == nullptr) {
+      throw core::ConfigError(fmt::format("unknown output '{}' (known: {})", name, output_writer_names()),
+                              config.source(), 0, "outputs");
+    }
+  }
+  if (!(threshold > 0.0)) {
+    throw core::ConfigError("the threshold must be above 0 (regions are the cells with P >= threshold)",
+                            config.source(), 0, threshold_key);
+  }
+  return options;
+}
+
 }  // namespace tessera::analysis

@@ -29,6 +29,7 @@
 #include <opencv2/core.hpp>
 
 #include "analysis/regions.h"
+#include "core/config.h"
 #include "io/heatmap.h"
 
 namespace tessera::analysis {
@@ -57,6 +58,14 @@ struct OutputOptions {
   GeojsonOptions geojson;
   std::vector<std::string> outputs;  // registry names to write; empty = all
 };
+
+// The output settings (outputs, overlay.*, geojson.*, detections.*), declared once for every job that writes these
+// outputs; the region threshold is the job's own setting (infer.threshold).
+core::Schema& declare_output_keys(core::Schema& schema);
+
+// The output settings of `config` (checked against a schema with declare_output_keys) and the region `threshold`.
+// ConfigError naming the key for an output name the registry does not know or a threshold that is not above 0.
+OutputOptions read_output_options(const core::Config& config, double threshold, const std::string& threshold_key);
 
 // Everything the writers need for one slide.
 struct SlideResult {

@@ -14,19 +14,13 @@
 //   infer.config.yaml     the effective job
 // A slide that fails (missing, corrupt, unreadable region) is reported with the error naming its file, the
 // others go on, and the failures are listed at the end with exit code 3 (the outputs of the others are kept).
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <map>
 #include <memory>
-#include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -35,20 +29,16 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/heatmap_outputs.h"
+#include "analysis/infer_outputs.h"
 #include "app/cli.h"
 #include "core/atomic_file.h"
 #include "core/comm.h"
 #include "core/error.h"
-#include "core/fault.h"
-#include "core/hash.h"
 #include "core/output_dir.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/slide_inference.h"
-#include "io/annotations.h"
-#include "io/dataset.h"
 #include "io/heatmap.h"
-#include "io/slide.h"
 #include "io/slide_list.h"
 
 namespace tessera::app {
@@ -86,79 +76,11 @@ const core::Schema& infer_schema() {
         .boolean("tissue.reject_pen_marks", true,
                  "Remove green/blue/black marker ink from the tissue mask; unset: the checkpoint's (its tiling's), "
                  "else this default")
-        .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
-        .string_list("outputs", {},
-                     "Outputs per slide (empty = all): heatmap.h5, overlay.png, heatmap.tif, geojson, xml, "
-                     "detections.csv, report.json")
-        .string("overlay.colormap", "inferno", "Colour map of overlay.png and heatmap.tif", {"inferno", "viridis"})
-        .integer("overlay.max_side", 2048, "Longer side of the slide thumbnail under the overlay, in pixels", 128,
-                 16384)
-        .boolean("geojson.tiles", true, "Every scored tile as a QuPath detection with a tumor_prob measurement")
-        .number("detections.min_prob", 0.1, "Cells below this P(tumour) are never detections (detections.csv)", 0, 1)
-        .number("detections.nms_radius_tiles", 2.0, "Non-maximum suppression radius of the detections, in tile widths",
-                0, 1000);
+        .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100);
+    analysis::declare_output_keys(schema);
     return schema;
   }();
   return instance;
-}
-
-struct SlideInput {
-  std::string id;
-  std::string path;
-  double mpp = 0.0;  // per-slide override (0 = from the slide or input.assume_mpp)
-};
-
-// dataset.csv (io/dataset.h); `splits` selects rows by their split column.
-std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::vector<std::string>& splits,
-                                        const core::Config& config) {
-  const auto dataset = io::read_dataset_csv(csv_path, {.slide = true, .label = false});
-  if (!splits.empty()) {
-    if (!dataset.has_column("split")) {
-      throw core::ConfigError(
-          fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
-          config.source(), 0, "splits");
-    }
-  }
-  std::vector<SlideInput> inputs;
-  std::set<std::string> present;
-  for (const auto& row : dataset.rows) {
-    present.insert(row.split.empty() ? "(none)" : row.split);
-    if (!splits.empty() && std::find(splits.begin(), splits.end(), row.split) == splits.end()) continue;
-    inputs.push_back({row.id, row.slide, row.mpp.value_or(0.0)});
-  }
-  if (inputs.empty() && !splits.empty()) {
-    throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,
-                                        fmt::join(splits, ", "), fmt::join(present, ", ")),
-                            config.source(), 0, "splits");
-  }
-  return inputs;
-}
-
-// The slides to run, identical on every rank: one dataset.csv, or files and globs (a glob matching nothing is
-// a mistake in the job; a plain path that does not exist fails as that slide, later).
-std::vector<SlideInput> resolve_inputs(const core::Config& config) {
-  const auto& entries = config.get_string_list("slides");
-  const auto& splits = config.get_string_list("splits");
-  if (entries.empty())
-    throw core::ConfigError("no slides given (--slides or the job's 'slides' key)", config.source(), 0, "slides");
-  std::vector<SlideInput> inputs;
-  if (entries.size() == 1 && fs::path(entries.front()).extension() == ".csv") {
-    inputs = read_csv_inputs(entries.front(), splits, config);
-  } else {
-    if (!splits.empty()) {
-      throw core::ConfigError("splits select rows of a dataset.csv; the slides here are files or globs",
-                              config.source(), 0, "splits");
-    }
-    for (const auto& f : io::expand_slide_patterns(entries, config.source(), "slides")) {
-      inputs.push_back({io::slide_id_of(f), f, 0.0});
-    }
-  }
-  std::vector<std::string> ids;
-  for (const auto& s : inputs) ids.push_back(s.id);
-  io::check_unique_slide_ids(ids, config.source(), "slides",
-                             "ids are file names without extension; the outputs would overwrite each other");
-  if (inputs.empty()) throw core::ConfigError("no slides to run", config.source(), 0, "slides");
-  return inputs;
 }
 
 struct InferOptions {
@@ -170,142 +92,6 @@ struct InferOptions {
   std::string tta;
   bool force = false;
 };
-
-// ---------------------------------------------------------------------------------------------------------
-// Resume: a record per finished slide.
-//
-// Once a slide's outputs are all written, rank 0 records them in `.tessera-infer/<slide id>.json` with a key made
-// of the checkpoint (path, size, modification time), the settings that shape the outputs and the slide file (path,
-// size, modification time, mpp override). A rerun skips a slide whose record has this run's key and whose outputs
-// are all there (--force redoes every slide), so a job killed after N slides redoes only the rest.
-
-const char* const kRecordFolder = ".tessera-infer";
-
-std::string file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return path + "|missing";
-  return fmt::format("{}|{}|{}.{:09d}", path, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
-}
-
-// What every slide's outputs depend on: the checkpoint file and the effective job, less the keys that pick the
-// slides, the folder or the threads (they change no slide's outputs).
-std::string job_key(const core::Config& config, const std::string& checkpoint_path) {
-  core::Config keyed = config;
-  for (const char* neutral : {"slides=[]", "splits=[]", "output=\"\"", "infer.threads=0"}) keyed.set(neutral);
-  return file_identity(checkpoint_path) + "\n" + keyed.to_yaml();
-}
-
-std::string slide_key(const std::string& job, const std::string& path, double mpp) {
-  return fmt::format("{:016x}",
-                     core::fnv1a(job + "\n" + file_identity(fs::absolute(path).string()) + fmt::format("|{}", mpp)));
-}
-
-fs::path slide_record_path(const fs::path& out, const std::string& id) { return out / kRecordFolder / (id + ".json"); }
-
-// The summary entry of a slide whose outputs an earlier run made with `key` and that are all still there.
-std::optional<json> finished_entry(const fs::path& out, const std::string& id, const std::string& key) {
-  const fs::path path = slide_record_path(out, id);
-  if (!fs::exists(path)) return std::nullopt;
-  try {
-    std::ifstream in(path);
-    const json record = json::parse(in);
-    if (record.at("key").get<std::string>() != key) return std::nullopt;
-    const json& entry = record.at("entry");
-    for (const auto& file : entry.at("outputs")) {
-      if (!fs::exists(out / file.get<std::string>())) return std::nullopt;
-    }
-    return entry;
-  } catch (const std::exception& e) {
-    spdlog::warn("{}: unreadable ({}); the slide is done again", path.string(), e.what());
-    return std::nullopt;
-  }
-}
-
-// Files of a killed run that were never finished: `<output>.tmp-<pid>` and the pyramid levels of a TIFF,
-// `<output>.tmp-<pid>.levelN`. Under the folder's lock no live job writes them.
-void remove_temporaries(const fs::path& out) {
-  int removed = 0;
-  for (const fs::path& folder : {out, out / kRecordFolder}) {
-    if (!fs::is_directory(folder)) continue;
-    for (const auto& entry : fs::directory_iterator(folder)) {
-      if (entry.path().filename().string().find(".tmp-") == std::string::npos) continue;
-      fs::remove(entry.path());
-      ++removed;
-    }
-  }
-  if (removed > 0) spdlog::info("removed {} unfinished file(s) of an earlier run from {}", removed, out.string());
-}
-
-// One slide's outputs as the summary records them; `error` set when the slide failed while writing.
-struct WrittenSlide {
-  std::string id;
-  json entry;
-  std::string error;
-};
-
-// The outputs of one slide (rank 0). The map is complete here: a slide whose analysis or picture fails is
-// reported as failed with what was written so far kept (each file is complete).
-WrittenSlide write_outputs(const SlideInput& input, io::Heatmap map, const engine::SlideInferenceStats& stats,
-                           const std::string& position, const fs::path& out,
-                           const analysis::OutputOptions& output_options, double assume_mpp, double threshold,
-                           const std::string& key) {
-  const auto t_outputs = std::chrono::steady_clock::now();
-  // The slide's record goes first: outputs being rewritten (other settings, a killed or failing run) are never
-  // taken for the recorded ones.
-  std::error_code ignored;  // no record to remove is fine; one that cannot be removed fails the write below
-  fs::remove(slide_record_path(out, input.id), ignored);
-  std::vector<std::string> written;
-  analysis::SlideResult result;
-  try {
-    result = analysis::analyse_heatmap(std::move(map), output_options);
-    result.tissue_area_mm2 = stats.tissue_area_mm2;
-    const bool overlay = output_options.outputs.empty() ||
-                         std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
-                             output_options.outputs.end();
-    if (overlay) {
-      io::SlideOpenOptions open_options;
-      open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
-      result.thumbnail = io::Slide::open(input.path, open_options).thumbnail(output_options.overlay.max_side);
-    }
-    written = analysis::write_slide_outputs(out.string(), result, output_options);
-  } catch (const core::Error& e) {
-    if (e.kind() != core::ErrorKind::input) throw;
-    spdlog::error("slide {} failed while writing its outputs: {}", position, e.what());
-    return {input.id, json(), e.what()};
-  }
-  const double output_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
-  const auto& heatmap = result.heatmap;
-  const float max_prob = heatmap.max_prob();
-  json outputs = json::array();
-  for (const auto& path : written) outputs.push_back(fs::path(path).filename().string());
-  spdlog::info(
-      "slide {} {}: {} tiles of {} cells ({}x{}, step {} px) in {:.1f} s ({:.0f} tiles/s; plan {:.1f} s, "
-      "waiting for the reader {:.1f} s); outputs written in {:.1f} s; max P {:.3f}, {} region(s) at P >= {:g}",
-      position, input.id, stats.tiles, stats.cells, heatmap.rows, heatmap.cols, heatmap.step, stats.seconds,
-      static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9), stats.plan_seconds, stats.read_wait_seconds,
-      output_seconds, std::isnan(max_prob) ? 0.0f : max_prob, result.regions.size(), threshold);
-  json entry = {{"id", input.id},
-                {"slide", input.path},
-                {"outputs", outputs},
-                {"rows", heatmap.rows},
-                {"cols", heatmap.cols},
-                {"step", heatmap.step},
-                {"tiles", stats.tiles},
-                {"regions", result.regions.size()},
-                {"detections", result.detections.size()},
-                {"max_prob", std::isnan(max_prob) ? json(nullptr) : json(max_prob)},
-                {"seconds", stats.seconds},
-                {"plan_seconds", stats.plan_seconds},
-                {"read_wait_seconds", stats.read_wait_seconds},
-                {"output_seconds", output_seconds},
-                {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}};
-  core::write_file_atomic(slide_record_path(out, input.id).string(),
-                          json({{"key", key}, {"entry", entry}}).dump() + "\n");
-  // Fault point "infer.slide-finished" (core/fault.h): after a slide's outputs and its record are complete, e.g.
-  // "infer.slide-finished after=1 do=kill" kills the job once its first slide is done.
-  core::fault::at("infer.slide-finished");
-  return {input.id, std::move(entry), ""};
-}
 
 int run_infer(const InferOptions& options) {
   std::vector<std::string> overrides;
@@ -322,7 +108,8 @@ int run_infer(const InferOptions& options) {
     throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
                             "checkpoint");
   }
-  const auto inputs = resolve_inputs(config);
+  const auto inputs = io::list_slides(config.get_string_list("slides"), config.get_string_list("splits"),
+                                      config.source(), "slides", "splits");
   const fs::path out = config.get_string("output");
   const double threshold = config.get_number("infer.threshold");
   const auto& world = core::Comm::world();
@@ -336,25 +123,7 @@ int run_infer(const InferOptions& options) {
   inference_options.tta = engine::parse_tta(config.get_string("infer.tta"));
   inference_options.assume_mpp = config.get_number("input.assume_mpp");
 
-  analysis::OutputOptions output_options;
-  output_options.regions.threshold = threshold;
-  output_options.detections.min_prob = config.get_number("detections.min_prob");
-  output_options.detections.nms_radius_tiles = config.get_number("detections.nms_radius_tiles");
-  output_options.overlay.colormap = io::parse_colormap(config.get_string("overlay.colormap"));
-  output_options.overlay.max_side = static_cast<int>(config.get_int("overlay.max_side"));
-  output_options.tiff.colormap = output_options.overlay.colormap;
-  output_options.geojson.tiles = config.get_bool("geojson.tiles");
-  output_options.outputs = config.get_string_list("outputs");
-  for (const auto& name : output_options.outputs) {
-    if (analysis::find_output_writer(name) == nullptr) {
-      throw core::ConfigError(fmt::format("unknown output '{}' (known: {})", name, analysis::output_writer_names()),
-                              config.source(), 0, "outputs");
-    }
-  }
-  if (!(threshold > 0.0)) {
-    throw core::ConfigError("the threshold must be above 0 (regions are the cells with P >= threshold)",
-                            config.source(), 0, "infer.threshold");
-  }
+  const analysis::OutputOptions output_options = analysis::read_output_options(config, threshold, "infer.threshold");
 
   engine::LoadedModel model = engine::load_model(checkpoint);
   const std::string checkpoint_path = fs::absolute(checkpoint).lexically_normal().string();
@@ -383,16 +152,16 @@ int run_infer(const InferOptions& options) {
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   // Slides finished by an earlier run of this job are skipped (rank 0 decides, every rank follows).
-  const std::string job = job_key(config, checkpoint_path);
+  const std::string job = analysis::infer_job_key(config, checkpoint_path);
   std::vector<std::string> keys;
-  for (const auto& input : inputs) keys.push_back(slide_key(job, input.path, input.mpp));
+  for (const auto& input : inputs) keys.push_back(analysis::slide_key(job, input.path, input.mpp));
   std::vector<std::uint8_t> skip(inputs.size(), 0);
   std::map<std::string, json> finished;  // id → summary entry (rank 0)
   if (world.is_root()) {
-    remove_temporaries(out);
-    fs::create_directories(out / kRecordFolder);
+    analysis::remove_unfinished(out);
+    fs::create_directories(out / analysis::kInferRecordFolder);
     for (std::size_t s = 0; s < inputs.size() && !options.force; ++s) {
-      if (auto entry = finished_entry(out, inputs[s].id, keys[s])) {
+      if (auto entry = analysis::finished_slide(out, inputs[s].id, keys[s])) {
         finished[inputs[s].id] = std::move(*entry);
         skip[s] = 1;
       }
@@ -421,10 +190,10 @@ int run_infer(const InferOptions& options) {
 
   // Rank 0 writes a slide's outputs on a second thread while every rank scores the next slide (one slide in
   // flight: memory stays at one extra map and thumbnail). Its outcome joins the summary in slide order.
-  std::future<WrittenSlide> writing;
+  std::future<analysis::WrittenSlide> writing;
   auto collect = [&] {
     if (!writing.valid()) return;
-    WrittenSlide done = writing.get();  // rethrows an internal error of the writer
+    analysis::WrittenSlide done = writing.get();  // rethrows an internal error of the writer
     if (done.error.empty()) {
       slides.push_back(std::move(done.entry));
     } else {
@@ -459,8 +228,10 @@ int run_infer(const InferOptions& options) {
     const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
     writing =
         std::async(std::launch::async, [&, input, stats, position, key = keys[s], map = std::move(map)]() mutable {
-          return write_outputs(input, std::move(map), stats, position, out, output_options,
-                               inference_options.assume_mpp, threshold, key);
+          const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
+                                              stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
+          return analysis::write_slide({input.id, input.path, input.mpp}, std::move(map), scored, position, out,
+                                       output_options, inference_options.assume_mpp, threshold, key);
         });
   }
   collect();

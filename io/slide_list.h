@@ -22,4 +22,18 @@ std::vector<std::string> expand_slide_patterns(const std::vector<std::string>& p
 void check_unique_slide_ids(const std::vector<std::string>& ids, const std::string& source, const std::string& key,
                             const std::string& why);
 
+// One slide of a job that names its slides as files, globs or one dataset.csv.
+struct ListedSlide {
+  std::string id;
+  std::string path;
+  double mpp = 0.0;  // the dataset's per-slide override (0 = from the slide)
+};
+
+// The slides of `entries`: one dataset.csv (io/dataset.h; `splits` selects rows by their split column), or files
+// and globs (then `splits` must be empty). ConfigError naming `key` or `splits_key` of `source` for no slides, a
+// glob matching nothing, splits without a dataset.csv or without its split column, no row in the splits, or two
+// slides with one id (their outputs would overwrite each other).
+std::vector<ListedSlide> list_slides(const std::vector<std::string>& entries, const std::vector<std::string>& splits,
+                                     const std::string& source, const std::string& key, const std::string& splits_key);
+
 }  // namespace tessera::io
