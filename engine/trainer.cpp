@@ -22,6 +22,7 @@
 #include "core/fault.h"
 #include "core/metrics.h"
 #include "core/progress.h"
+#include "core/random.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/context.h"
 #include "engine/inference.h"
@@ -522,7 +523,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         train_inputs.build(batch, seed, epoch, input);
         labels.assign(batch.labels.begin(), batch.labels.end());
         // Dropout masks differ per micro-batch and per rank (rank 0's are a single process's).
-        model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
+        model->reseed(seed ^ (static_cast<std::uint64_t>(step) * core::golden_gamma) ^
                       (static_cast<std::uint64_t>(comm.rank()) * 0xD1B54A32D192ED03ull) ^
                       (static_cast<std::uint64_t>(micro) * 0x94D049BB133111EBull));
         const Tensor& logits = model->forward(input);
