@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/metrics.h"
@@ -155,13 +156,7 @@ void keep_lines_up_to(const fs::path& path, std::int64_t step, StepOf step_of) {
     if (!at || *at <= step) kept += line + '\n';
   }
   in.close();
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << kept;
-    if (!out) throw core::InputError("cannot rewrite the file", temporary.string());
-  }
-  fs::rename(temporary, path);
+  core::write_file_atomic(path.string(), kept);
 }
 
 void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
