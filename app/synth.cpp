@@ -26,6 +26,7 @@
 #include "core/error.h"
 #include "core/output_dir.h"
 #include "core/progress.h"
+#include "core/random.h"
 #include "io/annotations.h"
 #include "io/image.h"
 #include "io/slide.h"
@@ -72,12 +73,10 @@ struct PlannedSlide {
   std::string extension;
 };
 
-// splitmix64: a per-slide seed that does not depend on the rank count or on the standard library.
+// A per-slide seed that does not depend on the rank count or on the standard library: the (index + 1)-th output
+// of a splitmix64 generator seeded with `seed`.
 std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t index) {
-  std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (index + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return core::splitmix64_mix(seed + core::golden_gamma * (index + 1));
 }
 
 // Splits `n` slides of one class into train/val/test by the configured fractions (train first), so that

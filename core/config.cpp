@@ -1,14 +1,9 @@
 #include "core/config.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -18,6 +13,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace tessera::core {
@@ -444,12 +440,6 @@ Assignments read_override(const Schema& schema, const std::string& assignment) {
   return reader.take();
 }
 
-[[noreturn]] void throw_file_error(const std::string& message, const std::string& path) {
-  InternalError error(message + ": " + std::strerror(errno));
-  error.add_context("file", path);
-  throw error;
-}
-
 bool valid_name(const std::string& name) {
   return !name.empty() && std::all_of(name.begin(), name.end(),
                                       [](unsigned char c) { return std::isalnum(c) != 0 || c == '_' || c == '-'; });
@@ -641,36 +631,13 @@ std::string Config::to_yaml() const {
 }
 
 void Config::save(const std::string& path) const {
-  const std::string text = to_yaml();
-  // Written beside the target and renamed over it, so a reader sees the old file or the new one, never half.
-  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw_file_error("cannot create the config file", path);
-  std::size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int saved = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      errno = saved;
-      throw_file_error("cannot write the config file", path);
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  // fsync before rename: otherwise a crash can leave the new name pointing at an empty file.
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int saved = errno;
-    ::unlink(temporary.c_str());
-    errno = saved;
-    throw_file_error("cannot write the config file", path);
-  }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int saved = errno;
-    ::unlink(temporary.c_str());
-    errno = saved;
-    throw_file_error("cannot rename '" + temporary + "' to the config file", path);
+  // Written beside the target, synced and renamed over it (core/atomic_file.h): a reader sees the old file or
+  // the new one, never half.
+  try {
+    write_file_atomic(path, to_yaml());
+  } catch (Error& e) {
+    e.add_context("file", path);
+    throw;
   }
 }
 

@@ -89,7 +89,7 @@ class Config {
   // The full effective config as YAML, nested by section, each key preceded by "# doc" and, where it
   // applies, the range or allowed values.
   std::string to_yaml() const;
-  // Writes to_yaml() to `path` atomically (temporary name, then rename).
+  // Writes to_yaml() to `path` atomically and durably (core/atomic_file.h); core::InternalError naming the file.
   void save(const std::string& path) const;
   // The file this config came from ("" when only defaults/overrides).
   const std::string& source() const { return source_; }

@@ -18,10 +18,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/metrics.h"
 #include "core/progress.h"
+#include "core/random.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/context.h"
 #include "engine/inference.h"
@@ -154,13 +156,7 @@ void keep_lines_up_to(const fs::path& path, std::int64_t step, StepOf step_of) {
     if (!at || *at <= step) kept += line + '\n';
   }
   in.close();
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << kept;
-    if (!out) throw core::InputError("cannot rewrite the file", temporary.string());
-  }
-  fs::rename(temporary, path);
+  core::write_file_atomic(path.string(), kept);
 }
 
 void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
@@ -522,7 +518,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         train_inputs.build(batch, seed, epoch, input);
         labels.assign(batch.labels.begin(), batch.labels.end());
         // Dropout masks differ per micro-batch and per rank (rank 0's are a single process's).
-        model->reseed(seed ^ (static_cast<std::uint64_t>(step) * 0x9E3779B97F4A7C15ull) ^
+        model->reseed(seed ^ (static_cast<std::uint64_t>(step) * core::golden_gamma) ^
                       (static_cast<std::uint64_t>(comm.rank()) * 0xD1B54A32D192ED03ull) ^
                       (static_cast<std::uint64_t>(micro) * 0x94D049BB133111EBull));
         const Tensor& logits = model->forward(input);

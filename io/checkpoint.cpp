@@ -1,6 +1,5 @@
 #include "io/checkpoint.h"
 
-#include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,19 +7,19 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "io/hdf5.h"
@@ -357,30 +356,6 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   h5.close(fcpl, "cannot close a property list");
   h5.close(fapl, "cannot close a property list");
   return image;
-}
-
-// Writes `bytes` to a new file `path` and syncs it (the rename that publishes it must not overtake the data).
-void write_file(const WriteChecker& h5, const std::string& path, const std::vector<char>& bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) h5.fail("cannot create '" + path + "': " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) {
-      const int saved = errno;
-      ::close(fd);
-      h5.fail("cannot write '" + path + "' (" + std::to_string(done) + " of " + std::to_string(bytes.size()) +
-              " bytes written): " + std::strerror(wrote < 0 ? saved : ENOSPC));
-    }
-    done += static_cast<std::size_t>(wrote);
-  }
-  if (::fsync(fd) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    h5.fail("cannot sync '" + path + "': " + std::strerror(saved));
-  }
-  if (::close(fd) != 0) h5.fail("cannot close '" + path + "': " + std::strerror(errno));
 }
 
 // =========================================================================================================
@@ -1015,24 +990,14 @@ std::string describe_shape(const std::vector<std::int64_t>& shape) {
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   const WriteChecker h5(path);
   validate_checkpoint(h5, checkpoint);
-  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
-  const std::vector<char> image = build_image(h5, temporary, checkpoint);
+  // The file is built in memory (HDF5's core driver), then written under core::temporary_name(path), synced and
+  // renamed over `path` (core/atomic_file.h); failures name the checkpoint, as HDF5's own do.
+  const std::vector<char> image = build_image(h5, core::temporary_name(path), checkpoint);
   try {
-    write_file(h5, temporary, image);
-    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-      h5.fail("cannot rename '" + temporary + "' to '" + path + "': " + std::strerror(errno));
-    }
-  } catch (...) {
-    std::remove(temporary.c_str());
+    core::write_file_atomic(path, std::string_view(image.data(), image.size()));
+  } catch (core::Error& e) {
+    e.add_context("file", path);
     throw;
-  }
-  // The rename itself is durable once the folder is synced. Best effort: some file systems cannot sync a
-  // folder, and the checkpoint is complete and in place either way.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    (void)::fsync(fd);
-    ::close(fd);
   }
 }
 

@@ -138,11 +138,11 @@ struct CheckpointLayout {
   std::vector<TensorSpec> buffers;
 };
 
-// Writes atomically (temporary file beside `path`, fsync, rename). Argument mistakes (data size not matching
-// the shape, a name with '/', missing architecture) and failing writes throw core::InternalError naming the file; the
-// temporary file is removed and an existing `path` is left as it was. The file is built in memory first and
-// written with plain write(2) calls (so a full disk is an ordinary error), which costs its size in RAM once more
-// while writing.
+// Writes atomically (core/atomic_file.h: temporary file beside `path`, fsync, rename). Argument mistakes (data
+// size not matching the shape, a name with '/', missing architecture) and failing writes throw core::InternalError
+// naming the file; the temporary file is removed and an existing `path` is left as it was. The file is built in
+// memory first and written with plain write(2) calls (so a full disk is an ordinary error), which costs its size
+// in RAM once more while writing.
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
 // Free-form read: everything in the file, after checking the format, the meta attributes, and that every

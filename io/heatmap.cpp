@@ -1,21 +1,20 @@
 #include "io/heatmap.h"
 
-#include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
 #include <fmt/format.h>
 #include <opencv2/imgproc.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "io/hdf5.h"
@@ -52,18 +51,6 @@ std::string truncated_message(const std::string& desc, std::int64_t actual) {
     }
   }
   return fmt::format("truncated: the file has {} bytes (HDF5: {})", actual, desc);
-}
-
-// fsync a closed file by name: HDF5 does not sync on close, and the rename that publishes the file must not
-// overtake its data.
-void sync_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  core::check_errno(fd >= 0, "cannot reopen '" + path + "'");
-  const bool synced = ::fsync(fd) == 0;
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  core::check_errno(synced, "cannot sync '" + path + "'");
 }
 
 // The left/top edge of footprint 0 along one axis: the tile centre minus half a step.
@@ -145,8 +132,9 @@ std::string heatmap_problem(const Heatmap& h) {
 void write_heatmap(const std::string& path, const Heatmap& h) {
   const Hdf5Checker h5(path, core::ErrorKind::internal);
   if (const std::string problem = heatmap_problem(h); !problem.empty()) h5.fail("invalid heatmap: " + problem);
-  const std::string temporary = path + ".tmp-" + std::to_string(::getpid());
-  try {
+  // HDF5 writes the file under a temporary name; core::write_atomic syncs it (HDF5 does not sync on close) and
+  // renames it over `path`, and removes it when anything fails.
+  core::write_atomic(path, [&](const std::string& temporary) {
     QuietHdf5 quiet;
     Handle fapl = h5.own(H5Pcreate(H5P_FILE_ACCESS), H5Pclose, "cannot create a file access list");
 #if H5_VERSION_GE(1, 10, 7)
@@ -189,14 +177,7 @@ void write_heatmap(const std::string& path, const Heatmap& h) {
     hdf5::write_dataset(h5, dataset, h.prob, what);
     h5.close(dataset, what);
     h5.close(file, "cannot close the heatmap file");
-    sync_file(temporary);
-    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-      core::check_errno(false, "cannot rename '" + temporary + "' to '" + path + "'");
-    }
-  } catch (...) {
-    std::remove(temporary.c_str());
-    throw;
-  }
+  });
 }
 
 Heatmap read_heatmap(const std::string& path) {

@@ -1,13 +1,13 @@
 #include "io/image.h"
 
-#include <unistd.h>
-
 #include <filesystem>
+#include <string_view>
 #include <vector>
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace tessera::io {
@@ -23,23 +23,7 @@ void write_png(const std::string& path, const cv::Mat& rgb) {
   }
   std::vector<unsigned char> bytes;
   if (!cv::imencode(".png", bgr, bytes)) throw core::InternalError("cannot encode PNG '" + path + "'");
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    core::check_errno(f != nullptr, "cannot create '" + tmp + "'");
-    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    const bool closed = std::fclose(f) == 0;
-    if (!ok || !closed) {
-      std::filesystem::remove(tmp);
-      throw core::InternalError("cannot write '" + path + "' (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp);
-    throw core::InternalError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-  }
+  core::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 cv::Mat read_rgb_image(const std::string& path) {

@@ -7,7 +7,7 @@
 
 namespace tessera::io {
 
-// Writes an RGB (CV_8UC3) or RGBA (CV_8UC4) image as PNG, atomically (temporary name, then rename).
+// Writes an RGB (CV_8UC3) or RGBA (CV_8UC4) image as PNG, atomically and durably (core/atomic_file.h).
 // core::InternalError naming the file when encoding or writing fails.
 void write_png(const std::string& path, const cv::Mat& rgb);
 

@@ -118,7 +118,7 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
   if (tile_count < 0) throw core::InternalError("ShardWriter: negative tile count");
   auto& impl = *impl_;
   impl.path = path;
-  impl.temporary = path + ".tmp-" + std::to_string(::getpid());
+  impl.temporary = core::temporary_name(path);
   impl.attributes = attributes;
   impl.tile_count = tile_count;
   impl.slide_count = slides.size();
@@ -255,16 +255,8 @@ void ShardWriter::finish() {
     h5.close(impl.images, "cannot close dataset 'images'");
     h5.close(impl.file, "cannot close the shard");
   }
-  // HDF5 does not sync on close; make the data durable before the rename publishes it.
-  const int fd = ::open(impl.temporary.c_str(), O_RDONLY | O_CLOEXEC);
-  core::check_errno(fd >= 0, "cannot reopen '" + impl.temporary + "'");
-  const bool synced = ::fsync(fd) == 0;
-  const int saved = errno;
-  ::close(fd);
-  errno = saved;
-  core::check_errno(synced, "cannot sync '" + impl.temporary + "'");
-  core::check_errno(std::rename(impl.temporary.c_str(), impl.path.c_str()) == 0,
-                    "cannot rename '" + impl.temporary + "' to '" + impl.path + "'");
+  // HDF5 does not sync on close: publish_file makes the data durable before the rename publishes it.
+  core::publish_file(impl.temporary, impl.path);
   impl.finished = true;
 }
 

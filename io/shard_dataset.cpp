@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/random.h"
 
 // Epoch layout, for one (seed, epoch):
 //   1. blocks (≤ block_size consecutive tiles of one selected slide in one shard) in shard order;
@@ -39,15 +40,9 @@
 namespace tessera::io {
 namespace {
 
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // Independent streams per (seed, epoch, stream); stream 0 is the block order shared by all ranks.
 std::uint64_t stream_seed(std::uint64_t seed, std::int64_t epoch, std::uint64_t stream) {
+  using core::splitmix64;
   return splitmix64(splitmix64(splitmix64(seed) ^ static_cast<std::uint64_t>(epoch)) ^ stream);
 }
 

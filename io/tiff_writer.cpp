@@ -1,7 +1,5 @@
 #include "io/tiff_writer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -14,6 +12,7 @@
 #include <tiffio.h>
 #include <opencv2/imgproc.hpp>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 
 namespace tessera::io {
@@ -174,7 +173,7 @@ struct TiffWriter::Impl {
 
 TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64_t height,
                        const TiffWriterOptions& opts)
-    : path(output), temp_path(output + ".tmp-" + std::to_string(::getpid())), options(opts) {
+    : path(output), temp_path(core::temporary_name(output)), options(opts) {
   const auto invalid = [&](const std::string& what) { bad_call("invalid TIFF writer setting: " + what); };
   if (width <= 0 || height <= 0 || width > UINT32_MAX || height > UINT32_MAX) {
     invalid("image size " + dims(width, height));
@@ -559,9 +558,13 @@ void TiffWriter::finish() {
     fail(out, "cannot flush the TIFF file");
   }
   TIFFClose(tif);
-  std::error_code ec;
-  std::filesystem::rename(d.temp_path, d.path, ec);
-  if (ec) d.bad_call("cannot rename " + d.temp_path + " into place: " + ec.message());
+  // libtiff does not sync on close: publish_file syncs the file, renames it over the output and syncs the folder.
+  try {
+    core::publish_file(d.temp_path, d.path);
+  } catch (core::Error& e) {
+    e.add_context("file", d.path);
+    throw;
+  }
   d.finished = true;
 }
 

@@ -4,8 +4,8 @@
 // may be shorter) and the full level-0 width, RGB CV_8UC3. The writer encodes level-0 tiles as strips
 // arrive and builds every lower level on the fly by area-downsampling by `level_factor`, so memory is a
 // few strips per level and never a whole level. Lower levels stream into temporary TIFFs beside the
-// output; finish() appends their compressed tiles to the output without re-encoding, then renames the
-// output from a temporary name, so a reader never sees a half-written slide.
+// output; finish() appends their compressed tiles to the output without re-encoding, then syncs the output and
+// renames it from a temporary name (core/atomic_file.h), so a reader never sees a half-written slide.
 //
 // Flavours:
 //  - generic: tiled RGB TIFF with resolution tags (centimetre unit); OpenSlide reports `generic-tiff`.

@@ -9,6 +9,7 @@
 #include <opencv2/core.hpp>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::prep {
@@ -31,30 +32,28 @@ constexpr float kGrayR = 0.299f, kGrayG = 0.587f, kGrayB = 0.114f;  // ITU-R BT.
 
 // --- Per-tile generator ------------------------------------------------------------------------------------
 
-// splitmix64 (Steele, Lea & Flood 2014): identical bits on every platform, unlike std:: distributions, and
-// cheap to seed from a hash of (seed, epoch, index) so that no stream is shared between tiles.
-constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+// splitmix64 (core/random.h): identical bits on every platform, unlike std:: distributions, and cheap to seed
+// from a hash of (seed, epoch, index) so that no stream is shared between tiles.
 constexpr std::uint64_t kAugmentSalt = 0xA06E17A7E5EEDull;
 
-std::uint64_t finalize(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+std::uint64_t tile_key(std::uint64_t seed, std::int64_t epoch, std::int64_t index) {
+  using core::golden_gamma;
+  using core::splitmix64_mix;
+  const std::uint64_t epoch_key =
+      splitmix64_mix(splitmix64_mix(seed ^ kAugmentSalt) + golden_gamma * (static_cast<std::uint64_t>(epoch) + 1));
+  return splitmix64_mix(epoch_key + golden_gamma * (static_cast<std::uint64_t>(index) + 1));
 }
 
 class TileRng {
  public:
-  TileRng(std::uint64_t seed, std::int64_t epoch, std::int64_t index)
-      : state_(finalize(finalize(finalize(seed ^ kAugmentSalt) + kGolden * (static_cast<std::uint64_t>(epoch) + 1)) +
-                        kGolden * (static_cast<std::uint64_t>(index) + 1))) {}
+  TileRng(std::uint64_t seed, std::int64_t epoch, std::int64_t index) : draws_(tile_key(seed, epoch, index)) {}
 
   // Uniform in [0, 1) from 53 bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  double uniform() { return static_cast<double>(draws_.next() >> 11) * 0x1.0p-53; }
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
 
  private:
-  std::uint64_t next() { return finalize(state_ += kGolden); }
-  std::uint64_t state_;
+  core::SplitMix64 draws_;
 };
 
 double factor(TileRng& rng, double magnitude) { return rng.uniform(std::max(0.0, 1.0 - magnitude), 1.0 + magnitude); }

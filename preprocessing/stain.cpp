@@ -3,35 +3,25 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/random.h"
+
 namespace tessera::prep {
 
 namespace {
-
-// splitmix64 (Steele, Lea & Flood 2014): the same bits on every platform, unlike std:: distributions.
-std::uint64_t mix64(std::uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [0, 1) from 53 bits.
 double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
 
 }  // namespace
 
-StainVectors ruifrok_he() {
-  return {normalized({0.650, 0.704, 0.286}), normalized({0.072, 0.990, 0.105})};
-}
+StainVectors ruifrok_he() { return {normalized({0.650, 0.704, 0.286}), normalized({0.072, 0.990, 0.105})}; }
 
 cv::Vec3d normalized(const cv::Vec3d& v) {
   const double n = cv::norm(v);
   return n > 0.0 ? v / n : v;
 }
 
-double od_from_intensity(double intensity) {
-  return -std::log(std::max(intensity, 1.0) / kWhiteIntensity);
-}
+double od_from_intensity(double intensity) { return -std::log(std::max(intensity, 1.0) / kWhiteIntensity); }
 
 double intensity_from_od(double od) { return kWhiteIntensity * std::exp(-od); }
 
@@ -119,8 +109,9 @@ cv::Vec3d tilt(const cv::Vec3d& v, const cv::Vec3d& towards, double angle) {
 }
 
 SlideStain perturb_stain(const StainVectors& base, std::uint64_t seed, const StainVariation& variation) {
-  std::uint64_t state = mix64(seed ^ 0x5EA1ED57A1Bull);
-  auto next = [&]() { return unit(state = mix64(state)); };
+  // Each draw hashes the previous one with splitmix64 (core/random.h): the same bits on every platform.
+  std::uint64_t state = core::splitmix64(seed ^ 0x5EA1ED57A1Bull);
+  auto next = [&]() { return unit(state = core::splitmix64(state)); };
   auto perturb = [&](const cv::Vec3d& v) {
     // A random direction (uniform on the sphere via z and azimuth), then a tilt of up to max_angle towards it.
     const double z = 2.0 * next() - 1.0;

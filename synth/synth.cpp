@@ -10,6 +10,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::synth {
@@ -17,16 +18,11 @@ namespace tessera::synth {
 namespace {
 
 // =============================================================================================================
-// Deterministic randomness: integer hashing only (splitmix64's finalizer), never std:: distributions, whose
-// output is allowed to differ between standard libraries.
+// Deterministic randomness: integer hashing only (splitmix64's mix and generator, core/random.h), never std::
+// distributions, whose output is allowed to differ between standard libraries.
 
-constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-constexpr std::uint64_t fmix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+using core::golden_gamma;
+using core::splitmix64_mix;
 
 // What a hash is for; each purpose gets an independent stream for the same slide seed.
 enum Salt : std::uint64_t {
@@ -50,11 +46,13 @@ enum Salt : std::uint64_t {
   kSaltLook,
 };
 
-std::uint64_t salted(std::uint64_t seed, Salt salt) { return fmix64(fmix64(seed + kGolden) ^ (salt * kGolden)); }
+std::uint64_t salted(std::uint64_t seed, Salt salt) {
+  return splitmix64_mix(splitmix64_mix(seed + golden_gamma) ^ (salt * golden_gamma));
+}
 
 inline std::uint64_t hash3(std::uint64_t key, std::int64_t a, std::int64_t b) {
-  std::uint64_t h = fmix64(key ^ (static_cast<std::uint64_t>(a) * 0xD6E8FEB86659FD93ull));
-  return fmix64(h ^ (static_cast<std::uint64_t>(b) * 0x9FB21C651E98DF25ull + kGolden));
+  std::uint64_t h = splitmix64_mix(key ^ (static_cast<std::uint64_t>(a) * 0xD6E8FEB86659FD93ull));
+  return splitmix64_mix(h ^ (static_cast<std::uint64_t>(b) * 0x9FB21C651E98DF25ull + golden_gamma));
 }
 
 inline double unit53(std::uint64_t h) { return static_cast<double>(h >> 11) * 0x1.0p-53; }
@@ -63,8 +61,8 @@ inline float unit24(std::uint64_t h) { return static_cast<float>(h >> 40) * 0x1.
 // A short sequence of draws from one key (splitmix64 as a generator).
 class Draws {
  public:
-  explicit Draws(std::uint64_t key) : state_(key) {}
-  std::uint64_t next() { return fmix64(state_ += kGolden); }
+  explicit Draws(std::uint64_t key) : generator_(key) {}
+  std::uint64_t next() { return generator_.next(); }
   double uniform() { return unit53(next()); }
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
   float uniformf() { return unit24(next()); }
@@ -72,7 +70,7 @@ class Draws {
   double log_uniform(double lo, double hi) { return std::exp(uniform(std::log(lo), std::log(hi))); }
 
  private:
-  std::uint64_t state_;
+  core::SplitMix64 generator_;
 };
 
 // Per-pixel grain: a cheap 32-bit integer hash of (x, y).
@@ -147,7 +145,7 @@ cv::Mat1f fractal_noise(int rows, int cols, double period, int octaves, std::uin
   for (int o = 0; o < octaves; ++o) {
     const double p = period / std::ldexp(1.0, o);
     if (p < 1.0) break;
-    sum += amplitude * value_noise(rows, cols, p, fmix64(key + static_cast<std::uint64_t>(o) * kGolden));
+    sum += amplitude * value_noise(rows, cols, p, splitmix64_mix(key + static_cast<std::uint64_t>(o) * golden_gamma));
     amplitude *= 0.5;
   }
   standardize(sum);
@@ -366,7 +364,7 @@ void make_architecture(Plan& plan, const cv::Mat1f& distance) {
   const cv::Mat1f uneven_h =
       fractal_noise(lh, lw, std::max(4.0, plan.cells(500.0)), 2, salted(plan.seed, kSaltUnevenness));
   const cv::Mat1f uneven_e =
-      fractal_noise(lh, lw, std::max(4.0, plan.cells(500.0)), 2, fmix64(salted(plan.seed, kSaltUnevenness)));
+      fractal_noise(lh, lw, std::max(4.0, plan.cells(500.0)), 2, splitmix64_mix(salted(plan.seed, kSaltUnevenness)));
   plan.lymphoid.create(lh, lw);
   plan.orientation.create(lh, lw);
   plan.uneven_h.create(lh, lw);
@@ -758,11 +756,11 @@ Renderer::Renderer(const Plan& plan) : plan_(plan), width_(plan.options.width), 
   // Collagen fibres: long thin streaks in two orientations, blended by the orientation field.
   for (int k = 0; k < 2; ++k) {
     fibre_[k] = tileable_texture(5.0 * px_per_um, 0.45 * px_per_um, plan.fibre_angle[static_cast<std::size_t>(k)],
-                                 0.22f, fmix64(key + 1 + static_cast<std::uint64_t>(k)));
+                                 0.22f, splitmix64_mix(key + 1 + static_cast<std::uint64_t>(k)));
   }
-  mottle_ = tileable_texture(1.2 * px_per_um, 1.2 * px_per_um, 0.0, 0.2f, fmix64(key + 3));
-  ragged_ = tileable_texture(2.0 * px_per_um, 2.0 * px_per_um, 0.0, 0.25f, fmix64(key + 4));
-  chromatin_ = tileable_texture(0.3 * px_per_um, 0.3 * px_per_um, 0.0, 0.25f, fmix64(key + 5));
+  mottle_ = tileable_texture(1.2 * px_per_um, 1.2 * px_per_um, 0.0, 0.2f, splitmix64_mix(key + 3));
+  ragged_ = tileable_texture(2.0 * px_per_um, 2.0 * px_per_um, 0.0, 0.25f, splitmix64_mix(key + 4));
+  chromatin_ = tileable_texture(0.3 * px_per_um, 0.3 * px_per_um, 0.0, 0.25f, splitmix64_mix(key + 5));
 
   col_j_.resize(static_cast<std::size_t>(width_));
   col_w_.resize(static_cast<std::size_t>(width_));

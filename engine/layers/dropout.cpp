@@ -6,19 +6,16 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace tessera::engine {
 namespace {
 
-// A 64-bit finalising mix (avalanches every input bit into every output bit), used as a counter-based
-// random generator: mix(key + counter) is a fresh, independent-looking value for each counter.
-std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+// splitmix64's mix as a counter-based random generator (core/random.h): mix(key + golden_gamma * counter) is a
+// fresh, independent-looking value for each counter, so every element's draw is independent of the thread order.
+using core::golden_gamma;
+using core::splitmix64_mix;
 
-constexpr std::uint64_t golden_gamma = 0x9e3779b97f4a7c15ULL;  // odd, well spread: separates the streams
 constexpr double two_to_32 = 4294967296.0;
 
 }  // namespace
@@ -50,7 +47,7 @@ const Tensor& Dropout::do_forward(const Tensor& src) {
     return identity_;
   }
   const auto count = static_cast<std::int64_t>(keep_.size());
-  const std::uint64_t key = mix64(mix64(seed_) + golden_gamma * ++step_);
+  const std::uint64_t key = splitmix64_mix(splitmix64_mix(seed_) + golden_gamma * ++step_);
   const auto threshold = static_cast<std::uint64_t>(std::ceil(static_cast<double>(p_) * two_to_32));
   const float scale = 1.0f / (1.0f - p_);
   const float* x = src.data();
@@ -58,7 +55,7 @@ const Tensor& Dropout::do_forward(const Tensor& src) {
   std::uint8_t* keep = keep_.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < count; ++i) {
-    const bool kept = (mix64(key + golden_gamma * static_cast<std::uint64_t>(i)) >> 32) >= threshold;
+    const bool kept = (splitmix64_mix(key + golden_gamma * static_cast<std::uint64_t>(i)) >> 32) >= threshold;
     keep[i] = kept ? 1 : 0;
     y[i] = kept ? x[i] * scale : 0.0f;
   }

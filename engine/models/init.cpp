@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace tessera::engine {
 namespace {
@@ -15,13 +16,8 @@ namespace {
 // Below this many elements a parallel region costs more than the loop it would split.
 constexpr std::int64_t parallel_min_elements = 65536;
 
-// splitmix64's finaliser: a bijective 64-bit mix with good avalanche, enough for initial weights.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+// splitmix64 (core/random.h) as a hash: a bijective 64-bit mix with good avalanche, enough for initial weights.
+using core::splitmix64;
 
 // FNV-1a of the parameter name: each parameter draws from its own stream.
 std::uint64_t name_hash(const std::string& name) {
@@ -33,11 +29,13 @@ std::uint64_t name_hash(const std::string& name) {
   return h;
 }
 
-std::uint64_t stream_key(const Param& param, std::uint64_t seed) { return mix(seed ^ mix(name_hash(param.name))); }
+std::uint64_t stream_key(const Param& param, std::uint64_t seed) {
+  return splitmix64(seed ^ splitmix64(name_hash(param.name)));
+}
 
 // Two uniforms in (0, 1) from the element's 64 random bits (the +0.5 keeps log() of the first finite).
 void uniforms(std::uint64_t key, std::int64_t i, double& u1, double& u2) {
-  const std::uint64_t bits = mix(key ^ mix(static_cast<std::uint64_t>(i)));
+  const std::uint64_t bits = splitmix64(key ^ splitmix64(static_cast<std::uint64_t>(i)));
   constexpr double scale = 1.0 / 4294967296.0;
   u1 = (static_cast<double>(bits >> 32) + 0.5) * scale;
   u2 = (static_cast<double>(bits & 0xffffffffULL) + 0.5) * scale;

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/measure.h"
+#include "core/random.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/dropout.h"
@@ -27,14 +28,6 @@ std::string type_label(const Module& m) {
     return "BatchNorm2d+ReLU";
   }
   return m.type();
-}
-
-// Each dropout layer gets its own stream from the model's seed.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 void collect_dropouts(Module& m, std::vector<Dropout*>& out) {
@@ -268,7 +261,10 @@ void Model::fold_batchnorm() {
 void Model::reseed(std::uint64_t seed) {
   std::vector<Dropout*> dropouts;
   collect_dropouts(body_, dropouts);
-  for (std::size_t i = 0; i < dropouts.size(); ++i) dropouts[i]->seed(mix(seed ^ mix(i + 1)));
+  // Each dropout layer gets its own stream from the model's seed.
+  for (std::size_t i = 0; i < dropouts.size(); ++i) {
+    dropouts[i]->seed(core::splitmix64(seed ^ core::splitmix64(i + 1)));
+  }
 }
 
 dnnl::memory::desc Model::do_setup(const dnnl::memory::desc& src) {

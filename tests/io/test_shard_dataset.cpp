@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/random.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 #include "tests/testing/testing.h"
@@ -354,14 +355,8 @@ TEST_F(ShardDatasetTest, RestartWhilePrefetching) {
 // The naive twin: the epoch layout of shard_dataset.cpp's header comment, one tile at a time with plain vectors.
 // "Same seed, same batches" holds across builds and versions, so the optimized reader must give exactly these.
 
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 std::uint64_t stream_seed(std::uint64_t seed, std::int64_t epoch, std::uint64_t stream) {
+  using core::splitmix64;
   return splitmix64(splitmix64(splitmix64(seed) ^ static_cast<std::uint64_t>(epoch)) ^ stream);
 }
 
