@@ -65,44 +65,6 @@ const core::Schema& predict_schema() {
   return instance;
 }
 
-// The predictions of one rank (or, after the gather, of all), one entry per tile.
-struct Rows {
-  std::vector<std::uint32_t> slide;  // index into the manifest's slides
-  std::vector<std::int64_t> xy;      // x, y per tile
-  std::vector<std::uint8_t> label;
-  std::vector<float> p_tumor;
-
-  std::size_t size() const { return label.size(); }
-
-  std::string pack() const {
-    const std::uint64_t n = size();
-    std::string bytes(sizeof n, '\0');
-    std::memcpy(bytes.data(), &n, sizeof n);
-    bytes.append(reinterpret_cast<const char*>(slide.data()), n * sizeof(std::uint32_t));
-    bytes.append(reinterpret_cast<const char*>(xy.data()), 2 * n * sizeof(std::int64_t));
-    bytes.append(reinterpret_cast<const char*>(label.data()), n);
-    bytes.append(reinterpret_cast<const char*>(p_tumor.data()), n * sizeof(float));
-    return bytes;
-  }
-
-  void append_packed(const std::string& bytes) {
-    std::uint64_t n = 0;
-    std::memcpy(&n, bytes.data(), sizeof n);
-    const char* at = bytes.data() + sizeof n;
-    auto take = [&](auto& values, std::size_t count) {
-      using T = typename std::decay_t<decltype(values)>::value_type;
-      const std::size_t first = values.size();
-      values.resize(first + count);
-      if (count > 0) std::memcpy(values.data() + first, at, count * sizeof(T));
-      at += count * sizeof(T);
-    };
-    take(slide, n);
-    take(xy, 2 * n);
-    take(label, n);
-    take(p_tumor, n);
-  }
-};
-
 struct Score {
   std::int64_t tiles = 0;
   double auc = 0.0;       // NaN when a class is absent
@@ -145,29 +107,6 @@ std::set<std::string> select_slides(const io::Manifest& manifest, const std::vec
         config.source(), 0, "data.splits");
   }
   return ids;
-}
-
-// The shards must hold tiles the model was trained on: same size, resolution and stain normalisation.
-void check_compatible(const engine::LoadedModel& model, const std::string& checkpoint, const io::ShardDataset& data,
-                      const std::string& manifest_path) {
-  const auto& meta = model.meta;
-  const auto& tiles = data.manifest().attributes;
-  if (data.tile_size() != meta.input_size) {
-    throw core::InputError(fmt::format("the tiles are {} px, the model in '{}' ({}) takes {} px", data.tile_size(),
-                                       checkpoint, meta.architecture, meta.input_size),
-                           manifest_path);
-  }
-  if (meta.mpp > 0 && tiles.mpp > 0 && std::fabs(meta.mpp - tiles.mpp) > 1e-6 * meta.mpp) {
-    throw core::InputError(fmt::format("the tiles are at {:g} µm/px, the model in '{}' was trained at {:g} µm/px",
-                                       tiles.mpp, checkpoint, meta.mpp),
-                           manifest_path);
-  }
-  if (meta.stain_normalization != tiles.stain_normalization) {
-    throw core::InputError(
-        fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'",
-                    tiles.stain_normalization, checkpoint, meta.stain_normalization),
-        manifest_path);
-  }
 }
 
 struct PredictOptions {
@@ -224,7 +163,7 @@ int run_predict(const PredictOptions& options) {
   data_options.world_size = world.size();
   data_options.slides = select_slides(manifest, splits, config);
   io::ShardDataset data(shards, data_options);
-  check_compatible(model, checkpoint, data, manifest_path);
+  engine::check_compatible(model, checkpoint, data, manifest_path);
 
   std::map<std::string, std::uint32_t> slide_row;
   for (std::size_t i = 0; i < manifest.slides.size(); ++i) {
@@ -242,7 +181,7 @@ int run_predict(const PredictOptions& options) {
   engine::TileScorer scorer(*model.model);
   const auto classes = static_cast<std::size_t>(model.meta.num_classes);
   const auto positive = static_cast<std::size_t>(model.positive_class);
-  Rows mine;
+  engine::TilePredictions mine;
   io::Batch batch;
   {
     core::Progress progress(world, data.total_tiles(), {.label = "predict", .unit = "tiles"});
@@ -264,7 +203,7 @@ int run_predict(const PredictOptions& options) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   if (!world.is_root()) return core::exit_ok;
 
-  Rows all;
+  engine::TilePredictions all;
   for (const auto& part : parts) all.append_packed(part);
   if (static_cast<std::int64_t>(all.size()) != data.total_tiles()) {
     throw core::InternalError(fmt::format("predict: {} rows gathered for {} tiles", all.size(), data.total_tiles()));

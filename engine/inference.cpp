@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -112,6 +114,57 @@ LoadedModel load_model(const std::string& checkpoint) {
   }
   loaded.model->fold_batchnorm();
   return loaded;
+}
+
+std::string TilePredictions::pack() const {
+  const std::uint64_t n = size();
+  std::string bytes(sizeof n, '\0');
+  std::memcpy(bytes.data(), &n, sizeof n);
+  bytes.append(reinterpret_cast<const char*>(slide.data()), n * sizeof(std::uint32_t));
+  bytes.append(reinterpret_cast<const char*>(xy.data()), 2 * n * sizeof(std::int64_t));
+  bytes.append(reinterpret_cast<const char*>(label.data()), n);
+  bytes.append(reinterpret_cast<const char*>(p_tumor.data()), n * sizeof(float));
+  return bytes;
+}
+
+void TilePredictions::append_packed(const std::string& bytes) {
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), sizeof n);
+  const char* at = bytes.data() + sizeof n;
+  auto take = [&](auto& values, std::size_t count) {
+    using T = typename std::decay_t<decltype(values)>::value_type;
+    const std::size_t first = values.size();
+    values.resize(first + count);
+    if (count > 0) std::memcpy(values.data() + first, at, count * sizeof(T));
+    at += count * sizeof(T);
+  };
+  take(slide, n);
+  take(xy, 2 * n);
+  take(label, n);
+  take(p_tumor, n);
+}
+
+// The shards must hold tiles the model was trained on: same size, resolution and stain normalisation.
+void check_compatible(const LoadedModel& model, const std::string& checkpoint, const io::ShardDataset& data,
+                      const std::string& manifest_path) {
+  const auto& meta = model.meta;
+  const auto& tiles = data.manifest().attributes;
+  if (data.tile_size() != meta.input_size) {
+    throw core::InputError(fmt::format("the tiles are {} px, the model in '{}' ({}) takes {} px", data.tile_size(),
+                                       checkpoint, meta.architecture, meta.input_size),
+                           manifest_path);
+  }
+  if (meta.mpp > 0 && tiles.mpp > 0 && std::fabs(meta.mpp - tiles.mpp) > 1e-6 * meta.mpp) {
+    throw core::InputError(fmt::format("the tiles are at {:g} µm/px, the model in '{}' was trained at {:g} µm/px",
+                                       tiles.mpp, checkpoint, meta.mpp),
+                           manifest_path);
+  }
+  if (meta.stain_normalization != tiles.stain_normalization) {
+    throw core::InputError(
+        fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'",
+                    tiles.stain_normalization, checkpoint, meta.stain_normalization),
+        manifest_path);
+  }
 }
 
 }  // namespace tessera::engine

@@ -79,4 +79,23 @@ struct LoadedModel {
 // unless the names say otherwise).
 LoadedModel load_model(const std::string& checkpoint);
 
+// Tile predictions of one rank (or, after a gather, of all), one entry per tile, and their byte form for the gather
+// (pack on every rank, append_packed in rank order on rank 0: the rows come out in the same order on any rank count).
+struct TilePredictions {
+  std::vector<std::uint32_t> slide;  // index into the manifest's slides
+  std::vector<std::int64_t> xy;      // x, y per tile
+  std::vector<std::uint8_t> label;
+  std::vector<float> p_tumor;
+
+  std::size_t size() const { return label.size(); }
+
+  std::string pack() const;
+  void append_packed(const std::string& bytes);
+};
+
+// The shards must hold tiles the model was trained on: the same size, resolution and stain normalization; else
+// InputError naming `manifest_path` and the checkpoint.
+void check_compatible(const LoadedModel& model, const std::string& checkpoint, const io::ShardDataset& data,
+                      const std::string& manifest_path);
+
 }  // namespace tessera::engine
