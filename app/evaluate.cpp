@@ -42,7 +42,6 @@
 #include "io/dataset.h"
 #include "io/image.h"
 #include "io/slide.h"
-#include "preprocessing/tiling.h"
 
 namespace tessera::app {
 namespace {
@@ -201,7 +200,7 @@ SlideResult evaluate_slide(const DatasetSlide& s, const Settings& settings) {
   // As tile does: clipped to the slide, and a ground truth that labels no tumour would count every detection
   // of this tumour slide as a false positive.
   annotations =
-      prep::prepare_annotations(annotations, settings.classes, {s.annotation, "classes.tumour", true, width, height});
+      io::prepare_annotations(annotations, settings.classes, {s.annotation, "classes.tumour", true, width, height});
   try {
     const analysis::EvaluationMask mask(annotations, settings.classes, r.mpp, width, height, settings.froc);
     r.froc = analysis::match_detections(s.id, detections, &mask);

@@ -267,7 +267,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     if (!input.annotation.empty()) {
       // Clipped to the slide; on a tumour slide, a file that labels no tumour area fails the slide (it would
       // otherwise be tiled as all normal).
-      annotations = prep::prepare_annotations(
+      annotations = io::prepare_annotations(
           io::read_annotations(input.annotation), settings.classes,
           {input.annotation, "labels.tumour_classes", tumour_slide, slide.width(), slide.height()});
     } else if (tumour_slide) {
