@@ -165,9 +165,9 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     if (!input.annotation.empty()) {
       // Clipped to the slide; on a tumour slide, a file that labels no tumour area fails the slide (it would
       // otherwise be tiled as all normal).
-      annotations =
-          prepare_annotations(io::read_annotations(input.annotation), settings.classes,
-                              {input.annotation, "labels.tumour_classes", tumour_slide, slide.width(), slide.height()});
+      annotations = io::prepare_annotations(
+          io::read_annotations(input.annotation), settings.classes,
+          {input.annotation, "labels.tumour_classes", tumour_slide, slide.width(), slide.height()});
     } else if (tumour_slide) {
       throw core::InputError("the slide is labelled tumour but has no annotation file", input.path);
     }

@@ -3,18 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <random>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <opencv2/imgproc.hpp>
 
-#include "core/config.h"
 #include "core/error.h"
 #include "preprocessing/overlay.h"
 
@@ -24,8 +20,6 @@ namespace {
 constexpr double kEpsilon = 1e-9;
 constexpr std::uint8_t kTumourBit = 1;
 constexpr std::uint8_t kExclusionBit = 2;
-
-bool is_point_type(const std::string& type) { return type == "Dot" || type == "PointSet"; }
 
 // Rasterizes areas into a pixels×pixels grid by pixel-centre sampling: pixel (i, j) is inside when its centre
 // (i + ½, j + ½) is, with half-open spans, so a shape that covers exactly k pixel areas of an axis-aligned
@@ -185,171 +179,10 @@ void choose(std::vector<std::size_t>& indices, std::size_t k, std::mt19937_64& r
   indices.resize(k);
 }
 
-// Sutherland–Hodgman clipping of a ring to the rectangle [0, width] × [0, height]. Exact for any simple ring
-// (the clip window is convex); where a concave ring leaves and re-enters, the result runs along the border,
-// which adds no area. Computed in long double so that absurd but finite coordinates (±1e300) cannot overflow.
-io::Ring clip_ring(const io::Ring& ring, double width, double height) {
-  using Point = std::pair<long double, long double>;
-  std::vector<Point> points;
-  points.reserve(ring.size());
-  for (const auto& p : ring) points.emplace_back(p.x, p.y);
-  // Each edge of the window: inside test and the crossing of segment p–q with the window's edge line.
-  const auto clip = [&](auto inside, auto cross) {
-    std::vector<Point> out;
-    for (std::size_t k = 0; k < points.size(); ++k) {
-      const Point& p = points[k];
-      const Point& q = points[(k + 1) % points.size()];
-      const bool p_in = inside(p);
-      const bool q_in = inside(q);
-      if (p_in) out.push_back(p);
-      if (p_in != q_in) out.push_back(cross(p, q));
-    }
-    points = std::move(out);
-  };
-  const auto at_x = [](const Point& p, const Point& q, long double x) {
-    const long double t = (x - p.first) / (q.first - p.first);
-    return Point(x, p.second + t * (q.second - p.second));
-  };
-  const auto at_y = [](const Point& p, const Point& q, long double y) {
-    const long double t = (y - p.second) / (q.second - p.second);
-    return Point(p.first + t * (q.first - p.first), y);
-  };
-  const long double w = width, h = height;
-  clip([](const Point& p) { return p.first >= 0; }, [&](const Point& p, const Point& q) { return at_x(p, q, 0); });
-  clip([&](const Point& p) { return p.first <= w; }, [&](const Point& p, const Point& q) { return at_x(p, q, w); });
-  clip([](const Point& p) { return p.second >= 0; }, [&](const Point& p, const Point& q) { return at_y(p, q, 0); });
-  clip([&](const Point& p) { return p.second <= h; }, [&](const Point& p, const Point& q) { return at_y(p, q, h); });
-  io::Ring out;
-  out.reserve(points.size());
-  for (const auto& [x, y] : points) out.emplace_back(static_cast<double>(x), static_cast<double>(y));
-  return out;
-}
-
-bool inside_slide(const io::Ring& ring, double width, double height) {
-  return std::all_of(ring.begin(), ring.end(),
-                     [&](const cv::Point2d& p) { return p.x >= 0 && p.x <= width && p.y >= 0 && p.y <= height; });
-}
-
-std::string group_text(const std::string& group) { return group.empty() ? "(no class)" : "'" + group + "'"; }
-
-std::string join(const std::vector<std::string>& items) { return fmt::format("{}", fmt::join(items, ", ")); }
-
-// "group 'a' (3), group (no class) (1)": what a list of annotations holds, by group, in first-seen order.
-std::string groups_found(const std::vector<io::Annotation>& annotations) {
-  std::vector<std::string> order;
-  std::map<std::string, int> count;
-  for (const auto& a : annotations) {
-    if (count[a.group]++ == 0) order.push_back(a.group);
-  }
-  std::vector<std::string> parts;
-  for (const auto& g : order) parts.push_back(fmt::format("{} ({})", group_text(g), count[g]));
-  return join(parts);
-}
-
-// The error for a tumour slide whose annotations label nothing.
-[[noreturn]] void labels_nothing(const std::string& why, const std::vector<io::Annotation>& annotations,
-                                 const AnnotationClasses& classes, const AnnotationCheck& check) {
-  std::string message = "the slide is labelled tumour but " + why;
-  if (!annotations.empty()) message += "; groups/classes found: " + groups_found(annotations);
-  message += "; tumour classes (" + check.setting + "): " + join(classes.tumour);
-  // A group that is close to a tumour class is most likely a misspelling of it (CAMELYON's "metastasis" for
-  // "metastases"). Exclusion groups and very short names ("_2" is one edit from "_0") are meant as they are.
-  constexpr std::size_t kMinSuggestLength = 4;
-  std::vector<std::string> suggested;
-  for (const auto& a : annotations) {
-    if (a.group.size() < kMinSuggestLength || classes.is_exclusion(a.group) || classes.is_tumour(a.group)) continue;
-    const std::string match = core::closest_match(a.group, classes.tumour);
-    const std::string text = fmt::format("did you mean '{}' for '{}'?", match, a.group);
-    if (!match.empty() && std::find(suggested.begin(), suggested.end(), text) == suggested.end()) {
-      suggested.push_back(text);
-    }
-  }
-  for (const auto& s : suggested) message += "; " + s;
-  const bool any_tumour_class = std::any_of(annotations.begin(), annotations.end(),
-                                            [&](const io::Annotation& a) { return classes.is_tumour(a.group); });
-  if (!annotations.empty() && !any_tumour_class) {
-    message += fmt::format(" (to count another group as tumour, add it to {})", check.setting);
-  }
-  throw core::InputError(message, check.path);
-}
-
 }  // namespace
 
 std::int64_t SlidePlan::count(std::uint8_t label) const {
   return std::count_if(tiles.begin(), tiles.end(), [&](const PlannedTile& t) { return t.label == label; });
-}
-
-std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation>& annotations,
-                                                const AnnotationClasses& classes, const AnnotationCheck& check) {
-  std::vector<io::Annotation> out;
-  out.reserve(annotations.size());
-  // Without the slide's size, polygons are still clipped to the level-0 range any slide can have: coordinates
-  // are never negative, and no scanner makes a slide 10^7 pixels (2.5 m at 0.25 µm/px) across. Absurd
-  // coordinates (±1e300) must not reach the rasterizers, whose masks span the annotations' bounding box.
-  constexpr double kMaxExtent = 1e7;
-  const bool known = check.width > 0 && check.height > 0;
-  const double width = known ? static_cast<double>(check.width) : kMaxExtent;
-  const double height = known ? static_cast<double>(check.height) : kMaxExtent;
-  const std::string slide_text =
-      known ? fmt::format("the slide ({} x {} level-0 pixels)", check.width, check.height)
-            : fmt::format("the level-0 range of any slide (0 to {:g} pixels; the slide's size is unknown)", kMaxExtent);
-  std::size_t clipped = 0, dropped = 0;
-  for (const auto& a : annotations) {
-    if (is_point_type(a.type) || a.outer.size() < 3) {
-      out.push_back(a);
-      continue;
-    }
-    bool whole = inside_slide(a.outer, width, height);
-    for (const auto& hole : a.holes) whole = whole && inside_slide(hole, width, height);
-    if (whole) {
-      out.push_back(a);
-      continue;
-    }
-    io::Annotation c = a;
-    c.outer = clip_ring(a.outer, width, height);
-    c.holes.clear();
-    for (const auto& hole : a.holes) {
-      io::Ring h = clip_ring(hole, width, height);
-      if (h.size() >= 3 && io::ring_area(h) > 0.0) c.holes.push_back(std::move(h));
-    }
-    if (c.outer.size() < 3 || io::ring_area(c.outer) <= 0.0) {
-      ++dropped;
-      continue;
-    }
-    ++clipped;
-    out.push_back(std::move(c));
-  }
-  if (clipped + dropped > 0) {
-    std::vector<std::string> parts;
-    if (clipped > 0) parts.push_back(fmt::format("{} annotation polygon(s) reach past it and are clipped", clipped));
-    if (dropped > 0) parts.push_back(fmt::format("{} lie wholly outside it and are ignored", dropped));
-    spdlog::warn("{}: not all annotations lie inside {}: {}", check.path, slide_text, join(parts));
-  }
-  if (!check.tumour_slide) return out;
-
-  std::vector<io::Annotation> tumour_read, exclusion_read;
-  io::split_annotations(annotations, classes, tumour_read, exclusion_read);
-  if (annotations.empty()) labels_nothing("the annotation file has no annotations", annotations, classes, check);
-  const bool any_tumour_class = std::any_of(annotations.begin(), annotations.end(), [&](const io::Annotation& a) {
-    return classes.is_tumour(a.group) && !classes.is_exclusion(a.group);
-  });
-  if (!any_tumour_class) labels_nothing("no annotation is of a tumour class", annotations, classes, check);
-  if (tumour_read.empty()) {
-    labels_nothing("its tumour annotations are points, which have no area", annotations, classes, check);
-  }
-  std::vector<io::Annotation> tumour, exclusion;
-  io::split_annotations(out, classes, tumour, exclusion);
-  double area = 0.0;
-  for (const auto& a : tumour) area += io::annotation_area(a);
-  if (area > 0.0) return out;
-  if (tumour.empty()) {
-    cv::Rect2d box = io::bounding_box(tumour_read.front().outer);
-    for (const auto& a : tumour_read) box |= io::bounding_box(a.outer);
-    labels_nothing(fmt::format("its tumour polygons lie wholly outside {}: they span x {:g} to {:g}, y {:g} to {:g}",
-                               slide_text, box.x, box.x + box.width, box.y, box.y + box.height),
-                   annotations, classes, check);
-  }
-  labels_nothing("its tumour polygons have no area", annotations, classes, check);
 }
 
 double tumour_fraction(const std::vector<io::Annotation>& tumour, const std::vector<io::Annotation>& exclusion,

@@ -51,27 +51,6 @@ struct SlidePlan {
   std::int64_t count(std::uint8_t label) const;
 };
 
-// How prepare_annotations checks one slide's annotations.
-struct AnnotationCheck {
-  std::string path;                               // the annotation file, named in warnings and errors
-  std::string setting = "labels.tumour_classes";  // the setting that lists the tumour classes (for messages)
-  bool tumour_slide = false;                      // the slide is labelled tumour: the file must label tumour
-  std::int64_t width = 0;                         // the slide's level-0 size; 0 = unknown
-  std::int64_t height = 0;
-};
-
-// One slide's annotations made ready to label it:
-//  - areas are clipped to the slide's level-0 rectangle [0, width] × [0, height] (size unknown: [0, 10^7]², the
-//    range of any slide); polygons that reach past it are clipped and those wholly outside it dropped, with one
-//    warning naming the file;
-//  - on a slide labelled tumour, annotations that leave no tumour area inside the slide (no annotations, no
-//    group/class that is a tumour class, tumour given only as points, tumour polygons wholly outside the slide)
-//    are a core::InputError naming the file, the groups/classes found and the tumour classes configured, with a
-//    "did you mean" when a group found is a likely misspelling of a tumour class.
-// Without this a tumour slide whose file labels nothing would be tiled as all normal.
-std::vector<io::Annotation> prepare_annotations(const std::vector<io::Annotation>& annotations,
-                                                const AnnotationClasses& classes, const AnnotationCheck& check);
-
 // The exact tumour fraction of the square region with level-0 top-left (x, y) and side `footprint`,
 // rasterized at `pixels`×`pixels`.
 double tumour_fraction(const std::vector<io::Annotation>& tumour, const std::vector<io::Annotation>& exclusion,

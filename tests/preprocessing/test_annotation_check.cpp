@@ -1,4 +1,4 @@
-// prepare_annotations (preprocessing/tiling.h): annotations clipped to the slide, and a tumour slide whose
+// io::prepare_annotations (io/annotations.h): annotations clipped to the slide, and a tumour slide whose
 // annotation file labels no tumour is an input error rather than a slide of normal tiles.
 #include <gtest/gtest.h>
 
@@ -36,7 +36,7 @@ io::Annotation polygon(const std::string& group, io::Ring outer, std::vector<io:
   return a;
 }
 
-prep::AnnotationCheck tumour_slide(const std::string& path, std::int64_t width, std::int64_t height) {
+io::AnnotationCheck tumour_slide(const std::string& path, std::int64_t width, std::int64_t height) {
   return {path, "labels.tumour_classes", true, width, height};
 }
 
@@ -79,9 +79,9 @@ TEST_P(LabelsNothing, IsAnInputErrorNamingTheFileTheGroupsAndTheTumourClasses) {
   ASSERT_FALSE(expected.empty()) << "expected.txt is empty";
   const auto annotations = io::read_annotations(input.string());  // a valid file
   // On a slide not labelled tumour the same file is fine.
-  EXPECT_NO_THROW(prep::prepare_annotations(annotations, {}, {input.string(), "x", false, kSide, kSide}));
+  EXPECT_NO_THROW(io::prepare_annotations(annotations, {}, {input.string(), "x", false, kSide, kSide}));
   try {
-    prep::prepare_annotations(annotations, {}, tumour_slide(input.string(), kSide, kSide));
+    io::prepare_annotations(annotations, {}, tumour_slide(input.string(), kSide, kSide));
     ADD_FAILURE() << "no error";
   } catch (const core::InputError& e) {
     const std::string message = e.what();
@@ -101,7 +101,7 @@ TEST(TumourAnnotations, NoSuggestionForExclusionGroupsOrUnrelatedNames) {
   // "_2" is one edit from "_0", and "Stroma" is no tumour class: neither is a misspelling to point out.
   for (const std::string group : {"_2", "Stroma", "Necrosis"}) {
     try {
-      prep::prepare_annotations({polygon(group, square(10, 10, 100))}, {}, tumour_slide("a.xml", kSide, kSide));
+      io::prepare_annotations({polygon(group, square(10, 10, 100))}, {}, tumour_slide("a.xml", kSide, kSide));
       ADD_FAILURE() << "no error for " << group;
     } catch (const core::InputError& e) {
       EXPECT_EQ(std::string(e.what()).find("did you mean"), std::string::npos) << e.what();
@@ -111,8 +111,8 @@ TEST(TumourAnnotations, NoSuggestionForExclusionGroupsOrUnrelatedNames) {
   io::AnnotationClasses classes;
   classes.tumour = {"Carcinoma"};
   try {
-    prep::prepare_annotations({polygon("carcinoma", square(10, 10, 100))}, classes,
-                              {"b.geojson", "classes.tumour", true, 0, 0});
+    io::prepare_annotations({polygon("carcinoma", square(10, 10, 100))}, classes,
+                            {"b.geojson", "classes.tumour", true, 0, 0});
     ADD_FAILURE() << "no error";
   } catch (const core::InputError& e) {
     const std::string message = e.what();
@@ -130,7 +130,7 @@ TEST(TumourAnnotations, PartlyOutsidePolygonsAreClippedToTheSlide) {
       polygon("_0", square(20000, 20000, 100)),
       polygon("_0", square(3000, 3000, 100)),
   };
-  const auto out = prep::prepare_annotations(read, {}, tumour_slide("c.xml", kSide, kSide));
+  const auto out = io::prepare_annotations(read, {}, tumour_slide("c.xml", kSide, kSide));
   ASSERT_EQ(out.size(), 3u) << "the polygon wholly outside is dropped";
   EXPECT_DOUBLE_EQ(io::annotation_area(out[0]), 500.0 * 500.0);
   // 1000 × 2000 inside, minus the hole's 500 × 1000 inside.
@@ -155,7 +155,7 @@ TEST(TumourAnnotations, AbsurdButFiniteCoordinatesAreClippedExactly) {
   // A triangle with one vertex at x = 1e300: inside the slide it is the band under the line from (0, 1000) to
   // (1e300, 0), which is 1000 high everywhere on the slide to within 1e-293.
   const std::vector<io::Annotation> read = {polygon("Tumor", {{0, 0}, {1e300, 0}, {0, 1000}})};
-  const auto out = prep::prepare_annotations(read, {}, tumour_slide("d.geojson", kSide, kSide));
+  const auto out = io::prepare_annotations(read, {}, tumour_slide("d.geojson", kSide, kSide));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_NEAR(io::annotation_area(out[0]), 1000.0 * static_cast<double>(kSide), 1e-3);
   for (const auto& p : out[0].outer) {
@@ -169,12 +169,12 @@ TEST(TumourAnnotations, UnknownSlideSizeClipsToTheRangeOfAnySlide) {
   const std::vector<io::Annotation> read = {polygon("_0", square(-500, -500, 1000)),
                                             polygon("_0", square(5e6, 5e6, 1000)),
                                             polygon("_0", square(1e300, 1e300, 1e299))};
-  const auto out = prep::prepare_annotations(read, {}, tumour_slide("e.xml", 0, 0));
+  const auto out = io::prepare_annotations(read, {}, tumour_slide("e.xml", 0, 0));
   ASSERT_EQ(out.size(), 2u);
   EXPECT_DOUBLE_EQ(io::annotation_area(out[0]), 500.0 * 500.0);
   EXPECT_EQ(out[1].outer, read[1].outer);
   try {
-    prep::prepare_annotations({read[2]}, {}, tumour_slide("e.xml", 0, 0));
+    io::prepare_annotations({read[2]}, {}, tumour_slide("e.xml", 0, 0));
     ADD_FAILURE() << "no error";
   } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("its tumour polygons lie wholly outside the level-0 range of any slide"),
@@ -192,7 +192,7 @@ TEST(TumourAnnotations, Camelyon16FileWithMetastasisGroup) {
   const auto annotations = io::read_annotations(file.string());
   ASSERT_FALSE(annotations.empty());
   try {
-    prep::prepare_annotations(annotations, {}, tumour_slide(file.string(), 0, 0));
+    io::prepare_annotations(annotations, {}, tumour_slide(file.string(), 0, 0));
     ADD_FAILURE() << "no error";
   } catch (const core::InputError& e) {
     const std::string message = e.what();
@@ -203,7 +203,7 @@ TEST(TumourAnnotations, Camelyon16FileWithMetastasisGroup) {
   // With the group configured as tumour (--set labels.tumour_classes=[metastasis]) the file labels tumour.
   io::AnnotationClasses classes;
   classes.tumour = {"metastasis"};
-  const auto out = prep::prepare_annotations(annotations, classes, tumour_slide(file.string(), 0, 0));
+  const auto out = io::prepare_annotations(annotations, classes, tumour_slide(file.string(), 0, 0));
   std::vector<io::Annotation> tumour, exclusion;
   io::split_annotations(out, classes, tumour, exclusion);
   EXPECT_EQ(tumour.size(), annotations.size());
