@@ -53,19 +53,6 @@ struct EvaluateOptions {
   bool include_itc = false;
 };
 
-std::vector<std::string> comma_list(const std::string& text) {
-  std::vector<std::string> names(1);
-  for (const char c : text) {
-    if (c == ',') {
-      names.emplace_back();
-    } else if (c != ' ') {
-      names.back() += c;
-    }
-  }
-  std::erase(names, std::string());
-  return names;
-}
-
 // The job's settings from the effective config.
 analysis::EvaluateJob job_from_config(const core::Config& config) {
   analysis::EvaluateJob job;

@@ -9,11 +9,10 @@
 // Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
 // analysis/heatmap_outputs.h (`outputs` picks some; default all):
 //   <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson, .xml, .detections.csv, .report.json
-// and for the job
-//   infer.json            per slide: outputs, cells, tiles, seconds, max probability, regions; the failures
-//   infer.config.yaml     the effective job
-// A slide that fails (missing, corrupt, unreadable region) is reported with the error naming its file, the
-// others go on, and the failures are listed at the end with exit code 3 (the outputs of the others are kept).
+// and for the job infer.json (per slide: outputs, cells, tiles, seconds, max probability, regions; the failures)
+// and infer.config.yaml (the effective job).
+// A slide that fails (missing, corrupt, unreadable region) is reported naming its file, the others go on, and the
+// failures are listed at the end with exit code 3. The resume records are analysis/infer_outputs.h's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
