@@ -32,7 +32,7 @@ int current_world_rank() {
   return g_world_rank.load();
 }
 
-// "/work/main/io/comm.cpp" -> "core/comm.cpp": enough to find the line, short enough to read.
+// "/home/me/tessera/core/comm.cpp" -> "core/comm.cpp": enough to find the line, short enough to read.
 std::string short_path(std::string_view file) {
   auto last = file.rfind('/');
   if (last == std::string_view::npos || last == 0) return std::string(file);
