@@ -137,11 +137,13 @@ core::BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer
   return all;
 }
 
-// Appends one line to a text file (rank 0's metrics).
+// Appends one line to a text file (rank 0's metrics). A failure (a full disk) is an internal error naming the file,
+// as every failed write of Tessera's own outputs is.
 void append_line(const fs::path& path, const std::string& line) {
   std::ofstream out(path, std::ios::app);
   out << line << '\n';
-  if (!out) throw core::InputError("cannot append to the file", path.string());
+  out.flush();
+  core::check_errno(static_cast<bool>(out), "cannot append to '" + path.string() + "'");
 }
 
 // A resumed run drops the metrics lines of steps after its checkpoint (the killed run had logged them; the
