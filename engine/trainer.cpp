@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -140,10 +141,16 @@ core::BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer
 // Appends one line to a text file (rank 0's metrics). A failure (a full disk) is an internal error naming the file,
 // as every failed write of Tessera's own outputs is.
 void append_line(const fs::path& path, const std::string& line) {
+  errno = 0;
   std::ofstream out(path, std::ios::app);
   out << line << '\n';
   out.flush();
-  core::check_errno(static_cast<bool>(out), "cannot append to '" + path.string() + "'");
+  if (!out) {
+    // iostreams need not set errno; when the system said nothing, say what is likely.
+    const int reason = errno;
+    throw core::InternalError("cannot append to '" + path.string() +
+                              "': " + (reason != 0 ? std::strerror(reason) : "write failed (is the disk full?)"));
+  }
 }
 
 // A resumed run drops the metrics lines of steps after its checkpoint (the killed run had logged them; the

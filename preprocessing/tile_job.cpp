@@ -848,7 +848,10 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
     }
   }
-  return {.up_to_date = false, .slides_failed = slides_failed};
+  // Rank 0 alone may have found a slide whose tiles were all damaged: every rank reports what it found.
+  int any_failed = slides_failed ? 1 : 0;
+  world.broadcast(&any_failed, sizeof any_failed, 0);
+  return {.up_to_date = false, .slides_failed = any_failed != 0};
 }
 
 }  // namespace tessera::prep
