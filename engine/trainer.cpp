@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -41,6 +42,7 @@
 namespace tessera::engine {
 
 namespace fs = std::filesystem;
+using ordered_json = nlohmann::ordered_json;  // metrics.jsonl keeps its keys in the order written
 using clock_type = std::chrono::steady_clock;
 
 const core::Schema& train_schema() {
@@ -170,9 +172,9 @@ void keep_lines_up_to(const fs::path& path, std::int64_t step, StepOf step_of) {
 
 void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
   keep_lines_up_to(out / "metrics.jsonl", step, [](const std::string& line) -> std::optional<std::int64_t> {
-    const auto at = line.find("\"step\": ");
-    if (at == std::string::npos) return std::nullopt;
-    return std::strtoll(line.c_str() + at + 8, nullptr, 10);
+    const auto record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) return std::nullopt;
+    return record["step"].get<std::int64_t>();
   });
   keep_lines_up_to(out / "metrics.csv", step, [](const std::string& line) -> std::optional<std::int64_t> {
     const auto comma = line.find(',');
@@ -182,6 +184,9 @@ void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
 }
 
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
+
+// A figure as metrics.jsonl holds it: 6 significant digits, as metrics.csv, and null when not finite.
+ordered_json metric(double v) { return std::isfinite(v) ? ordered_json(std::stod(fmt::format("{:.6g}", v))) : nullptr; }
 
 // The training steps of one epoch (this run): their wall time, and the parts of it spent in the strategy's
 // collectives moving data and waiting for the other ranks to arrive (CommStats), per rank and as means over the
@@ -233,22 +238,28 @@ std::string timing_json(const StepTiming& t, std::int64_t epoch, std::int64_t st
   const double n = static_cast<double>(std::max<std::int64_t>(t.steps, 1));
   const RankTiming& m = t.mean;
   const double total = std::max(m.seconds, 1e-12);
-  std::vector<std::string> ranks;
+  ordered_json ranks = ordered_json::array();
   for (const RankTiming& r : t.ranks) {
-    ranks.push_back(
-        fmt::format(R"({{"step_s": {}, "compute_s": {}, "comm_s": {}, "wait_s": {}, )"
-                    R"("comm_bytes_per_step": {}}})",
-                    json_number(r.seconds / n), json_number((r.seconds - r.comm_seconds - r.wait_seconds) / n),
-                    json_number(r.comm_seconds / n), json_number(r.wait_seconds / n), json_number(r.comm_bytes / n)));
+    ranks.push_back({{"step_s", metric(r.seconds / n)},
+                     {"compute_s", metric((r.seconds - r.comm_seconds - r.wait_seconds) / n)},
+                     {"comm_s", metric(r.comm_seconds / n)},
+                     {"wait_s", metric(r.wait_seconds / n)},
+                     {"comm_bytes_per_step", metric(r.comm_bytes / n)}});
   }
-  return fmt::format(R"({{"kind": "timing", "epoch": {}, "step": {}, "steps": {}, "step_s": {}, "compute_s": {}, )"
-                     R"("comm_s": {}, "wait_s": {}, "comm_fraction": {}, "wait_fraction": {}, )"
-                     R"("comm_bytes_per_step": {}, "images_per_s": {}, "ranks": [{}]}})",
-                     epoch, step, t.steps, json_number(m.seconds / n),
-                     json_number((m.seconds - m.comm_seconds - m.wait_seconds) / n), json_number(m.comm_seconds / n),
-                     json_number(m.wait_seconds / n), json_number(m.comm_seconds / total),
-                     json_number(m.wait_seconds / total), json_number(m.comm_bytes / n),
-                     json_number(static_cast<double>(t.steps * global_batch) / total), fmt::join(ranks, ", "));
+  return ordered_json{{"kind", "timing"},
+                      {"epoch", epoch},
+                      {"step", step},
+                      {"steps", t.steps},
+                      {"step_s", metric(m.seconds / n)},
+                      {"compute_s", metric((m.seconds - m.comm_seconds - m.wait_seconds) / n)},
+                      {"comm_s", metric(m.comm_seconds / n)},
+                      {"wait_s", metric(m.wait_seconds / n)},
+                      {"comm_fraction", metric(m.comm_seconds / total)},
+                      {"wait_fraction", metric(m.wait_seconds / total)},
+                      {"comm_bytes_per_step", metric(m.comm_bytes / n)},
+                      {"images_per_s", metric(static_cast<double>(t.steps * global_batch) / total)},
+                      {"ranks", ranks}}
+      .dump();
 }
 
 }  // namespace
@@ -561,11 +572,13 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         const double seconds = std::chrono::duration<double>(clock_type::now() - t_window).count();
         const double images_per_s = static_cast<double>(loss_window_steps * shape.global_batch) / seconds;
         if (comm.is_root()) {
-          append_line(
-              out / "metrics.jsonl",
-              fmt::format(R"({{"kind": "train", "epoch": {}, "step": {}, "lr": {}, "loss": {}, "images_per_s": {}}})",
-                          epoch + 1, step, json_number(last_lr), json_number(mean),  // 1-based, as val lines
-                          json_number(images_per_s)));
+          append_line(out / "metrics.jsonl", ordered_json{{"kind", "train"},
+                                                          {"epoch", epoch + 1},  // 1-based, as val lines
+                                                          {"step", step},
+                                                          {"lr", metric(last_lr)},
+                                                          {"loss", metric(mean)},
+                                                          {"images_per_s", metric(images_per_s)}}
+                                                 .dump());
           spdlog::debug("step {}: loss {:.4f}, lr {:.4g}, {:.1f} images/s", step, mean, last_lr, images_per_s);
         }
         loss_window = 0.0;
@@ -603,12 +616,14 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     const double elapsed = std::chrono::duration<double>(clock_type::now() - t_start).count();
     if (comm.is_root()) {
       append_line(out / "metrics.jsonl", timing_json(timing, epoch, step, shape.global_batch));
-      append_line(
-          out / "metrics.jsonl",
-          fmt::format(
-              R"({{"kind": "val", "epoch": {}, "step": {}, "loss": {}, "accuracy": {}, "auc": {}, "tiles": {}}})",
-              epoch, step, json_number(result.final_val_loss), json_number(result.final_val_accuracy),
-              json_number(result.final_val_auc), val.count));
+      append_line(out / "metrics.jsonl", ordered_json{{"kind", "val"},
+                                                      {"epoch", epoch},
+                                                      {"step", step},
+                                                      {"loss", metric(result.final_val_loss)},
+                                                      {"accuracy", metric(result.final_val_accuracy)},
+                                                      {"auc", metric(result.final_val_auc)},
+                                                      {"tiles", val.count}}
+                                             .dump());
       append_line(out / "metrics.csv",
                   fmt::format("{},{},{},{},{},{},{},{:.1f}", epoch, step, json_number(last_lr), json_number(train_loss),
                               json_number(result.final_val_loss), json_number(result.final_val_accuracy),
