@@ -138,6 +138,17 @@ void require_ok(const ChildResult& r, const std::string& what, const std::string
   if (r.code != 0) throw core::InternalError(fmt::format("{} failed with exit code {}; see {}", what, r.code, log));
 }
 
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "an unknown CPU";
+}
+
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
   double one = 0, five = 0, fifteen = 0;

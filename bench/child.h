@@ -37,6 +37,9 @@ std::vector<std::string> child_environment();
 
 std::optional<std::string> find_in_path(const std::string& program);
 
+// The CPU's model name from /proc/cpuinfo, or "an unknown CPU".
+std::string cpu_name();
+
 // "0.52 0.71 0.80" (1, 5 and 15 minutes), or "unknown".
 std::string load_average();
 

@@ -80,17 +80,6 @@ const char* const kBusConvention =
     "ring allreduce)";
 constexpr double kMB = 1e6;  // decimal megabytes, as the README's model sizes
 
-std::string cpu_name() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "an unknown CPU";
-}
-
 std::vector<std::size_t> message_sizes() {
   std::vector<std::size_t> sizes;
   for (std::size_t bytes = kMinMessage; bytes <= kMaxMessage; bytes *= 4) sizes.push_back(bytes);

@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench.h"
+#include "bench/child.h"
 #include "bench/peak.h"
 #include "core/error.h"
 #include "core/measure.h"
@@ -62,18 +63,6 @@ constexpr std::uint64_t kSeed = 1;
 const char* const kFlopConvention =
     "Model::flops(): convolutions and linear layers, 2 FLOPs per multiply-add, forward; a training step counts "
     "3x the forward FLOPs (forward, backward data, backward weights)";
-
-std::string cpu_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
-  }
-  return "an unknown CPU";
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tessera's side.

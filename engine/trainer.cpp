@@ -186,7 +186,7 @@ void keep_metrics_up_to(const fs::path& out, std::int64_t step) {
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "null"; }
 
 // A figure as metrics.jsonl holds it: 6 significant digits, as metrics.csv, and null when not finite.
-ordered_json metric(double v) { return std::isfinite(v) ? ordered_json(std::stod(fmt::format("{:.6g}", v))) : nullptr; }
+ordered_json metric(double v) { return ordered_json::parse(json_number(v)); }
 
 // The training steps of one epoch (this run): their wall time, and the parts of it spent in the strategy's
 // collectives moving data and waiting for the other ranks to arrive (CommStats), per rank and as means over the
