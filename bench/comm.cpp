@@ -48,6 +48,7 @@
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
 #include "engine/strategy.h"
+#include "engine/train_step.h"
 
 namespace tessera::bench {
 namespace {
@@ -329,13 +330,11 @@ SyntheticTraining::SyntheticTraining(const std::string& architecture, int size, 
 SyntheticTraining::~SyntheticTraining() = default;
 
 void SyntheticTraining::step(engine::Strategy* strategy, std::int64_t number) {
-  engine::Optimizer::zero_grad(params_);
-  last_loss_ = loss_->forward(model_->forward(input_), labels_);
-  if (strategy) strategy->before_backward(true);
-  model_->backward(loss_->backward());
-  if (strategy) strategy->reduce_gradients(params_);
-  optimizer_->step(params_, kLearningRate);
-  if (strategy) strategy->after_update(params_, buffers_, number);
+  last_loss_ =
+      engine::train_step(strategy, params_, buffers_, number - 1, 1,
+                         {.forward = [&](std::int64_t) { return loss_->forward(model_->forward(input_), labels_); },
+                          .backward = [&] { model_->backward(loss_->backward()); },
+                          .update = [&] { optimizer_->step(params_, kLearningRate); }});
 }
 
 int run_bench_comm_worker(const CommBenchOptions& o) {

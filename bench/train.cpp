@@ -42,6 +42,7 @@
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
 #include "engine/sequential.h"
+#include "engine/train_step.h"
 
 extern char** environ;
 
@@ -142,10 +143,10 @@ class TesseraRunner {
       model_->forward(input_);
       return;
     }
-    engine::Optimizer::zero_grad(params_);
-    loss_.forward(model_->forward(input_), labels_);
-    model_->backward(loss_.backward());
-    optimizer_.step(params_, kLearningRate);
+    engine::train_step(nullptr, params_, {}, 0, 1,
+                       {.forward = [&](std::int64_t) { return loss_.forward(model_->forward(input_), labels_); },
+                        .backward = [&] { model_->backward(loss_.backward()); },
+                        .update = [&] { optimizer_.step(params_, kLearningRate); }});
   }
 
   // Images per second over at least one step and at least `seconds`.

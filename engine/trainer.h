@@ -1,17 +1,15 @@
 // `tessera train`: trains a patch classifier on tile shards, on one process or many.
 //
-// The loop (Trainer::run), top to bottom, per step:
-//   next batch (this rank's share of the shuffled epoch) → augment into the network input → forward → loss →
-//   backward → strategy.reduce_gradients → optimizer step at the schedule's rate → strategy.after_update →
-//   log; every `train.checkpoint_every` steps and at the end of every epoch a checkpoint; at the end of every
-//   epoch a validation pass over the held-out slides (loss, accuracy, patch-level ROC AUC).
+// train() reads top to bottom: data, model, loss, optimizer, schedule, strategy; resume (engine/train_state.h);
+// then per step (engine/train_step.h): next batch (this rank's share of the shuffled epoch) → augment into the
+// network input → forward → loss → backward → strategy.reduce_gradients → optimizer step at the schedule's rate →
+// strategy.after_update → log; every `train.checkpoint_every` steps and at the end of every epoch a checkpoint
+// (engine/train_state.h); at the end of every epoch a validation pass over the held-out slides (loss, accuracy,
+// patch-level ROC AUC) and its metrics (engine/train_metrics.h).
 //
-// Outputs in `output`: checkpoint.h5 (the latest; also checkpoint-epoch-NNN.h5 per epoch), metrics.jsonl
-// (one JSON object per log line, per validation, and per epoch a "timing" line splitting the step time into
-// computation, the strategy's communication and waiting for other ranks, with the bytes sent: means over the
-// ranks, and every rank's own figures under "ranks"), metrics.csv
-// (one row per epoch), train.config.yaml. Validation and checkpoints use the strategy's evaluation model
-// (engine/strategy.h: the replica under allreduce, the EASGD centre under easgd).
+// Outputs in `output`: checkpoint.h5 (the latest; also checkpoint-epoch-NNN.h5 per epoch), metrics.jsonl and
+// metrics.csv (engine/train_metrics.h), train.config.yaml. Validation and checkpoints use the strategy's
+// evaluation model (engine/strategy.h: the replica under allreduce, the EASGD centre under easgd).
 //
 // Determinism: the same job, seed and rank count give the same weights, bit for bit, and a run resumed from a
 // checkpoint continues exactly as the uninterrupted run would have (the data order, the augmentation of every

@@ -49,6 +49,7 @@
 #include "core/error.h"
 #include "engine/parameters.h"
 #include "engine/strategy.h"
+#include "engine/train_step.h"
 
 namespace {
 
@@ -226,13 +227,17 @@ void run(int argc, char** argv) {
   if (central) {
     stats = central_easgd(world, model, o);
   } else {
-    // The trainer's step (engine/trainer.cpp): forward and backward, reduce_gradients, the optimizer's update
-    // (element-wise, local: not simulated), after_update.
-    for (int step = 1; step <= o.steps; ++step) {
-      compute(o.compute);
-      strategy->reduce_gradients(params);
-      strategy->after_update(params, buffers, step);
-    }
+    // The trainer's step (engine/train_step.h): forward and backward are the calibrated delay; the optimizer's
+    // update is element-wise and local, part of that delay, so nothing more here.
+    const tessera::engine::StepWork work{.forward =
+                                             [&](std::int64_t) {
+                                               compute(o.compute);
+                                               return 0.0;
+                                             },
+                                         .backward = [] {},
+                                         .update = [] {}};
+    for (int step = 0; step < o.steps; ++step)
+      tessera::engine::train_step(strategy.get(), params, buffers, step, 1, work);
     stats = strategy->stats();
   }
   const double elapsed = MPI_Wtime() - start;

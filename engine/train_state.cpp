@@ -1,0 +1,125 @@
+#include "engine/train_state.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/error.h"
+#include "core/fault.h"
+#include "engine/checkpoint_adapter.h"
+#include "engine/strategy.h"
+
+namespace tessera::engine {
+
+void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& meta, const TrainPosition& at,
+                            const TrainState& state, const core::Comm& comm) {
+  // What is evaluated (the replica under allreduce, the centre under easgd) is the same everywhere: rank 0 writes
+  // it, with every rank's own replica gathered when they differ.
+  std::vector<std::string> packed;
+  if (state.strategy.replicas_differ()) {
+    packed = comm.gather_bytes(pack_replica(state.params, state.buffers, state.optimizer.state()), 0);
+  }
+  if (!comm.is_root()) return;
+  io::Checkpoint checkpoint;
+  checkpoint.meta = meta;
+  checkpoint.meta.step = at.step;
+  checkpoint.meta.epoch = at.epoch;
+  state.strategy.with_evaluation_model(state.params, state.buffers,
+                                       [&] { store_checkpoint_tensors(state.params, state.buffers, checkpoint); });
+  state.strategy.save_state(state.params, checkpoint);
+  checkpoint.optimizer = to_checkpoint_state(state.optimizer.name(), at.step, state.optimizer.state(), state.params);
+  for (const auto& bytes : packed) {
+    checkpoint.replicas.push_back(unpack_replica(bytes, state.params, state.buffers, state.optimizer.name(), at.step));
+  }
+  checkpoint.state["replicas"] = static_cast<std::int64_t>(checkpoint.replicas.size());
+  checkpoint.state["batch_in_epoch"] = at.batch_in_epoch;
+  checkpoint.state["tiles_in_epoch"] = at.batch_in_epoch * state.batch_size * comm.size();
+  checkpoint.state["seed"] = state.seed;
+  checkpoint.state["ranks"] = static_cast<std::int64_t>(comm.size());
+  io::write_checkpoint(path, checkpoint);
+  if (std::filesystem::path(path).filename() == "checkpoint.h5") core::fault::at("train.checkpoint-written");
+}
+
+Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMeta& job, const std::string& shards,
+                                const TrainState& state, const core::Comm& comm) {
+  const io::CheckpointLayout layout = checkpoint_layout(state.params, state.buffers);
+  const io::Checkpoint checkpoint = io::read_checkpoint(path, layout, io::ReplicaRead::skip);
+  if (checkpoint.meta.architecture != job.architecture) {
+    throw core::InputError(
+        fmt::format("the checkpoint holds a {}, the job trains a {}", checkpoint.meta.architecture, job.architecture),
+        path);
+  }
+  if (checkpoint.meta.input_size != job.input_size ||
+      (job.mpp > 0 && checkpoint.meta.mpp > 0 && std::abs(checkpoint.meta.mpp - job.mpp) > 1e-6 * job.mpp)) {
+    throw core::InputError(
+        fmt::format("the checkpoint was trained on {} px tiles at {} um/px, the shards in {} hold "
+                    "{} px tiles at {} um/px",
+                    checkpoint.meta.input_size, checkpoint.meta.mpp, shards, job.input_size, job.mpp),
+        path);
+  }
+  load_checkpoint_tensors(checkpoint, state.params, state.buffers);
+  if (!checkpoint.optimizer.empty()) {
+    state.optimizer.load_state(from_checkpoint_state(checkpoint.optimizer), state.params, path);
+  }
+  state.strategy.load_state(checkpoint, state.params);
+
+  Resumed resumed;
+  resumed.at.step = checkpoint.meta.step;
+  resumed.at.epoch = checkpoint.meta.epoch;
+  auto state_int = [&](const char* key) -> std::optional<std::int64_t> {
+    const auto it = checkpoint.state.find(key);
+    if (it == checkpoint.state.end()) return std::nullopt;
+    const auto* value = std::get_if<std::int64_t>(&it->second);
+    if (value == nullptr || *value < 0) throw core::InputError(fmt::format("/state {} is not a count", key), path);
+    return *value;
+  };
+  const auto written_by = state_int("ranks");
+  const bool same_ranks = !written_by || *written_by == comm.size();
+  if (const auto position = state_int("batch_in_epoch")) {
+    resumed.at.batch_in_epoch = *position;
+    const auto tiles = state_int("tiles_in_epoch");
+    if (!same_ranks && tiles) {
+      // Another rank count: the epoch goes on after as many tiles as the run before had taken (rounded down to a
+      // whole step of this run).
+      const std::int64_t accumulation = state.accumulation;
+      const std::int64_t steps_per_epoch = state.batches_per_epoch / accumulation;
+      std::int64_t batch = *tiles / (static_cast<std::int64_t>(state.batch_size) * comm.size());
+      batch = batch / accumulation * accumulation;
+      resumed.at.batch_in_epoch = std::min(batch, steps_per_epoch * accumulation);
+    }
+    if (resumed.at.batch_in_epoch > state.batches_per_epoch) {
+      throw core::InputError("/state batch_in_epoch is not a batch position of this job's epochs", path);
+    }
+  }
+  // Each rank's own replica and optimizer state, when the strategy keeps replicas apart and the file has one per
+  // rank of this run.
+  const auto replicas = state_int("replicas").value_or(0);
+  if (state.strategy.replicas_differ() && replicas == comm.size()) {
+    resumed.own_replica = io::read_checkpoint_replica(path, comm.rank(), layout);
+  }
+  if (!same_ranks && comm.is_root()) {
+    spdlog::warn(
+        "{} was written by a run on {} rank(s), this one has {}: training continues from its weights{} and "
+        "optimizer state after {} of this epoch's tiles, but the data order differs from an uninterrupted run",
+        path, *written_by, comm.size(), replicas > 0 ? " (the centre; every replica starts from it)" : "",
+        state_int("tiles_in_epoch").value_or(0));
+  }
+  if (comm.is_root()) {
+    spdlog::info("resuming from {} at step {} (epoch {}, batch {})", path, resumed.at.step, resumed.at.epoch,
+                 resumed.at.batch_in_epoch);
+  }
+  return resumed;
+}
+
+void finish_resume(Resumed& resumed, const std::string& path, const TrainState& state) {
+  if (!resumed.own_replica) return;
+  const OptimizerState own = load_checkpoint_replica(*resumed.own_replica, state.params, state.buffers);
+  state.optimizer.load_state(own, state.params, path);
+  resumed.own_replica.reset();
+}
+
+}  // namespace tessera::engine

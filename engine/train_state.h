@@ -1,0 +1,64 @@
+// A training run's checkpoints: what `tessera train` writes at its checkpoints and reads back to resume.
+//
+// A checkpoint (io/checkpoint.h; docs/ARCHITECTURE.md has the layout) holds the evaluation model's tensors, the
+// job's description (meta: architecture, tile size, µm/px, tiling settings, the effective config), the optimizer
+// and strategy state, every rank's own replica when the strategy keeps replicas apart (easgd), and the run's
+// position under /state: the micro-batches each rank had taken of the current epoch, the tiles they make, the rank
+// count, the seed. From these a resumed run continues exactly where the checkpointed one was (on the same rank
+// count, bit for bit), or, on another rank count, after as many of the epoch's tiles.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/comm.h"
+#include "engine/optim/optimizer.h"
+#include "engine/parameters.h"
+#include "io/checkpoint.h"
+
+namespace tessera::engine {
+
+class Strategy;
+
+// Where a run is.
+struct TrainPosition {
+  std::int64_t step = 0;            // optimizer steps taken (all runs)
+  std::int64_t epoch = 0;           // completed epochs
+  std::int64_t batch_in_epoch = 0;  // micro-batches of the current epoch each rank has taken
+};
+
+// What is trained, and how a step is shaped: what a checkpoint is assembled from and restored into.
+struct TrainState {
+  const std::vector<Param*>& params;
+  const std::vector<Buffer*>& buffers;
+  Optimizer& optimizer;
+  Strategy& strategy;
+  int batch_size = 0;                  // per rank and micro-batch
+  std::int64_t accumulation = 1;       // micro-batches per step
+  std::int64_t batches_per_epoch = 0;  // micro-batches per epoch and rank
+  std::uint64_t seed = 0;
+};
+
+// Writes `path` atomically. Collective: rank 0 writes the evaluation model (the same on every rank) and `meta`
+// (its step and epoch set from `at`), with every rank's replica gathered when the strategy keeps them apart.
+void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& meta, const TrainPosition& at,
+                            const TrainState& state, const core::Comm& comm);
+
+// Restores the run saved in `path` into `state` (tensors, optimizer, strategy) and returns its position in this
+// run's terms. Every rank reads the shared part, and its own replica when the file has one per rank of this run.
+// `job` is this job's meta: a checkpoint of another architecture, tile size or µm/px is an InputError naming the
+// file (`shards` names the tiles in the message). Call before strategy.initialize(); then finish_resume().
+struct Resumed {
+  TrainPosition at;
+  std::optional<io::Replica> own_replica;  // this rank's replica, when the file has one per rank of this run
+};
+Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMeta& job, const std::string& shards,
+                                const TrainState& state, const core::Comm& comm);
+
+// After strategy.initialize() made every replica the centre: this rank's own replica and optimizer state, when the
+// checkpoint had them, take its place.
+void finish_resume(Resumed& resumed, const std::string& path, const TrainState& state);
+
+}  // namespace tessera::engine
