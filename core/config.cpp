@@ -10,6 +10,8 @@
 #include <sstream>
 #include <utility>
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -35,10 +37,13 @@ std::string join_path(const std::string& prefix, const std::string& name) {
 }
 
 // True when some key lives under `path`, i.e. `path` names a section such as "tile" or "train.optimizer".
+// Old names count ("slides" when "slides.assume_mpp" was renamed).
 bool is_section(const Schema& schema, const std::string& path) {
   const std::string prefix = path + ".";
-  return std::any_of(schema.keys().begin(), schema.keys().end(),
-                     [&](const KeySpec& key) { return key.path.compare(0, prefix.size(), prefix) == 0; });
+  const auto under = [&](const std::string& key) { return key.compare(0, prefix.size(), prefix) == 0; };
+  return std::any_of(schema.keys().begin(), schema.keys().end(), [&](const KeySpec& key) { return under(key.path); }) ||
+         std::any_of(schema.renames().begin(), schema.renames().end(),
+                     [&](const auto& rename) { return under(rename.first); });
 }
 
 // Every key and every section, as dotted paths: what an unknown key may have been meant to be.
@@ -251,12 +256,12 @@ class Reader {
   // Reads the value given for `path`; `where` (the key, if there is one) locates unknown-key errors.
   void read_entry(const std::string& path, const YAML::Node& where, const YAML::Node& value) {
     if (const KeySpec* spec = schema_.find(path)) {
-      // The same key can be reached twice in one file through a dotted name ("tile.size: 1" next to
-      // "tile: {size: 2}"); the per-map check cannot see that.
-      if (const auto [it, inserted] = leaf_lines_.emplace(path, line_of(where)); !inserted) {
-        fail(duplicate_message(it->second), where, path);
-      }
-      assignments_.emplace_back(path, read_value(*spec, where, value));
+      read_leaf(*spec, path, where, value);
+    } else if (const std::string* now = schema_.renamed_to(path);
+               now != nullptr && !(value.IsMap() && is_section(schema_, path))) {
+      spdlog::warn("{}{}: '{}' is the old name of '{}': it is read in this release and not in the next; rename it",
+                   file_, line_of(where) > 0 ? ":" + std::to_string(line_of(where)) : "", path, *now);
+      read_leaf(*schema_.find(*now), path, where, value);
     } else if (is_section(schema_, path)) {
       if (value.IsMap()) {
         read_section(path, value);
@@ -270,6 +275,21 @@ class Reader {
       }
       fail(message, where, path);
     }
+  }
+
+  // A key's value, given under `given_as` (the key, or its old name).
+  void read_leaf(const KeySpec& spec, const std::string& given_as, const YAML::Node& where, const YAML::Node& value) {
+    // The same key can be reached twice in one file through a dotted name ("tile.size: 1" next to
+    // "tile: {size: 2}"), or under its old name and its new one; the per-map check cannot see that.
+    if (const auto [it, inserted] = leaf_lines_.emplace(spec.path, Given{line_of(where), given_as}); !inserted) {
+      std::string message = duplicate_message(it->second.line);
+      if (it->second.as != given_as) {
+        message = fmt::format("'{}' and '{}' are the same key ({} is its old name); give it once", it->second.as,
+                              given_as, it->second.as == spec.path ? given_as : it->second.as);
+      }
+      fail(message, where, spec.path);
+    }
+    assignments_.emplace_back(spec.path, read_value(spec, where, value));
   }
 
   Assignments take() { return std::move(assignments_); }
@@ -366,7 +386,11 @@ class Reader {
   const Schema& schema_;
   std::string file_;
   bool has_lines_;
-  std::map<std::string, int> leaf_lines_;
+  struct Given {
+    int line = 0;
+    std::string as;  // the key, or its old name
+  };
+  std::map<std::string, Given> leaf_lines_;
   Assignments assignments_;
 };
 
@@ -491,6 +515,23 @@ Schema& Schema::string_list(const std::string& path, std::vector<std::string> de
 const KeySpec* Schema::find(const std::string& path) const {
   const auto it = std::find_if(keys_.begin(), keys_.end(), [&](const KeySpec& key) { return key.path == path; });
   return it == keys_.end() ? nullptr : &*it;
+}
+
+Schema& Schema::renamed(const std::string& old_path, const std::string& path) {
+  const auto bad = [&](const std::string& why) { return InternalError("schema rename '" + old_path + "': " + why); };
+  if (find(path) == nullptr) throw bad("'" + path + "' is not declared");
+  for (const KeySpec& key : keys_) {
+    if (key.path == old_path || key.path.rfind(old_path + ".", 0) == 0 || old_path.rfind(key.path + ".", 0) == 0) {
+      throw bad("the name is in use ('" + key.path + "')");
+    }
+  }
+  if (!renames_.emplace(old_path, path).second) throw bad("renamed twice");
+  return *this;
+}
+
+const std::string* Schema::renamed_to(const std::string& old_path) const {
+  const auto it = renames_.find(old_path);
+  return it == renames_.end() ? nullptr : &it->second;
 }
 
 // A schema is written by a programmer, so every mistake in it is an InternalError, raised when the verb

@@ -7,6 +7,8 @@
 //   - values of the wrong type ("expected an integer, got 'abc'"),
 //   - values out of range or not among the allowed values,
 //   - sections given as scalars and scalars given as sections.
+// A key that was renamed keeps its old name for one release (Schema::renamed): a job that uses it is read as if it
+// had used the new one, with a warning naming both; giving both is an error.
 // Keys not in the file take their defaults. Config::to_yaml renders the full effective config with every
 // key and its doc as a comment (what `--print-config` prints and what is saved next to every job's outputs).
 #pragma once
@@ -48,12 +50,20 @@ class Schema {
                  std::vector<std::string> allowed = {});
   Schema& string_list(const std::string& path, std::vector<std::string> def, const std::string& doc);
 
+  // `old_path` is the name `path` had before: still read, for one release, with a warning. InternalError when
+  // `path` is not declared (declare it first) or `old_path` is a key or section of its own.
+  Schema& renamed(const std::string& old_path, const std::string& path);
+
   const KeySpec* find(const std::string& path) const;
   const std::vector<KeySpec>& keys() const { return keys_; }  // in declaration order
+  // The key an old name stands for, or nullptr.
+  const std::string* renamed_to(const std::string& old_path) const;
+  const std::map<std::string, std::string>& renames() const { return renames_; }  // old name -> key
 
  private:
   Schema& add(KeySpec spec);
   std::vector<KeySpec> keys_;
+  std::map<std::string, std::string> renames_;
 };
 
 class Config {

@@ -7,9 +7,13 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "tests/testing/testing.h"
@@ -765,6 +769,82 @@ TEST(ClosestMatch, ThresholdIsMaxOfTwoAndAThird) {
   EXPECT_EQ(closest_match("abc", {"xyz"}), "");
   // On a tie the first candidate wins.
   EXPECT_EQ(closest_match("cat", {"bat", "hat"}), "bat");
+}
+
+}  // namespace
+}  // namespace tessera::core
+
+// ---- renamed keys ----
+
+namespace tessera::core {
+namespace {
+
+const Schema& renamed_schema() {
+  static const Schema schema = Schema()
+                                   .string_list("input.slides", {}, "Slides")
+                                   .number("input.assume_mpp", 0.0, "um/px", 0, 100)
+                                   .integer("tile.size", 256, "Tile edge", 1, 4096)
+                                   .renamed("slides", "input.slides")
+                                   .renamed("slides.assume_mpp", "input.assume_mpp");
+  return schema;
+}
+
+// The warnings logged while `action` runs.
+std::string warnings_of(const std::function<void()>& action) {
+  std::ostringstream text;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
+  const auto logger = spdlog::default_logger();
+  logger->sinks().push_back(sink);
+  try {
+    action();
+  } catch (...) {
+    logger->sinks().pop_back();
+    throw;
+  }
+  logger->sinks().pop_back();
+  return text.str();
+}
+
+TEST(ConfigRenamed, AnOldNameIsReadAsTheNewKeyWithAWarningNamingBoth) {
+  Config config(renamed_schema());
+  const std::string warnings = warnings_of(
+      [&] { config = Config::parse(renamed_schema(), "slides: [a.svs]\nslides.assume_mpp: 0.25\n", "job.yaml"); });
+  EXPECT_EQ(config.get_string_list("input.slides"), std::vector<std::string>{"a.svs"});
+  EXPECT_EQ(config.get_number("input.assume_mpp"), 0.25);
+  EXPECT_TRUE(config.is_set("input.slides"));
+  EXPECT_NE(warnings.find("job.yaml:1: 'slides' is the old name of 'input.slides'"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("'slides.assume_mpp' is the old name of 'input.assume_mpp'"), std::string::npos) << warnings;
+  // The effective config speaks the new names only.
+  EXPECT_NE(config.to_yaml().find("input:"), std::string::npos);
+  EXPECT_EQ(config.to_yaml().find("slides:\n  assume_mpp"), std::string::npos);
+}
+
+TEST(ConfigRenamed, AnOldNameIsCheckedLikeTheNewKey) {
+  const ConfigError e =
+      config_error([] { Config::parse(renamed_schema(), "slides:\n  assume_mpp: -1\n", "job.yaml"); });
+  EXPECT_EQ(e.key(), "input.assume_mpp");
+  EXPECT_NE(std::string(e.what()).find("must be between 0 and 100"), std::string::npos) << e.what();
+}
+
+TEST(ConfigRenamed, GivingTheOldAndTheNewNameIsOneErrorNamingBoth) {
+  for (const std::string yaml : {"input:\n  slides: [a]\nslides: [b]\n", "slides: [b]\ninput.slides: [a]\n"}) {
+    SCOPED_TRACE(yaml);
+    const ConfigError e = config_error([&] { Config::parse(renamed_schema(), yaml, "job.yaml"); });
+    EXPECT_EQ(e.line(), 3 - (yaml[0] == 's'));
+    EXPECT_NE(std::string(e.what()).find("are the same key (slides is its old name)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigRenamed, OverridesAndFlagsTakeTheOldNameToo) {
+  Config config(renamed_schema());
+  config.set("slides=[x.svs]");
+  EXPECT_EQ(config.get_string_list("input.slides"), std::vector<std::string>{"x.svs"});
+}
+
+TEST(ConfigRenamed, ASchemaCannotRenameToAnUndeclaredKeyOrFromAKeyInUse) {
+  EXPECT_THROW(Schema().integer("a", 1, "A").renamed("b", "c"), InternalError);
+  EXPECT_THROW(Schema().integer("a", 1, "A").integer("b.c", 1, "B").renamed("b", "a"), InternalError);
+  EXPECT_THROW(Schema().integer("a", 1, "A").renamed("b", "a").renamed("b", "a"), InternalError);
 }
 
 }  // namespace
