@@ -40,6 +40,7 @@
 #include "bench/bench.h"
 #include "bench/child.h"
 #include "bench/peak.h"
+#include "core/atomic_file.h"
 #include "core/comm.h"
 #include "core/error.h"
 #include "core/measure.h"
@@ -603,9 +604,7 @@ int run_bench_comm(const CommBenchOptions& o) {
       o.steps, kWarmupSteps, o.batch, cores, p);
 
   if (!o.json_file.empty()) {
-    std::ofstream out(o.json_file);
-    out << report.dump(2) << "\n";
-    if (!out) throw core::InputError("cannot write the JSON report", o.json_file);
+    core::write_file_atomic(o.json_file, report.dump(2) + "\n");
   }
   if (failed) {
     throw core::InternalError(fmt::format("bench comm: some child runs failed; their output is in {}", log));

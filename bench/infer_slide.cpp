@@ -28,6 +28,7 @@
 
 #include "bench/bench.h"
 #include "bench/child.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/registry.h"
@@ -332,9 +333,7 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
           {"large_vs_small", large_mb / small_mb},
           {"own_peak_mb", static_cast<double>(own_peak_kb) / kMB}}},
         {"workdir", work.string()}};
-    std::ofstream out(o.json_file);
-    out << report.dump(2) << "\n";
-    if (!out) throw core::InputError("cannot write the JSON report", o.json_file);
+    core::write_file_atomic(o.json_file, report.dump(2) + "\n");
   }
   return core::exit_ok;
 }

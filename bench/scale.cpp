@@ -32,6 +32,7 @@
 #include "analysis/plot.h"
 #include "bench/bench.h"
 #include "bench/child.h"
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "core/measure.h"
 #include "engine/context.h"
@@ -537,16 +538,16 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   }
 
   // Outputs.
-  std::ofstream csv(out / "scale.csv");
-  csv << "simulated,platform,model,parameters,strategy,inter,tau,ranks,compute_s,step_s,efficiency,comm_fraction,"
-         "wait_fraction,mb_per_step,payload_scale,failure\n";
+  std::string csv =
+      "simulated,platform,model,parameters,strategy,inter,tau,ranks,compute_s,step_s,efficiency,comm_fraction,"
+      "wait_fraction,mb_per_step,payload_scale,failure\n";
   json rows = json::array();
   bool failed = false;
   for (const auto& s : sims) {
     const auto& r = s.result;
     const bool ok = s.failure.empty();
     failed = failed || (!ok && !s.skipped);
-    csv << fmt::format("yes,{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", s.platform, s.model,
+    csv += fmt::format("yes,{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", s.platform, s.model,
                        ok ? r.at("params").dump() : "", s.strategy, s.inter, s.tau, s.ranks,
                        ok ? r.at("compute_s").dump() : "", ok ? r.at("step_s").dump() : "",
                        ok ? r.at("efficiency").dump() : "", ok ? r.at("comm_fraction").dump() : "",
@@ -562,7 +563,7 @@ int run_bench_scale(const ScaleBenchOptions& o) {
                     {"failure", s.failure},
                     {"wall_seconds", s.wall_seconds}});
   }
-  if (!csv) throw core::InputError("cannot write the table", (out / "scale.csv").string());
+  core::write_file_atomic((out / "scale.csv").string(), csv);
   const int max_ranks = *std::max_element(ranks.begin(), ranks.end());
   for (const auto& platform : platform_names) {
     for (const auto& m : models) write_plots(sims, out, platform, m.name, max_ranks);
@@ -583,7 +584,7 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   report["simulations"] = rows;
   report["smpi_config"] = kSmpiConfig;
   report["assumptions"] = "sim/README.md";
-  std::ofstream(out / "scale.json") << report.dump(2) << "\n";
+  core::write_file_atomic((out / "scale.json").string(), report.dump(2) + "\n");
   std::cout << fmt::format(
       "\nEvery figure above is SIMULATED (SimGrid SMPI; assumptions in sim/README.md).\n"
       "Table: {}  plots: {}/efficiency-*.png, comm-*.png\n",
