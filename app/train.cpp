@@ -24,17 +24,16 @@ struct TrainOptions {
 };
 
 int run_train(const TrainOptions& options) {
-  std::vector<std::string> overrides;
-  if (!options.out.empty()) overrides.push_back("output=" + options.out);
-  if (!options.shards.empty()) overrides.push_back("data.shards=" + options.shards);
-  if (!options.resume.empty()) overrides.push_back("train.resume=" + options.resume);
-  const auto config = load_job(engine::train_schema(), options.job, overrides);
+  const auto config = load_job(engine::train_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
   const auto& world = core::Comm::world();
   // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
   const core::OutputLock lock = core::lock_output_folder(world, config.get_string("output"), "train");
   const auto result = engine::train(config, world);
-  if (world.is_root()) {
+  if (world.is_root() && result.steps_this_run == 0) {
+    spdlog::info("nothing left to train: {} is at step {} ({} epochs) of this job", result.checkpoint, result.steps,
+                 result.epochs);
+  } else if (world.is_root()) {
     spdlog::info("trained {} steps ({} epochs) in {:.1f} s, {:.1f} images/s; validation AUC {:.3f}; checkpoint {}",
                  result.steps, result.epochs, result.seconds, result.images_per_second, result.final_val_auc,
                  result.checkpoint);
@@ -47,11 +46,11 @@ int run_train(const TrainOptions& options) {
 Action setup_train(CLI::App& command) {
   auto options = std::make_shared<TrainOptions>();
   add_job_options(command, options->job);
-  command.add_option("-o,--out", options->out, "Output folder (same as --set output=...)");
-  command.add_option("--shards", options->shards, "Shard folder (same as --set data.shards=...)");
-  command.add_option("--resume", options->resume,
-                     "Resume from a checkpoint, or 'auto' for the output folder's latest (train.resume)");
-  add_key_flag(command, options->job, "--epochs", {"train.epochs"}, "Epochs (same as --set train.epochs=...)");
+  add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output)");
+  add_key_flag(command, options->job, "--shards", {"data.shards"}, "Shard folder (data.shards)");
+  add_key_flag(command, options->job, "--resume", {"train.resume"},
+               "Resume from a checkpoint, or 'auto' for the output folder's latest (train.resume)");
+  add_key_flag(command, options->job, "--epochs", {"train.epochs"}, "Epochs (train.epochs)");
   command.footer(fmt::format("Models: {}. Runs the same under mpirun/srun (one replica per rank).",
                              fmt::join(engine::model_names(), ", ")));
   return [options] { return run_train(*options); };

@@ -418,6 +418,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   progress.finish();
 
   result.steps = at.step;
+  result.steps_this_run = at.step - first_step;
   result.epochs = at.epoch;
   result.seconds = std::chrono::duration<double>(clock_type::now() - t_start).count();
   result.images_per_second =

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "core/comm.h"
@@ -31,11 +32,14 @@ namespace tessera::engine {
 const core::Schema& train_schema();
 
 struct TrainResult {
-  std::int64_t steps = 0;      // optimizer steps taken in total (including those before a resume)
-  std::int64_t epochs = 0;     // completed epochs
-  double final_val_auc = 0.0;  // NaN when the validation set has one class or is empty
-  double final_val_loss = 0.0;
-  double final_val_accuracy = 0.0;
+  std::int64_t steps = 0;           // optimizer steps taken in total (including those before a resume)
+  std::int64_t steps_this_run = 0;  // 0: a resumed job that had nothing left to do
+  std::int64_t epochs = 0;          // completed epochs
+  // NaN when this run validated nothing (the validation set is empty, or nothing was left to train); the AUC also
+  // when the validation set has one class.
+  double final_val_auc = std::numeric_limits<double>::quiet_NaN();
+  double final_val_loss = std::numeric_limits<double>::quiet_NaN();
+  double final_val_accuracy = std::numeric_limits<double>::quiet_NaN();
   double seconds = 0.0;            // this run's wall time
   double images_per_second = 0.0;  // training images per second over all ranks (this run)
   std::string checkpoint;          // the last checkpoint written
