@@ -306,7 +306,7 @@ json evaluation_json(const EvaluateJob& job, const EvaluateResult& result) {
 }  // namespace
 
 void check_evaluate_job(const EvaluateJob& job) {
-  if (job.dataset.empty()) throw core::ConfigError("no dataset given", job.source, 0, "dataset");
+  if (job.dataset.empty()) throw core::ConfigError("no dataset given", job.source, 0, "input.csv");
   if (job.detections.empty() && job.predictions.empty()) {
     throw core::ConfigError("nothing to evaluate: no detections and no predictions given", job.source, 0, "detections");
   }
@@ -331,7 +331,7 @@ EvaluateResult run_evaluation(const EvaluateJob& job) {
   if (selected.empty()) {
     throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the dataset has: {})", job.dataset,
                                         fmt::join(splits, ", "), fmt::join(present, ", ")),
-                            job.source, 0, "splits");
+                            job.source, 0, "input.splits");
   }
   result.slides = selected.size();
   std::set<std::string> selected_ids;

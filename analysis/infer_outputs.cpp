@@ -33,7 +33,11 @@ std::string file_identity(const std::string& path) {
 // slides, the folder or the threads (they change no slide's outputs).
 std::string infer_job_key(const core::Config& config, const std::string& checkpoint_path) {
   core::Config keyed = config;
-  for (const char* neutral : {"slides=[]", "splits=[]", "output=\"\"", "infer.threads=0"}) keyed.set(neutral);
+  keyed.assign("input.slides", std::vector<std::string>{}, "infer_job_key");
+  keyed.assign("input.csv", std::string(), "infer_job_key");
+  keyed.assign("input.splits", std::vector<std::string>{}, "infer_job_key");
+  keyed.assign("output", std::string(), "infer_job_key");
+  keyed.assign("infer.threads", std::int64_t{0}, "infer_job_key");
   return file_identity(checkpoint_path) + "\n" + keyed.to_yaml();
 }
 

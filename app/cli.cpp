@@ -35,28 +35,42 @@ void add_job_options(CLI::App& command, JobOptions& options) {
 }
 
 CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::string& names,
-                          std::vector<std::string> keys, const std::string& doc) {
+                          std::vector<std::string> keys, const std::string& doc, FlagForm form) {
   KeyFlag& flag = options.key_flags.emplace_back();
   flag.keys = std::move(keys);
+  flag.form = form;
+  if (form == FlagForm::on) {
+    flag.option = command.add_flag(names, flag.on, doc);
+    return flag.option;
+  }
   // A string, not the key's type: CLI11's own conversion would report "could not be converted" in its words,
   // and the schema's check is the one the YAML key gets.
-  flag.option = command.add_option(names, flag.value, doc)->type_name("VALUE");
+  flag.option = command.add_option(names, flag.value, doc)->type_name(form == FlagForm::list ? "A,B,..." : "VALUE");
   return flag.option;
 }
 
-core::Config load_job(const core::Schema& schema, const JobOptions& options,
-                      const std::vector<std::string>& extra_overrides) {
-  std::vector<std::string> overrides = options.overrides;
-  overrides.insert(overrides.end(), extra_overrides.begin(), extra_overrides.end());
-  core::Config config(schema);
+core::Config load_job(const core::Schema& schema, const JobOptions& options) {
+  core::Config config =
+      options.file.empty() ? core::Config(schema) : core::Config::load(schema, options.file, options.overrides);
   if (options.file.empty()) {
-    for (const auto& assignment : overrides) config.set(assignment);
-  } else {
-    config = core::Config::load(schema, options.file, overrides);
+    for (const auto& assignment : options.overrides) config.set(assignment);
   }
   for (const KeyFlag& flag : options.key_flags) {
     if (flag.option->count() == 0) continue;
-    for (const auto& key : flag.keys) config.set_value(key, flag.value, flag.option->get_name());
+    const std::string name = flag.option->get_name();
+    for (const auto& key : flag.keys) {
+      switch (flag.form) {
+        case FlagForm::value:
+          config.set_value(key, flag.value, name);
+          break;
+        case FlagForm::list:
+          config.set_list(key, comma_list(flag.value), name);
+          break;
+        case FlagForm::on:
+          if (flag.on) config.set_value(key, "true", name);
+          break;
+      }
+    }
   }
   return config;
 }
@@ -84,22 +98,6 @@ std::vector<std::string> comma_list(const std::string& text) {
   }
   std::erase(items, std::string());
   return items;
-}
-
-// A YAML flow-sequence item: quoted, so that globs, commas and colons in paths stay one string.
-static std::string yaml_item(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
-std::string yaml_list(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + yaml_item(items[i]);
-  return out + "]";
 }
 
 }  // namespace tessera::app

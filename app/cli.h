@@ -28,10 +28,18 @@ const std::vector<Verb>& verbs();
 // A verb flag that stands for config keys (--batch for infer.batch_size; synth's --size for two keys). Its text is
 // kept as given and checked by the keys' schema like a YAML value, so `--batch 0` fails as `batch_size: 0` would,
 // and the error names the flag ("--batch: must be between 1 and 65536, got 0"). A flag that was not given changes
-// nothing: no value of the flag's own type stands for "not set".
+// nothing: no value of the flag's own type stands for "not set". The value goes into the config as it is, never
+// through YAML text: a path with ": " or "#" in it stays that path.
+enum class FlagForm {
+  value,  // --out DIR: the text is the key's value
+  list,   // --splits a,b: a comma-separated list for a list key (items trimmed, empty ones dropped)
+  on,     // --preview: takes no value; sets a boolean key to true
+};
 struct KeyFlag {
   std::vector<std::string> keys;
+  FlagForm form = FlagForm::value;
   std::string value;
+  bool on = false;
   CLI::Option* option = nullptr;
 };
 
@@ -47,22 +55,16 @@ void add_job_options(CLI::App& command, JobOptions& options);
 
 // Declares a key flag (see KeyFlag); `names` as CLI11 takes them ("-n,--slides").
 CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::string& names,
-                          std::vector<std::string> keys, const std::string& doc);
+                          std::vector<std::string> keys, const std::string& doc, FlagForm form = FlagForm::value);
 
-// Loads the job against `schema` (defaults when no file was given) with the overrides applied.
-// `extra_overrides` come from verb-specific flags (e.g. --out) and win over the file and --set; the key flags
-// that were given win over all of them.
-core::Config load_job(const core::Schema& schema, const JobOptions& options,
-                      const std::vector<std::string>& extra_overrides = {});
+// Loads the job against `schema` (defaults when no file was given), applies the --set overrides, then the key
+// flags that were given: a flag wins over the file and --set.
+core::Config load_job(const core::Schema& schema, const JobOptions& options);
 // The config points at its schema, which must outlive it: no temporaries.
-core::Config load_job(core::Schema&&, const JobOptions&, const std::vector<std::string>& = {}) = delete;
+core::Config load_job(core::Schema&&, const JobOptions&) = delete;
 
 // A flag's comma-separated list: "a, b,c" → {"a", "b", "c"} (items trimmed, empty ones dropped).
 std::vector<std::string> comma_list(const std::string& text);
-
-// `items` as a YAML flow sequence of quoted strings, for a --set-style override: globs, commas and colons in paths
-// stay one item each.
-std::string yaml_list(const std::vector<std::string>& items);
 
 // When --print-config was given: prints the effective config (rank 0) and returns true.
 bool maybe_print_config(const core::Config& config, const JobOptions& options);

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/output_dir.h"
 #include "io/annotations.h"
+#include "io/slide_list.h"
 
 namespace tessera::app {
 namespace {
@@ -23,12 +24,13 @@ const core::Schema& evaluate_schema() {
   static const core::Schema instance = [] {
     const io::AnnotationClasses classes;
     core::Schema schema;
-    schema.string("dataset", "", "Ground truth: dataset.csv (slide_id, slide, label, annotation_xml/_geojson, split)")
+    io::declare_input_keys(schema, /*files=*/false)
+        .renamed("dataset", "input.csv")
+        .renamed("splits", "input.splits")
+        .renamed("slides.assume_mpp", "input.assume_mpp")
         .string("detections", "", "Folder with <slide>.detections.csv and <slide>.report.json (tessera infer)")
         .string("predictions", "", "Optional patch predictions CSV (tessera predict) for the patch-level AUC")
         .string("output", "evaluation", "Folder for evaluation.json, froc.png and roc.png")
-        .string_list("splits", {}, "Evaluate the slides of these splits (empty = every slide of the dataset)")
-        .number("slides.assume_mpp", 0.0, "um/px for slides that record none (0 = such tumour slides fail)", 0, 100)
         .integer("froc.mask_level", 5, "Evaluation mask pixel = 2^level level-0 pixels (CAMELYON16: 5)", 0, 16)
         .number("froc.dilation_um", 75.0,
                 "CAMELYON16's 75 um: lesion borders grow by half of it (distance < 75 / (2 * mask um/px))", 0.001,
@@ -45,23 +47,17 @@ const core::Schema& evaluate_schema() {
 
 struct EvaluateOptions {
   JobOptions job;
-  std::string dataset;
-  std::string detections;
-  std::string predictions;
-  std::string out;
-  std::string splits;
-  bool include_itc = false;
 };
 
 // The job's settings from the effective config.
 analysis::EvaluateJob job_from_config(const core::Config& config) {
   analysis::EvaluateJob job;
-  job.dataset = config.get_string("dataset");
+  job.dataset = config.get_string("input.csv");
   job.detections = config.get_string("detections");
   job.predictions = config.get_string("predictions");
   job.output = config.get_string("output");
-  job.splits = config.get_string_list("splits");
-  job.assume_mpp = config.get_number("slides.assume_mpp");
+  job.splits = config.get_string_list("input.splits");
+  job.assume_mpp = config.get_number("input.assume_mpp");
   job.froc.mask_level = static_cast<int>(config.get_int("froc.mask_level"));
   job.froc.dilation_um = config.get_number("froc.dilation_um");
   job.froc.itc_diameter_um = config.get_number("froc.itc_diameter_um");
@@ -73,15 +69,7 @@ analysis::EvaluateJob job_from_config(const core::Config& config) {
 }
 
 int run_evaluate(const EvaluateOptions& options) {
-  std::vector<std::string> overrides;
-  if (!options.dataset.empty()) overrides.push_back("dataset=" + options.dataset);
-  if (!options.detections.empty()) overrides.push_back("detections=" + options.detections);
-  if (!options.predictions.empty()) overrides.push_back("predictions=" + options.predictions);
-  if (!options.out.empty()) overrides.push_back("output=" + options.out);
-  if (!options.splits.empty())
-    overrides.push_back(fmt::format("splits=[{}]", fmt::join(comma_list(options.splits), ", ")));
-  if (options.include_itc) overrides.push_back("froc.include_itc=true");
-  const auto config = load_job(evaluate_schema(), options.job, overrides);
+  const auto config = load_job(evaluate_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
   // One process does the work; under mpirun the other ranks have nothing to do.
   if (!core::Comm::world().is_root()) return core::exit_ok;
@@ -89,7 +77,8 @@ int run_evaluate(const EvaluateOptions& options) {
   const analysis::EvaluateJob job = job_from_config(config);
   // Said here with the flags that give them (check_evaluate_job makes the same two checks for other callers).
   if (job.dataset.empty()) {
-    throw core::ConfigError("no dataset given (--dataset or the job's 'dataset' key)", config.source(), 0, "dataset");
+    throw core::ConfigError("no dataset given (--dataset or the job's 'input.csv' key)", config.source(), 0,
+                            "input.csv");
   }
   if (job.detections.empty() && job.predictions.empty()) {
     throw core::ConfigError("nothing to evaluate: give --detections (FROC, slide AUC) and/or --predictions (patch AUC)",
@@ -108,18 +97,19 @@ int run_evaluate(const EvaluateOptions& options) {
 Action setup_evaluate(CLI::App& command) {
   auto options = std::make_shared<EvaluateOptions>();
   add_job_options(command, options->job);
-  command.add_option("-d,--dataset", options->dataset, "Ground truth, e.g. data/synth/dataset.csv (dataset)");
-  command.add_option("--detections", options->detections,
-                     "Folder of <slide>.detections.csv and <slide>.report.json from tessera infer (detections)");
-  command.add_option("-p,--predictions", options->predictions,
-                     "Patch predictions CSV from tessera predict, for the patch AUC (predictions)");
-  command.add_option("-o,--out", options->out, "Output folder (output; default: evaluation)");
-  command.add_option("--splits", options->splits,
-                     "Comma-separated splits to evaluate, e.g. test (splits; default: all)");
-  command.add_flag("--include-itc", options->include_itc,
-                   "Count isolated-tumour-cell lesions like the others (froc.include_itc)");
-  add_key_flag(command, options->job, "--assume-mpp", {"slides.assume_mpp"},
-               "um/px for slides that record none (slides.assume_mpp)");
+  add_key_flag(command, options->job, "-d,--dataset", {"input.csv"},
+               "Ground truth, e.g. data/synth/dataset.csv (input.csv)");
+  add_key_flag(command, options->job, "--detections", {"detections"},
+               "Folder of <slide>.detections.csv and <slide>.report.json from tessera infer (detections)");
+  add_key_flag(command, options->job, "-p,--predictions", {"predictions"},
+               "Patch predictions CSV from tessera predict, for the patch AUC (predictions)");
+  add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output; default: evaluation)");
+  add_key_flag(command, options->job, "--splits", {"input.splits"},
+               "Comma-separated splits to evaluate, e.g. test (input.splits; default: all)", FlagForm::list);
+  add_key_flag(command, options->job, "--include-itc", {"froc.include_itc"},
+               "Count isolated-tumour-cell lesions like the others (froc.include_itc)", FlagForm::on);
+  add_key_flag(command, options->job, "--assume-mpp", {"input.assume_mpp"},
+               "um/px for slides that record none (input.assume_mpp)");
   command.footer(
       "Lesion-level FROC exactly as CAMELYON16 scores it (evaluation mask at 32x the level-0 um/px, borders grown by "
       "37.5 um, ITC lesions < 275 um ignored, one true positive per lesion; score = mean sensitivity at 1/4, 1/2, "

@@ -1,10 +1,11 @@
 // `tessera infer [job.yaml]`: a trained checkpoint over whole slides → tumour-probability heatmaps.
 //
-// The slides are files, globs, or one dataset.csv (columns slide, and optionally split, slide_id, mpp; `splits`
-// picks rows by split). The model, its tile size, µm/px and stain normalization come from the checkpoint
-// (engine/slide_inference.h), so the slides are read as the model's training tiles were. Slides go one after
-// another and every rank works on each slide (a contiguous share of its tiles), so a large slide uses every
-// rank; rank 0 gathers each map and writes the slide's outputs on a second thread while the next slide is scored.
+// The slides are input.slides (files, globs) or input.csv (a dataset.csv: columns slide, and optionally split,
+// slide_id, mpp; input.splits picks rows by split), as in every verb (io/slide_list.h). The model, its tile size, µm/px
+// and stain normalization come from the checkpoint (engine/slide_inference.h), so the slides are read as the model's
+// training tiles were. Slides go one after another and every rank works on each slide (a contiguous share of its
+// tiles), so a large slide uses every rank; rank 0 gathers each map and writes the slide's outputs on a second thread
+// while the next slide is scored.
 //
 // Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
 // analysis/heatmap_outputs.h (`outputs` picks some; default all):
@@ -39,6 +40,7 @@
 #include "engine/slide_inference.h"
 #include "io/heatmap.h"
 #include "io/slide_list.h"
+#include "preprocessing/tissue.h"
 
 namespace tessera::app {
 namespace {
@@ -50,11 +52,10 @@ const core::Schema& infer_schema() {
   // One schema for the life of the process: a Config keeps a pointer to its schema.
   static const core::Schema instance = [] {
     core::Schema schema;
-    schema.string("checkpoint", "", "Trained model (tessera train's checkpoint.h5); required")
-        .string_list("slides", {},
-                     "Slides: files, globs (e.g. data/slides/*.svs), or one dataset.csv (columns slide, and optionally "
-                     "split, slide_id, mpp); required")
-        .string_list("splits", {}, "With a dataset.csv: only the slides of these splits (empty = every row)")
+    schema.string("checkpoint", "", "Trained model (tessera train's checkpoint.h5); required");
+    io::declare_input_keys(schema)
+        .renamed("slides", "input.slides")
+        .renamed("splits", "input.splits")
         .string("output", "infer", "Folder for the per-slide outputs (<slide>.heatmap.h5, ...)")
         .integer("infer.stride", 0,
                  "Pixels at the model's resolution between heatmap cells; 0 = half a tile (cells overlap)", 0, 65536)
@@ -64,18 +65,8 @@ const core::Schema& infer_schema() {
                 "(8 rotations and mirror images)",
                 {"none", "flips", "d8"})
         .number("infer.threshold", 0.5, "P(tumour) at and above which a cell counts as tumour in the summaries", 0, 1)
-        .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
-        .number("tissue.min_fraction", 0.5,
-                "Minimum tissue fraction of a scored cell; unset: the checkpoint's (its tiling's tissue.min_fraction), "
-                "else this default",
-                0, 1)
-        .number("tissue.mask_mpp", 8.0,
-                "Resolution of the tissue mask in um/px; unset: the checkpoint's (its tiling's), else this default", 1,
-                64)
-        .boolean("tissue.reject_pen_marks", true,
-                 "Remove green/blue/black marker ink from the tissue mask; unset: the checkpoint's (its tiling's), "
-                 "else this default")
-        .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100);
+        .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024);
+    prep::declare_tissue_keys(schema, "unset: the checkpoint's (its tiling's), else this default");
     analysis::declare_output_keys(schema);
     return schema;
   }();
@@ -84,22 +75,11 @@ const core::Schema& infer_schema() {
 
 struct InferOptions {
   JobOptions job;
-  std::string checkpoint;
-  std::string slides;
-  std::string out;
-  std::string splits;
-  std::string tta;
   bool force = false;
 };
 
 int run_infer(const InferOptions& options) {
-  std::vector<std::string> overrides;
-  if (!options.checkpoint.empty()) overrides.push_back("checkpoint=" + options.checkpoint);
-  if (!options.slides.empty()) overrides.push_back("slides=" + yaml_list(comma_list(options.slides)));
-  if (!options.splits.empty()) overrides.push_back("splits=" + yaml_list(comma_list(options.splits)));
-  if (!options.out.empty()) overrides.push_back("output=" + options.out);
-  if (!options.tta.empty()) overrides.push_back("infer.tta=" + options.tta);
-  auto config = load_job(infer_schema(), options.job, overrides);
+  auto config = load_job(infer_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
 
   const std::string checkpoint = config.get_string("checkpoint");
@@ -107,8 +87,7 @@ int run_infer(const InferOptions& options) {
     throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
                             "checkpoint");
   }
-  const auto inputs = io::list_slides(config.get_string_list("slides"), config.get_string_list("splits"),
-                                      config.source(), "slides", "splits");
+  const auto inputs = io::list_input_slides(config);
   const fs::path out = config.get_string("output");
   const double threshold = config.get_number("infer.threshold");
   const auto& world = core::Comm::world();
@@ -130,24 +109,24 @@ int run_infer(const InferOptions& options) {
   // job leaves unset takes the checkpoint's value (a checkpoint from before they were recorded has none; the
   // defaults stand). infer.config.yaml then holds the values used.
   if (const auto& tissue = model.meta.tissue) {
-    const std::vector<std::pair<const char*, std::string>> from_checkpoint = {
-        {"tissue.min_fraction", fmt::format("{}", tissue->min_fraction)},
-        {"tissue.mask_mpp", fmt::format("{}", tissue->mask_mpp)},
-        {"tissue.reject_pen_marks", tissue->reject_pen_marks ? "true" : "false"}};
+    const std::vector<std::pair<const char*, core::Value>> from_checkpoint = {
+        {"tissue.min_fraction", tissue->min_fraction},
+        {"tissue.mask_mpp", tissue->mask_mpp},
+        {"tissue.reject_pen_marks", tissue->reject_pen_marks}};
     for (const auto& [key, value] : from_checkpoint) {
       if (config.is_set(key)) continue;
       try {
-        config.set(fmt::format("{}={}", key, value));
+        config.assign(key, value, checkpoint);
       } catch (const core::ConfigError& e) {
         throw core::InputError(
-            fmt::format("/meta records the tiling's {} as {}, which inference cannot use: {}", key, value, e.message()),
-            checkpoint);
+            fmt::format("/meta records the tiling's {}, which inference cannot use: {}", key, e.message()), checkpoint);
       }
     }
   }
-  inference_options.min_tissue = config.get_number("tissue.min_fraction");
-  inference_options.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
-  inference_options.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
+  const io::TissueSettings tissue = prep::tissue_settings(config);
+  inference_options.min_tissue = tissue.min_fraction;
+  inference_options.tissue.mask_mpp = tissue.mask_mpp;
+  inference_options.tissue.reject_pen_marks = tissue.reject_pen_marks;
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   // Slides finished by an earlier run of this job are skipped (rank 0 decides, every rank follows).
@@ -272,16 +251,18 @@ int run_infer(const InferOptions& options) {
 Action setup_infer(CLI::App& command) {
   auto options = std::make_shared<InferOptions>();
   add_job_options(command, options->job);
-  command.add_option("-c,--checkpoint", options->checkpoint,
-                     "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
-  command.add_option("--slides", options->slides,
-                     "Slides: a glob, a comma-separated list of files/globs, or a dataset.csv (slides)");
-  command.add_option("-o,--out", options->out, "Output folder (output)");
-  command.add_option("--splits", options->splits, "With a dataset.csv: comma-separated splits, e.g. test (splits)");
+  add_key_flag(command, options->job, "-c,--checkpoint", {"checkpoint"},
+               "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
+  add_key_flag(command, options->job, "--slides", {"input.slides"},
+               "Slides: comma-separated files or globs, or one dataset.csv (input.slides)", FlagForm::list);
+  add_key_flag(command, options->job, "--csv", {"input.csv"}, "dataset.csv of the slides (input.csv)");
+  add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output)");
+  add_key_flag(command, options->job, "--splits", {"input.splits"},
+               "With a dataset.csv: comma-separated splits, e.g. test (input.splits)", FlagForm::list);
   add_key_flag(command, options->job, "--stride", {"infer.stride"},
                "Pixels at the model's resolution between cells; 0 = half a tile (infer.stride)");
   add_key_flag(command, options->job, "--batch", {"infer.batch_size"}, "Tiles per forward pass (infer.batch_size)");
-  command.add_option("--tta", options->tta, "Test-time augmentation: none, flips, d8 (infer.tta)");
+  add_key_flag(command, options->job, "--tta", {"infer.tta"}, "Test-time augmentation: none, flips, d8 (infer.tta)");
   add_key_flag(command, options->job, "--threshold", {"infer.threshold"},
                "P(tumour) that counts as tumour (infer.threshold)");
   add_key_flag(command, options->job, "--threads", {"infer.threads"},

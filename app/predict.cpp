@@ -111,30 +111,10 @@ std::set<std::string> select_slides(const io::Manifest& manifest, const std::vec
 
 struct PredictOptions {
   JobOptions job;
-  std::string checkpoint;
-  std::string shards;
-  std::string out;
-  std::string splits;
 };
 
 int run_predict(const PredictOptions& options) {
-  std::vector<std::string> overrides;
-  if (!options.checkpoint.empty()) overrides.push_back("checkpoint=" + options.checkpoint);
-  if (!options.shards.empty()) overrides.push_back("data.shards=" + options.shards);
-  if (!options.out.empty()) overrides.push_back("output=" + options.out);
-  if (!options.splits.empty()) {
-    std::vector<std::string> names(1);
-    for (const char c : options.splits) {
-      if (c == ',') {
-        names.emplace_back();
-      } else if (c != ' ') {
-        names.back() += c;
-      }
-    }
-    std::erase(names, std::string());
-    overrides.push_back(fmt::format("data.splits=[{}]", fmt::join(names, ", ")));
-  }
-  const auto config = load_job(predict_schema(), options.job, overrides);
+  const auto config = load_job(predict_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
 
   const std::string checkpoint = config.get_string("checkpoint");
@@ -260,13 +240,13 @@ int run_predict(const PredictOptions& options) {
 Action setup_predict(CLI::App& command) {
   auto options = std::make_shared<PredictOptions>();
   add_job_options(command, options->job);
-  command.add_option("-c,--checkpoint", options->checkpoint,
-                     "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
-  command.add_option("--shards", options->shards, "Shard folder (data.shards)");
-  command.add_option("-o,--out", options->out, "Predictions CSV; the .json summary goes beside it (output)");
-  command.add_option("--splits", options->splits,
-                     "Comma-separated splits to predict, e.g. test,val (data.splits; "
-                     "default: every slide)");
+  add_key_flag(command, options->job, "-c,--checkpoint", {"checkpoint"},
+               "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
+  add_key_flag(command, options->job, "--shards", {"data.shards"}, "Shard folder (data.shards)");
+  add_key_flag(command, options->job, "-o,--out", {"output"},
+               "Predictions CSV; the .json summary goes beside it (output)");
+  add_key_flag(command, options->job, "--splits", {"data.splits"},
+               "Comma-separated splits to predict, e.g. test,val (data.splits; default: every slide)", FlagForm::list);
   add_key_flag(command, options->job, "--batch", {"predict.batch_size"}, "Tiles per forward pass (predict.batch_size)");
   add_key_flag(command, options->job, "--threads", {"predict.threads"},
                "OpenMP threads per rank, 0 = all cores (predict.threads)");

@@ -183,8 +183,8 @@ std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, cons
   return csv_row(s, truth);
 }
 
-int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overrides) {
-  const auto config = load_job(synth_schema(), job, flag_overrides);
+int run_synth(const JobOptions& job) {
+  const auto config = load_job(synth_schema(), job);
   if (maybe_print_config(config, job)) return core::exit_ok;
 
   const auto& world = core::Comm::world();
@@ -243,18 +243,13 @@ int run_synth(const JobOptions& job, const std::vector<std::string>& flag_overri
 
 Action setup_synth(CLI::App& command) {
   auto job = std::make_shared<JobOptions>();
-  auto out = std::make_shared<std::string>();
   add_job_options(command, *job);
-  command.add_option("-o,--out", *out, "Output folder (same as --set output=...)");
-  add_key_flag(command, *job, "-n,--slides", {"slides.count"}, "Number of slides (same as --set slides.count=...)");
+  add_key_flag(command, *job, "-o,--out", {"output"}, "Output folder (output)");
+  add_key_flag(command, *job, "-n,--slides", {"slides.count"}, "Number of slides (slides.count)");
   add_key_flag(command, *job, "--size", {"slides.width", "slides.height"},
                "Level-0 width and height in pixels (slides.width/height)");
-  add_key_flag(command, *job, "--seed", {"seed"}, "Seed (same as --set seed=...)");
-  return [job, out] {
-    std::vector<std::string> overrides;
-    if (!out->empty()) overrides.push_back("output=" + *out);
-    return run_synth(*job, overrides);
-  };
+  add_key_flag(command, *job, "--seed", {"seed"}, "Seed (seed)");
+  return [job] { return run_synth(*job); };
 }
 
 }  // namespace tessera::app

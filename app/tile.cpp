@@ -16,20 +16,14 @@ namespace {
 struct TileOptions {
   JobOptions job;
   bool force = false;
-  bool preview = false;
-  std::string out;
-  std::string on_corrupt_tile;
+  const KeyFlag* preview = nullptr;  // --preview: also a mode of the job (previews only, no shards)
 };
 
 int run_tile(const TileOptions& options) {
-  std::vector<std::string> extra;
-  if (!options.out.empty()) extra.push_back("output=" + options.out);
-  if (options.preview) extra.emplace_back("preview.enabled=true");
-  if (!options.on_corrupt_tile.empty()) extra.push_back("tile.on_corrupt_tile=" + options.on_corrupt_tile);
-  const auto config = load_job(prep::tile_schema(), options.job, extra);
+  const auto config = load_job(prep::tile_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
   const auto result =
-      prep::run_tile_job(config, {.force = options.force, .preview_only = options.preview}, core::Comm::world());
+      prep::run_tile_job(config, {.force = options.force, .preview_only = options.preview->on}, core::Comm::world());
   return result.slides_failed ? core::exit_input : core::exit_ok;
 }
 
@@ -38,15 +32,15 @@ int run_tile(const TileOptions& options) {
 Action setup_tile(CLI::App& command) {
   auto options = std::make_shared<TileOptions>();
   add_job_options(command, options->job);
-  command.add_option("-o,--out", options->out, "Output folder (same as --set output=...)");
+  add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output)");
+  add_key_flag(command, options->job, "--csv", {"input.csv"}, "dataset.csv of the slides to tile (input.csv)");
   command.add_flag("--force", options->force, "Rebuild everything even if the output is up to date");
-  command
-      .add_option("--on-corrupt-tile", options->on_corrupt_tile,
-                  "fail: a slide with a damaged tile fails (default); skip: leave damaged tiles out, count them in "
-                  "the manifest (same as --set tile.on_corrupt_tile=...)")
-      ->check(CLI::IsMember({"fail", "skip"}));
-  command.add_flag("--preview", options->preview,
-                   "Only plan and write previews/<slide>.png (tissue mask, tile grid by label); no shards");
+  add_key_flag(command, options->job, "--on-corrupt-tile", {"tile.on_corrupt_tile"},
+               "fail: a slide with a damaged tile fails (default); skip: leave damaged tiles out, count them in the "
+               "manifest (tile.on_corrupt_tile)");
+  add_key_flag(command, options->job, "--preview", {"preview.enabled"},
+               "Only plan and write previews/<slide>.png (tissue mask, tile grid by label); no shards", FlagForm::on);
+  options->preview = &options->job.key_flags.back();
   return [options] { return run_tile(*options); };
 }
 

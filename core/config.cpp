@@ -151,6 +151,18 @@ std::string render_bound(ValueType type, double bound) {
   return type == ValueType::integer ? std::to_string(static_cast<std::int64_t>(bound)) : shortest(bound);
 }
 
+// "must be between 1 and 10" when `value` is outside the key's range, else "".
+std::string range_problem(const KeySpec& spec, double value) {
+  const bool below = spec.min && value < *spec.min;
+  const bool above = spec.max && value > *spec.max;
+  if (!below && !above) return "";
+  if (spec.min && spec.max) {
+    return "must be between " + render_bound(spec.type, *spec.min) + " and " + render_bound(spec.type, *spec.max);
+  }
+  if (spec.min) return "must be at least " + render_bound(spec.type, *spec.min);
+  return "must be at most " + render_bound(spec.type, *spec.max);
+}
+
 std::optional<std::int64_t> parse_integer(std::string text, bool& out_of_range) {
   out_of_range = false;
   if (!text.empty() && text.front() == '+') text.erase(0, 1);  // from_chars takes '-' but not '+'
@@ -369,18 +381,9 @@ class Reader {
   }
 
   void check_range(const KeySpec& spec, double value, const std::string& text, const YAML::Node& where) const {
-    const bool below = spec.min && value < *spec.min;
-    const bool above = spec.max && value > *spec.max;
-    if (!below && !above) return;
-    std::string message;
-    if (spec.min && spec.max) {
-      message = "must be between " + render_bound(spec.type, *spec.min) + " and " + render_bound(spec.type, *spec.max);
-    } else if (spec.min) {
-      message = "must be at least " + render_bound(spec.type, *spec.min);
-    } else {
-      message = "must be at most " + render_bound(spec.type, *spec.max);
+    if (const std::string problem = range_problem(spec, value); !problem.empty()) {
+      fail(problem + ", got " + text, where, spec.path);
     }
-    fail(message + ", got " + text, where, spec.path);
   }
 
   const Schema& schema_;
@@ -613,6 +616,40 @@ void Config::set_value(const std::string& path, const std::string& text, const s
     values_[key] = std::move(value);
     set_[key] = true;
   }
+}
+
+void Config::set_list(const std::string& path, const std::vector<std::string>& items, const std::string& source) {
+  YAML::Node node(YAML::NodeType::Sequence);
+  for (const std::string& item : items) node.push_back(YAML::Node(item));
+  Reader reader(*schema_, source, false);
+  reader.read_entry(path, node, node);
+  for (auto& [key, value] : reader.take()) {
+    values_[key] = std::move(value);
+    set_[key] = true;
+  }
+}
+
+void Config::assign(const std::string& path, const Value& value, const std::string& source) {
+  const KeySpec* spec = schema_->find(path);
+  if (spec == nullptr) throw InternalError("config key '" + path + "' is not in the schema");
+  if (value.index() != spec->default_value.index()) {
+    throw InternalError("config key '" + path + "' has type " + to_string(spec->type) + ", not the value's");
+  }
+  std::string problem;
+  if (const auto* number = std::get_if<double>(&value)) {
+    problem = std::isfinite(*number) ? range_problem(*spec, *number) : "must be a finite number";
+    if (!problem.empty()) problem += fmt::format(", got {}", *number);
+  } else if (const auto* integer = std::get_if<std::int64_t>(&value)) {
+    problem = range_problem(*spec, static_cast<double>(*integer));
+    if (!problem.empty()) problem += fmt::format(", got {}", *integer);
+  } else if (const auto* text = std::get_if<std::string>(&value);
+             text != nullptr && !spec->allowed.empty() &&
+             std::find(spec->allowed.begin(), spec->allowed.end(), *text) == spec->allowed.end()) {
+    problem = "expected one of: " + join(spec->allowed, ", ") + ", got '" + *text + "'";
+  }
+  if (!problem.empty()) throw ConfigError(problem, source, 0, path);
+  values_[path] = value;
+  set_[path] = true;
 }
 
 const Value& Config::value(const std::string& path, ValueType type) const {

@@ -87,6 +87,11 @@ class Config {
   // Sets `path` from `text`, read as the key's type and checked like a YAML value; errors name `source` (a
   // command-line flag such as "--batch") as their file.
   void set_value(const std::string& path, const std::string& text, const std::string& source);
+  // Sets `path` to a typed value (of the key's type: InternalError otherwise), checked against its range or allowed
+  // values; a ConfigError names `source` as its file.
+  void assign(const std::string& path, const Value& value, const std::string& source);
+  // Sets the list key `path` to `items`, checked like a YAML list; errors name `source`.
+  void set_list(const std::string& path, const std::vector<std::string>& items, const std::string& source);
 
   bool get_bool(const std::string& path) const;
   std::int64_t get_int(const std::string& path) const;
@@ -103,6 +108,7 @@ class Config {
   void save(const std::string& path) const;
   // The file this config came from ("" when only defaults/overrides).
   const std::string& source() const { return source_; }
+  const Schema& schema() const { return *schema_; }
 
  private:
   const Value& value(const std::string& path, ValueType type) const;

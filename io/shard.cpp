@@ -564,9 +564,9 @@ class ManifestFields {
   std::string file_;
 };
 
-// The tiling's tissue settings from the effective job a manifest carries (core::Config::to_yaml writes every key, so a
-// manifest of tessera tile has all three; a key an older job lacked takes today's default). nullopt when the text
-// has no tissue section.
+// The tiling's tissue settings from the effective job a manifest written before the "tissue" field carries
+// (core::Config::to_yaml writes every key, so a manifest of tessera tile has all three; a key an older job lacked takes
+// today's default). nullopt when the text has no tissue section.
 std::optional<TissueSettings> tissue_settings_of(const std::string& yaml_text, const std::string& path) {
   if (yaml_text.empty()) return std::nullopt;
   TissueSettings settings;
@@ -635,7 +635,24 @@ Manifest read_manifest(const std::string& path) {
   Manifest manifest;
   manifest.config_hash = f.string(doc, "", "config_hash", false);
   manifest.config_yaml = f.string(doc, "", "config_yaml", false);
-  manifest.tissue = tissue_settings_of(manifest.config_yaml, path);
+  if (const json* tissue = f.find(doc, "", "tissue", false)) {
+    if (!tissue->is_object()) f.fail("tissue", std::string("expected an object, got ") + tissue->type_name());
+    TissueSettings settings;
+    settings.min_fraction = f.number(*tissue, "tissue", "min_fraction");
+    settings.mask_mpp = f.number(*tissue, "tissue", "mask_mpp");
+    const json* pen = f.find(*tissue, "tissue", "reject_pen_marks", true);
+    if (!pen->is_boolean())
+      f.fail("tissue.reject_pen_marks", std::string("expected a boolean, got ") + pen->type_name());
+    settings.reject_pen_marks = pen->get<bool>();
+    if (!(settings.min_fraction >= 0.0 && settings.min_fraction <= 1.0)) {
+      f.fail("tissue.min_fraction", "expected a fraction in [0, 1]");
+    }
+    if (!(settings.mask_mpp > 0.0) || !std::isfinite(settings.mask_mpp)) f.fail("tissue.mask_mpp", "must be positive");
+    manifest.tissue = settings;
+  } else {
+    // A manifest written before the "tissue" field: the settings are in the effective job it carries.
+    manifest.tissue = tissue_settings_of(manifest.config_yaml, path);
+  }
 
   const json* attributes = f.find(doc, "", "attributes", true);
   if (!attributes->is_object()) f.fail("attributes", std::string("expected an object, got ") + attributes->type_name());
@@ -696,6 +713,11 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
   doc["attributes"] = {{"tile_size", manifest.attributes.tile_size},
                        {"mpp", manifest.attributes.mpp},
                        {"stain_normalization", manifest.attributes.stain_normalization}};
+  if (manifest.tissue) {
+    doc["tissue"] = {{"min_fraction", manifest.tissue->min_fraction},
+                     {"mask_mpp", manifest.tissue->mask_mpp},
+                     {"reject_pen_marks", manifest.tissue->reject_pen_marks}};
+  }
   doc["shards"] = ordered_json::array();
   for (const auto& s : manifest.shards) {
     doc["shards"].push_back(

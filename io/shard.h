@@ -140,8 +140,9 @@ struct Manifest {
   std::string config_hash;  // of the settings that decide the tiles (resume skips when equal)
   std::string config_yaml;  // the effective job
   ShardAttributes attributes;
-  // The tissue.* settings the tiles were kept by, read from config_yaml (the effective job has every key); nullopt
-  // when config_yaml has no tissue section (a manifest not written by tessera tile). Not written separately.
+  // The tissue.* settings the tiles were kept by: the manifest's "tissue" object ({min_fraction, mask_mpp,
+  // reject_pen_marks}); in a manifest written before it, read from config_yaml. nullopt when neither has them (a
+  // manifest not written by tessera tile).
   std::optional<TissueSettings> tissue;
   std::vector<ManifestShard> shards;
   std::vector<ManifestSlide> slides;

@@ -46,10 +46,44 @@ void check_unique_slide_ids(const std::vector<std::string>& ids, const std::stri
   }
 }
 
+core::Schema& declare_input_keys(core::Schema& schema, bool files) {
+  if (files) {
+    schema.string_list("input.slides", {},
+                       "Slide files or globs (e.g. data/slides/*.svs); a single .csv is read as input.csv");
+  }
+  return schema
+      .string("input.csv", "",
+              files ? "dataset.csv: columns slide, label, annotation (or annotation_xml/_geojson), split, slide_id, mpp"
+                    : "Ground truth dataset.csv: columns slide_id, slide, label, annotation_xml/_geojson, split, mpp")
+      .string_list("input.splits", {}, "With input.csv: only the slides of these splits (empty = every row)")
+      .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100);
+}
+
+std::string input_csv(const core::Config& config) {
+  const std::string& csv = config.get_string("input.csv");
+  const core::Schema& schema = config.schema();
+  if (schema.find("input.slides") == nullptr) return csv;
+  const auto& files = config.get_string_list("input.slides");
+  if (!csv.empty() && !files.empty()) {
+    throw core::ConfigError("give the slides either as input.slides (files or globs) or as input.csv, not both",
+                            config.source(), 0, "input.slides");
+  }
+  if (files.size() == 1 && std::filesystem::path(files.front()).extension() == ".csv") return files.front();
+  return csv;
+}
+
+std::vector<ListedSlide> list_input_slides(const core::Config& config) {
+  const std::string csv = input_csv(config);
+  const bool from_csv = !csv.empty();
+  return list_slides(from_csv ? std::vector<std::string>{csv} : config.get_string_list("input.slides"),
+                     config.get_string_list("input.splits"), config.source(),
+                     from_csv && config.get_string("input.csv") == csv ? "input.csv" : "input.slides", "input.splits");
+}
+
 std::vector<ListedSlide> list_slides(const std::vector<std::string>& entries, const std::vector<std::string>& splits,
                                      const std::string& source, const std::string& key, const std::string& splits_key) {
   if (entries.empty()) {
-    throw core::ConfigError("no slides given (--" + key + " or the job's '" + key + "' key)", source, 0, key);
+    throw core::ConfigError("no slides given (--slides, or the job's '" + key + "' key)", source, 0, key);
   }
   std::vector<ListedSlide> slides;
   if (entries.size() == 1 && std::filesystem::path(entries.front()).extension() == ".csv") {

@@ -8,7 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
+
 namespace tessera::io {
+
+// The slides of a job, named alike in every verb that reads slides (tile, infer, evaluate):
+//   input.slides      slide files or globs; a single .csv among them is read as input.csv
+//   input.csv         a dataset.csv (io/dataset.h): one row per slide
+//   input.splits      with input.csv: only the rows of these splits (empty = every row)
+//   input.assume_mpp  um/px for slides that record none (0 = such slides fail)
+// `files`: whether the verb takes input.slides (evaluate needs a dataset.csv's labels, so it does not).
+core::Schema& declare_input_keys(core::Schema& schema, bool files = true);
+
+// The dataset.csv of a job declared with declare_input_keys: input.csv, or input.slides when it is one .csv; ""
+// when the job names slide files. ConfigError naming input.slides when both input.slides and input.csv are given.
+std::string input_csv(const core::Config& config);
 
 // "data/slides/tumor_001.tif" → "tumor_001".
 std::string slide_id_of(const std::string& path);
@@ -35,5 +49,7 @@ struct ListedSlide {
 // slides with one id (their outputs would overwrite each other).
 std::vector<ListedSlide> list_slides(const std::vector<std::string>& entries, const std::vector<std::string>& splits,
                                      const std::string& source, const std::string& key, const std::string& splits_key);
+// The same for a job declared with declare_input_keys.
+std::vector<ListedSlide> list_input_slides(const core::Config& config);
 
 }  // namespace tessera::io

@@ -451,56 +451,66 @@ std::int64_t rewrite_without(const std::string& from, const std::string& to, con
 }  // namespace
 
 const core::Schema& tile_schema() {
-  static const core::Schema schema =
-      core::Schema()
-          .string_list("input.slides", {}, "Slide files or globs (e.g. data/demo/slides/*.svs); or use input.csv")
-          .string("input.csv", "", "CSV with columns slide, label, annotation (or annotation_xml/_geojson), split, mpp")
-          .number("input.assume_mpp", 0.0, "um/px for slides that record none (0 = such slides fail)", 0, 100)
-          .string("output", "data/shards", "Folder for manifest.json and shard-NNNNN.h5")
-          .integer("tile.size", 256, "Tile side in pixels at tile.mpp", 16, 4096)
-          .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05,
-                  64)
-          .integer("tile.stride", 0,
-                   "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)", 0, 4096)
-          .string("tile.on_corrupt_tile", "fail",
-                  "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
-                  "in the manifest",
-                  {"fail", "skip"})
-          .number("tissue.min_fraction", 0.5, "Minimum tissue fraction of a kept tile", 0, 1)
-          .number("tissue.mask_mpp", 8.0, "Resolution of the tissue mask in um/px", 1, 64)
-          .boolean("tissue.reject_pen_marks", true, "Remove green/blue/black marker ink from the tissue mask")
-          .number("labels.tumour_threshold", 0.5,
-                  "A tile is tumour when its annotated tumour fraction is at least this", 0.0001, 1)
-          .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
-                  {"drop", "keep"})
-          .string_list("labels.tumour_classes", {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"},
-                       "ASAP groups / QuPath classes that mark tumour ('*' at the end matches any suffix)")
-          .string_list("labels.exclusion_classes", {"_2", "Exclusion", "Ignore*"},
-                       "Groups/classes that mark non-tumour areas inside tumour annotations")
-          .integer("sampling.max_tiles_per_slide", 0, "Keep at most this many tiles per slide (0 = all)", 0, 1e9)
-          .number("sampling.max_normal_per_tumour", 0.0,
-                  "On slides with tumour, keep at most this many normal tiles per tumour tile (0 = all)", 0, 1e6)
-          .integer("sampling.seed", 1, "Seed of the tile sampling", 0, 9.0e15)
-          .string("stain.method", "none", "Stain normalization", {"none", "reinhard", "macenko"})
-          .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
-          .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
-          .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
-          .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
-          .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
-  return schema;
+  static const core::Schema instance = [] {
+    core::Schema schema;
+    io::declare_input_keys(schema)
+        .string("output", "data/shards", "Folder for manifest.json and shard-NNNNN.h5")
+        .integer("tile.size", 256, "Tile side in pixels at tile.mpp", 16, 4096)
+        .number("tile.mpp", 0.5, "Target resolution in um/px (tiles are resampled to it from the best level)", 0.05, 64)
+        .integer("tile.stride", 0, "Pixels (at tile.mpp) between tile origins; 0 = tile.size (stride = size - overlap)",
+                 0, 4096)
+        .string("tile.on_corrupt_tile", "fail",
+                "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
+                "in the manifest",
+                {"fail", "skip"})
+        .number("labels.tumour_threshold", 0.5, "A tile is tumour when its annotated tumour fraction is at least this",
+                0.0001, 1)
+        .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
+                {"drop", "keep"})
+        .string_list("labels.tumour_classes", {"_0", "_1", "Tumor", "Tumour", "tumor", "metastases"},
+                     "ASAP groups / QuPath classes that mark tumour ('*' at the end matches any suffix)")
+        .string_list("labels.exclusion_classes", {"_2", "Exclusion", "Ignore*"},
+                     "Groups/classes that mark non-tumour areas inside tumour annotations")
+        .integer("sampling.max_tiles_per_slide", 0, "Keep at most this many tiles per slide (0 = all)", 0, 1e9)
+        .number("sampling.max_normal_per_tumour", 0.0,
+                "On slides with tumour, keep at most this many normal tiles per tumour tile (0 = all)", 0, 1e6)
+        .integer("sampling.seed", 1, "Seed of the tile sampling", 0, 9.0e15)
+        .string("stain.method", "none", "Stain normalization", {"none", "reinhard", "macenko"})
+        .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+        .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
+        .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
+        .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
+        .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
+    declare_tissue_keys(schema);
+    return schema;
+  }();
+  return instance;
 }
 
 std::vector<SlideInput> resolve_tile_inputs(const core::Config& config) {
   std::vector<SlideInput> inputs;
-  const auto& csv = config.get_string("input.csv");
+  const std::string csv = io::input_csv(config);
   const auto& patterns = config.get_string_list("input.slides");
-  if (csv.empty() == patterns.empty()) {
-    throw core::ConfigError("give the slides either as input.slides (files or globs) or as input.csv, not both or none",
-                            config.source(), 0, "input.slides");
+  const auto& splits = config.get_string_list("input.splits");
+  if (csv.empty() && patterns.empty()) {
+    throw core::ConfigError("give the slides as input.slides (files or globs) or as input.csv", config.source(), 0,
+                            "input.slides");
   }
   if (!csv.empty()) {
-    inputs = read_csv_inputs(csv);
+    for (auto& input : read_csv_inputs(csv)) {
+      if (splits.empty() || std::find(splits.begin(), splits.end(), input.split) != splits.end()) {
+        inputs.push_back(std::move(input));
+      }
+    }
+    if (inputs.empty() && !splits.empty()) {
+      throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {}", csv, fmt::join(splits, ", ")),
+                              config.source(), 0, "input.splits");
+    }
   } else {
+    if (!splits.empty()) {
+      throw core::ConfigError("input.splits selects rows of input.csv; the slides here are files or globs",
+                              config.source(), 0, "input.splits");
+    }
     for (const auto& f : io::expand_slide_patterns(patterns, config.source(), "input.slides")) {
       inputs.push_back({io::slide_id_of(f), f, "", "", sibling_annotation(f), 0.0});
     }
@@ -538,11 +548,12 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   settings.grid.tile_size = static_cast<int>(config.get_int("tile.size"));
   settings.grid.mpp = config.get_number("tile.mpp");
   settings.grid.stride = static_cast<int>(config.get_int("tile.stride"));
-  settings.grid.min_tissue = config.get_number("tissue.min_fraction");
+  const io::TissueSettings tissue = tissue_settings(config);
+  settings.grid.min_tissue = tissue.min_fraction;
   settings.grid.tumour_threshold = config.get_number("labels.tumour_threshold");
   settings.grid.keep_ambiguous = config.get_string("labels.ambiguous") == "keep";
-  settings.tissue.mask_mpp = config.get_number("tissue.mask_mpp");
-  settings.tissue.reject_pen_marks = config.get_bool("tissue.reject_pen_marks");
+  settings.tissue.mask_mpp = tissue.mask_mpp;
+  settings.tissue.reject_pen_marks = tissue.reject_pen_marks;
   settings.classes.tumour = config.get_string_list("labels.tumour_classes");
   settings.classes.exclusion = config.get_string_list("labels.exclusion_classes");
   settings.max_tiles = config.get_int("sampling.max_tiles_per_slide");
@@ -786,6 +797,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
     manifest.config_hash = hash;
     manifest.config_yaml = config.to_yaml();
     manifest.attributes = attributes;
+    manifest.tissue = tissue_settings(config);
     std::map<std::string, io::ManifestSlide> slides;
     for (const auto& p : plans) {
       if (!p.error.empty() || failed_ids.contains(p.input.id)) continue;

@@ -12,6 +12,19 @@
 #include "core/error.h"
 
 namespace tessera::prep {
+
+core::Schema& declare_tissue_keys(core::Schema& schema, const std::string& unset) {
+  const auto doc = [&](const std::string& text) { return unset.empty() ? text : text + "; " + unset; };
+  return schema.number("tissue.min_fraction", 0.5, doc("Minimum tissue fraction of a kept tile"), 0, 1)
+      .number("tissue.mask_mpp", 8.0, doc("Resolution of the tissue mask in um/px"), 1, 64)
+      .boolean("tissue.reject_pen_marks", true, doc("Remove green/blue/black marker ink from the tissue mask"));
+}
+
+io::TissueSettings tissue_settings(const core::Config& config) {
+  return {.min_fraction = config.get_number("tissue.min_fraction"),
+          .mask_mpp = config.get_number("tissue.mask_mpp"),
+          .reject_pen_marks = config.get_bool("tissue.reject_pen_marks")};
+}
 namespace {
 
 // Reads are split into horizontal bands of at most this many level pixels, so that even a slide without a

@@ -9,23 +9,32 @@
 
 #include <opencv2/core.hpp>
 
+#include "core/config.h"
 #include "io/slide.h"
+#include "io/tissue_settings.h"
 
 namespace tessera::prep {
 
 struct TissueOptions {
-  double mask_mpp = 8.0;              // resolution of the mask in µm/px
-  double min_saturation = 0.05;       // floor for the Otsu threshold on saturation (0..1)
-  double min_white_distance = 30.0;   // Euclidean RGB distance from (255,255,255)
-  double min_object_um2 = 20000.0;    // smaller tissue specks are removed (≈ 140 µm square)
-  double max_hole_um2 = 40000.0;      // smaller holes are filled
+  double mask_mpp = 8.0;             // resolution of the mask in µm/px
+  double min_saturation = 0.05;      // floor for the Otsu threshold on saturation (0..1)
+  double min_white_distance = 30.0;  // Euclidean RGB distance from (255,255,255)
+  double min_object_um2 = 20000.0;   // smaller tissue specks are removed (≈ 140 µm square)
+  double max_hole_um2 = 40000.0;     // smaller holes are filled
   bool reject_pen_marks = true;
 };
 
+// The tissue.* keys, declared alike by every verb that finds tissue (tile, infer): tissue.min_fraction,
+// tissue.mask_mpp, tissue.reject_pen_marks. `unset` is said after each key's doc (infer: where an unset key's value
+// comes from).
+core::Schema& declare_tissue_keys(core::Schema& schema, const std::string& unset = "");
+// Their values.
+io::TissueSettings tissue_settings(const core::Config& config);
+
 struct TissueMask {
-  cv::Mat mask;             // CV_8U, 255 = tissue
-  double downsample = 1.0;  // level-0 pixels per mask pixel (same in x and y)
-  double mpp = 0.0;         // µm per mask pixel
+  cv::Mat mask;                    // CV_8U, 255 = tissue
+  double downsample = 1.0;         // level-0 pixels per mask pixel (same in x and y)
+  double mpp = 0.0;                // µm per mask pixel
   double tissue_fraction() const;  // share of mask pixels that are tissue
   double tissue_area_mm2() const;
 };

@@ -387,7 +387,7 @@ TEST_F(EvaluateJobTest, TheJobIsCheckedBeforeAnyWork) {
   };
   EvaluateJob j = job();
   j.dataset.clear();
-  EXPECT_EQ(config_key(j), "dataset");
+  EXPECT_EQ(config_key(j), "input.csv");
   j = job();
   j.detections.clear();
   EXPECT_EQ(config_key(j), "detections");
@@ -415,7 +415,7 @@ TEST_F(EvaluateJobTest, TheDatasetAndTheSplitsMustGiveSlides) {
     run_evaluation(j);
     ADD_FAILURE() << "no error for splits that hold no slide";
   } catch (const core::ConfigError& e) {
-    EXPECT_EQ(e.key(), "splits");
+    EXPECT_EQ(e.key(), "input.splits");
     EXPECT_EQ(e.file(), "job.yaml");
     EXPECT_TRUE(contains(e.message(), "is in the split(s) val, test (the dataset has: (none), train)")) << e.message();
   }

@@ -49,8 +49,8 @@ TEST(Cli, UnknownVerbSuggestsTheClosestAndExitsWithUsageCode) {
 }
 
 TEST(Cli, AMalformedFaultInjectionIsRefusedBeforeAnyWork) {
-  for (const std::string spec : {"", "after=2", "train.step after=0", "train.step after=two", "train.step do=explode",
-                                 "train.step when=now"}) {
+  for (const std::string spec :
+       {"", "after=2", "train.step after=0", "train.step after=two", "train.step do=explode", "train.step when=now"}) {
     if (spec.empty()) continue;
     const auto r = testing::run_script("TESSERA_FAULT='" + spec + "' $TESSERA --version");
     EXPECT_EQ(r.code, 2) << spec;
@@ -170,6 +170,64 @@ TEST(CliConfig, WrongTypeIsRejected) {
   EXPECT_TRUE(contains(r.err, "expected an integer")) << r.err;
 }
 
+// One vocabulary (docs/ARCHITECTURE.md, "Jobs are YAML"): the slides are input.* in every verb; the old names of
+// infer's and evaluate's keys still read, for one release, with a warning naming the new key.
+TEST(CliConfig, RenamedKeysStillReadWithAWarningNamingTheNewKey) {
+  testing::TempDir dir;
+  const std::string infer_job = dir.file("infer.yaml");
+  std::ofstream(infer_job) << "slides: [data.csv]\nsplits: [test]\n";
+  auto r = run("infer " + infer_job + " --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "input:\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  slides: [data.csv]\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  splits: [test]\n")) << r.out;
+  EXPECT_TRUE(contains(r.err, "'slides' is the old name of 'input.slides'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "'splits' is the old name of 'input.splits'")) << r.err;
+
+  const std::string evaluate_job = dir.file("evaluate.yaml");
+  std::ofstream(evaluate_job) << "dataset: d.csv\nslides:\n  assume_mpp: 0.25\n";
+  r = run("evaluate " + evaluate_job + " --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "csv: d.csv\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "assume_mpp: 0.25\n")) << r.out;
+  EXPECT_TRUE(contains(r.err, "evaluate.yaml:1: 'dataset' is the old name of 'input.csv'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "evaluate.yaml:3: 'slides.assume_mpp' is the old name of 'input.assume_mpp'")) << r.err;
+
+  // Both names at once is one error naming both.
+  std::ofstream(evaluate_job) << "dataset: d.csv\ninput:\n  csv: e.csv\n";
+  r = run("evaluate " + evaluate_job + " --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "'dataset' and 'input.csv' are the same key")) << r.err;
+}
+
+// Flags set their keys as given, never through YAML text: a path with ": ", "#" or "," stays one path, lists split
+// at commas, and switches set booleans.
+TEST(CliConfig, FlagsSetTheirKeysAsGiven) {
+  auto r =
+      run("infer --out 'odd: name #1' --checkpoint 'c, d.h5' --slides 'a.svs, b*.svs' --splits test,val "
+          "--tta flips --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "output: \"odd: name #1\"\n") || contains(r.out, "output: 'odd: name #1'\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "checkpoint: c, d.h5\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  slides: [a.svs, b*.svs]\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  splits: [test, val]\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tta: flips\n")) << r.out;
+  r = run("evaluate --include-itc --dataset d.csv --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "include_itc: true\n")) << r.out;
+  r = run("tile --on-corrupt-tile skip --csv d.csv --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "on_corrupt_tile: skip\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "csv: d.csv\n")) << r.out;
+  // A bad value is the key's error, naming the flag.
+  r = run("infer --tta sideways --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--tta: expected one of: none, flips, d8, got 'sideways'")) << r.err;
+  r = run("tile --on-corrupt-tile ignore --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--on-corrupt-tile: expected one of: fail, skip")) << r.err;
+}
+
 TEST(CliBench, PeakPrintsGflopsForOneThreadAndAll) {
   const auto r = run("bench peak --size 256 --seconds 0.05");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -191,6 +249,7 @@ TEST(Configs, EveryShippedJobReads) {
         << name << ": which verb is it for?";
     const auto r = testing::run(verb + " " + entry.path().string() + " --print-config");
     EXPECT_EQ(r.code, 0) << name << ": " << r.err;
+    EXPECT_FALSE(contains(r.err, "old name")) << name << " uses a renamed key: " << r.err;
     ++checked;
   }
   EXPECT_GE(checked, 10);

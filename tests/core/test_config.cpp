@@ -849,3 +849,40 @@ TEST(ConfigRenamed, ASchemaCannotRenameToAnUndeclaredKeyOrFromAKeyInUse) {
 
 }  // namespace
 }  // namespace tessera::core
+
+// ---- typed values from code and lists from flags ----
+
+namespace tessera::core {
+namespace {
+
+TEST(ConfigAssign, ATypedValueIsCheckedLikeAYamlOneAndErrorsNameTheSource) {
+  Config config(test_schema());
+  config.assign("tile.mpp", 0.25, "ckpt.h5");
+  EXPECT_EQ(config.get_number("tile.mpp"), 0.25);
+  EXPECT_TRUE(config.is_set("tile.mpp"));
+  config.assign("tile.save_masks", true, "ckpt.h5");
+  EXPECT_TRUE(config.get_bool("tile.save_masks"));
+  ConfigError e = config_error([&] { config.assign("tile.mpp", 1000.0, "ckpt.h5"); });
+  EXPECT_EQ(e.file(), "ckpt.h5");
+  EXPECT_EQ(e.key(), "tile.mpp");
+  EXPECT_NE(std::string(e.what()).find("must be between 0.05 and 100, got 1000"), std::string::npos) << e.what();
+  e = config_error([&] { config.assign("tile.mpp", std::numeric_limits<double>::quiet_NaN(), "ckpt.h5"); });
+  EXPECT_NE(std::string(e.what()).find("must be a finite number"), std::string::npos) << e.what();
+  e = config_error([&] { config.assign("tile.stain_normalization", std::string("grey"), "ckpt.h5"); });
+  EXPECT_NE(std::string(e.what()).find("expected one of: none, reinhard, macenko, got 'grey'"), std::string::npos);
+  EXPECT_EQ(config.get_number("tile.mpp"), 0.25) << "a refused value changes nothing";
+  EXPECT_THROW(config.assign("tile.mpp", std::int64_t{1}, "code"), InternalError) << "the key's own type only";
+  EXPECT_THROW(config.assign("no.such", 1.0, "code"), InternalError);
+}
+
+TEST(ConfigSetList, ItemsAreTakenAsGivenAndCheckedAsAList) {
+  Config config(test_schema());
+  config.set_list("slides", {"a: b.svs", "#c.svs", "[d].svs"}, "--slides");
+  EXPECT_EQ(config.get_string_list("slides"), (std::vector<std::string>{"a: b.svs", "#c.svs", "[d].svs"}));
+  const ConfigError e = config_error([&] { config.set_list("tile.size", {"1"}, "--size"); });
+  EXPECT_EQ(e.file(), "--size");
+  EXPECT_NE(std::string(e.what()).find("expected an integer, got a list"), std::string::npos) << e.what();
+}
+
+}  // namespace
+}  // namespace tessera::core

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 // tessera_io_tests does not get HDF5's include folder (tessera_io links it privately); Debian's serial
@@ -20,6 +21,8 @@
 #else
 #include <hdf5/serial/hdf5.h>
 #endif
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "io/shard.h"
@@ -818,6 +821,42 @@ TEST(Manifest, TissueSettingsComeFromTheTilingJob) {
     } catch (const core::InputError& e) {
       EXPECT_EQ(e.file(), path);
       EXPECT_NE(e.message().find("config_yaml"), std::string::npos) << e.message();
+    }
+  }
+}
+
+// tessera tile writes the settings as a "tissue" object; config_yaml is read only for manifests written before it.
+TEST(Manifest, TissueSettingsAreAnObjectOfTheirOwn) {
+  TempDir dir;
+  const std::string path = dir.file("manifest.json");
+  io::Manifest m = sample_manifest();
+  m.config_yaml = "tissue:\n  min_fraction: 0.9\n";  // not read: the object wins
+  m.tissue = io::TissueSettings{0.3, 16.0, false};
+  io::write_manifest(path, m);
+  std::stringstream written;
+  written << std::ifstream(path).rdbuf();
+  const auto doc = nlohmann::json::parse(written.str());
+  EXPECT_EQ(doc["tissue"], (nlohmann::json{{"min_fraction", 0.3}, {"mask_mpp", 16.0}, {"reject_pen_marks", false}}));
+  EXPECT_EQ(io::read_manifest(path).tissue, m.tissue);
+
+  for (const auto& [tissue, problem] : std::vector<std::pair<std::string, std::string>>{
+           {R"("tissue": 3)", "field 'tissue': expected an object, got number"},
+           {R"("tissue": {"mask_mpp": 8, "reject_pen_marks": true})", "missing required field 'tissue.min_fraction'"},
+           {R"("tissue": {"min_fraction": 2, "mask_mpp": 8, "reject_pen_marks": true})",
+            "field 'tissue.min_fraction': expected a fraction in [0, 1]"},
+           {R"("tissue": {"min_fraction": 0.5, "mask_mpp": 0, "reject_pen_marks": true})",
+            "field 'tissue.mask_mpp': must be positive"},
+           {R"("tissue": {"min_fraction": 0.5, "mask_mpp": 8, "reject_pen_marks": "yes"})",
+            "field 'tissue.reject_pen_marks': expected a boolean, got string"}}) {
+    auto broken = doc;
+    broken.erase("tissue");
+    const std::string text = broken.dump();
+    std::ofstream(path) << text.substr(0, text.size() - 1) << "," << tissue << "}";
+    try {
+      io::read_manifest(path);
+      ADD_FAILURE() << "no error for " << tissue;
+    } catch (const core::InputError& e) {
+      EXPECT_EQ(e.message(), problem);
     }
   }
 }

@@ -109,12 +109,38 @@ TEST(ResolveTileInputs, MistakesAreConfigErrorsNamingTheSetting) {
   EXPECT_EQ(key, "input.slides");
   EXPECT_NE(config_error("input:\n  slides: ['" + (dir.path() / "s.*").string() + "']\n").find("share the id 's'"),
             std::string::npos);
-  EXPECT_NE(config_error("input:\n  slides: []\n").find("either as input.slides"), std::string::npos);
+  EXPECT_NE(config_error("input:\n  slides: []\n").find("give the slides as input.slides"), std::string::npos);
   EXPECT_NE(config_error("input:\n  slides: [a.svs]\n  csv: d.csv\n").find("not both"), std::string::npos);
   // A plain path that does not exist is no mistake in the job: it fails later, as that slide.
   const auto missing = resolve_tile_inputs(job("input:\n  slides: [" + (dir.path() / "gone.svs").string() + "]\n"));
   ASSERT_EQ(missing.size(), 1u);
   EXPECT_EQ(missing[0].id, "gone");
+}
+
+TEST(ResolveTileInputs, InputSplitsPicksRowsOfTheCsvWhichASingleCsvInInputSlidesAlsoNames) {
+  testing::TempDir dir;
+  std::ofstream(dir.path() / "dataset.csv") << "slide,label,split\na.svs,normal,train\nb.svs,tumor,test\n"
+                                               "c.svs,normal,train\n";
+  const std::string csv = (dir.path() / "dataset.csv").string();
+  for (const std::string& yaml : {"input:\n  csv: '" + csv + "'\n  splits: [train]\n",
+                                  "input:\n  slides: ['" + csv + "']\n  splits: [train]\n"}) {
+    SCOPED_TRACE(yaml);
+    const auto inputs = resolve_tile_inputs(job(yaml));
+    ASSERT_EQ(inputs.size(), 2u);
+    EXPECT_EQ(inputs[0].id, "a");
+    EXPECT_EQ(inputs[1].id, "c");
+    EXPECT_EQ(inputs[1].path, (dir.path() / "c.svs").string());
+  }
+  EXPECT_EQ(resolve_tile_inputs(job("input:\n  csv: '" + csv + "'\n")).size(), 3u) << "no splits: every row";
+  std::string key;
+  EXPECT_NE(config_error("input:\n  csv: '" + csv + "'\n  splits: [val]\n", &key).find("is in the split(s) val"),
+            std::string::npos);
+  EXPECT_EQ(key, "input.splits");
+  touch(dir.path() / "a.svs");
+  EXPECT_NE(config_error("input:\n  slides: ['" + (dir.path() / "a.svs").string() + "']\n  splits: [train]\n", &key)
+                .find("input.splits selects rows of input.csv"),
+            std::string::npos);
+  EXPECT_EQ(key, "input.splits");
 }
 
 // ---- resume ---------------------------------------------------------------------------------------------------
