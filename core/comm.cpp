@@ -124,7 +124,15 @@ std::vector<std::string> gather_strings(MPI_Comm comm, int rank, int size, const
 
 namespace detail {
 
+// throw_mpi_error (core/comm.h), with `hint` said after the MPI library's reason: what usually makes the call fail
+// and what to do.
+[[noreturn]] void throw_mpi_error_with_hint(int code, const char* call, const char* file, int line, const char* hint);
+
 void throw_mpi_error(int code, const char* call, const char* file, int line) {
+  throw_mpi_error_with_hint(code, call, file, line, nullptr);
+}
+
+void throw_mpi_error_with_hint(int code, const char* call, const char* file, int line, const char* hint) {
   std::string reason = "MPI error code " + std::to_string(code);
   int initialized = 0;
   int finalized = 0;
@@ -135,6 +143,7 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
     int length = 0;
     if (MPI_Error_string(code, text, &length) == MPI_SUCCESS) reason.assign(text, static_cast<std::size_t>(length));
   }
+  if (hint != nullptr) reason += std::string("; ") + hint;
   InternalError error(std::string(call) + " failed (" + short_path(file) + ":" + std::to_string(line) + "): " + reason);
   error.add_context("rank", static_cast<std::int64_t>(current_world_rank()));
   throw error;
@@ -316,9 +325,19 @@ Window::Window(const Comm& comm, std::size_t bytes, int disp_unit, Kind kind)
       uncaught_at_creation_(std::uncaught_exceptions()) {
   const auto size = static_cast<MPI_Aint>(bytes);
   if (kind == Kind::shared) {
-    TESSERA_MPI_CHECK(MPI_Win_allocate_shared(size, disp_unit, MPI_INFO_NULL, comm.handle(), &base_, &win_));
-  } else {
-    TESSERA_MPI_CHECK(MPI_Win_allocate(size, disp_unit, MPI_INFO_NULL, comm.handle(), &base_, &win_));
+    if (const int code = MPI_Win_allocate_shared(size, disp_unit, MPI_INFO_NULL, comm.handle(), &base_, &win_);
+        code != MPI_SUCCESS) {
+      detail::throw_mpi_error_with_hint(code, "MPI_Win_allocate_shared", __FILE__, __LINE__,
+                                        "shared-memory windows (two-level) need Open MPI's osc sm: if mpirun's --mca "
+                                        "osc leaves it out, add it (--mca osc sm,pt2pt)");
+    }
+  } else if (const int code = MPI_Win_allocate(size, disp_unit, MPI_INFO_NULL, comm.handle(), &base_, &win_);
+             code != MPI_SUCCESS) {
+    // Seen across hosts over TCP with Open MPI 4.1: its default one-sided component needs an RDMA network.
+    detail::throw_mpi_error_with_hint(
+        code, "MPI_Win_allocate", __FILE__, __LINE__,
+        "one-sided windows (async-easgd) across nodes need an RDMA network, or with Open MPI over "
+        "TCP: mpirun --mca osc sm,pt2pt");
   }
   // Windows do not inherit the communicator's error handler.
   TESSERA_MPI_CHECK(MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN));

@@ -1,10 +1,20 @@
 #include "engine/strategy_two_level.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
+#include <map>
+#include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "core/measure.h"
@@ -73,6 +83,7 @@ TwoLevelStrategy::TwoLevelStrategy(const core::Comm& comm, const StrategyOptions
       group_(make_groups(comm, comm.split_node(), options.ranks_per_node)),
       leaders_(comm.split(group_.rank() == 0 ? 0 : MPI_UNDEFINED, comm.rank())) {
   groups_ = static_cast<int>(comm.allreduce_value<std::int64_t>(is_leader() ? 1 : 0, core::ReduceOp::sum));
+  log_groups(comm);
 
   if (inter_ == Inter::easgd) {
     // The leaders check the EASGD options for their communicator; the group learns the verdict from its leader,
@@ -93,6 +104,45 @@ TwoLevelStrategy::TwoLevelStrategy(const core::Comm& comm, const StrategyOptions
 }
 
 TwoLevelStrategy::~TwoLevelStrategy() = default;
+
+void TwoLevelStrategy::log_groups(const core::Comm& comm) const {
+  // Every rank says its leader (a world rank) and its host; rank 0 writes one line: "t1: ranks 0-1; t2: ranks 2-3".
+  std::string leader = std::to_string(comm.rank());
+  group_.broadcast(leader, 0);
+  std::array<char, 256> host{};
+  if (gethostname(host.data(), host.size() - 1) != 0) std::snprintf(host.data(), host.size(), "?");
+  const auto all = comm.allgather_bytes(leader + " " + host.data());
+  if (!comm.is_root()) return;
+  std::map<int, std::pair<std::set<std::string>, std::vector<int>>> groups;  // leader -> hosts, ranks
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto space = all[r].find(' ');
+    auto& g = groups[std::stoi(all[r].substr(0, space))];
+    g.first.insert(all[r].substr(space + 1));
+    g.second.push_back(static_cast<int>(r));
+  }
+  // Ranks as runs ("0-3,8"); at most 8 groups named, for the rank counts of a cluster.
+  const auto runs = [](const std::vector<int>& ranks) {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < ranks.size();) {
+      std::size_t j = i;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      out.push_back(j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
+      i = j + 1;
+    }
+    return fmt::format("{}", fmt::join(out, ","));
+  };
+  constexpr std::size_t kNamed = 8;
+  std::vector<std::string> parts;
+  for (const auto& [first, g] : groups) {
+    if (parts.size() == kNamed) {
+      parts.push_back(fmt::format("... ({} more)", groups.size() - kNamed));
+      break;
+    }
+    parts.push_back(fmt::format("{}: ranks {}", fmt::join(g.first, "+"), runs(g.second)));
+  }
+  spdlog::info("two-level: {} node group(s), leaders exchange by {}: {}", groups_,
+               inter_ == Inter::easgd ? "easgd" : "allreduce", fmt::join(parts, "; "));
+}
 
 void TwoLevelStrategy::check_layout(const std::vector<Param*>& params, const std::vector<Buffer*>* buffers) const {
   std::size_t n_params = 0, n_buffers = layout_.buffers;

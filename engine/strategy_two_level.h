@@ -96,6 +96,9 @@ class TwoLevelStrategy final : public Strategy {
   const Phases& phases() const { return phases_; }
 
  private:
+  // Rank 0 logs which ranks form which group, on which hosts (collective).
+  void log_groups(const core::Comm& comm) const;
+
   class Epoch;  // one passive-target epoch on the window
 
   // Element counts of the model the window was made for.

@@ -8,13 +8,13 @@ packages=(
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev
   libopenslide-dev openslide-tools
   libopenmpi-dev openmpi-bin
-  libhdf5-dev
+  libhdf5-dev hdf5-tools
   libdnnl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
   libtiff-dev libjpeg-dev
   libsimgrid-dev
-  ccache stress-ng
+  ccache stress-ng iproute2 util-linux
 )
 
 # `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Tessera across a real TCP network: two test hosts (scripts/testhosts.sh: network namespaces with their own
+# addresses and host names, links shaped to 10 Gbit/s) with two ranks each, against the same 4 ranks on one host.
+#
+#   across_hosts.sh TESSERA TESTHOSTS PART
+#     hosts      the test hosts: names, addresses, exec, status, down and up again
+#     train      allreduce, easgd and two-level train the same weights, bit for bit, on 2 hosts x 2 ranks as on one
+#                host; two-level forms its node groups from the host names and logs them; async-easgd completes
+#     pipeline   tile and infer across hosts write the same shards and heatmaps as on one host
+#
+# Exits 77 (CTest: skipped) with the reason when test hosts cannot be made here (not root, no ip netns).
+set -euo pipefail
+
+tessera=$1
+testhosts=$2
+part=$3
+
+if ! reason=$("$testhosts" check 2>&1); then
+  echo "SKIPPED: test hosts cannot be made here: $reason"
+  exit 77
+fi
+
+work=$(mktemp -d /tmp/tessera-network.XXXXXX)
+cleanup() {
+  "$testhosts" down || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAILED: $*" >&2
+  exit 1
+}
+
+one_host() { mpirun --allow-run-as-root --oversubscribe -n 4 "$@"; }
+two_hosts() { "$testhosts" mpirun --host t1:2,t2:2 -n 4 "$@"; }
+
+# Equal HDF5 content (h5diff compares every dataset and attribute value of OBJECT, exactly).
+same_h5() {
+  local a=$1 b=$2 object=$3 what=$4
+  h5diff "$a" "$b" "$object" >/dev/null 2>&1 || {
+    h5diff -r "$a" "$b" "$object" 2>&1 | head -20 >&2
+    fail "$what: $a and $b differ in $object"
+  }
+}
+
+"$testhosts" up 2 --rate 10gbit
+
+# Small data, made on one host: four 1024 px slides (two train, two validate) tiled at 32 px.
+data() {
+  "$tessera" synth --out "$work/synth" --slides 4 --size 1024 --seed 3 --set preview.enabled=false \
+    --set split.train=0.5 --set split.val=0.5 >"$work/synth.log" 2>&1 || fail "synth: $(tail -5 "$work/synth.log")"
+  cat >"$work/tile.yaml" <<EOF
+input:
+  csv: $work/synth/dataset.csv
+tile:
+  size: 32
+  mpp: 1.0
+tissue:
+  min_fraction: 0.3
+EOF
+}
+
+case "$part" in
+  hosts)
+    for h in t1 t2; do
+      name=$("$testhosts" exec "$h" hostname)
+      [ "$name" = "$h" ] || fail "host $h calls itself '$name'"
+    done
+    address=$("$testhosts" exec t2 "ip -4 -o addr show eth0")
+    [[ "$address" == *"198.18.0.12/24"* ]] || fail "t2's address: $address"
+    [ "$("$testhosts" status | wc -l)" -eq 2 ] || fail "status lists $("$testhosts" status)"
+    "$testhosts" up 2 --rate 1gbit  # again: the same two hosts, reshaped
+    [ "$("$testhosts" status | wc -l)" -eq 2 ] || fail "up twice: $("$testhosts" status)"
+    "$testhosts" down
+    if "$testhosts" status >/dev/null; then fail "hosts left after down: $("$testhosts" status)"; fi
+    ip link show tessera-br >/dev/null 2>&1 && fail "the bridge is left after down"
+    if "$testhosts" exec t1 true 2>"$work/err"; then fail "exec on a host that is gone succeeded"; fi
+    grep -q "no test host t1" "$work/err" || fail "exec on a gone host says: $(cat "$work/err")"
+    ;;
+
+  train)
+    data
+    "$tessera" tile "$work/tile.yaml" --out "$work/shards" >"$work/tile.log" 2>&1 || fail "tile: $(tail -5 "$work/tile.log")"
+    cat >"$work/train.yaml" <<EOF
+data:
+  shards: $work/shards
+  block_size: 16
+  shuffle_buffer: 128
+model:
+  architecture: tiny_cnn
+train:
+  epochs: 2
+  batch_size: 8
+  seed: 2
+  threads: 1
+optimizer:
+  name: sgd
+  lr: 0.05
+  momentum: 0.9
+schedule:
+  name: constant
+  reference_batch: 0
+distributed:
+  tau: 2
+EOF
+    run_both() {  # NAME SETTINGS...: the job on one host and across hosts
+      local name=$1
+      shift
+      one_host "$tessera" train "$work/train.yaml" --out "$work/one-$name" "$@" >"$work/one-$name.log" 2>&1 ||
+        fail "$name on one host: $(tail -5 "$work/one-$name.log")"
+      two_hosts "$tessera" train "$work/train.yaml" --out "$work/two-$name" "$@" >"$work/two-$name.log" 2>&1 ||
+        fail "$name across hosts: $(tail -5 "$work/two-$name.log")"
+    }
+    for strategy in allreduce easgd; do
+      run_both "$strategy" --set distributed.strategy="$strategy"
+      for object in /params /buffers; do
+        same_h5 "$work/one-$strategy/checkpoint.h5" "$work/two-$strategy/checkpoint.h5" "$object" "$strategy"
+      done
+      echo "$strategy: the same weights on 2 hosts x 2 ranks as on one host"
+    done
+
+    # two-level: across hosts the groups are the hosts (ranks_per_node 0: as MPI groups them); on one host the same
+    # groups are asked for (ranks_per_node 2).
+    one_host "$tessera" train "$work/train.yaml" --out "$work/one-two-level" --set distributed.strategy=two-level \
+      --set distributed.ranks_per_node=2 >"$work/one-two-level.log" 2>&1 ||
+      fail "two-level on one host: $(tail -5 "$work/one-two-level.log")"
+    two_hosts "$tessera" train "$work/train.yaml" --out "$work/two-two-level" --set distributed.strategy=two-level \
+      >"$work/two-two-level.log" 2>&1 || fail "two-level across hosts: $(tail -5 "$work/two-two-level.log")"
+    grep -q "two-level: 2 node group(s), leaders exchange by allreduce: t1: ranks 0-1; t2: ranks 2-3" \
+      "$work/two-two-level.log" || fail "two-level's groups across hosts: $(grep two-level: "$work/two-two-level.log")"
+    for object in /params /buffers; do
+      same_h5 "$work/one-two-level/checkpoint.h5" "$work/two-two-level/checkpoint.h5" "$object" two-level
+    done
+    echo "two-level: node groups from the host names (t1: 0-1, t2: 2-3), the same weights as on one host"
+
+    # async-easgd is not reproducible by design: it completes, and validates.
+    two_hosts "$tessera" train "$work/train.yaml" --out "$work/two-async" --set distributed.strategy=async-easgd \
+      >"$work/two-async.log" 2>&1 || fail "async-easgd across hosts: $(tail -5 "$work/two-async.log")"
+    grep -q '"kind":"val","epoch":2' "$work/two-async/metrics.jsonl" ||
+      fail "async-easgd across hosts did not validate epoch 2: $(cat "$work/two-async/metrics.jsonl")"
+    echo "async-easgd: completes across hosts"
+    ;;
+
+  pipeline)
+    data
+    one_host "$tessera" tile "$work/tile.yaml" --out "$work/one-shards" >"$work/one-tile.log" 2>&1 ||
+      fail "tile on one host: $(tail -5 "$work/one-tile.log")"
+    two_hosts "$tessera" tile "$work/tile.yaml" --out "$work/two-shards" >"$work/two-tile.log" 2>&1 ||
+      fail "tile across hosts: $(tail -5 "$work/two-tile.log")"
+    (cd "$work/one-shards" && ls shard-*.h5) >"$work/one-shards.txt"
+    (cd "$work/two-shards" && ls shard-*.h5) >"$work/two-shards.txt"
+    cmp -s "$work/one-shards.txt" "$work/two-shards.txt" || fail "the shard files differ: $(diff "$work/one-shards.txt" "$work/two-shards.txt")"
+    [ -s "$work/one-shards.txt" ] || fail "no shards"
+    while read -r shard; do
+      same_h5 "$work/one-shards/$shard" "$work/two-shards/$shard" / "tile"
+    done <"$work/one-shards.txt"
+    cmp -s <(grep -v -e '"config_yaml"' -e '"config_hash"' "$work/one-shards/manifest.json" | sed "s|$work/one-shards|OUT|g") \
+      <(grep -v -e '"config_yaml"' -e '"config_hash"' "$work/two-shards/manifest.json" | sed "s|$work/two-shards|OUT|g") ||
+      fail "the manifests differ"
+    echo "tile: the same shards and manifest across hosts as on one host"
+
+    # A model to infer with: a few steps on one host.
+    printf 'data:\n  shards: %s\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 1\n  batch_size: 8\n  threads: 1\n' \
+      "$work/one-shards" >"$work/train.yaml"
+    "$tessera" train "$work/train.yaml" --out "$work/model" >"$work/train.log" 2>&1 || fail "train: $(tail -5 "$work/train.log")"
+    for where in one two; do
+      runner=one_host
+      [ "$where" = two ] && runner=two_hosts
+      "$runner" "$tessera" infer --checkpoint "$work/model/checkpoint.h5" --csv "$work/synth/dataset.csv" \
+        --splits val --out "$work/$where-infer" --set outputs=[heatmap.h5] >"$work/$where-infer.log" 2>&1 ||
+        fail "infer ($where): $(tail -5 "$work/$where-infer.log")"
+    done
+    count=0
+    for map in "$work"/one-infer/*.heatmap.h5; do
+      same_h5 "$map" "$work/two-infer/$(basename "$map")" /prob infer
+      count=$((count + 1))
+    done
+    [ "$count" -ge 1 ] || fail "infer wrote no heatmap"
+    echo "infer: the same $count heatmap(s) across hosts as on one host"
+    ;;
+
+  *)
+    fail "unknown part '$part' (hosts, train, pipeline)"
+    ;;
+esac
