@@ -7,6 +7,9 @@
 #     train      allreduce, easgd and two-level train the same weights, bit for bit, on 2 hosts x 2 ranks as on one
 #                host; two-level forms its node groups from the host names and logs them; async-easgd completes
 #     pipeline   tile and infer across hosts write the same shards and heatmaps as on one host
+#     killed     a rank on t2 killed mid-training (a fault-injection point, not a timer) takes the job down with a
+#                message naming the rank and the host, without hanging; --resume auto then ends where an
+#                uninterrupted run does, bit for bit
 #
 # Exits 77 (CTest: skipped) with the reason when test hosts cannot be made here (not root, no ip netns).
 set -euo pipefail
@@ -180,7 +183,30 @@ EOF
     echo "infer: the same $count heatmap(s) across hosts as on one host"
     ;;
 
+  killed)
+    data
+    "$tessera" tile "$work/tile.yaml" --out "$work/shards" >"$work/tile.log" 2>&1 || fail "tile: $(tail -5 "$work/tile.log")"
+    printf 'data:\n  shards: %s\n  block_size: 16\n  shuffle_buffer: 128\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 2\n  seed: 2\n  threads: 1\n  checkpoint_every: 2\n' \
+      "$work/shards" >"$work/train.yaml"
+    status=0
+    TESSERA_FAULT="train.step after=8 rank=2" two_hosts -x TESSERA_FAULT "$tessera" train "$work/train.yaml" \
+      --out "$work/run" >"$work/killed.log" 2>&1 || status=$?
+    [ "$status" -ne 0 ] || fail "the job whose rank 2 was killed exited 0"
+    grep -q "rank 2 .* on node t2 exited on signal 9" "$work/killed.log" ||
+      fail "no message naming rank 2 and host t2: $(tail -20 "$work/killed.log")"
+    [ -f "$work/run/checkpoint.h5" ] || fail "no checkpoint before the kill"
+    two_hosts "$tessera" train "$work/train.yaml" --out "$work/run" --resume auto >"$work/resumed.log" 2>&1 ||
+      fail "--resume auto across hosts: $(tail -5 "$work/resumed.log")"
+    grep -q "resuming from .* at step 8" "$work/resumed.log" || fail "the resumed run did not start at step 8"
+    two_hosts "$tessera" train "$work/train.yaml" --out "$work/full" >"$work/full.log" 2>&1 ||
+      fail "the uninterrupted run: $(tail -5 "$work/full.log")"
+    for object in /params /buffers; do
+      same_h5 "$work/run/checkpoint.h5" "$work/full/checkpoint.h5" "$object" "killed and resumed"
+    done
+    echo "killed: rank 2 on t2 named, no hang; the resumed run ends with the uninterrupted run's weights"
+    ;;
+
   *)
-    fail "unknown part '$part' (hosts, train, pipeline)"
+    fail "unknown part '$part' (hosts, train, pipeline, killed)"
     ;;
 esac
