@@ -2,7 +2,10 @@
 # Tessera across a real TCP network: two test hosts (scripts/testhosts.sh: network namespaces with their own
 # addresses and host names, links shaped to 10 Gbit/s) with two ranks each, against the same 4 ranks on one host.
 #
-#   across_hosts.sh TESSERA TESTHOSTS PART
+#   across_hosts.sh TESSERA TESTHOSTS PART [ARGS...]
+#     mpi MPI_TESTS STRATEGY_TESTS
+#                the MPI facade's and the strategies' test programs on 2 hosts x 2 ranks (less the two-level tests
+#                that ask for one group of every rank: across hosts MPI makes two, as it should)
 #     hosts      the test hosts: names, addresses, exec, status, down and up again
 #     train      allreduce, easgd and two-level train the same weights, bit for bit, on 2 hosts x 2 ranks as on one
 #                host; two-level forms its node groups from the host names and logs them; async-easgd completes
@@ -206,7 +209,16 @@ EOF
     echo "killed: rank 2 on t2 named, no hang; the resumed run ends with the uninterrupted run's weights"
     ;;
 
+  mpi)
+    mpi_tests=$4
+    strategy_tests=$5
+    two_hosts "$mpi_tests" >"$work/mpi.log" 2>&1 || fail "the MPI facade's tests across hosts: $(grep -E 'FAILED|Failure|error' "$work/mpi.log" | head -20)"
+    two_hosts "$strategy_tests" --gtest_filter='-TwoLevel.*WithOneGroup*' >"$work/strategy.log" 2>&1 ||
+      fail "the strategies' tests across hosts: $(grep -E 'FAILED|Failure|error' "$work/strategy.log" | head -20)"
+    echo "mpi: $(grep -c '^.*\[       OK \]' "$work/mpi.log") facade and $(grep -c '^.*\[       OK \]' "$work/strategy.log") strategy tests pass across hosts"
+    ;;
+
   *)
-    fail "unknown part '$part' (hosts, train, pipeline, killed)"
+    fail "unknown part '$part' (hosts, train, pipeline, killed, mpi)"
     ;;
 esac
