@@ -168,6 +168,9 @@ Action setup_bench(CLI::App& command) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   comm_cmd->add_option("--json", comm->json_file, "Also write the figures as JSON to this file");
+  comm_cmd->add_option("--launcher", comm->launcher,
+                       "Command that starts the ranks, before '-n R' (default: mpirun --oversubscribe --bind-to none); "
+                       "across test hosts: \"scripts/testhosts.sh mpirun --host t1:1,t2:1\"");
   // The child runs' side, hidden from --help.
   comm_cmd->add_option("--worker", comm->worker)->check(CLI::IsMember({"bandwidth", "train"}))->group("");
   comm_cmd->add_option("--strategy", comm->strategy)->group("");

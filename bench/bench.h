@@ -80,6 +80,9 @@ struct CommBenchOptions {
   int rounds = 2;  // alternated rounds (best of each row)
   double timeout = 600.0;  // seconds a child run may take before it is stopped and reported as hung
   std::string json_file;   // also write the figures as JSON here
+  // The command that starts a child run's ranks, before "-n R ...": empty = this machine's mpirun (with
+  // --oversubscribe --bind-to none). Words split at spaces, e.g. "scripts/testhosts.sh mpirun --host t1:1,t2:1".
+  std::string launcher;
   // The hidden worker side (a child run): "bandwidth" or "train"; empty in the parent.
   std::string worker;
   std::string strategy;  // train: empty = no strategy (the 1-rank reference)
@@ -92,7 +95,7 @@ struct CommBenchOptions {
 int run_bench_comm(const CommBenchOptions& options);
 
 // One rank's training on a random batch held in memory (bench_comm.cpp): a registry model with two classes,
-// cross-entropy, SGD with momentum, each step taken as the trainer takes it (engine/trainer.cpp), with the
+// cross-entropy, SGD with momentum, each step taken as the trainer takes it (engine/train_step.h), with the
 // strategy's calls when one is given. `bench comm` drives strategies with it; `bench scale` times its steps to
 // calibrate the simulated computation.
 class SyntheticTraining {

@@ -405,8 +405,14 @@ int run_bench_comm(const CommBenchOptions& o) {
              o.ranks, threads_per_rank, cores, o.model, o.size, o.batch, o.steps, order.size(), o.rounds, work.string())
       << std::flush;
 
-  std::vector<std::string> launcher = {*mpirun, "--oversubscribe", "--bind-to", "none"};
-  if (geteuid() == 0) launcher.emplace_back("--allow-run-as-root");
+  std::vector<std::string> launcher;
+  if (o.launcher.empty()) {
+    launcher = {*mpirun, "--oversubscribe", "--bind-to", "none"};
+    if (geteuid() == 0) launcher.emplace_back("--allow-run-as-root");
+  } else {
+    std::istringstream words(o.launcher);
+    for (std::string word; words >> word;) launcher.push_back(word);
+  }
   auto command = [&](const Case& c, int ranks) {
     std::vector<std::string> args = launcher;
     args.insert(args.end(),
@@ -485,6 +491,7 @@ int run_bench_comm(const CommBenchOptions& o) {
                  {"steps", o.steps},
                  {"warmup_steps", kWarmupSteps},
                  {"rounds", o.rounds},
+                 {"launcher", fmt::format("{}", fmt::join(launcher, " "))},
                  {"cores", cores},
                  {"threads_per_rank", threads_per_rank},
                  {"parameters", parameters},

@@ -3,6 +3,7 @@
 # addresses and host names, links shaped to 10 Gbit/s) with two ranks each, against the same 4 ranks on one host.
 #
 #   across_hosts.sh TESSERA TESTHOSTS PART [ARGS...]
+#     bench      `tessera bench comm --launcher` runs its ranks one per host and measures every row across the link
 #     mpi MPI_TESTS STRATEGY_TESTS
 #                the MPI facade's and the strategies' test programs on 2 hosts x 2 ranks (less the two-level tests
 #                that ask for one group of every rank: across hosts MPI makes two, as it should)
@@ -209,6 +210,22 @@ EOF
     echo "killed: rank 2 on t2 named, no hang; the resumed run ends with the uninterrupted run's weights"
     ;;
 
+  bench)
+    "$tessera" bench comm --launcher "$testhosts mpirun --host t1:1,t2:1" --ranks 2 --rounds 1 --size 32 \
+      --model tiny_cnn --steps 8 --json "$work/comm.json" >"$work/comm.log" 2>&1 ||
+      fail "bench comm across hosts: $(tail -20 "$work/comm.log")"
+    grep -q "\"launcher\": \"$testhosts mpirun --host t1:1,t2:1\"" "$work/comm.json" ||
+      fail "the report does not name its launcher: $(grep launcher "$work/comm.json")"
+    # A row that failed carries a "failure"; a measured one does not.
+    rows=$(grep -c '"label": ' "$work/comm.json" || true)
+    if grep -q '"failure": "[^"]' "$work/comm.json"; then
+      fail "bench comm rows failed across hosts: $(grep '"failure": "[^"]' "$work/comm.json")"
+    fi
+    [ "$rows" -ge 14 ] || fail "bench comm has $rows rows, not one per strategy and reference: $(cat "$work/comm.log")"
+    grep -q "^allreduce, 2 ranks" "$work/comm.log" || fail "no bandwidth table: $(cat "$work/comm.log")"
+    echo "bench: bench comm measured $rows runs across the link"
+    ;;
+
   mpi)
     mpi_tests=$4
     strategy_tests=$5
@@ -219,6 +236,6 @@ EOF
     ;;
 
   *)
-    fail "unknown part '$part' (hosts, train, pipeline, killed, mpi)"
+    fail "unknown part '$part' (hosts, train, pipeline, killed, bench, mpi)"
     ;;
 esac
