@@ -35,9 +35,11 @@ void add_job_options(CLI::App& command, JobOptions& options) {
 }
 
 CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::string& names,
-                          std::vector<std::string> keys, const std::string& doc, FlagForm form) {
+                          std::vector<std::string> keys, const std::string& doc, FlagForm form,
+                          std::vector<std::string> clears) {
   KeyFlag& flag = options.key_flags.emplace_back();
   flag.keys = std::move(keys);
+  flag.clears = std::move(clears);
   flag.form = form;
   if (form == FlagForm::on) {
     flag.option = command.add_flag(names, flag.on, doc);
@@ -58,6 +60,8 @@ core::Config load_job(const core::Schema& schema, const JobOptions& options) {
   for (const KeyFlag& flag : options.key_flags) {
     if (flag.option->count() == 0) continue;
     const std::string name = flag.option->get_name();
+    // A flag that gives the slides one way takes the place of the job's other way (--slides of its input.csv).
+    for (const auto& key : flag.clears) config.assign(key, schema.find(key)->default_value, name);
     for (const auto& key : flag.keys) {
       switch (flag.form) {
         case FlagForm::value:

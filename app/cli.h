@@ -37,6 +37,7 @@ enum class FlagForm {
 };
 struct KeyFlag {
   std::vector<std::string> keys;
+  std::vector<std::string> clears;  // keys put back to their defaults when the flag is given (--slides: input.csv)
   FlagForm form = FlagForm::value;
   std::string value;
   bool on = false;
@@ -55,7 +56,8 @@ void add_job_options(CLI::App& command, JobOptions& options);
 
 // Declares a key flag (see KeyFlag); `names` as CLI11 takes them ("-n,--slides").
 CLI::Option* add_key_flag(CLI::App& command, JobOptions& options, const std::string& names,
-                          std::vector<std::string> keys, const std::string& doc, FlagForm form = FlagForm::value);
+                          std::vector<std::string> keys, const std::string& doc, FlagForm form = FlagForm::value,
+                          std::vector<std::string> clears = {});
 
 // Loads the job against `schema` (defaults when no file was given), applies the --set overrides, then the key
 // flags that were given: a flag wins over the file and --set.

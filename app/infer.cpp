@@ -254,8 +254,10 @@ Action setup_infer(CLI::App& command) {
   add_key_flag(command, options->job, "-c,--checkpoint", {"checkpoint"},
                "Trained model, e.g. runs/train/checkpoint.h5 (checkpoint)");
   add_key_flag(command, options->job, "--slides", {"input.slides"},
-               "Slides: comma-separated files or globs, or one dataset.csv (input.slides)", FlagForm::list);
-  add_key_flag(command, options->job, "--csv", {"input.csv"}, "dataset.csv of the slides (input.csv)");
+               "Slides: comma-separated files or globs, or one dataset.csv (input.slides)", FlagForm::list,
+               {"input.csv"});
+  add_key_flag(command, options->job, "--csv", {"input.csv"}, "dataset.csv of the slides (input.csv)", FlagForm::value,
+               {"input.slides"});
   add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output)");
   add_key_flag(command, options->job, "--splits", {"input.splits"},
                "With a dataset.csv: comma-separated splits, e.g. test (input.splits)", FlagForm::list);

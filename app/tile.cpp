@@ -33,7 +33,8 @@ Action setup_tile(CLI::App& command) {
   auto options = std::make_shared<TileOptions>();
   add_job_options(command, options->job);
   add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output)");
-  add_key_flag(command, options->job, "--csv", {"input.csv"}, "dataset.csv of the slides to tile (input.csv)");
+  add_key_flag(command, options->job, "--csv", {"input.csv"}, "dataset.csv of the slides to tile (input.csv)",
+               FlagForm::value, {"input.slides"});
   command.add_flag("--force", options->force, "Rebuild everything even if the output is up to date");
   add_key_flag(command, options->job, "--on-corrupt-tile", {"tile.on_corrupt_tile"},
                "fail: a slide with a damaged tile fails (default); skip: leave damaged tiles out, count them in the "

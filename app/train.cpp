@@ -18,9 +18,6 @@ namespace {
 
 struct TrainOptions {
   JobOptions job;
-  std::string out;
-  std::string shards;
-  std::string resume;
 };
 
 int run_train(const TrainOptions& options) {

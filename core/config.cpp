@@ -10,6 +10,8 @@
 #include <sstream>
 #include <utility>
 
+#include <mpi.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/eventhandler.h>
@@ -21,6 +23,17 @@
 namespace tessera::core {
 
 namespace {
+
+// This process's rank in MPI_COMM_WORLD; 0 without MPI (a job read before MPI starts, or a program without it).
+int world_rank() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = 0;
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
 
 // Errors from an override name it as their file, "--set key=value"; they have no line.
 std::string override_source(const std::string& assignment) { return "--set " + assignment; }
@@ -271,8 +284,10 @@ class Reader {
       read_leaf(*spec, path, where, value);
     } else if (const std::string* now = schema_.renamed_to(path);
                now != nullptr && !(value.IsMap() && is_section(schema_, path))) {
-      spdlog::warn("{}{}: '{}' is the old name of '{}': it is read in this release and not in the next; rename it",
-                   file_, line_of(where) > 0 ? ":" + std::to_string(line_of(where)) : "", path, *now);
+      if (world_rank() == 0) {  // every rank reads the job; one says so
+        spdlog::warn("{}{}: '{}' is the old name of '{}': it is read in this release and not in the next; rename it",
+                     file_, line_of(where) > 0 ? ":" + std::to_string(line_of(where)) : "", path, *now);
+      }
       read_leaf(*schema_.find(*now), path, where, value);
     } else if (is_section(schema_, path)) {
       if (value.IsMap()) {
@@ -547,6 +562,7 @@ Schema& Schema::add(KeySpec spec) {
   }
   if (spec.path.empty() || spec.path.back() == '.') throw bad("empty name");
   if (spec.doc.find('\n') != std::string::npos) throw bad("the doc must be one line");
+  if (renames_.contains(spec.path)) throw bad("is the old name of '" + renames_.at(spec.path) + "'");
   for (const KeySpec& key : keys_) {
     if (key.path == spec.path) throw bad("declared twice");
     if (key.path.rfind(spec.path + ".", 0) == 0 || spec.path.rfind(key.path + ".", 0) == 0) {

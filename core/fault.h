@@ -14,10 +14,11 @@
 //           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
 //
 // The points (each documented where it is called):
-//   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published      (engine/trainer.cpp)
+//   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published      (engine/train_state.cpp)
 //   train.step                 every rank, after each optimizer step and its logging       (engine/trainer.cpp)
-//   tile.shard-finished        after a shard and its resume record are complete            (app/tile.cpp)
-//   infer.slide-finished       rank 0, after a slide's outputs and its record are complete (app/infer.cpp)
+//   tile.shard-finished        after a shard and its resume record are complete  (preprocessing/tile_job.cpp)
+//   infer.slide-finished       rank 0, after a slide's outputs and its record are complete
+//                                                                                    (analysis/infer_outputs.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)
 //   checkpoint.write           each tensor written to a checkpoint (enospc, eio)           (io/checkpoint.cpp)
 //   heatmap.write              each dataset written to a heatmap file (enospc, eio)        (io/heatmap.cpp)

@@ -12,7 +12,7 @@ namespace tessera::engine {
 
 double train_step(Strategy* strategy, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                   std::int64_t step, std::int64_t micro_batches, const StepWork& work) {
-  Optimizer::zero_grad(params);
+  if (work.zero_gradients) Optimizer::zero_grad(params);
   double loss = 0.0;
   for (std::int64_t micro = 0; micro < micro_batches; ++micro) {
     const double micro_loss = work.forward(micro);

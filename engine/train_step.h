@@ -27,6 +27,9 @@ struct StepWork {
   std::function<void()> backward;
   // The optimizer's update of the reduced gradients.
   std::function<void()> update;
+  // False for a caller whose gradients are only a payload (the simulator, whose calibrated delay already holds
+  // the zeroing): they are not zeroed first.
+  bool zero_gradients = true;
 };
 
 // Takes optimizer step `step` + 1 over `micro_batches` micro-batches; `strategy` may be null (one process, nothing

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -72,12 +73,55 @@ std::string input_csv(const core::Config& config) {
   return csv;
 }
 
+namespace {
+
+// The rows of a dataset.csv, less those outside `splits` (when given).
+std::vector<ListedSlide> dataset_slides(const std::string& csv_path, const std::vector<std::string>& splits,
+                                        const std::string& source, const std::string& splits_key) {
+  const auto dataset = read_dataset_csv(csv_path, {.slide = true, .label = false});
+  if (!splits.empty() && !dataset.has_column("split")) {
+    throw core::ConfigError(
+        fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
+        source, 0, splits_key);
+  }
+  std::vector<ListedSlide> slides;
+  std::set<std::string> present;
+  for (const auto& row : dataset.rows) {
+    present.insert(row.split.empty() ? "(none)" : row.split);
+    if (!splits.empty() && std::find(splits.begin(), splits.end(), row.split) == splits.end()) continue;
+    slides.push_back({row.id, row.slide, row.mpp.value_or(0.0)});
+  }
+  if (slides.empty() && !splits.empty()) {
+    throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,
+                                        fmt::join(splits, ", "), fmt::join(present, ", ")),
+                            source, 0, splits_key);
+  }
+  return slides;
+}
+
+// Unique ids and at least one slide.
+std::vector<ListedSlide> checked_slides(std::vector<ListedSlide> slides, const std::string& source,
+                                        const std::string& key) {
+  std::vector<std::string> ids;
+  for (const auto& s : slides) ids.push_back(s.id);
+  check_unique_slide_ids(ids, source, key,
+                         "ids are file names without extension; the outputs would overwrite each other");
+  if (slides.empty()) throw core::ConfigError("no slides to run", source, 0, key);
+  return slides;
+}
+
+}  // namespace
+
 std::vector<ListedSlide> list_input_slides(const core::Config& config) {
   const std::string csv = input_csv(config);
-  const bool from_csv = !csv.empty();
-  return list_slides(from_csv ? std::vector<std::string>{csv} : config.get_string_list("input.slides"),
-                     config.get_string_list("input.splits"), config.source(),
-                     from_csv && config.get_string("input.csv") == csv ? "input.csv" : "input.slides", "input.splits");
+  if (csv.empty()) {
+    return list_slides(config.get_string_list("input.slides"), config.get_string_list("input.splits"), config.source(),
+                       "input.slides", "input.splits");
+  }
+  // input.csv is read as a dataset.csv whatever its name ends with.
+  const std::string key = config.get_string("input.csv") == csv ? "input.csv" : "input.slides";
+  return checked_slides(dataset_slides(csv, config.get_string_list("input.splits"), config.source(), "input.splits"),
+                        config.source(), key);
 }
 
 std::vector<ListedSlide> list_slides(const std::vector<std::string>& entries, const std::vector<std::string>& splits,
@@ -87,38 +131,17 @@ std::vector<ListedSlide> list_slides(const std::vector<std::string>& entries, co
   }
   std::vector<ListedSlide> slides;
   if (entries.size() == 1 && std::filesystem::path(entries.front()).extension() == ".csv") {
-    const std::string& csv_path = entries.front();
-    const auto dataset = read_dataset_csv(csv_path, {.slide = true, .label = false});
-    if (!splits.empty() && !dataset.has_column("split")) {
-      throw core::ConfigError(
-          fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
-          source, 0, splits_key);
-    }
-    std::set<std::string> present;
-    for (const auto& row : dataset.rows) {
-      present.insert(row.split.empty() ? "(none)" : row.split);
-      if (!splits.empty() && std::find(splits.begin(), splits.end(), row.split) == splits.end()) continue;
-      slides.push_back({row.id, row.slide, row.mpp.value_or(0.0)});
-    }
-    if (slides.empty() && !splits.empty()) {
-      throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {} (the list has: {})", csv_path,
-                                          fmt::join(splits, ", "), fmt::join(present, ", ")),
-                              source, 0, splits_key);
-    }
+    slides = dataset_slides(entries.front(), splits, source, splits_key);
   } else {
     if (!splits.empty()) {
       throw core::ConfigError("splits select rows of a dataset.csv; the slides here are files or globs", source, 0,
                               splits_key);
     }
-    for (const auto& path : expand_slide_patterns(entries, source, key))
+    for (const auto& path : expand_slide_patterns(entries, source, key)) {
       slides.push_back({slide_id_of(path), path, 0.0});
+    }
   }
-  std::vector<std::string> ids;
-  for (const auto& s : slides) ids.push_back(s.id);
-  check_unique_slide_ids(ids, source, key,
-                         "ids are file names without extension; the outputs would overwrite each other");
-  if (slides.empty()) throw core::ConfigError("no slides to run", source, 0, key);
-  return slides;
+  return checked_slides(std::move(slides), source, key);
 }
 
 }  // namespace tessera::io

@@ -57,9 +57,19 @@ std::string sibling_annotation(const std::string& slide_path) {
 
 // dataset.csv (io/dataset.h): the slide file is needed on every row; the label is optional here (a slide with none
 // is tiled without the tumour-annotation check).
-std::vector<SlideInput> read_csv_inputs(const std::string& csv_path) {
+// The rows of a dataset.csv in `splits` (every row when none are given); ConfigError naming input.splits when the
+// file has no split column to select by.
+std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::vector<std::string>& splits,
+                                        const core::Config& config) {
+  auto dataset = io::read_dataset_csv(csv_path, {.slide = true, .label = false});
+  if (!splits.empty() && !dataset.has_column("split")) {
+    throw core::ConfigError(
+        fmt::format("splits {} were asked for, but {} has no 'split' column", fmt::join(splits, ", "), csv_path),
+        config.source(), 0, "input.splits");
+  }
   std::vector<SlideInput> inputs;
-  for (auto& row : io::read_dataset_csv(csv_path, {.slide = true, .label = false}).rows) {
+  for (auto& row : dataset.rows) {
+    if (!splits.empty() && std::find(splits.begin(), splits.end(), row.split) == splits.end()) continue;
     inputs.push_back({std::move(row.id), std::move(row.slide), io::to_string(row.label), std::move(row.split),
                       std::move(row.annotation), row.mpp.value_or(0.0)});
   }
@@ -497,11 +507,7 @@ std::vector<SlideInput> resolve_tile_inputs(const core::Config& config) {
                             "input.slides");
   }
   if (!csv.empty()) {
-    for (auto& input : read_csv_inputs(csv)) {
-      if (splits.empty() || std::find(splits.begin(), splits.end(), input.split) != splits.end()) {
-        inputs.push_back(std::move(input));
-      }
-    }
+    inputs = read_csv_inputs(csv, splits, config);
     if (inputs.empty() && !splits.empty()) {
       throw core::ConfigError(fmt::format("no slide of {} is in the split(s) {}", csv, fmt::join(splits, ", ")),
                               config.source(), 0, "input.splits");

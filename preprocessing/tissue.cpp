@@ -15,7 +15,9 @@ namespace tessera::prep {
 
 core::Schema& declare_tissue_keys(core::Schema& schema, const std::string& unset) {
   const auto doc = [&](const std::string& text) { return unset.empty() ? text : text + "; " + unset; };
-  return schema.number("tissue.min_fraction", 0.5, doc("Minimum tissue fraction of a kept tile"), 0, 1)
+  return schema
+      .number("tissue.min_fraction", 0.5,
+              doc("Minimum tissue fraction of a tile to keep it (tile) or score it (infer)"), 0, 1)
       .number("tissue.mask_mpp", 8.0, doc("Resolution of the tissue mask in um/px"), 1, 64)
       .boolean("tissue.reject_pen_marks", true, doc("Remove green/blue/black marker ink from the tissue mask"));
 }

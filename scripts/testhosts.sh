@@ -38,7 +38,17 @@ check() {
   if ! ip netns add "$probe" 2>/dev/null; then
     die "ip netns is not permitted here (cannot create a network namespace)"
   fi
+  # What `up` makes, tried inside the probe namespace (nothing outside it changes): a bridge, a veth pair, a shaper.
+  local why=""
+  if ! ip netns exec "$probe" ip link add probe-br type bridge 2>/dev/null; then
+    why="cannot create a bridge"
+  elif ! ip netns exec "$probe" ip link add probe-v0 type veth peer name probe-v1 2>/dev/null; then
+    why="cannot create a veth pair"
+  elif ! ip netns exec "$probe" tc qdisc add dev probe-v0 root tbf rate 1gbit burst 1mbit latency 50ms 2>/dev/null; then
+    why="cannot shape a link with tc tbf"
+  fi
   ip netns del "$probe"
+  [ -z "$why" ] || die "$why here"
 }
 
 down() {
@@ -57,7 +67,7 @@ shape() {  # shape DEVICE RATE [NETNS]: a token bucket at RATE (no netem here: t
   [ -n "$ns" ] && run=(ip netns exec "$ns")
   "${run[@]}" tc qdisc del dev "$dev" root 2>/dev/null || true
   [ "$rate" = none ] && return 0
-  # Burst: at least one 64 KB TSO segment and a few ms of traffic at the rate, as tbf needs at high rates.
+  # Burst 1 Mbit (128 KB): room for a 64 KB TSO segment; tbf needs a burst of at least rate / HZ at high rates.
   "${run[@]}" tc qdisc add dev "$dev" root tbf rate "$rate" burst 1mbit latency 50ms
 }
 
@@ -94,11 +104,12 @@ run_on() {  # exec HOST COMMAND...: what Open MPI's rsh agent is asked to do ("a
   exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec sh -c "$1"' "$host" "$*"
 }
 
-# mpirun across the test hosts over TCP on the test network only. One-sided windows (async-easgd) take Open MPI's
+# mpirun across the test hosts over TCP on the test network only. The hosts share this machine's cores: no binding
+# (Open MPI would pin each host's first rank to the same core). One-sided windows (async-easgd) take Open MPI's
 # point-to-point component (its default, osc rdma, fails to make one over TCP: "invalid window"); shared-memory
 # windows (two-level within a host) keep osc sm.
 mpi() {
-  exec mpirun --allow-run-as-root --oversubscribe \
+  exec mpirun --allow-run-as-root --oversubscribe --bind-to none \
     --mca plm_rsh_agent "$self exec" \
     --mca btl tcp,self,vader --mca btl_tcp_if_include "$cidr" --mca oob_tcp_if_include "$cidr" \
     --mca osc sm,pt2pt \

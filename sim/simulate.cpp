@@ -227,15 +227,17 @@ void run(int argc, char** argv) {
   if (central) {
     stats = central_easgd(world, model, o);
   } else {
-    // The trainer's step (engine/train_step.h): forward and backward are the calibrated delay; the optimizer's
-    // update is element-wise and local, part of that delay, so nothing more here.
+    // The trainer's step (engine/train_step.h), with the strategy's calls in its order. The calibrated delay
+    // stands for all the local work of a step (zeroing, forward, backward, the element-wise update), so the
+    // gradients are not zeroed again and backward and update add nothing.
     const tessera::engine::StepWork work{.forward =
                                              [&](std::int64_t) {
                                                compute(o.compute);
                                                return 0.0;
                                              },
                                          .backward = [] {},
-                                         .update = [] {}};
+                                         .update = [] {},
+                                         .zero_gradients = false};
     for (int step = 0; step < o.steps; ++step)
       tessera::engine::train_step(strategy.get(), params, buffers, step, 1, work);
     stats = strategy->stats();

@@ -219,6 +219,19 @@ TEST(CliConfig, FlagsSetTheirKeysAsGiven) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "on_corrupt_tile: skip\n")) << r.out;
   EXPECT_TRUE(contains(r.out, "csv: d.csv\n")) << r.out;
+  // Giving the slides one way on the command line takes the place of the job's other way.
+  testing::TempDir dir;
+  const std::string job = dir.file("infer.yaml");
+  std::ofstream(job) << "input:\n  csv: d.csv\n";
+  r = run("infer " + job + " --slides a.svs --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "  slides: [a.svs]\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  csv: \"\"\n")) << r.out;
+  std::ofstream(job) << "input:\n  slides: [a.svs]\n";
+  r = run("tile " + job + " --csv d.csv --print-config");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "  slides: []\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "  csv: d.csv\n")) << r.out;
   // A bad value is the key's error, naming the flag.
   r = run("infer --tta sideways --print-config");
   EXPECT_EQ(r.code, 2);

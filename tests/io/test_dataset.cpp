@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "core/config.h"
 #include "core/csv.h"
 #include "core/error.h"
 #include "io/dataset.h"
+#include "io/slide_list.h"
 #include "tests/testing/testing.h"
 
 namespace {
@@ -156,5 +158,36 @@ INSTANTIATE_TEST_SUITE_P(Cases, BrokenDataset, ::testing::ValuesIn(dataset_cases
                          [](const ::testing::TestParamInfo<std::string>& instance) { return instance.param; });
 
 TEST(DatasetCsv, EveryBrokenCaseIsFound) { EXPECT_GE(dataset_cases().size(), 10u); }
+
+}  // namespace
+
+// ---- the slides of a job (io/slide_list.h) ----
+
+namespace {
+
+const core::Schema& input_schema() {
+  static const core::Schema schema = [] {
+    core::Schema s;
+    io::declare_input_keys(s);
+    return s;
+  }();
+  return schema;
+}
+
+TEST(InputSlides, InputCsvIsADatasetWhateverItsNameEndsWith) {
+  tessera::testing::TempDir dir;
+  std::ofstream(dir.file("truth.txt")) << "slide,split\na.svs,test\nb.svs,train\n";
+  const auto config = core::Config::parse(
+      input_schema(), "input:\n  csv: " + dir.file("truth.txt") + "\n  splits: [test]\n", "job.yaml");
+  const auto slides = io::list_input_slides(config);
+  ASSERT_EQ(slides.size(), 1u);
+  EXPECT_EQ(slides[0].id, "a");
+  EXPECT_EQ(slides[0].path, dir.file("a.svs"));
+  // The same file named in input.slides is a slide (a glob), not a dataset: only .csv is read as one there.
+  const auto as_file = io::list_input_slides(
+      core::Config::parse(input_schema(), "input:\n  slides: [" + dir.file("truth.txt") + "]\n", "job.yaml"));
+  ASSERT_EQ(as_file.size(), 1u);
+  EXPECT_EQ(as_file[0].id, "truth");
+}
 
 }  // namespace

@@ -16,9 +16,15 @@
 namespace tessera::engine {
 namespace {
 
+// A Strategy keeps a reference to its communicator: one that lives as long as the tests.
+const core::Comm& world() {
+  static const core::Comm instance = core::Comm::world();
+  return instance;
+}
+
 class RecordingStrategy : public Strategy {
  public:
-  explicit RecordingStrategy(std::vector<std::string>& log) : Strategy(core::Comm::world()), log_(log) {}
+  explicit RecordingStrategy(std::vector<std::string>& log) : Strategy(world()), log_(log) {}
   const char* name() const override { return "recording"; }
   void before_backward(bool completes_step) override {
     log_.push_back(completes_step ? "before_backward(last)" : "before_backward");

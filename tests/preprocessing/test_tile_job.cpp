@@ -136,6 +136,11 @@ TEST(ResolveTileInputs, InputSplitsPicksRowsOfTheCsvWhichASingleCsvInInputSlides
   EXPECT_NE(config_error("input:\n  csv: '" + csv + "'\n  splits: [val]\n", &key).find("is in the split(s) val"),
             std::string::npos);
   EXPECT_EQ(key, "input.splits");
+  std::ofstream(dir.path() / "nosplit.csv") << "slide,label\na.svs,normal\n";
+  EXPECT_NE(config_error("input:\n  csv: '" + (dir.path() / "nosplit.csv").string() + "'\n  splits: [train]\n", &key)
+                .find("has no 'split' column"),
+            std::string::npos);
+  EXPECT_EQ(key, "input.splits");
   touch(dir.path() / "a.svs");
   EXPECT_NE(config_error("input:\n  slides: ['" + (dir.path() / "a.svs").string() + "']\n  splits: [train]\n", &key)
                 .find("input.splits selects rows of input.csv"),
