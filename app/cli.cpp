@@ -1,8 +1,10 @@
 #include "app/cli.h"
 
 #include <iostream>
+#include <map>
 
 #include "core/comm.h"
+#include "core/error.h"
 
 namespace tessera::app {
 
@@ -57,11 +59,23 @@ core::Config load_job(const core::Schema& schema, const JobOptions& options) {
   if (options.file.empty()) {
     for (const auto& assignment : options.overrides) config.set(assignment);
   }
+  std::map<std::string, std::string> by_flag;  // key -> the flag that set it
   for (const KeyFlag& flag : options.key_flags) {
     if (flag.option->count() == 0) continue;
     const std::string name = flag.option->get_name();
-    // A flag that gives the slides one way takes the place of the job's other way (--slides of its input.csv).
-    for (const auto& key : flag.clears) config.assign(key, schema.find(key)->default_value, name);
+    for (const auto& key : flag.keys) by_flag.emplace(key, name);
+  }
+  for (const KeyFlag& flag : options.key_flags) {
+    if (flag.option->count() == 0) continue;
+    const std::string name = flag.option->get_name();
+    // A flag that gives the slides one way takes the place of the job's other way (--slides of its input.csv);
+    // both ways on one command line is a mistake.
+    for (const auto& key : flag.clears) {
+      if (const auto other = by_flag.find(key); other != by_flag.end()) {
+        throw core::UsageError(name + " and " + other->second + " cannot both be given");
+      }
+      config.assign(key, schema.find(key)->default_value, name);
+    }
     for (const auto& key : flag.keys) {
       switch (flag.form) {
         case FlagForm::value:

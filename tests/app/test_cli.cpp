@@ -232,6 +232,9 @@ TEST(CliConfig, FlagsSetTheirKeysAsGiven) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "  slides: []\n")) << r.out;
   EXPECT_TRUE(contains(r.out, "  csv: d.csv\n")) << r.out;
+  r = run("infer --slides a.svs --csv d.csv --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--slides and --csv cannot both be given")) << r.err;
   // A bad value is the key's error, naming the flag.
   r = run("infer --tta sideways --print-config");
   EXPECT_EQ(r.code, 2);
