@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/world_rank.h"
 
 namespace tessera::core {
 namespace {
@@ -19,18 +20,6 @@ constexpr std::size_t max_mpi_count = static_cast<std::size_t>(INT_MAX);
 
 // World rank, remembered at MPI init so that errors and abort_job() can name it even when MPI is down.
 std::atomic<int> g_world_rank{0};
-
-// This rank in MPI_COMM_WORLD: asked of MPI while it runs (under SimGrid's SMPI every rank is a thread of one
-// process, so a remembered value would be whichever rank wrote it last), remembered otherwise.
-int current_world_rank() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  int rank = 0;
-  if (initialized && !finalized && MPI_Comm_rank(MPI_COMM_WORLD, &rank) == MPI_SUCCESS) return rank;
-  return g_world_rank.load();
-}
 
 // "/home/me/tessera/core/comm.cpp" -> "core/comm.cpp": enough to find the line, short enough to read.
 std::string short_path(std::string_view file) {
@@ -119,6 +108,18 @@ std::vector<std::string> gather_strings(MPI_Comm comm, int rank, int size, const
 }
 
 }  // namespace
+
+// This rank in MPI_COMM_WORLD: asked of MPI while it runs (under SimGrid's SMPI every rank is a thread of one
+// process, so a remembered value would be whichever rank wrote it last), remembered otherwise.
+int current_world_rank() {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  int rank = 0;
+  if (initialized && !finalized && MPI_Comm_rank(MPI_COMM_WORLD, &rank) == MPI_SUCCESS) return rank;
+  return g_world_rank.load();
+}
 
 // ---------------------------------------------------------------------------------------------- errors
 

@@ -10,8 +10,6 @@
 #include <sstream>
 #include <utility>
 
-#include <mpi.h>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/eventhandler.h>
@@ -19,21 +17,11 @@
 
 #include "core/atomic_file.h"
 #include "core/error.h"
+#include "core/world_rank.h"
 
 namespace tessera::core {
 
 namespace {
-
-// This process's rank in MPI_COMM_WORLD; 0 without MPI (a job read before MPI starts, or a program without it).
-int world_rank() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  int rank = 0;
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
 
 // Errors from an override name it as their file, "--set key=value"; they have no line.
 std::string override_source(const std::string& assignment) { return "--set " + assignment; }
@@ -284,7 +272,7 @@ class Reader {
       read_leaf(*spec, path, where, value);
     } else if (const std::string* now = schema_.renamed_to(path);
                now != nullptr && !(value.IsMap() && is_section(schema_, path))) {
-      if (world_rank() == 0) {  // every rank reads the job; one says so
+      if (current_world_rank() == 0) {  // every rank reads the job; one says so
         spdlog::warn("{}{}: '{}' is the old name of '{}': it is read in this release and not in the next; rename it",
                      file_, line_of(where) > 0 ? ":" + std::to_string(line_of(where)) : "", path, *now);
       }
