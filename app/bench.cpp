@@ -177,6 +177,7 @@ Action setup_bench(CLI::App& command) {
   comm_cmd->add_option("--threads", comm->threads)->check(CLI::NonNegativeNumber)->group("");
   comm_cmd->add_option("--tau", comm->tau)->group("");
   comm_cmd->add_option("--bucket-mb", comm->bucket_mb)->group("");
+  comm_cmd->add_option("--progress", comm->progress)->check(CLI::IsMember({"thread", "boundaries"}))->group("");
   comm_cmd->add_option("--inter", comm->inter)->group("");
 
   auto scale = std::make_shared<bench::ScaleBenchOptions>();

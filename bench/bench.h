@@ -89,6 +89,7 @@ struct CommBenchOptions {
   int threads = 0;
   int tau = 8;
   double bucket_mb = 25.0;
+  std::string progress = "thread";
   std::string inter = "allreduce";
 };
 

@@ -141,6 +141,7 @@ int train_worker(const CommBenchOptions& o, const core::Comm& comm) {
     engine::StrategyOptions options;
     options.tau = o.tau;
     options.bucket_mb = o.bucket_mb;
+    options.progress = o.progress;
     options.inter = o.inter;
     strategy = engine::make_strategy(o.strategy, comm, options);
     strategy->attach(training.model());
@@ -165,6 +166,16 @@ int train_worker(const CommBenchOptions& o, const core::Comm& comm) {
     if (const auto* allreduce = dynamic_cast<const engine::AllreduceStrategy*>(strategy.get())) {
       result["buckets"] = allreduce->buckets();
       result["buckets_overlapped"] = allreduce->buckets_overlapped();
+      result["progress_thread"] = allreduce->progress_thread();
+      if (allreduce->buckets() > 0) {
+        // Rank 0's last step: when backward completed each bucket, when its allreduce completed, when backward ended.
+        const auto& timeline = allreduce->last_timeline();
+        json buckets = json::array();
+        for (const auto& b : timeline.buckets) {
+          buckets.push_back({{"bytes", b.bytes}, {"ready_s", b.ready_s}, {"reduced_s", b.reduced_s}});
+        }
+        result["timeline"] = {{"backward_end_s", timeline.backward_end_s}, {"buckets", buckets}};
+      }
     }
     print_result(result);
   }
@@ -184,6 +195,7 @@ struct Case {
   int threads = 1;  // train: threads per rank
   int tau = 8;
   double bucket_mb = 25.0;
+  std::string progress = "thread";
   std::string inter = "allreduce";
   json options;  // the options that define the case, for the JSON report
 
@@ -217,6 +229,10 @@ std::vector<Case> strategy_cases(int ranks, int threads) {
       add("allreduce, one fused allreduce (bucket_mb 0)", {{"bucket_mb", 0.0}}, defaults.tau, 0.0, defaults.inter);
       add(fmt::format("allreduce, buckets of {:g} MB", defaults.bucket_mb), {{"bucket_mb", defaults.bucket_mb}},
           defaults.tau, defaults.bucket_mb, defaults.inter);
+      add(fmt::format("allreduce, buckets of {:g} MB, progress between modules", defaults.bucket_mb),
+          {{"bucket_mb", defaults.bucket_mb}, {"progress", "boundaries"}}, defaults.tau, defaults.bucket_mb,
+          defaults.inter);
+      cases.back().progress = "boundaries";
     } else if (name == "easgd" || name == "async-easgd") {
       for (const int tau : kTaus) {
         add(fmt::format("{}, tau {}", name, tau), {{"tau", tau}}, tau, defaults.bucket_mb, defaults.inter);
@@ -423,7 +439,7 @@ int run_bench_comm(const CommBenchOptions& o) {
     }
     if (!c.strategy.empty()) {
       args.insert(args.end(), {"--strategy", c.strategy, "--tau", std::to_string(c.tau), "--bucket-mb",
-                               fmt::format("{}", c.bucket_mb), "--inter", c.inter});
+                               fmt::format("{}", c.bucket_mb), "--progress", c.progress, "--inter", c.inter});
     }
     return args;
   };
@@ -600,6 +616,40 @@ int run_bench_comm(const CommBenchOptions& o) {
     rows.push_back(row);
   }
   report["strategies"] = rows;
+
+  // Overlap, told by rank 0's last step of each bucketed row: a bucket reduced before backward ended was hidden.
+  const Case* fused = nullptr;
+  for (const auto& c : strategies) {
+    if (c.strategy == "allreduce" && c.bucket_mb == 0 && c.best) fused = &c;
+  }
+  json overlap = json::array();
+  for (const auto& c : strategies) {
+    if (!c.best || !c.best->contains("timeline")) continue;
+    const json& timeline = (*c.best)["timeline"];
+    const double end = timeline["backward_end_s"].get<double>();
+    std::cout << fmt::format("{} (rank 0, last step; ms since its backward began): backward ended at {:.1f}\n",
+                             c.label, end * 1e3);
+    int hidden = 0;
+    for (std::size_t i = 0; i < timeline["buckets"].size(); ++i) {
+      const json& b = timeline["buckets"][i];
+      const double ready = b["ready_s"].get<double>(), reduced = b["reduced_s"].get<double>();
+      hidden += reduced <= end ? 1 : 0;
+      std::cout << fmt::format("  bucket {}: {:.2f} MB, complete at {:.1f}, reduced at {:.1f} ({})\n", i + 1,
+                               b["bytes"].get<double>() / kMB, ready * 1e3, reduced * 1e3,
+                               reduced <= end ? "before backward ended"
+                                              : fmt::format("{:.1f} after backward ended", (reduced - end) * 1e3));
+    }
+    json entry = {{"label", c.label}, {"timeline", timeline}, {"buckets_reduced_in_backward", hidden}};
+    if (fused != nullptr) {
+      const double saved = figures(*fused->best).step_s - figures(*c.best).step_s;
+      std::cout << fmt::format("  step {:.1f} ms against {:.1f} ms with one allreduce after backward: {:.1f} ms {}\n",
+                               figures(*c.best).step_s * 1e3, figures(*fused->best).step_s * 1e3,
+                               std::abs(saved) * 1e3, saved >= 0 ? "saved" : "lost");
+      entry["step_s_saved_vs_fused"] = saved;
+    }
+    overlap.push_back(entry);
+  }
+  report["overlap"] = overlap;
   std::cout << fmt::format(
       "  images/s: all ranks, sum of steps x batch / each rank's wall time over {0} steps (after {1} untimed steps\n"
       "  without the strategy); the batch is {2} per rank and step in every row. vs 1 rank: against one rank with\n"

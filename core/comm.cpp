@@ -160,7 +160,11 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   if (initialized) throw InternalError("MpiSession: MPI is already initialized (one MpiSession per process)");
 
   int provided = MPI_THREAD_SINGLE;
-  TESSERA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  // SERIALIZED: allreduce's communication thread makes MPI calls while the training thread makes none
+  // (engine/strategy.h). Not MULTIPLE: Open MPI's one-sided pt2pt transport, which async-easgd's windows need over
+  // TCP, refuses to open a window under MPI_THREAD_MULTIPLE. An MPI that gives less than SERIALIZED still runs:
+  // the buckets then progress on the training thread.
+  TESSERA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
   // Errors come back as return codes (turned into InternalError) instead of killing the job silently.
   TESSERA_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   TESSERA_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN));

@@ -33,8 +33,8 @@ inline void check_mpi(int code, const char* call, const char* file, int line) {
 }
 }  // namespace detail
 
-// Initializes MPI for the life of main(). Threading level: MPI_THREAD_FUNNELED (only the main thread
-// calls MPI; loader threads never do).
+// Initializes MPI for the life of main(). Threading level: MPI_THREAD_SERIALIZED (the main thread calls MPI, and
+// allreduce's communication thread while the main thread does not; loader threads never do). Needs FUNNELED.
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);

@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
@@ -20,6 +25,13 @@ namespace {
 
 constexpr int kMaxTau = 1000000;
 constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
+constexpr double kFirstBucketMb = 1.0;         // allreduce: the first bucket's limit (PyTorch DDP's first bucket)
+// allreduce: how often the communication thread tests the buckets in flight (a wait that new buckets end early).
+constexpr auto kProgressInterval = std::chrono::microseconds(100);
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 std::size_t total_size(const std::vector<std::size_t>& sizes) {
   std::size_t n = 0;
@@ -137,20 +149,117 @@ class AllreduceStrategy::Watcher final : public ModuleObserver {
   AllreduceStrategy& strategy_;
 };
 
+// The communication thread of the buckets (distributed.progress "thread"). The training thread hands it the
+// buckets backward has completed, in order (hand); the thread starts their allreduces and tests the ones in flight
+// every kProgressInterval until all are reduced; the training thread then waits for it (wait). Between wait() and
+// the next hand() the thread makes no MPI call, so the two threads never call MPI at once (MPI_THREAD_SERIALIZED).
+class AllreduceStrategy::Progress {
+ public:
+  explicit Progress(AllreduceStrategy& strategy) : strategy_(strategy), thread_([this] { run(); }) {}
+  ~Progress() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();  // requests still in flight (a step cut short by an exception) are left to MPI
+  }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  // A new pass: nothing handed yet.
+  void begin() {
+    std::lock_guard lock(mutex_);
+    handed_ = posted_ = reduced_ = 0;
+    error_ = nullptr;
+  }
+  // Buckets [0, n) are packed and may start.
+  void hand(std::size_t n) {
+    {
+      std::lock_guard lock(mutex_);
+      handed_ = n;
+    }
+    wake_.notify_all();
+  }
+  // Waits until the first n buckets are reduced; rethrows what the thread caught.
+  void wait(std::size_t n) {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return reduced_ >= n || error_ != nullptr; });
+    if (error_ != nullptr) std::rethrow_exception(error_);
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      auto work = [&] { return stop_ || posted_ < handed_; };
+      if (reduced_ < posted_) {
+        wake_.wait_for(lock, kProgressInterval, work);
+      } else {
+        wake_.wait(lock, work);
+      }
+      if (stop_) return;
+      const std::size_t handed = handed_;
+      std::size_t posted = posted_;
+      std::size_t reduced = reduced_;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        auto& buckets = strategy_.buckets_;
+        for (; posted < handed; ++posted) {
+          buckets[posted].request = strategy_.comm_.iallreduce_sum(buckets[posted].data.data(), buckets[posted].data.size());
+        }
+        // Every request in flight is tested (each call moves all of them); they complete in order in practice.
+        for (std::size_t i = reduced; i < posted; ++i) {
+          if (buckets[i].request != MPI_REQUEST_NULL && core::Comm::test(buckets[i].request)) {
+            buckets[i].timing.reduced_s = seconds_between(strategy_.backward_start_, std::chrono::steady_clock::now());
+          }
+        }
+        while (reduced < posted && buckets[reduced].request == MPI_REQUEST_NULL) ++reduced;
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      posted_ = posted;
+      reduced_ = reduced;
+      if (error != nullptr) {
+        error_ = error;
+        handed_ = posted_ = reduced_ = 0;  // idle until the next pass (the job is going down)
+      }
+      done_.notify_all();
+    }
+  }
+
+  AllreduceStrategy& strategy_;
+  std::mutex mutex_;
+  std::condition_variable wake_;  // the thread: new buckets, or stop
+  std::condition_variable done_;  // the training thread: more buckets reduced, or an error
+  std::size_t handed_ = 0, posted_ = 0, reduced_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: started once everything above is constructed
+};
+
 AllreduceStrategy::AllreduceStrategy(const core::Comm& comm, const StrategyOptions& options)
-    : Strategy(comm), bucket_mb_(options.bucket_mb) {
+    : Strategy(comm), bucket_mb_(options.bucket_mb), progress_mode_(options.progress) {
   if (!(options.bucket_mb >= 0.0)) {
     throw core::ConfigError(fmt::format("bucket_mb {} is negative", options.bucket_mb), "", 0, "distributed.bucket_mb");
+  }
+  if (progress_mode_ != "thread" && progress_mode_ != "boundaries") {
+    throw core::ConfigError(fmt::format("progress '{}' is neither 'thread' nor 'boundaries'", progress_mode_), "", 0,
+                            "distributed.progress");
   }
 }
 
 AllreduceStrategy::~AllreduceStrategy() {
+  progress_.reset();
   for (auto* seq : watched_) seq->set_observer(nullptr);
   // Requests still in flight (a step cut short by an exception) are left to MPI: the job is going down.
 }
 
 void AllreduceStrategy::attach(Model& model) {
   if (comm_.size() == 1 || bucket_mb_ <= 0.0) return;
+  progress_.reset();
   for (auto* seq : watched_) seq->set_observer(nullptr);
   watched_.clear();
   module_params_.clear();
@@ -175,19 +284,34 @@ void AllreduceStrategy::attach(Model& model) {
   if (!watcher_) watcher_ = std::make_unique<Watcher>(*this);
   for (auto* seq : watched_) seq->set_observer(watcher_.get());
 
-  // Buckets over the parameters in backward order (the reverse of the model's).
+  // Buckets over the parameters in backward order (the reverse of the model's); the first one small.
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
   model.collect(params, buffers);
-  const auto limit = static_cast<std::size_t>(std::max(1.0, bucket_mb_ * 1048576.0 / sizeof(float)));
+  auto limit = [&](std::size_t bucket) {
+    const double mb = bucket == 0 ? std::min(kFirstBucketMb, bucket_mb_) : bucket_mb_;
+    return static_cast<std::size_t>(std::max(1.0, mb * 1048576.0 / sizeof(float)));
+  };
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
-    if (buckets_.empty() || buckets_.back().data.size() >= limit) buckets_.emplace_back();
+    if (buckets_.empty() || buckets_.back().data.size() >= limit(buckets_.size() - 1)) buckets_.emplace_back();
     Bucket& b = buckets_.back();
     slots_.emplace_back(*it, Slot{buckets_.size() - 1, b.data.size(), false});
     b.params.push_back(*it);
     b.data.resize(b.data.size() + (*it)->value.size());
   }
   std::sort(slots_.begin(), slots_.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+
+  if (progress_mode_ == "thread") {
+    int level = MPI_THREAD_SINGLE;
+    TESSERA_MPI_CHECK(MPI_Query_thread(&level));
+    if (level >= MPI_THREAD_SERIALIZED) {
+      progress_ = std::make_unique<Progress>(*this);
+    } else if (comm_.is_root()) {
+      spdlog::info(
+          "allreduce: MPI offers thread level {} (below MPI_THREAD_SERIALIZED): the buckets progress between modules",
+          level);
+    }
+  }
 }
 
 AllreduceStrategy::Slot* AllreduceStrategy::find_slot(const Param* p) {
@@ -203,10 +327,13 @@ void AllreduceStrategy::before_backward(bool completes_step) {
   for (auto& b : buckets_) {
     if (b.started) throw core::InternalError("allreduce: a bucket of the previous step was never completed");
     b.pending = b.params.size();
+    b.timing = {b.data.size() * sizeof(float), 0.0, 0.0};
   }
   next_start_ = 0;
   overlapped_ = 0;
   pass_comm_seconds_ = 0.0;
+  if (progress_) progress_->begin();
+  backward_start_ = std::chrono::steady_clock::now();
 }
 
 void AllreduceStrategy::ready(Param* p) {
@@ -219,24 +346,29 @@ void AllreduceStrategy::ready(Param* p) {
                                           p->grad.size(), p->value.size()));
   }
   std::copy(p->grad.begin(), p->grad.end(), b.data.begin() + static_cast<std::ptrdiff_t>(slot->offset));
-  --b.pending;
+  if (--b.pending == 0) b.timing.ready_s = seconds_between(backward_start_, std::chrono::steady_clock::now());
+  if (progress_) return start_ready_buckets();  // no MPI call on this thread: the communication thread makes them
   const auto t0 = core::MpiClock::now();
   start_ready_buckets();
   // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight.
   for (std::size_t i = 0; i < next_start_; ++i) {
-    if (buckets_[i].request != MPI_REQUEST_NULL) core::Comm::test(buckets_[i].request);
+    if (buckets_[i].request != MPI_REQUEST_NULL && core::Comm::test(buckets_[i].request)) {
+      buckets_[i].timing.reduced_s = seconds_between(backward_start_, std::chrono::steady_clock::now());
+    }
   }
   pass_comm_seconds_ += std::chrono::duration<double>(core::MpiClock::now() - t0).count();
 }
 
 void AllreduceStrategy::start_ready_buckets() {
   // In bucket order on every rank: MPI requires collectives, non-blocking ones too, in the same order everywhere.
+  const std::size_t before = next_start_;
   while (next_start_ < buckets_.size() && buckets_[next_start_].pending == 0) {
     Bucket& b = buckets_[next_start_++];
-    b.request = comm_.iallreduce_sum(b.data.data(), b.data.size());
+    if (!progress_) b.request = comm_.iallreduce_sum(b.data.data(), b.data.size());
     b.started = true;
     if (armed_) ++overlapped_;
   }
+  if (progress_ && next_start_ > before) progress_->hand(next_start_);
 }
 
 void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
@@ -247,7 +379,8 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     throw core::InternalError(
         fmt::format("allreduce: {} parameters to reduce, {} were attached", params.size(), slots_.size()));
   }
-  const auto t0 = core::MpiClock::now();
+  const auto backward_end = std::chrono::steady_clock::now();
+  const auto t0 = core::MpiClock::now();  // no other thread is in MPI: it has only been handed the complete buckets
   // Parameters backward did not report (none in Tessera's models): packed now, their buckets started in order.
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const Slot* slot = find_slot(*it);
@@ -256,10 +389,14 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     if (!slot->reported) ready(*it);
   }
   start_ready_buckets();
+  if (progress_) progress_->wait(buckets_.size());
   const float scale = 1.0f / static_cast<float>(comm_.size());
   std::size_t bytes = 0;
   for (auto& b : buckets_) {
-    core::Comm::wait(b.request);
+    if (b.request != MPI_REQUEST_NULL) {
+      core::Comm::wait(b.request);
+      b.timing.reduced_s = seconds_between(backward_start_, std::chrono::steady_clock::now());
+    }
     b.started = false;
     std::size_t offset = 0;
     for (Param* p : b.params) {
@@ -269,6 +406,9 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     }
     bytes += b.data.size() * sizeof(float);
   }
+  timeline_.backward_end_s = seconds_between(backward_start_, backward_end);
+  timeline_.buckets.clear();
+  for (const auto& b : buckets_) timeline_.buckets.push_back(b.timing);
   // No barrier here: the time counted is what the step waited for communication backward did not hide.
   stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(core::MpiClock::now() - t0).count();
   stats_.bytes += static_cast<std::int64_t>(bytes);
@@ -477,6 +617,10 @@ core::Schema& declare_strategy_keys(core::Schema& schema) {
       .number("distributed.bucket_mb", o.bucket_mb,
               "allreduce: gradient bucket size in MB, each bucket reduced during backward (0 = one allreduce after)", 0,
               1e6)
+      .string("distributed.progress", o.progress,
+              "allreduce: what moves the buckets during backward: a communication thread, or the training thread "
+              "between modules",
+              {"thread", "boundaries"})
       .string("distributed.inter", o.inter, "two-level: the exchange between node leaders", {"allreduce", "easgd"})
       .integer("distributed.ranks_per_node", o.ranks_per_node,
                "two-level: ranks per node group (0 = the ranks that share memory)", 0, 1e6);
@@ -489,6 +633,7 @@ StrategyOptions strategy_options(const core::Config& config) {
   o.alpha = config.get_number("distributed.alpha");
   o.center_sync_every = static_cast<int>(config.get_int("distributed.center_sync_every"));
   o.bucket_mb = config.get_number("distributed.bucket_mb");
+  o.progress = config.get_string("distributed.progress");
   o.inter = config.get_string("distributed.inter");
   o.ranks_per_node = static_cast<int>(config.get_int("distributed.ranks_per_node"));
   return o;

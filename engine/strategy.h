@@ -8,11 +8,19 @@
 //   allreduce   synchronous data parallelism: before every update the gradients are averaged over all ranks,
 //               so every replica takes the same step and stays identical. On one rank it does nothing.
 //               Evaluated and saved: the replica. The gradients travel in buckets of distributed.bucket_mb
-//               (25 MB): the parameters in backward order (the last layer's first) are cut into consecutive
-//               buckets, and a bucket's non-blocking allreduce starts as soon as backward has finished every
-//               layer with a parameter in it, so communication overlaps the rest of backward (as PyTorch DDP).
-//               Buckets start in the same order on every rank (the backward order is the model's). With
-//               bucket_mb = 0, or before attach(), one fused allreduce of all gradients after backward.
+//               (25 MB; the first one 1 MB at most, so that it leaves early — as PyTorch DDP): the parameters in
+//               backward order (the last layer's first) are cut into consecutive buckets, and a bucket's
+//               non-blocking allreduce starts as soon as backward has finished every layer with a parameter in
+//               it, so communication overlaps the rest of backward. Buckets start in the same order on every
+//               rank (the backward order is the model's). With bucket_mb = 0, or before attach(), one fused
+//               allreduce of all gradients after backward.
+//               Open MPI moves a non-blocking collective only inside MPI calls. With distributed.progress
+//               "thread" (the default) a communication thread makes every MPI call of the buckets — it starts
+//               each bucket the training thread hands it and tests the ones in flight every 100 µs while the
+//               kernels of backward run; the training thread makes no MPI call until it waits for the last
+//               bucket, so MPI_THREAD_SERIALIZED suffices (Open MPI's one-sided pt2pt transport, which
+//               async-easgd needs over TCP, refuses MPI_THREAD_MULTIPLE). With "boundaries", or an MPI below
+//               SERIALIZED (SimGrid's SMPI), the training thread tests them between modules instead.
 //
 //   easgd       synchronous elastic averaging SGD (Zhang, Choromanska & LeCun 2015), decentralized: every rank
 //               keeps its own copy of the centre variable x̃ and trains its replica x_i on its own gradients
@@ -67,6 +75,8 @@ struct StrategyOptions {
   int center_sync_every = 100;      // easgd: rank 0 re-broadcasts the centre every N exchanges (0 = never)
   double bucket_mb = 25.0;          // allreduce: gradient bucket size in MB; each bucket's allreduce starts during
                                     // backward as soon as its gradients are complete (0 = one allreduce after backward)
+  std::string progress = "thread";  // allreduce: what moves the buckets' allreduces during backward: a communication
+                                    // thread ("thread") or the training thread between modules ("boundaries")
   std::string inter = "allreduce";  // two-level: the exchange between node leaders, allreduce or easgd
   int ranks_per_node = 0;           // two-level: ranks per node group (0 = the ranks that share memory, as MPI says)
 };
@@ -167,15 +177,31 @@ class AllreduceStrategy final : public Strategy {
   // backward rather than in reduce_gradients() (for tests and `bench comm`).
   std::size_t buckets() const { return buckets_.size(); }
   std::size_t buckets_overlapped() const { return overlapped_; }
+  // True when a communication thread moves the buckets (progress "thread" and an MPI that allows it).
+  bool progress_thread() const { return progress_ != nullptr; }
+
+  // The last bucketed step, for `bench comm`: per bucket (in order) its bytes, when backward completed it and when
+  // its allreduce completed, and when backward ended — seconds since that step's backward began, on this rank.
+  struct BucketTiming {
+    std::size_t bytes = 0;
+    double ready_s = 0.0, reduced_s = 0.0;
+  };
+  struct Timeline {
+    double backward_end_s = 0.0;
+    std::vector<BucketTiming> buckets;
+  };
+  const Timeline& last_timeline() const { return timeline_; }
 
  private:
   class Watcher;
+  class Progress;
   struct Bucket {
     std::vector<Param*> params;  // in backward order
     std::vector<float> data;     // their gradients, packed
     std::size_t pending = 0;     // parameters not yet reported by backward in this pass
     MPI_Request request = MPI_REQUEST_NULL;
     bool started = false;
+    BucketTiming timing;
   };
   // Copies p's gradient into its bucket and starts every bucket that is complete, in order.
   void ready(Param* p);
@@ -183,6 +209,10 @@ class AllreduceStrategy final : public Strategy {
   void fused_reduce(const std::vector<Param*>& params);
 
   double bucket_mb_ = 25.0;
+  std::string progress_mode_ = "thread";
+  std::unique_ptr<Progress> progress_;  // the communication thread (attached, several ranks, progress "thread")
+  std::chrono::steady_clock::time_point backward_start_;
+  Timeline timeline_;
   std::vector<float> flat_;  // all gradients (or buffers), packed for one collective
   std::vector<Bucket> buckets_;
   struct Slot {
@@ -194,7 +224,7 @@ class AllreduceStrategy final : public Strategy {
   std::vector<Sequential*> watched_;
   std::unique_ptr<Watcher> watcher_;
   bool armed_ = false;  // this backward completes a step: report parameters as they become ready
-  std::size_t next_start_ = 0;
+  std::size_t next_start_ = 0;  // buckets started (by the communication thread: handed to it)
   std::size_t overlapped_ = 0;
   double pass_comm_seconds_ = 0.0;  // time inside MPI calls during this backward
   Slot* find_slot(const Param* p);

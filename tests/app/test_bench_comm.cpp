@@ -163,7 +163,7 @@ TEST(BenchComm, EveryStrategyIsMeasuredAndSendsWhatItMust) {
     const std::string name = entry.name;
     std::vector<std::string> wanted;
     if (name == "allreduce") {
-      wanted = {R"({"bucket_mb":0.0})", R"({"bucket_mb":25.0})"};
+      wanted = {R"({"bucket_mb":0.0})", R"({"bucket_mb":25.0})", R"({"bucket_mb":25.0,"progress":"boundaries"})"};
     } else if (name == "easgd" || name == "async-easgd") {
       for (int tau : {1, 4, 8, 16}) {
         std::string options = R"({"tau":)";
@@ -182,6 +182,21 @@ TEST(BenchComm, EveryStrategyIsMeasuredAndSendsWhatItMust) {
       key += options;
       EXPECT_TRUE(seen.contains(key)) << key;
     }
+  }
+
+  // Overlap: both bucketed rows (a communication thread, progress between modules) give rank 0's last step, every
+  // bucket complete before it is reduced, and the time against the fused allreduce's row.
+  ASSERT_EQ(j["overlap"].size(), 2u) << j.dump(2);
+  for (const auto& entry : j["overlap"]) {
+    SCOPED_TRACE(entry.dump());
+    const auto& timeline = entry["timeline"];
+    ASSERT_GE(timeline["buckets"].size(), 1u);
+    for (const auto& bucket : timeline["buckets"]) {
+      EXPECT_GT(bucket["bytes"].get<std::int64_t>(), 0);
+      EXPECT_LE(bucket["ready_s"].get<double>(), bucket["reduced_s"].get<double>());
+    }
+    EXPECT_TRUE(entry["step_s_saved_vs_fused"].is_number());
+    EXPECT_TRUE(contains(r.out, entry["label"].get<std::string>() + " (rank 0, last step")) << r.out;
   }
 }
 

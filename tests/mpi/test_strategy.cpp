@@ -236,6 +236,63 @@ TEST_F(Strategies, BucketedAllreduceOverlapsBackwardAndEqualsOneProcess) {
   }
 }
 
+// The buckets' allreduces give the fused allreduce's result, whichever thread moves them: exactly at 2 ranks (a sum
+// of two floats has one order), within float tolerance at 4 (Open MPI picks the reduction order by message size, and
+// a bucket is smaller than all gradients). The compact model (batch norm: buffers broadcast too) has 3.9 MB of
+// parameters: with the default 25 MB buckets it makes two, the first closing once past 1 MB (with the last
+// convolution's 2.4 MB: a tensor is never split).
+TEST_F(Strategies, BucketsEqualTheFusedAllreduceWithEitherProgress) {
+  const auto world = core::Comm::world();
+  const int p = world.size();
+  constexpr int kSize = 24, kPerRank = 2, kSteps = 2;
+  for (const std::string progress : {"thread", "boundaries"}) {
+    SCOPED_TRACE("progress " + progress);
+    Replica fused_run("compact", kSize), bucketed_run("compact", kSize);
+    AllreduceStrategy fused(world, {.bucket_mb = 0});
+    AllreduceStrategy bucketed(world, {.progress = progress});
+    bucketed.attach(*bucketed_run.model);
+    fused.initialize(fused_run.params, fused_run.buffers);
+    bucketed.initialize(bucketed_run.params, bucketed_run.buffers);
+    for (int s = 0; s < kSteps; ++s) {
+      const Data data(p * kPerRank, kSize, 500 + static_cast<std::uint32_t>(s));
+      fused_run.step(data.images, data.labels, world.rank() * kPerRank, kPerRank, kSize, &fused, s + 1);
+      bucketed.before_backward(true);
+      bucketed_run.step(data.images, data.labels, world.rank() * kPerRank, kPerRank, kSize, &bucketed, s + 1);
+    }
+    const auto a = flatten(fused_run.params, fused_run.buffers);
+    const auto b = flatten(bucketed_run.params, bucketed_run.buffers);
+    if (p <= 2) {
+      EXPECT_EQ(a, b);
+    } else {
+      EXPECT_TRUE(all_near(a, b, 1e-6));
+    }
+    EXPECT_TRUE(same_on_all_ranks(world, b));
+    if (p == 1) {
+      EXPECT_EQ(bucketed.buckets(), 0u) << "one rank has nothing to reduce";
+      continue;
+    }
+    EXPECT_EQ(bucketed.progress_thread(), progress == "thread");
+    ASSERT_EQ(bucketed.buckets(), 2u);
+    EXPECT_EQ(bucketed.buckets_overlapped(), 2u);
+    const auto& timeline = bucketed.last_timeline();
+    ASSERT_EQ(timeline.buckets.size(), 2u);
+    EXPECT_GE(timeline.buckets[0].bytes, 1u << 20);
+    std::size_t bytes = 0;
+    for (const auto& bucket : timeline.buckets) {
+      bytes += bucket.bytes;
+      // Order, not duration: a bucket is reduced after backward completed it, and backward ends after it completed
+      // the first bucket (the second holds the first layer, completed at backward's very end).
+      EXPECT_LE(bucket.ready_s, bucket.reduced_s);
+    }
+    EXPECT_LE(timeline.buckets[0].ready_s, timeline.backward_end_s);
+    EXPECT_EQ(bytes, a.size() * sizeof(float) - [&] {
+      std::size_t buffer_values = 0;
+      for (const auto* buffer : bucketed_run.buffers) buffer_values += buffer->value.size();
+      return buffer_values * sizeof(float);
+    }());
+  }
+}
+
 // Trains tiny_cnn (with batch norm: its statistics are part of the centre) on rank-specific data for `steps`
 // steps under `strategy`; returns the replica's parameters and buffers.
 std::vector<float> train_tiny(Strategy* strategy, int steps, int rank) {
