@@ -231,6 +231,11 @@ Action setup_bench(CLI::App& command) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   scale_cmd
+      ->add_option("--measured", scale->measured,
+                   "A `bench comm --json` report (e.g. across the test hosts): simulate its hosts, links calibrated "
+                   "from its allreduce sweep, and compare each strategy's step time with it; no sweep")
+      ->check(CLI::ExistingFile);
+  scale_cmd
       ->add_flag("--validate,!--no-validate", scale->validate,
                  "First simulate this machine and compare with a measured 2-rank run")
       ->capture_default_str();

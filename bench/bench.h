@@ -147,6 +147,9 @@ struct ScaleBenchOptions {
   std::string simulator;    // path of tessera-simulate.so (default: the one built beside this binary)
   double timeout = 1800.0;  // seconds one simulation may take
   bool validate = true;     // first compare a 2-rank simulation of this machine with a measured 2-rank run
+  // A `bench comm --json` report measured elsewhere (e.g. across the test hosts): validate against it instead of a
+  // new 2-rank run here, on a platform of its hosts written from its allreduce sweep, and sweep nothing.
+  std::string measured;
 };
 
 int run_bench_scale(const ScaleBenchOptions& options);

@@ -29,6 +29,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -124,7 +125,15 @@ int bandwidth_worker(const core::Comm& comm) {
                     {"seconds", core::median(times)},
                     {"best_seconds", *std::min_element(times.begin(), times.end())}});
   }
-  if (comm.is_root()) print_result({{"kind", "bandwidth"}, {"ranks", comm.size()}, {"sizes", rows}});
+  // The hosts the ranks ran on (their processor names, as MPI gives them): `bench scale --measured` models them.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  TESSERA_MPI_CHECK(MPI_Get_processor_name(name, &length));
+  const auto names = comm.gather_bytes(std::string(name, static_cast<std::size_t>(length)), 0);
+  const std::set<std::string> hosts(names.begin(), names.end());
+  if (comm.is_root()) {
+    print_result({{"kind", "bandwidth"}, {"ranks", comm.size()}, {"hosts", hosts.size()}, {"sizes", rows}});
+  }
   return core::exit_ok;
 }
 
@@ -515,11 +524,13 @@ int run_bench_comm(const CommBenchOptions& o) {
                  {"buffer_values", buffer_values},
                  {"buffer_bytes", buffer_values * static_cast<std::int64_t>(sizeof(float))},
                  {"cpu", cpu_name()},
+                 {"hosts", bandwidth.best ? bandwidth.best->value("hosts", 1) : 1},
                  {"load_average", {{"start", load_before}, {"end", load_after}}},
                  {"bus_bandwidth_convention", kBusConvention}};
 
-  std::cout << fmt::format("\nmachine: {} cores of {}; load average (1, 5, 15 min) {} at the start, {} at the end\n",
-                           cores, cpu_name(), load_before, load_after);
+  std::cout << fmt::format(
+      "\nmachine: {} cores of {}; the ranks on {} host(s); load average (1, 5, 15 min) {} at the start, {} at the end\n",
+      cores, cpu_name(), report["hosts"].get<int>(), load_before, load_after);
   std::cout << fmt::format("\n{:<22} {:>11} {:>11} {:>11}   {:>11} {:>11}\n", fmt::format("allreduce, {} ranks", p),
                            "us/call", "algbw GB/s", "busbw GB/s", "fastest us", "busbw GB/s");
   json bandwidth_json = json::array();

@@ -329,34 +329,52 @@ void write_plots(const std::vector<Simulation>& sims, const fs::path& out, const
   }
 }
 
-// The validation: 2 ranks on this machine, measured by `tessera bench comm`, against the simulation of a platform
-// written from the same run's allreduce figures.
+// The validation: a run measured by `tessera bench comm` — 2 ranks on this machine, run here, or the report given
+// with --measured (e.g. one rank on each of 2 test hosts) — against the simulation of a platform written from the
+// same run's allreduce sweep (the calibration); the strategies' rows are what it is checked against.
 json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& work, const ModelFacts& compact) {
-  const fs::path report = work / "bench-comm.json";
-  const std::vector<std::string> args = {self_path(),
-                                         "bench",
-                                         "comm",
-                                         "--ranks",
-                                         "2",
-                                         "--model",
-                                         compact.name,
-                                         "--size",
-                                         std::to_string(compact.size),
-                                         "--batch",
-                                         std::to_string(o.batch),
-                                         "--steps",
-                                         "16",
-                                         "--rounds",
-                                         "2",
-                                         "--json",
-                                         report.string()};
-  std::cout << "validation: measuring 2 ranks on this machine (tessera bench comm) ..." << std::endl;
-  const std::string log = (work / "bench-comm.log").string();
-  require_ok(run_child(args, log, o.timeout), "bench scale: the measured 2-rank run (tessera bench comm)", log);
-  std::ifstream in(report);
-  const json measured = json::parse(in);
-  // Latency and bandwidth of this machine's shared memory from the 2-rank allreduce (reduce-scatter + allgather:
-  // 2 latencies and n bytes each way): from the smallest message and the largest one of at most 4 MB.
+  json measured;
+  if (!o.measured.empty()) {
+    std::ifstream in(o.measured);
+    try {
+      measured = json::parse(in);
+    } catch (const json::exception& e) {
+      throw core::InputError(fmt::format("not a `bench comm --json` report: {}", e.what()), o.measured);
+    }
+    if (measured.value("bench", "") != "comm" || !measured.contains("strategies") || !measured.contains("bandwidth")) {
+      throw core::InputError("not a `bench comm --json` report (no strategies or bandwidth)", o.measured);
+    }
+  } else {
+    const fs::path report = work / "bench-comm.json";
+    const std::vector<std::string> args = {self_path(),
+                                           "bench",
+                                           "comm",
+                                           "--ranks",
+                                           "2",
+                                           "--model",
+                                           compact.name,
+                                           "--size",
+                                           std::to_string(compact.size),
+                                           "--batch",
+                                           std::to_string(o.batch),
+                                           "--steps",
+                                           "16",
+                                           "--rounds",
+                                           "2",
+                                           "--json",
+                                           report.string()};
+    std::cout << "validation: measuring 2 ranks on this machine (tessera bench comm) ..." << std::endl;
+    const std::string log = (work / "bench-comm.log").string();
+    require_ok(run_child(args, log, o.timeout), "bench scale: the measured 2-rank run (tessera bench comm)", log);
+    std::ifstream in(report);
+    measured = json::parse(in);
+  }
+  const int ranks = measured.at("ranks").get<int>();
+  const int hosts = std::clamp(measured.value("hosts", 1), 1, ranks);
+  const int per_host = (ranks + hosts - 1) / hosts;
+  // Latency and bandwidth of the link from the allreduce (2 ranks, reduce-scatter + allgather: 2 messages' latency
+  // and n bytes each way): from the smallest message and the largest one of at most 4 MB. One host: shared memory,
+  // the loopback link. Several: each message crosses two links (its host's and the other's), full duplex.
   const auto& rows = measured.at("bandwidth");
   if (rows.size() < 2) throw core::InternalError("bench scale: bench comm measured no allreduce bandwidth");
   const json* small = &rows.front();
@@ -364,23 +382,35 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
   for (const auto& r : rows) {
     if (r.at("bytes").get<double>() <= 4.0 * (1 << 20)) large = &r;
   }
+  const double links = hosts > 1 ? 2.0 : 1.0;
   const double ns = small->at("bytes").get<double>(), ts = small->at("seconds").get<double>();
   const double nl = large->at("bytes").get<double>(), tl = large->at("seconds").get<double>();
   const double per_byte = std::max(1e-12, (tl - ts) / (nl - ns));
-  const double latency = std::max(1e-7, (ts - ns * per_byte) / 2.0);
+  const double latency = std::max(1e-7, (ts - ns * per_byte) / (2.0 * links));
   const double bandwidth = 1.0 / per_byte;
-  const fs::path platform_file = work / "this-machine.xml";
+  const fs::path platform_file = work / (hosts > 1 ? "measured-hosts.xml" : "this-machine.xml");
   {
     std::ofstream f(platform_file);
-    f << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n"
-      << "<!-- This machine, from `tessera bench comm`'s 2-rank allreduce: one host of 2 cores; the ranks talk "
-         "through\n"
-      << "     shared memory, modelled as the loopback link. -->\n<platform version=\"4.1\">\n"
-      << fmt::format(
-             "  <cluster id=\"here\" prefix=\"here-\" suffix=\"\" radical=\"0-0\" speed=\"1Gf\" core=\"2\" "
-             "bw=\"{0:.6g}Bps\" lat=\"{1:.6g}s\" loopback_bw=\"{0:.6g}Bps\" loopback_lat=\"{1:.6g}s\"/>\n",
-             bandwidth, latency)
-      << "</platform>\n";
+    f << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n";
+    if (hosts > 1) {
+      f << fmt::format("<!-- {} hosts of {} rank(s) as `tessera bench comm` measured them ({}): each host's link from "
+                       "the\n     allreduce sweep, full duplex. -->\n<platform version=\"4.1\">\n",
+                       hosts, per_host, measured.value("launcher", std::string()))
+        << fmt::format(
+               "  <cluster id=\"here\" prefix=\"here-\" suffix=\"\" radical=\"0-{0}\" speed=\"1Gf\" core=\"{1}\" "
+               "bw=\"{2:.6g}Bps\" lat=\"{3:.6g}s\" sharing_policy=\"SPLITDUPLEX\" loopback_bw=\"{2:.6g}Bps\" "
+               "loopback_lat=\"{3:.6g}s\"/>\n",
+               hosts - 1, per_host, bandwidth, latency);
+    } else {
+      f << "<!-- This machine, from `tessera bench comm`'s 2-rank allreduce: one host of 2 cores; the ranks talk "
+           "through\n"
+        << "     shared memory, modelled as the loopback link. -->\n<platform version=\"4.1\">\n"
+        << fmt::format(
+               "  <cluster id=\"here\" prefix=\"here-\" suffix=\"\" radical=\"0-0\" speed=\"1Gf\" core=\"2\" "
+               "bw=\"{0:.6g}Bps\" lat=\"{1:.6g}s\" loopback_bw=\"{0:.6g}Bps\" loopback_lat=\"{1:.6g}s\"/>\n",
+               bandwidth, latency);
+    }
+    f << "</platform>\n";
   }
   const Platform here = read_platform(platform_file.string());
   const double compute = measured.at("no_exchange").at("step_s").get<double>();
@@ -389,9 +419,11 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
   const std::vector<std::string> timed = {"--cfg=smpi/simulate-computation:yes", "--cfg=smpi/host-speed:1Gf"};
   json rows_out = json::array();
   std::cout << fmt::format(
-      "\nvalidation: 2 ranks on this machine ({}); shared memory {:.2f} GB/s, {:.1f} us; computation "
-      "{:.1f} ms per step (2 ranks side by side, measured)\n",
-      measured.value("cpu", std::string()), bandwidth / 1e9, latency * 1e6, compute * 1e3);
+      "\nvalidation: {} ranks on {} ({}; {} at {} px, batch {}); {} {:.3f} GB/s, {:.1f} us per link; computation "
+      "{:.1f} ms per step (the ranks side by side without a strategy, measured)\n",
+      ranks, hosts > 1 ? fmt::format("{} hosts", hosts) : "this machine", measured.value("cpu", std::string()),
+      compact.name, compact.size, measured.value("batch", 0), hosts > 1 ? "links" : "shared memory", bandwidth / 1e9,
+      latency * 1e6, compute * 1e3);
   std::cout << fmt::format("{:<44} {:>12} {:>12} {:>8}\n", "strategy", "measured ms", "simulated ms", "error");
   std::vector<double> errors;
   for (const auto& row : measured.at("strategies")) {
@@ -401,8 +433,8 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
     if (strategy == "allreduce" && opts.value("bucket_mb", 0.0) > 0.0) continue;  // SMPI: no buckets (sim/README.md)
     const int tau = opts.value("tau", 8);
     const std::string inter = opts.value("inter", strategy == "two-level" ? "allreduce" : "");
-    const Simulation s = simulator.run(here, platform_file, 2, compact, 1.0, compute, strategy, 2, tau, inter,
-                                       measured.at("steps").get<int>(), timed);
+    const Simulation s = simulator.run(here, platform_file, per_host, compact, 1.0, compute, strategy, ranks, tau,
+                                       inter, measured.at("steps").get<int>(), timed);
     const double real = row.at("step_s").get<double>();
     json out = {{"label", row.at("label")}, {"measured_step_s", real}};
     if (!s.failure.empty()) {
@@ -423,7 +455,7 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
       errors.empty() ? 0.0 : std::accumulate(errors.begin(), errors.end(), 0.0) / static_cast<double>(errors.size());
   std::cout << fmt::format("mean absolute error {:.1f}% over {} strategies (load average {} at the measurement)\n",
                            100.0 * mean_error, errors.size(), measured.at("load_average").dump());
-  return {{"platform", {{"bandwidth_Bps", bandwidth}, {"latency_s", latency}}},
+  return {{"platform", {{"hosts", hosts}, {"ranks_per_host", per_host}, {"bandwidth_Bps", bandwidth}, {"latency_s", latency}}},
           {"compute_step_s", compute},
           {"rows", rows_out},
           {"mean_abs_error", mean_error},
@@ -462,6 +494,23 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   const fs::path work = out / "work";
   fs::create_directories(work);
   Simulator simulator(library, *smpirun, work, o.timeout);
+
+  // Only the validation against a run measured elsewhere (--measured): no calibration here, no sweep.
+  if (!o.measured.empty()) {
+    std::ifstream in(o.measured);
+    const json given = json::parse(in, nullptr, false);
+    if (given.is_discarded() || !given.contains("model") || !given.contains("size") || !given.contains("batch")) {
+      throw core::InputError("not a `bench comm --json` report (no model, size or batch)", o.measured);
+    }
+    const ModelFacts facts =
+        calibrate(given.at("model").get<std::string>(), given.at("size").get<int>(), given.at("batch").get<int>(), "1",
+                  work);
+    const json report = {{"bench", "scale"}, {"simulated", true}, {"validation", validate(simulator, o, work, facts)}};
+    core::write_file_atomic((out / "scale.json").string(), report.dump(2) + "\n");
+    std::cout << fmt::format("\nEvery simulated figure above comes from SimGrid SMPI (sim/README.md). Report: {}\n",
+                             (out / "scale.json").string());
+    return core::exit_ok;
+  }
 
   // 1. Calibration.
   std::vector<ModelFacts> models;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -171,6 +172,67 @@ TEST(BenchScale, SweepsRanksAndStrategiesIntoATableAndPlots) {
   const json report = json::parse(std::ifstream(out + "/scale.json"));
   EXPECT_TRUE(report["simulated"].get<bool>());
   EXPECT_EQ(report["calibration"][0]["compute_s"], 0.02);
+}
+
+// `bench scale --measured`: a `bench comm` report from 2 hosts (here a small one written by hand: the figures are
+// inputs, not results) is simulated on 2 hosts, the link from its allreduce sweep, and every strategy row but the
+// bucketed allreduce (not simulated) is compared with it.
+TEST(BenchScale, MeasuredReportIsSimulatedOnItsHosts) {
+  testing::TempDir dir;
+  const json bandwidth = json::array({{{"bytes", 4096}, {"seconds", 50e-6}},
+                                      {{"bytes", 1 << 20}, {"seconds", 1.0e-3}},
+                                      {{"bytes", 4 << 20}, {"seconds", 3.85e-3}},
+                                      {{"bytes", 16 << 20}, {"seconds", 20e-3}}});
+  auto row = [](const std::string& label, const std::string& strategy, json options) {
+    return json{{"label", label}, {"strategy", strategy}, {"options", std::move(options)}, {"step_s", 0.06}};
+  };
+  const json report = {
+      {"bench", "comm"},
+      {"ranks", 2},
+      {"hosts", 2},
+      {"model", "tiny_cnn"},
+      {"size", 32},
+      {"batch", 4},
+      {"steps", 4},
+      {"cpu", "test"},
+      {"launcher", "testhosts"},
+      {"load_average", {{"start", "0"}, {"end", "0"}}},
+      {"bandwidth", bandwidth},
+      {"no_exchange", {{"step_s", 0.05}}},
+      {"strategies", json::array({row("allreduce, fused", "allreduce", {{"bucket_mb", 0.0}}),
+                                  row("allreduce, buckets", "allreduce", {{"bucket_mb", 25.0}}),
+                                  row("easgd, tau 2", "easgd", {{"tau", 2}})})}};
+  const std::string file = dir.file("comm.json");
+  std::ofstream(file) << report.dump();
+  const std::string out = dir.file("scale");
+  const auto r = testing::run("bench scale --measured " + file + " --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.out, "validation: 2 ranks on 2 hosts")) << r.out;
+  const json scale = json::parse(std::ifstream(out + "/scale.json"));
+  const json& v = scale["validation"];
+  EXPECT_EQ(v["platform"]["hosts"], 2);
+  EXPECT_EQ(v["platform"]["ranks_per_host"], 1);
+  // 4 KB to 4 MB: (4 MiB - 4 KiB) bytes in 3.8 ms more; the 4 KB call's rest is 2 messages over 2 links each.
+  const double per_byte = (3.85e-3 - 50e-6) / ((4 << 20) - 4096);
+  EXPECT_NEAR(v["platform"]["bandwidth_Bps"].get<double>(), 1.0 / per_byte, 1e-6 / per_byte);
+  EXPECT_NEAR(v["platform"]["latency_s"].get<double>(), (50e-6 - 4096 * per_byte) / 4, 1e-12);
+  EXPECT_EQ(v["compute_step_s"], 0.05);
+  ASSERT_EQ(v["rows"].size(), 2u) << v.dump(2);  // the bucketed row is not simulated
+  for (const auto& simulated : v["rows"]) {
+    EXPECT_FALSE(simulated.contains("failure")) << simulated.dump();
+    EXPECT_GT(simulated["simulated_step_s"].get<double>(), 0.05) << "computation plus an exchange";
+    EXPECT_EQ(simulated["measured_step_s"], 0.06);
+  }
+  std::ifstream platform(out + "/work/measured-hosts.xml");
+  const std::string xml((std::istreambuf_iterator<char>(platform)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(xml, "radical=\"0-1\"")) << xml;
+  EXPECT_TRUE(contains(xml, "SPLITDUPLEX")) << xml;
+
+  std::ofstream(dir.file("not-comm.json")) << R"({"bench": "scale"})";
+  const auto bad = testing::run("bench scale --measured " + dir.file("not-comm.json") + " --out " + out);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(contains(bad.err, "not-comm.json")) << bad.err;
+  EXPECT_TRUE(contains(bad.err, "bench comm")) << bad.err;
 }
 
 }  // namespace
