@@ -529,7 +529,8 @@ int run_bench_comm(const CommBenchOptions& o) {
                  {"bus_bandwidth_convention", kBusConvention}};
 
   std::cout << fmt::format(
-      "\nmachine: {} cores of {}; the ranks on {} host(s); load average (1, 5, 15 min) {} at the start, {} at the end\n",
+      "\nmachine: {} cores of {}; the ranks on {} host(s); load average (1, 5, 15 min) {} at the start, {} at the "
+      "end\n",
       cores, cpu_name(), report["hosts"].get<int>(), load_before, load_after);
   std::cout << fmt::format("\n{:<22} {:>11} {:>11} {:>11}   {:>11} {:>11}\n", fmt::format("allreduce, {} ranks", p),
                            "us/call", "algbw GB/s", "busbw GB/s", "fastest us", "busbw GB/s");
@@ -638,24 +639,24 @@ int run_bench_comm(const CommBenchOptions& o) {
     if (!c.best || !c.best->contains("timeline")) continue;
     const json& timeline = (*c.best)["timeline"];
     const double end = timeline["backward_end_s"].get<double>();
-    std::cout << fmt::format("{} (rank 0, last step; ms since its backward began): backward ended at {:.1f}\n",
-                             c.label, end * 1e3);
+    std::cout << fmt::format("{} (rank 0, last step; ms since its backward began): backward ended at {:.1f}\n", c.label,
+                             end * 1e3);
     int hidden = 0;
     for (std::size_t i = 0; i < timeline["buckets"].size(); ++i) {
       const json& b = timeline["buckets"][i];
       const double ready = b["ready_s"].get<double>(), reduced = b["reduced_s"].get<double>();
       hidden += reduced <= end ? 1 : 0;
-      std::cout << fmt::format("  bucket {}: {:.2f} MB, complete at {:.1f}, reduced at {:.1f} ({})\n", i + 1,
-                               b["bytes"].get<double>() / kMB, ready * 1e3, reduced * 1e3,
-                               reduced <= end ? "before backward ended"
-                                              : fmt::format("{:.1f} after backward ended", (reduced - end) * 1e3));
+      std::cout << fmt::format(
+          "  bucket {}: {:.2f} MB, complete at {:.1f}, reduced at {:.1f} ({})\n", i + 1, b["bytes"].get<double>() / kMB,
+          ready * 1e3, reduced * 1e3,
+          reduced <= end ? "before backward ended" : fmt::format("{:.1f} after backward ended", (reduced - end) * 1e3));
     }
     json entry = {{"label", c.label}, {"timeline", timeline}, {"buckets_reduced_in_backward", hidden}};
     if (fused != nullptr) {
       const double saved = figures(*fused->best).step_s - figures(*c.best).step_s;
       std::cout << fmt::format("  step {:.1f} ms against {:.1f} ms with one allreduce after backward: {:.1f} ms {}\n",
-                               figures(*c.best).step_s * 1e3, figures(*fused->best).step_s * 1e3,
-                               std::abs(saved) * 1e3, saved >= 0 ? "saved" : "lost");
+                               figures(*c.best).step_s * 1e3, figures(*fused->best).step_s * 1e3, std::abs(saved) * 1e3,
+                               saved >= 0 ? "saved" : "lost");
       entry["step_s_saved_vs_fused"] = saved;
     }
     overlap.push_back(entry);

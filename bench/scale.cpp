@@ -393,9 +393,10 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
     std::ofstream f(platform_file);
     f << "<?xml version='1.0'?>\n<!DOCTYPE platform SYSTEM \"https://simgrid.org/simgrid.dtd\">\n";
     if (hosts > 1) {
-      f << fmt::format("<!-- {} hosts of {} rank(s) as `tessera bench comm` measured them ({}): each host's link from "
-                       "the\n     allreduce sweep, full duplex. -->\n<platform version=\"4.1\">\n",
-                       hosts, per_host, measured.value("launcher", std::string()))
+      f << fmt::format(
+               "<!-- {} hosts of {} rank(s) as `tessera bench comm` measured them ({}): each host's link from "
+               "the\n     allreduce sweep, full duplex. -->\n<platform version=\"4.1\">\n",
+               hosts, per_host, measured.value("launcher", std::string()))
         << fmt::format(
                "  <cluster id=\"here\" prefix=\"here-\" suffix=\"\" radical=\"0-{0}\" speed=\"1Gf\" core=\"{1}\" "
                "bw=\"{2:.6g}Bps\" lat=\"{3:.6g}s\" sharing_policy=\"SPLITDUPLEX\" loopback_bw=\"{2:.6g}Bps\" "
@@ -455,7 +456,8 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
       errors.empty() ? 0.0 : std::accumulate(errors.begin(), errors.end(), 0.0) / static_cast<double>(errors.size());
   std::cout << fmt::format("mean absolute error {:.1f}% over {} strategies (load average {} at the measurement)\n",
                            100.0 * mean_error, errors.size(), measured.at("load_average").dump());
-  return {{"platform", {{"hosts", hosts}, {"ranks_per_host", per_host}, {"bandwidth_Bps", bandwidth}, {"latency_s", latency}}},
+  return {{"platform",
+           {{"hosts", hosts}, {"ranks_per_host", per_host}, {"bandwidth_Bps", bandwidth}, {"latency_s", latency}}},
           {"compute_step_s", compute},
           {"rows", rows_out},
           {"mean_abs_error", mean_error},
@@ -502,9 +504,8 @@ int run_bench_scale(const ScaleBenchOptions& o) {
     if (given.is_discarded() || !given.contains("model") || !given.contains("size") || !given.contains("batch")) {
       throw core::InputError("not a `bench comm --json` report (no model, size or batch)", o.measured);
     }
-    const ModelFacts facts =
-        calibrate(given.at("model").get<std::string>(), given.at("size").get<int>(), given.at("batch").get<int>(), "1",
-                  work);
+    const ModelFacts facts = calibrate(given.at("model").get<std::string>(), given.at("size").get<int>(),
+                                       given.at("batch").get<int>(), "1", work);
     const json report = {{"bench", "scale"}, {"simulated", true}, {"validation", validate(simulator, o, work, facts)}};
     core::write_file_atomic((out / "scale.json").string(), report.dump(2) + "\n");
     std::cout << fmt::format("\nEvery simulated figure above comes from SimGrid SMPI (sim/README.md). Report: {}\n",

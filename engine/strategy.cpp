@@ -207,7 +207,8 @@ class AllreduceStrategy::Progress {
       try {
         auto& buckets = strategy_.buckets_;
         for (; posted < handed; ++posted) {
-          buckets[posted].request = strategy_.comm_.iallreduce_sum(buckets[posted].data.data(), buckets[posted].data.size());
+          buckets[posted].request =
+              strategy_.comm_.iallreduce_sum(buckets[posted].data.data(), buckets[posted].data.size());
         }
         // Every request in flight is tested (each call moves all of them); they complete in order in practice.
         for (std::size_t i = reduced; i < posted; ++i) {

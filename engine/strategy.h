@@ -109,6 +109,12 @@ class Strategy {
   virtual const char* name() const = 0;
   const core::Comm& comm() const { return comm_; }
 
+  // How many ranks' batches one optimizer update of this rank averages over: its learning rate is scaled for
+  // batch_size × accumulation × this (engine/optim/config.h, the linear scaling rule). allreduce (the default): every
+  // rank's. easgd and async-easgd: 1 — each replica steps on its own gradient; the elastic averaging is not a
+  // gradient average. two-level: every rank's with inter allreduce, its node group's with inter easgd.
+  virtual int ranks_per_update() const { return comm_.size(); }
+
   // Once, before initialize(): a strategy that overlaps communication with backward watches the model's
   // Sequentials (it takes their ModuleObserver slot, and gives it back when destroyed: the model must outlive
   // the strategy).
@@ -223,7 +229,7 @@ class AllreduceStrategy final : public Strategy {
   std::vector<std::pair<const void*, std::vector<Param*>>> module_params_;  // watched module → its parameters
   std::vector<Sequential*> watched_;
   std::unique_ptr<Watcher> watcher_;
-  bool armed_ = false;  // this backward completes a step: report parameters as they become ready
+  bool armed_ = false;          // this backward completes a step: report parameters as they become ready
   std::size_t next_start_ = 0;  // buckets started (by the communication thread: handed to it)
   std::size_t overlapped_ = 0;
   double pass_comm_seconds_ = 0.0;  // time inside MPI calls during this backward
@@ -235,6 +241,7 @@ class EasgdStrategy final : public Strategy {
   // Throws ConfigError (keys "distributed.*") on options out of range.
   EasgdStrategy(const core::Comm& comm, const StrategyOptions& options);
   const char* name() const override { return "easgd"; }
+  int ranks_per_update() const override { return 1; }
 
   void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override;
   void reduce_gradients(const std::vector<Param*>&) override {}

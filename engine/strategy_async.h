@@ -65,6 +65,7 @@ class AsyncEasgdStrategy final : public Strategy {
   // Frees the window: collective (every rank destroys its strategy at the same point of the program).
   ~AsyncEasgdStrategy() override;
   const char* name() const override { return "async-easgd"; }
+  int ranks_per_update() const override { return 1; }
 
   // Collective: rank 0's replica to every rank, then the window (a new one each call), each owner filling its
   // slice from that replica (parameters from a loaded checkpoint's centre, if load_state() got one); returns

@@ -66,6 +66,8 @@ class TwoLevelStrategy final : public Strategy {
   ~TwoLevelStrategy() override;
 
   const char* name() const override { return "two-level"; }
+  // inter easgd: a group's ranks average their gradients, the groups' replicas do not; inter allreduce: all ranks.
+  int ranks_per_update() const override { return inter_ == Inter::easgd ? group_.size() : comm_.size(); }
 
   // Broadcasts rank 0's replica to every rank and sets up the shared window for these tensors (collective).
   void initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override;

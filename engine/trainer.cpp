@@ -221,13 +221,14 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   const auto epochs = config.get_int("train.epochs");
   std::int64_t total_steps = steps_per_epoch * epochs;
   if (config.get_int("train.max_steps") > 0) total_steps = std::min(total_steps, config.get_int("train.max_steps"));
+  auto strategy = make_strategy(config.get_string("distributed.strategy"), comm, strategy_options(config));
   TrainingShape shape;
   shape.global_batch = static_cast<std::int64_t>(batch_size) * comm.size() * accumulation;
+  shape.update_batch = static_cast<std::int64_t>(batch_size) * strategy->ranks_per_update() * accumulation;
   shape.steps_per_epoch = steps_per_epoch;
   shape.total_steps = total_steps;
   auto optimizer = build_optimizer(config);
   auto schedule = build_schedule(config, shape);
-  auto strategy = make_strategy(config.get_string("distributed.strategy"), comm, strategy_options(config));
 
   // What every checkpoint says of the job, beside its tensors: enough for inference to find tissue and make tiles
   // as the tiling did.
@@ -283,6 +284,13 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         val_options.slides.size(), comm.size(), batch_size,
         accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "", shape.global_batch, steps_per_epoch,
         strategy->name());
+    // The rate each replica steps with, and the batch it was scaled for: under easgd one rank's, not the global one.
+    spdlog::info(
+        "learning rate {:g} per update after warmup, scaled for the {} tiles one update averages ({}: {} "
+        "rank(s) x batch {}{}; optimizer.lr {:g} at schedule.reference_batch {})",
+        schedule_options(config, shape).base_lr, shape.update_batch, strategy->name(), strategy->ranks_per_update(),
+        batch_size, accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "",
+        config.get_number("optimizer.lr"), config.get_int("schedule.reference_batch"));
   }
   comm.barrier();
 

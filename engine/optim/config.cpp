@@ -59,7 +59,10 @@ core::Schema& declare_optim_keys(core::Schema& schema) {
       .string("schedule.name", "cosine",
               "Learning-rate schedule after warmup; cosine and poly end at min_lr with training", schedules)
       .integer("schedule.reference_batch", 256,
-               "Linear scaling: rate = optimizer.lr * global batch / this (0 = optimizer.lr as given)", 0, 1e9)
+               "Linear scaling: rate = optimizer.lr * the batch one update averages / this (allreduce: the global "
+               "batch; easgd: "
+               "one rank's; 0 = optimizer.lr as given)",
+               0, 1e9)
       .number("schedule.warmup_epochs", 0.0, "Epochs of linear warmup to the peak rate (0 = none)", 0, 1e6)
       .number("schedule.warmup_start_factor", s.warmup_start_factor, "Warmup starts at this fraction of the peak rate",
               0, 1)
@@ -87,7 +90,7 @@ std::unique_ptr<Optimizer> build_optimizer(const core::Config& config) {
 ScheduleOptions schedule_options(const core::Config& config, const TrainingShape& shape) {
   return with_source(config, [&] {
     ScheduleOptions s;
-    s.base_lr = linearly_scaled_lr(config.get_number("optimizer.lr"), shape.global_batch,
+    s.base_lr = linearly_scaled_lr(config.get_number("optimizer.lr"), shape.update_batch,
                                    config.get_int("schedule.reference_batch"));
     s.steps_per_epoch = shape.steps_per_epoch;
     s.total_steps = shape.total_steps;

@@ -2,7 +2,7 @@
 //
 //   optimizer:                       schedule:
 //     name: lars          # sgd|lars   name: poly              # constant|step|cosine|poly
-//     lr: 0.1             # at ref.    reference_batch: 256    # lr · global_batch / 256 (0 = as given)
+//     lr: 0.1             # at ref.    reference_batch: 256    # lr · update batch / 256 (0 = as given)
 //     momentum: 0.9                    warmup_epochs: 5
 //     nesterov: false                  warmup_start_factor: 0.1
 //     weight_decay: 5.0e-5             milestones: [30, 60, 80]  # step
@@ -10,8 +10,11 @@
 //       trust_coefficient: 0.001       power: 2                  # poly
 //       epsilon: 1.0e-9                min_lr: 0                 # cosine, poly
 //
-// The verb that trains adds these keys to its schema with declare_optim_keys and, once the data and the rank
-// count fix the global batch and the steps per epoch, builds the optimizer and schedule from the loaded config.
+// The verb that trains adds these keys to its schema with declare_optim_keys and, once the data, the rank count and
+// the strategy fix the batches and the steps per epoch, builds the optimizer and schedule from the loaded config.
+// The rate is scaled for the batch one update of a replica averages over (TrainingShape::update_batch), not the
+// global batch: under easgd each replica steps on its own rank's batch, and a rate scaled for all ranks' would
+// grow with the rank count. Warmup and decay count optimizer steps, and LARS scales this rate per layer.
 // Every inconsistency the schema's ranges cannot catch (Nesterov without momentum, a warmup longer than training,
 // unordered milestones, a floor above the peak) is a ConfigError naming the key and the config's file.
 #pragma once
@@ -30,7 +33,9 @@ core::Schema& declare_optim_keys(core::Schema& schema);
 
 // What the training run contributes to the schedule.
 struct TrainingShape {
-  std::int64_t global_batch = 1;     // samples per step over all ranks
+  std::int64_t global_batch = 1;     // samples per step over all ranks (throughput)
+  std::int64_t update_batch = 1;     // samples one update of a replica averages over: what the rate is scaled for
+                                     // (allreduce: the global batch; easgd: one rank's; Strategy::ranks_per_update)
   std::int64_t steps_per_epoch = 1;  // optimizer steps per epoch
   std::int64_t total_steps = 1;      // optimizer steps of the whole run
 };

@@ -42,13 +42,12 @@ std::string join(const std::vector<std::string>& items) {
 
 }  // namespace
 
-double linearly_scaled_lr(double base_lr, std::int64_t global_batch, std::int64_t reference_batch) {
-  if (global_batch < 1)
-    throw core::InternalError("global batch must be at least 1, got " + std::to_string(global_batch));
+double linearly_scaled_lr(double base_lr, std::int64_t batch, std::int64_t reference_batch) {
+  if (batch < 1) throw core::InternalError("the batch of an update must be at least 1, got " + std::to_string(batch));
   require(reference_batch >= 0, "schedule.reference_batch",
           "reference batch must be >= 0 (0 = no scaling), got " + std::to_string(reference_batch));
   if (reference_batch == 0) return base_lr;
-  return base_lr * static_cast<double>(global_batch) / static_cast<double>(reference_batch);
+  return base_lr * static_cast<double>(batch) / static_cast<double>(reference_batch);
 }
 
 // ---- Schedule ----

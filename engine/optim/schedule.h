@@ -14,7 +14,8 @@
 // of training, warmup included (as Goyal et al. and PyTorch's MultiStepLR do).
 //
 // `base` is the peak rate after the linear scaling rule of Goyal et al.:
-//   base = lr · global_batch / reference_batch   (reference_batch 0: base = lr).
+//   base = lr · update_batch / reference_batch   (reference_batch 0: base = lr), where update_batch is the batch one
+//   update averages over (engine/optim/config.h).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,8 @@ struct ScheduleOptions {
   double min_lr = 0.0;               // cosine, poly: the floor, in [0, base_lr]
 };
 
-// The linear scaling rule: base_lr · global_batch / reference_batch, or base_lr when reference_batch is 0.
-double linearly_scaled_lr(double base_lr, std::int64_t global_batch, std::int64_t reference_batch);
+// The linear scaling rule: base_lr · batch / reference_batch, or base_lr when reference_batch is 0.
+double linearly_scaled_lr(double base_lr, std::int64_t batch, std::int64_t reference_batch);
 
 class Schedule {
  public:

@@ -122,8 +122,8 @@ TEST(Simulator, ShrinkingPayloadAndBandwidthTogetherKeepsTheStepTime) {
 }
 
 TEST(Simulator, TheCentralServerReceivesEveryWorkersReplica) {
-  // 3 workers and the server: each worker sends its parameters and buffers every tau steps and gets the centre back; the
-  // server's link carries all of them, one after another, so the decentralized easgd is faster.
+  // 3 workers and the server: each worker sends its parameters and buffers every tau steps and gets the centre back;
+  // the server's link carries all of them, one after another, so the decentralized easgd is faster.
   testing::TempDir dir;
   const Sim central = simulate(dir, 4, data("star.xml"), "--strategy central-easgd --tau 2 --steps 4 --compute 0.001");
   ASSERT_EQ(central.run.code, 0) << central.run.out << central.run.err;
@@ -153,7 +153,8 @@ TEST(BenchScale, SweepsRanksAndStrategiesIntoATableAndPlots) {
   const auto r = testing::run("bench scale --platforms " + data("star.xml") +
                               " --ranks 2,4 --models compact --sizes compact=32 --compute compact=0.02 --no-validate"
                               " --steps 4 --tau 2 --tau-sweep 1 --tau-sweep-ranks 4 --ranks-per-node 1"
-                              " --strategies allreduce,easgd,central-easgd --payload-kb 64 --out " + out);
+                              " --strategies allreduce,easgd,central-easgd --payload-kb 64 --out " +
+                              out);
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_TRUE(contains(r.out, "SIMULATED")) << r.out;
   std::ifstream csv(out + "/scale.csv");
@@ -186,22 +187,21 @@ TEST(BenchScale, MeasuredReportIsSimulatedOnItsHosts) {
   auto row = [](const std::string& label, const std::string& strategy, json options) {
     return json{{"label", label}, {"strategy", strategy}, {"options", std::move(options)}, {"step_s", 0.06}};
   };
-  const json report = {
-      {"bench", "comm"},
-      {"ranks", 2},
-      {"hosts", 2},
-      {"model", "tiny_cnn"},
-      {"size", 32},
-      {"batch", 4},
-      {"steps", 4},
-      {"cpu", "test"},
-      {"launcher", "testhosts"},
-      {"load_average", {{"start", "0"}, {"end", "0"}}},
-      {"bandwidth", bandwidth},
-      {"no_exchange", {{"step_s", 0.05}}},
-      {"strategies", json::array({row("allreduce, fused", "allreduce", {{"bucket_mb", 0.0}}),
-                                  row("allreduce, buckets", "allreduce", {{"bucket_mb", 25.0}}),
-                                  row("easgd, tau 2", "easgd", {{"tau", 2}})})}};
+  const json report = {{"bench", "comm"},
+                       {"ranks", 2},
+                       {"hosts", 2},
+                       {"model", "tiny_cnn"},
+                       {"size", 32},
+                       {"batch", 4},
+                       {"steps", 4},
+                       {"cpu", "test"},
+                       {"launcher", "testhosts"},
+                       {"load_average", {{"start", "0"}, {"end", "0"}}},
+                       {"bandwidth", bandwidth},
+                       {"no_exchange", {{"step_s", 0.05}}},
+                       {"strategies", json::array({row("allreduce, fused", "allreduce", {{"bucket_mb", 0.0}}),
+                                                   row("allreduce, buckets", "allreduce", {{"bucket_mb", 25.0}}),
+                                                   row("easgd, tau 2", "easgd", {{"tau", 2}})})}};
   const std::string file = dir.file("comm.json");
   std::ofstream(file) << report.dump();
   const std::string out = dir.file("scale");

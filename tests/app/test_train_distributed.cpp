@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -41,8 +42,9 @@ class DistributedJob : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
-    auto r = run("synth --out " + dir_->file("synth") +
-                 " --slides 4 --size 1024 --seed 3 --set preview.enabled=false --set split.train=0.5 --set split.val=0.5");
+    auto r =
+        run("synth --out " + dir_->file("synth") +
+            " --slides 4 --size 1024 --seed 3 --set preview.enabled=false --set split.train=0.5 --set split.val=0.5");
     ASSERT_EQ(r.code, 0) << r.err;
     std::ofstream(dir_->file("tile.yaml")) << "input:\n  csv: " << dir_->file("synth/dataset.csv") << "\n"
                                            << "output: " << dir_->file("shards") << "\n"
@@ -50,13 +52,13 @@ class DistributedJob : public ::testing::Test {
                                            << "tissue:\n  min_fraction: 0.3\n";
     r = run("tile " + dir_->file("tile.yaml"));
     ASSERT_EQ(r.code, 0) << r.err;
-    std::ofstream(dir_->file("train.yaml")) << "data:\n  shards: " << dir_->file("shards")
-                                            << "\n  block_size: 16\n  shuffle_buffer: 128\n"
-                                            << "model:\n  architecture: tiny_cnn\n"
-                                            << "train:\n  batch_size: 8\n  seed: 2\n  threads: 1\n"
-                                            << "optimizer:\n  name: sgd\n  lr: 0.05\n  momentum: 0.9\n"
-                                            << "schedule:\n  name: constant\n  reference_batch: 0\n"
-                                            << "distributed:\n  strategy: easgd\n  tau: 2\n  center_sync_every: 3\n";
+    std::ofstream(dir_->file("train.yaml"))
+        << "data:\n  shards: " << dir_->file("shards") << "\n  block_size: 16\n  shuffle_buffer: 128\n"
+        << "model:\n  architecture: tiny_cnn\n"
+        << "train:\n  batch_size: 8\n  seed: 2\n  threads: 1\n"
+        << "optimizer:\n  name: sgd\n  lr: 0.05\n  momentum: 0.9\n"
+        << "schedule:\n  name: constant\n  reference_batch: 0\n"
+        << "distributed:\n  strategy: easgd\n  tau: 2\n  center_sync_every: 3\n";
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -167,7 +169,6 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   EXPECT_EQ(val2[1]["loss"], val2[0]["loss"]) << "validation evaluates the centre";
 }
 
-
 // A "timing" line's figures per rank (under "ranks", index = rank): every rank's step time splits into
 // computation, communication and waiting, none negative, and the top-level figures are their means.
 void expect_timing_of_every_rank(const json& line, int ranks) {
@@ -189,6 +190,46 @@ void expect_timing_of_every_rank(const json& line, int ranks) {
     EXPECT_TRUE(near(rank["compute_s"].get<double>() + rank["comm_s"].get<double>() + rank["wait_s"].get<double>(),
                      rank["step_s"].get<double>()))
         << line.dump();
+  }
+}
+
+// The linear scaling rule scales the rate for the batch one update averages: every rank's under allreduce, one
+// rank's under easgd and async-easgd (each replica steps on its own gradient), a node group's under two-level with
+// inter easgd. So an easgd replica's rate does not grow with the rank count.
+TEST_F(DistributedJob, TheRateIsScaledForTheBatchOneUpdateAverages) {
+  struct Case {
+    std::string strategy;
+    int ranks;
+    int ranks_per_update;
+    std::string settings;
+  };
+  const std::vector<Case> cases = {
+      {"easgd", 1, 1, ""},
+      {"easgd", 2, 1, ""},
+      {"easgd", 4, 1, ""},
+      {"easgd", 8, 1, ""},
+      {"async-easgd", 2, 1, ""},
+      {"async-easgd", 8, 1, ""},
+      {"allreduce", 1, 1, ""},
+      {"allreduce", 4, 4, ""},
+      {"two-level", 4, 2, " --set distributed.inter=easgd --set distributed.ranks_per_node=2"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.strategy + " on " + std::to_string(c.ranks) + " ranks");
+    const std::string out = dir_->file("rate-" + c.strategy + "-" + std::to_string(c.ranks));
+    const auto r = run_mpi(
+        c.ranks, "train " + job() + " --out " + out + " --set distributed.strategy=" + c.strategy +
+                     " --set train.batch_size=4 --set schedule.reference_batch=4 --set train.max_steps=1" + c.settings);
+    ASSERT_EQ(r.code, 0) << r.out << r.err;
+    // batch 4 per rank (49 tiles make one on 8 ranks), optimizer.lr 0.05 at reference batch 4: the rate is 0.05 × the
+    // ranks one update averages.
+    const std::string expected = fmt::format(
+        "learning rate {:g} per update after warmup, scaled for the {} tiles one "
+        "update averages ({}: {} rank(s) x batch 4",
+        0.05 * c.ranks_per_update, 4 * c.ranks_per_update, c.strategy, c.ranks_per_update);
+    EXPECT_TRUE(contains(r.err, expected)) << expected << "\n" << r.err;
+    const auto train = read_jsonl(fs::path(out) / "metrics.jsonl", "train");
+    ASSERT_FALSE(train.empty());
+    EXPECT_NEAR(train.front()["lr"].get<double>(), 0.05 * c.ranks_per_update, 1e-6);
   }
 }
 
@@ -255,7 +296,6 @@ TEST_P(EveryStrategy, TwoRanksTrainAndPredictScoresTheValidatedModel) {
 
 INSTANTIATE_TEST_SUITE_P(Strategies, EveryStrategy, ::testing::Values("allreduce", "async-easgd", "two-level"),
                          [](const auto& instance) { return test_name(instance.param); });
-
 
 // Steps of the "train" lines of metrics.jsonl, in file order.
 std::vector<std::int64_t> logged_steps(const fs::path& out) {
@@ -331,9 +371,9 @@ TEST_P(KilledJob, ResumesFromItsLastCheckpoint) {
   const fs::path out = dir_->file("killed-" + name);
   // Rank 0 is killed (SIGKILL, by the fault-injection hook) right after it published the first rolling checkpoint,
   // at step 2, in the first epoch: a deterministic point, whatever the machine's load. mpirun then ends the job.
-  const auto r = run_script("TESSERA_FAULT='train.checkpoint-written after=1 rank=0' $MPIEXEC -n " +
-                            std::to_string(ranks) + " $TESSERA train " + args + " --out " + out.string() +
-                            " >/dev/null 2>&1\necho $?\n");
+  const auto r =
+      run_script("TESSERA_FAULT='train.checkpoint-written after=1 rank=0' $MPIEXEC -n " + std::to_string(ranks) +
+                 " $TESSERA train " + args + " --out " + out.string() + " >/dev/null 2>&1\necho $?\n");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out, "0\n") << "the job was killed before it finished";
   EXPECT_FALSE(fs::exists(out / "checkpoint-epoch-001.h5")) << "killed in the first epoch";
@@ -433,14 +473,16 @@ TEST_F(DistributedJob, ARankThatDiesTakesTheJobDownNamingIt) {
   // rank left waiting in a collective) with a message naming the rank. A watchdog, for hangs only, kills everything
   // after 600 s and leaves a file saying so.
   const fs::path out = dir_->file("dies");
-  const auto r = run_script(
-      "setsid env TESSERA_FAULT='train.step after=3 rank=1' $MPIEXEC -n 2 $TESSERA train " + job() + " --out " +
-      out.string() + " --epochs 200 >" + (out.string() + ".log") + " 2>&1 &\n"
-      "job=$!\n"
-      "( sleep 600; touch " + (out.string() + ".hung") + "; kill -9 -$job ) >/dev/null 2>&1 &\n"
-      "watchdog=$!\n"
-      "wait $job\necho $?\n"
-      "kill $watchdog\n");
+  const auto r = run_script("setsid env TESSERA_FAULT='train.step after=3 rank=1' $MPIEXEC -n 2 $TESSERA train " +
+                            job() + " --out " + out.string() + " --epochs 200 >" + (out.string() + ".log") +
+                            " 2>&1 &\n"
+                            "job=$!\n"
+                            "( sleep 600; touch " +
+                            (out.string() + ".hung") +
+                            "; kill -9 -$job ) >/dev/null 2>&1 &\n"
+                            "watchdog=$!\n"
+                            "wait $job\necho $?\n"
+                            "kill $watchdog\n");
   ASSERT_EQ(r.code, 0) << r.err;
   std::ifstream in(out.string() + ".log");
   const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -216,7 +216,7 @@ void expect_same(const ScheduleOptions& a, const ScheduleOptions& b) {
 
 TEST(OptimConfig, BuildsWhatTheYamlSays) {
   const core::Config config = core::Config::parse(optim_schema(), lars_job, "job.yaml");
-  const TrainingShape shape{4096, 100, 9000};
+  const TrainingShape shape{.global_batch = 4096, .update_batch = 4096, .steps_per_epoch = 100, .total_steps = 9000};
 
   const auto optimizer = build_optimizer(config);
   EXPECT_STREQ(optimizer->name(), "lars");
@@ -246,7 +246,7 @@ TEST(OptimConfig, BuildsWhatTheYamlSays) {
 TEST(OptimConfig, EffectiveConfigRoundTrips) {
   const core::Config config = core::Config::parse(optim_schema(), lars_job, "job.yaml");
   const core::Config again = core::Config::parse(optim_schema(), config.to_yaml(), "effective.yaml");
-  const TrainingShape shape{1024, 50, 5000};
+  const TrainingShape shape{.global_batch = 1024, .update_batch = 1024, .steps_per_epoch = 50, .total_steps = 5000};
   expect_same(optimizer_options(config), optimizer_options(again));
   expect_same(schedule_options(config, shape), schedule_options(again, shape));
   EXPECT_EQ(again.get_string("optimizer.name"), "lars");
@@ -257,7 +257,8 @@ TEST(OptimConfig, DefaultsBuildSgdWithCosine) {
   const core::Config config(optim_schema());
   const auto optimizer = build_optimizer(config);
   EXPECT_STREQ(optimizer->name(), "sgd");
-  const auto schedule = build_schedule(config, TrainingShape{256, 10, 100});
+  const auto schedule = build_schedule(
+      config, TrainingShape{.global_batch = 256, .update_batch = 256, .steps_per_epoch = 10, .total_steps = 100});
   EXPECT_STREQ(schedule->name(), "cosine");
   EXPECT_NEAR(schedule->lr(0), 0.1, tolerance);  // batch 256 = the reference batch
   EXPECT_NEAR(schedule->lr(100), 0.0, tolerance);
@@ -266,7 +267,20 @@ TEST(OptimConfig, DefaultsBuildSgdWithCosine) {
 TEST(OptimConfig, ScalingOffKeepsTheRate) {
   const core::Config config = core::Config::parse(
       optim_schema(), "optimizer: {lr: 0.05}\nschedule: {name: constant, reference_batch: 0}\n", "job.yaml");
-  EXPECT_EQ(build_schedule(config, TrainingShape{4096, 10, 100})->lr(7), 0.05);
+  EXPECT_EQ(
+      build_schedule(
+          config, TrainingShape{.global_batch = 4096, .update_batch = 4096, .steps_per_epoch = 10, .total_steps = 100})
+          ->lr(7),
+      0.05);
+}
+
+TEST(OptimConfig, TheRateIsScaledForTheBatchOneUpdateAverages) {
+  // easgd on 16 ranks of 32: each replica's update averages 32 tiles, not the global 512.
+  const core::Config config = core::Config::parse(
+      optim_schema(), "optimizer: {lr: 0.1}\nschedule: {name: constant, reference_batch: 256}\n", "job.yaml");
+  const auto schedule = build_schedule(
+      config, TrainingShape{.global_batch = 512, .update_batch = 32, .steps_per_epoch = 10, .total_steps = 100});
+  EXPECT_NEAR(schedule->lr(0), 0.1 * 32 / 256, tolerance);
 }
 
 TEST(OptimConfig, ErrorsNameTheFileAndTheKey) {
@@ -284,7 +298,7 @@ TEST(OptimConfig, ErrorsNameTheFileAndTheKey) {
       {"schedule: {warmup_epochs: 10}\n", "schedule.warmup_epochs", "must end before training does"},
       {"schedule: {min_lr: 5}\n", "schedule.min_lr", "the floor"},
   };
-  const TrainingShape shape{256, 10, 100};
+  const TrainingShape shape{.global_batch = 256, .update_batch = 256, .steps_per_epoch = 10, .total_steps = 100};
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
     const core::Config config = core::Config::parse(optim_schema(), c.yaml, "job.yaml");

@@ -285,11 +285,12 @@ TEST_F(Strategies, BucketsEqualTheFusedAllreduceWithEitherProgress) {
       EXPECT_LE(bucket.ready_s, bucket.reduced_s);
     }
     EXPECT_LE(timeline.buckets[0].ready_s, timeline.backward_end_s);
-    EXPECT_EQ(bytes, a.size() * sizeof(float) - [&] {
-      std::size_t buffer_values = 0;
-      for (const auto* buffer : bucketed_run.buffers) buffer_values += buffer->value.size();
-      return buffer_values * sizeof(float);
-    }());
+    EXPECT_EQ(
+        bytes, a.size() * sizeof(float) - [&] {
+          std::size_t buffer_values = 0;
+          for (const auto* buffer : bucketed_run.buffers) buffer_values += buffer->value.size();
+          return buffer_values * sizeof(float);
+        }());
   }
 }
 
