@@ -381,7 +381,10 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
         fmt::format("allreduce: {} parameters to reduce, {} were attached", params.size(), slots_.size()));
   }
   const auto backward_end = std::chrono::steady_clock::now();
-  const auto t0 = core::MpiClock::now();  // no other thread is in MPI: it has only been handed the complete buckets
+  // The wait is timed with MPI's clock (simulated time under SMPI), except while the communication thread may be
+  // inside MPI: under MPI_THREAD_SERIALIZED this thread then makes no MPI call, MPI_Wtime included.
+  const auto t0 = progress_ ? core::MpiClock::time_point{} : core::MpiClock::now();
+  const auto t0_steady = std::chrono::steady_clock::now();
   // Parameters backward did not report (none in Tessera's models): packed now, their buckets started in order.
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const Slot* slot = find_slot(*it);
@@ -411,7 +414,9 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
   timeline_.buckets.clear();
   for (const auto& b : buckets_) timeline_.buckets.push_back(b.timing);
   // No barrier here: the time counted is what the step waited for communication backward did not hide.
-  stats_.seconds += pass_comm_seconds_ + std::chrono::duration<double>(core::MpiClock::now() - t0).count();
+  const double waited = progress_ ? seconds_between(t0_steady, std::chrono::steady_clock::now())
+                                  : std::chrono::duration<double>(core::MpiClock::now() - t0).count();
+  stats_.seconds += pass_comm_seconds_ + waited;
   stats_.bytes += static_cast<std::int64_t>(bytes);
   stats_.exchanges += static_cast<std::int64_t>(buckets_.size());
   pass_comm_seconds_ = 0.0;
