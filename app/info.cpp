@@ -1,6 +1,8 @@
 // tessera info SLIDE... — what a pathologist or an HPC admin checks before a job: vendor, pyramid,
 // resolution and where it came from, objective power, associated images. Unreadable slides (including slides whose
-// smallest level does not decode) are listed at the end and the rest are still shown.
+// smallest level does not decode) are listed at the end and the rest are still shown. A slide that records no
+// resolution is described all the same (levels, sizes, vendor), its resolution "unknown" with why and the setting
+// that supplies one: the jobs refuse it until assume_mpp is set, and `info` is where one finds that out.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -36,19 +38,33 @@ std::string mpp_source_text(const io::Slide& slide) {
       return "from the TIFF resolution tags";
     case io::MppSource::assumed:
       return "assumed (--assume-mpp), not in the slide";
+    case io::MppSource::unknown:
+      return "unknown";
   }
   return "";
 }
 
+// A slide's µm/px at one of its levels as text, "-" when the slide records no resolution.
+std::string level_mpp_text(const io::Slide& slide, double downsample) {
+  return slide.has_mpp() ? fmt::format("{:.4f}", slide.mpp() * downsample) : std::string("-");
+}
+
 std::string describe(const io::Slide& slide) {
   std::ostringstream out;
-  const double mm_w = static_cast<double>(slide.width()) * slide.mpp() / 1000.0;
-  const double mm_h = static_cast<double>(slide.height()) * slide.mpp_y() / 1000.0;
   out << fmt::format("{}\n", slide.path());
   out << fmt::format("  vendor       {}\n", slide.vendor());
   out << fmt::format("  reader       {}\n", slide.reader());
-  out << fmt::format("  size         {} x {} px ({:.2f} x {:.2f} mm)\n", slide.width(), slide.height(), mm_w, mm_h);
-  out << fmt::format("  resolution   {:.4f} x {:.4f} um/px, {}\n", slide.mpp(), slide.mpp_y(), mpp_source_text(slide));
+  if (slide.has_mpp()) {
+    const double mm_w = static_cast<double>(slide.width()) * slide.mpp() / 1000.0;
+    const double mm_h = static_cast<double>(slide.height()) * slide.mpp_y() / 1000.0;
+    out << fmt::format("  size         {} x {} px ({:.2f} x {:.2f} mm)\n", slide.width(), slide.height(), mm_w, mm_h);
+    out << fmt::format("  resolution   {:.4f} x {:.4f} um/px, {}\n", slide.mpp(), slide.mpp_y(),
+                       mpp_source_text(slide));
+  } else {
+    out << fmt::format("  size         {} x {} px (mm unknown)\n", slide.width(), slide.height());
+    out << fmt::format("  resolution   unknown — set assume_mpp (--assume-mpp here, input.assume_mpp in a job): {}\n",
+                       slide.mpp_problem());
+  }
   const auto power = slide.objective_power();
   out << fmt::format("  objective    {}\n", power ? fmt::format("{:g}x", *power) : std::string("not recorded"));
   out << fmt::format("  levels       {}\n", slide.level_count());
@@ -57,8 +73,8 @@ std::string describe(const io::Slide& slide) {
   for (int i = 0; i < slide.level_count(); ++i) {
     const auto& l = slide.level(i);
     const std::string tile = l.tile_width > 0 ? fmt::format("{}x{}", l.tile_width, l.tile_height) : "-";
-    out << fmt::format("    {:>5}  {:>8}  {:>8}  {:>10.4f}  {:>9.4f}  {:>9}\n", i, l.width, l.height, l.downsample,
-                       slide.mpp() * l.downsample, tile);
+    out << fmt::format("    {:>5}  {:>8}  {:>8}  {:>10.4f}  {:>9}  {:>9}\n", i, l.width, l.height, l.downsample,
+                       level_mpp_text(slide, l.downsample), tile);
   }
   if (slide.associated_images().empty()) {
     out << "  associated   none\n";
@@ -80,17 +96,26 @@ const char* mpp_source_id(io::MppSource source) {
       return "tiff_resolution";
     case io::MppSource::assumed:
       return "assumed";
+    case io::MppSource::unknown:
+      return "unknown";
   }
   return "";
 }
 
+// A number, or JSON null for a slide without a resolution.
+nlohmann::json mpp_json(const io::Slide& slide, double value_if_known) {
+  return slide.has_mpp() ? nlohmann::json(value_if_known) : nlohmann::json(nullptr);
+}
+
 nlohmann::json to_json(const io::Slide& slide) {
+  const double mpp_x = slide.has_mpp() ? slide.mpp() : 0.0;
+  const double mpp_y = slide.has_mpp() ? slide.mpp_y() : 0.0;
   nlohmann::json levels = nlohmann::json::array();
   for (const auto& l : slide.levels()) {
     levels.push_back({{"width", l.width},
                       {"height", l.height},
                       {"downsample", l.downsample},
-                      {"mpp", slide.mpp() * l.downsample},
+                      {"mpp", mpp_json(slide, mpp_x * l.downsample)},
                       {"tile_width", l.tile_width},
                       {"tile_height", l.tile_height}});
   }
@@ -99,17 +124,19 @@ nlohmann::json to_json(const io::Slide& slide) {
     associated.push_back({{"name", a.name}, {"width", a.width}, {"height", a.height}});
   }
   const auto power = slide.objective_power();
-  return {{"path", slide.path()},
-          {"vendor", slide.vendor()},
-          {"reader", slide.reader()},
-          {"width", slide.width()},
-          {"height", slide.height()},
-          {"mpp_x", slide.mpp()},
-          {"mpp_y", slide.mpp_y()},
-          {"mpp_source", mpp_source_id(slide.mpp_source())},
-          {"objective_power", power ? nlohmann::json(*power) : nlohmann::json(nullptr)},
-          {"levels", levels},
-          {"associated_images", associated}};
+  nlohmann::json out = {{"path", slide.path()},
+                        {"vendor", slide.vendor()},
+                        {"reader", slide.reader()},
+                        {"width", slide.width()},
+                        {"height", slide.height()},
+                        {"mpp_x", mpp_json(slide, mpp_x)},
+                        {"mpp_y", mpp_json(slide, mpp_y)},
+                        {"mpp_source", mpp_source_id(slide.mpp_source())},
+                        {"objective_power", power ? nlohmann::json(*power) : nlohmann::json(nullptr)},
+                        {"levels", levels},
+                        {"associated_images", associated}};
+  if (!slide.has_mpp()) out["mpp_problem"] = slide.mpp_problem() + "; set assume_mpp";
+  return out;
 }
 
 // A header can be sound over pixels that do not decode (damaged JPEG tiles): the smallest level is read (its
@@ -127,6 +154,7 @@ int run_info(const InfoOptions& options) {
   if (!core::Comm::world().is_root()) return core::exit_ok;
   io::SlideOpenOptions open_options;
   open_options.assume_mpp = options.assume_mpp;
+  open_options.require_mpp = false;  // described, with "resolution unknown", rather than refused
   nlohmann::json all = nlohmann::json::array();
   std::vector<std::string> failures;
   for (const auto& path : options.slides) {
@@ -159,7 +187,9 @@ Action setup_info(CLI::App& command) {
   command.add_option("slides", options->slides, "Slide files (.svs .tif .ndpi .mrxs ...)")->required();
   command.add_flag("--json", options->json, "Print one JSON array instead of text");
   command
-      .add_option("--assume-mpp", options->assume_mpp, "Resolution (um/px) to use for slides that do not record one")
+      .add_option("--assume-mpp", options->assume_mpp,
+                  "Resolution (um/px) to use for slides that do not record one (without it such a slide is "
+                  "described with its resolution unknown)")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
             // The same bounds as the verbs' `assume_mpp` keys, and a message that does not print DBL_MAX.

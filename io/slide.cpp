@@ -199,6 +199,8 @@ const char* to_string(MppSource source) {
       return "TIFF resolution";
     case MppSource::assumed:
       return "assumed";
+    case MppSource::unknown:
+      return "unknown";
   }
   return "unknown";
 }
@@ -296,12 +298,13 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
     slide.mpp_y_ = options.assume_mpp;
     slide.mpp_source_ = MppSource::assumed;
   } else {
-    const std::string why =
+    slide.mpp_source_ = MppSource::unknown;
+    slide.mpp_problem_ =
         resolution_x && microns_per_unit > 0.0
             ? fmt::format("the TIFF resolution tags say {:.1f} µm/px, a screen default rather than a scan resolution",
                           microns_per_unit / *resolution_x)
             : std::string("no resolution (µm/px) in the slide");
-    throw core::InputError(fmt::format("{}; set assume_mpp in the job", why), path);
+    if (options.require_mpp) slide.throw_unknown_mpp();
   }
 
   if (tiled_tiff_vendor(slide.vendor_)) {
@@ -324,6 +327,10 @@ Slide::Slide() = default;
 Slide::Slide(Slide&&) noexcept = default;
 Slide& Slide::operator=(Slide&&) noexcept = default;
 Slide::~Slide() = default;
+
+void Slide::throw_unknown_mpp() const {
+  throw core::InputError(fmt::format("{}; set assume_mpp in the job", mpp_problem_), path_);
+}
 
 std::string Slide::id() const { return std::filesystem::path(path_).stem().string(); }
 
@@ -412,6 +419,7 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
 }
 
 int Slide::best_level_for_mpp(double target_mpp) const {
+  if (!has_mpp()) throw_unknown_mpp();
   int best = 0;
   for (int i = 0; i < level_count(); ++i) {
     if (mpp_x_ * levels_[static_cast<std::size_t>(i)].downsample <= target_mpp * kLevelMppTolerance) best = i;

@@ -6,7 +6,10 @@
 //
 // Resolution: mpp() follows the chain of docs/ARCHITECTURE.md ("Slide geometry") — the `openslide.mpp-x` property, else
 // the TIFF resolution tags with their unit (`tiff.XResolution` + `tiff.ResolutionUnit`), else the caller's
-// `assume_mpp`; with none of those, open() throws a core::InputError naming the slide and the setting.
+// `assume_mpp`; with none of those, open() throws a core::InputError naming the slide and the setting — unless
+// SlideOpenOptions::require_mpp is false (`tessera info`, which describes such a slide): the slide then opens with
+// MppSource::unknown, has_mpp() is false, mpp_problem() says why, and everything that needs the resolution (mpp(),
+// mpp_y(), best_level_for_mpp(), read_at_mpp(), SlideWindow) throws that same error. Nothing guesses a resolution.
 // read_at_mpp() reads a region at a target µm/px from the best level at or above that resolution and
 // resamples with area averaging; pyramid downsamples are used as OpenSlide reports them (they need not be
 // powers of two).
@@ -23,7 +26,9 @@
 // downsample is not an integer (odd-sized slides: 1.99871, 2.99925...) OpenSlide puts level pixel x/downsample
 // at a fractional position and interpolates between neighbours; the direct path returns the level pixels from
 // round(x/downsample), unresampled — what read_level_window() means to read, so that SlideWindow and per-tile
-// reads agree exactly on such levels too.
+// reads agree exactly on such levels too. One more difference is OpenSlide's: on a non-JPEG level smaller than one
+// tile, OpenSlide 3.4.1 with libtiff 4.5 (Debian 12) misplaces the rows (../shared/data's boxes.tiff: level 2 comes
+// back 2 rows low, level 3 empty); the direct path reads what libtiff decodes from the tiles.
 //
 // Damaged pixels are an error, never data: a region whose tiles the decoder rejects or warns about (libjpeg's
 // "Corrupt JPEG data" is a warning) throws core::CorruptTileError naming the file, level, region and the decoder's
@@ -59,7 +64,7 @@ struct SlideLevel {
   std::int64_t tile_height = 0;
 };
 
-enum class MppSource { openslide_property, tiff_resolution, assumed };
+enum class MppSource { openslide_property, tiff_resolution, assumed, unknown };
 const char* to_string(MppSource source);
 
 struct SlideOpenOptions {
@@ -68,6 +73,8 @@ struct SlideOpenOptions {
   // Read generic-tiff and aperio slides by decoding their TIFF tiles directly (see above); false = always
   // OpenSlide (to compare both, or to rule the direct path out).
   bool direct_tiff = true;
+  // false: a slide with no resolution (and no assume_mpp) opens anyway, with MppSource::unknown (see above).
+  bool require_mpp = true;
 };
 
 class Slide {
@@ -95,9 +102,19 @@ class Slide {
   std::int64_t width() const { return levels_.front().width; }
   std::int64_t height() const { return levels_.front().height; }
 
-  double mpp() const { return mpp_x_; }  // µm per level-0 pixel (x)
-  double mpp_y() const { return mpp_y_; }
+  // µm per level-0 pixel (x, y); throw the missing-resolution core::InputError when !has_mpp().
+  double mpp() const {
+    if (!has_mpp()) throw_unknown_mpp();
+    return mpp_x_;
+  }
+  double mpp_y() const {
+    if (!has_mpp()) throw_unknown_mpp();
+    return mpp_y_;
+  }
+  bool has_mpp() const { return mpp_source_ != MppSource::unknown; }
   MppSource mpp_source() const { return mpp_source_; }
+  // Why the slide has no resolution, e.g. "no resolution (µm/px) in the slide"; empty when has_mpp().
+  const std::string& mpp_problem() const { return mpp_problem_; }
   std::optional<double> objective_power() const;
 
   const std::map<std::string, std::string>& properties() const { return properties_; }
@@ -143,6 +160,7 @@ class Slide {
   cv::Mat read_level_window(const LevelRead& r) const;
   struct OpenSlideHandle;
   Slide();
+  [[noreturn]] void throw_unknown_mpp() const;
   std::string path_;
   std::string vendor_;
   std::unique_ptr<OpenSlideHandle> osr_;
@@ -154,6 +172,7 @@ class Slide {
   double mpp_x_ = 0.0;
   double mpp_y_ = 0.0;
   MppSource mpp_source_ = MppSource::openslide_property;
+  std::string mpp_problem_;
 };
 
 // One read of a level window kept in memory, from which read_at_mpp() requests that fall inside it are served

@@ -186,9 +186,8 @@ TEST(TumourAnnotations, UnknownSlideSizeClipsToTheRangeOfAnySlide) {
 // The CAMELYON16 ground truth of tumor_009 names its group "metastasis" (CAMELYON17's spelling is
 // "metastases"): with the default classes the slide would have been all normal.
 TEST(TumourAnnotations, Camelyon16FileWithMetastasisGroup) {
-  const fs::path file = tessera::testing::test_data_dir().parent_path().parent_path().parent_path() / "shared" /
-                        "data" / "real-slides" / "camelyon16-tumor_009.xml";
-  if (!fs::exists(file)) GTEST_SKIP() << "shared real data not found: " << file;
+  const fs::path file = tessera::testing::shared_data_dir() / "real-slides" / "camelyon16-tumor_009.xml";
+  if (!fs::exists(file)) GTEST_SKIP() << "no real data at " << file << " (../shared/data is absent)";
   const auto annotations = io::read_annotations(file.string());
   ASSERT_FALSE(annotations.empty());
   try {
