@@ -36,6 +36,7 @@ const cv::Scalar kHalo(20, 20, 20);
 const cv::Scalar kText(25, 25, 25);
 const cv::Scalar kSubtleText(85, 85, 85);
 const cv::Scalar kBackground(255, 255, 255);
+const cv::Scalar kCaution(190, 20, 20);  // RGB: a red that reads as a warning on white
 constexpr int kFont = cv::FONT_HERSHEY_DUPLEX;
 constexpr int kMinImageWidth = 720;  // narrower thumbnails are centred on a canvas this wide (plus margins)
 
@@ -44,6 +45,7 @@ struct Metrics {
   double s = 1.0;  // scale relative to a 1600 px wide image
   int margin = 0;
   int title_height = 0;
+  int caution_height = 0;  // the caution's band, when there is one
   int legend_height = 0;
   double title_font = 0, text_font = 0, small_font = 0;
   int line = 1;  // text and outline thickness
@@ -58,6 +60,7 @@ Metrics metrics_for(cv::Size thumbnail) {
   m.small_font = 0.52 * m.s;
   m.line = std::max(1, static_cast<int>(std::lround(1.6 * m.s)));
   m.title_height = static_cast<int>(std::lround(92 * m.s));
+  m.caution_height = static_cast<int>(std::lround(40 * m.s));
   m.legend_height = static_cast<int>(std::lround(118 * m.s));
   return m;
 }
@@ -72,6 +75,27 @@ cv::Size text_size(const std::string& text, double font, int thickness, int* bas
 void put_text(cv::Mat& canvas, const std::string& text, cv::Point origin, double font, const cv::Scalar& colour,
               int thickness) {
   cv::putText(canvas, text, origin, kFont, font, colour, thickness, cv::LINE_AA);
+}
+
+// `text` with each em dash (UTF-8 "—", which Hershey fonts cannot draw) drawn as a line one "M" wide.
+void put_text_with_dashes(cv::Mat& canvas, const std::string& text, cv::Point origin, double font,
+                          const cv::Scalar& colour, int thickness) {
+  static const std::string dash = "\xE2\x80\x94";
+  const cv::Size em = text_size("M", font, thickness);
+  std::size_t from = 0;
+  int x = origin.x;
+  while (true) {
+    const std::size_t at = text.find(dash, from);
+    const std::string part = text.substr(from, at == std::string::npos ? std::string::npos : at - from);
+    put_text(canvas, part, cv::Point(x, origin.y), font, colour, thickness);
+    x += text_size(part, font, thickness).width;
+    if (at == std::string::npos) break;
+    const int y = origin.y - em.height / 2;
+    cv::line(canvas, cv::Point(x + thickness, y), cv::Point(x + em.width - thickness, y), colour, thickness,
+             cv::LINE_AA);
+    x += em.width;
+    from = at + dash.size();
+  }
 }
 
 // White text with a dark rim, legible anywhere on the slide.
@@ -215,6 +239,15 @@ void draw_title(cv::Mat& canvas, const io::Heatmap& h, const std::vector<Region>
            kSubtleText, m.line);
 }
 
+// The caution across its band, left-aligned with the title, in red and a little larger than the other text.
+void draw_caution(cv::Mat& canvas, const OverlayLayout& layout, const std::string& caution, const Metrics& m) {
+  const double font = 0.8 * m.s;
+  const int thickness = m.line + 1;
+  const cv::Size size = text_size("M", font, thickness);
+  const int baseline = layout.caution.y + (layout.caution.height + size.height) / 2;
+  put_text_with_dashes(canvas, caution, cv::Point(m.margin, baseline), font, kCaution, thickness);
+}
+
 void draw_legend(cv::Mat& canvas, const OverlayLayout& layout, const io::Heatmap& h, const Metrics& m,
                  const OutputOptions& options) {
   const OverlayOptions& o = options.overlay;
@@ -309,7 +342,7 @@ void write_heatmap_output(const std::string& path, const SlideResult& r, const O
   io::write_heatmap(path, r.heatmap);
 }
 void write_overlay_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
-  write_overlay_png(path, r.heatmap, r.regions, r.thumbnail, o);
+  write_overlay_png(path, r.heatmap, r.regions, r.thumbnail, o, r.caution);
 }
 void write_tiff_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
   io::write_heatmap_tiff(path, r.heatmap, o.tiff);
@@ -340,17 +373,20 @@ SlideResult analyse_heatmap(io::Heatmap heatmap, const OutputOptions& options) {
 // ---------------------------------------------------------------------------------------------------------
 // overlay.png
 
-OverlayLayout overlay_layout(cv::Size thumbnail) {
+OverlayLayout overlay_layout(cv::Size thumbnail, bool caution) {
   const Metrics m = metrics_for(thumbnail);
   OverlayLayout layout;
   const int width = std::max(thumbnail.width, kMinImageWidth) + 2 * m.margin;
-  layout.canvas = cv::Size(width, m.title_height + thumbnail.height + m.legend_height);
-  layout.image = cv::Rect((width - thumbnail.width) / 2, m.title_height, thumbnail.width, thumbnail.height);
+  const int caution_height = caution ? m.caution_height : 0;
+  layout.canvas = cv::Size(width, m.title_height + caution_height + thumbnail.height + m.legend_height);
+  if (caution) layout.caution = cv::Rect(0, m.title_height, width, caution_height);
+  layout.image =
+      cv::Rect((width - thumbnail.width) / 2, m.title_height + caution_height, thumbnail.width, thumbnail.height);
   return layout;
 }
 
 cv::Mat render_overlay(const io::Heatmap& h, const std::vector<Region>& regions, const cv::Mat& thumbnail,
-                       const OutputOptions& options) {
+                       const OutputOptions& options, const std::string& caution) {
   if (const std::string problem = io::heatmap_problem(h); !problem.empty()) {
     throw core::InternalError("render_overlay: invalid heatmap: " + problem);
   }
@@ -370,20 +406,23 @@ cv::Mat render_overlay(const io::Heatmap& h, const std::vector<Region>& regions,
   paint_map(image, h, options);
   draw_regions(image, h, regions, m, options.overlay);
 
-  const OverlayLayout layout = overlay_layout(image.size());
+  const OverlayLayout layout = overlay_layout(image.size(), !caution.empty());
   cv::Mat canvas(layout.canvas, CV_8UC3, kBackground);
   image.copyTo(canvas(layout.image));
   cv::rectangle(canvas,
                 cv::Rect(layout.image.x - 1, layout.image.y - 1, layout.image.width + 2, layout.image.height + 2),
                 cv::Scalar(200, 200, 200), 1);
   draw_title(canvas, h, regions, m, options);
+  if (!caution.empty()) draw_caution(canvas, layout, caution, m);
   draw_legend(canvas, layout, h, m, options);
   return canvas;
 }
 
 void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, const std::vector<Region>& regions,
-                       const cv::Mat& thumbnail, const OutputOptions& options) {
-  io::write_png(path, render_overlay(heatmap, regions, thumbnail, options));
+                       const cv::Mat& thumbnail, const OutputOptions& options, const std::string& caution) {
+  std::vector<io::PngText> text;
+  if (!caution.empty()) text.push_back({"Warning", caution});
+  io::write_png(path, render_overlay(heatmap, regions, thumbnail, options, caution), text);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -482,7 +521,14 @@ std::string report_json(const SlideResult& result, const OutputOptions& options)
         {"tile_mpp", h.tile_mpp},
         {"tile_um", round_to(static_cast<double>(h.tile) * h.slide_mpp, 2)},
         {"tile_level0_px", h.tile},
-        {"step_level0_px", h.step}}},
+        {"step_level0_px", h.step},
+        {"training_data", io::to_string(io::training_data(result.training))},
+        {"training_slides", result.training ? ordered_json({{"synthetic", result.training->synthetic_slides},
+                                                            {"real", result.training->real_slides},
+                                                            {"unknown", result.training->unknown_slides}})
+                                            : ordered_json(nullptr)},
+        {"training_shards", result.training ? ordered_json(result.training->shards) : ordered_json(nullptr)}}},
+      {"caution", result.caution.empty() ? ordered_json(nullptr) : ordered_json(result.caution)},
       {"threshold", options.regions.threshold},
       {"slide_score", number_or_null(std::isnan(score) ? NAN : round_to(score, 4))},
       {"slide_score_definition", "maximum tumour probability over the slide's tiles"},

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "analysis/regions.h"
 #include "core/config.h"
 #include "io/heatmap.h"
+#include "io/provenance.h"
 
 namespace tessera::analysis {
 
@@ -75,6 +77,12 @@ struct SlideResult {
   cv::Mat thumbnail;  // RGB whole-slide thumbnail for overlay.png; empty = a white background
   // From the tissue mask (prep::TissueMask::tissue_area_mm2()); NaN = estimated as the scored tiles' footprints.
   double tissue_area_mm2 = std::numeric_limits<double>::quiet_NaN();
+  // What the model was trained on (the checkpoint's /meta, io/provenance.h), as report.json states it; nullopt = the
+  // checkpoint records none (report.json: training_data "unknown").
+  std::optional<io::TrainingProvenance> training;
+  // What report.json ("caution") and the overlay (a line under the title, and the PNG's "Warning" text) must say
+  // about the scores: io::model_caution(), e.g. io::kSyntheticModelCaution; "" = nothing.
+  std::string caution;
 };
 
 // Regions and detections of `heatmap` with options.regions and options.detections.
@@ -86,18 +94,20 @@ SlideResult analyse_heatmap(io::Heatmap heatmap, const OutputOptions& options);
 // The canvas: a title band (slide id, slide score, regions per size class) above the thumbnail, which is drawn
 // unscaled at `image`, and a legend band below it (colour bar 0..1 with ticks and the threshold marked, the
 // outline's meaning, a scale bar of a round length in mm). Narrow thumbnails are centred on a wider canvas so
-// the legend fits.
+// the legend fits. With a caution (SlideResult::caution), a band under the title states it in red, across the
+// canvas, and the PNG carries it as its "Warning" text (io::write_png).
 struct OverlayLayout {
   cv::Size canvas;
-  cv::Rect image;  // where the thumbnail is, on the canvas
+  cv::Rect image;    // where the thumbnail is, on the canvas
+  cv::Rect caution;  // the caution's band; empty without a caution
 };
-OverlayLayout overlay_layout(cv::Size thumbnail);
+OverlayLayout overlay_layout(cv::Size thumbnail, bool caution = false);
 
 // `thumbnail`: RGB CV_8UC3 of the whole slide (any size; its pixels are slide_width / cols level-0 pixels wide).
 cv::Mat render_overlay(const io::Heatmap& heatmap, const std::vector<Region>& regions, const cv::Mat& thumbnail,
-                       const OutputOptions& options);
+                       const OutputOptions& options, const std::string& caution = "");
 void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, const std::vector<Region>& regions,
-                       const cv::Mat& thumbnail, const OutputOptions& options);
+                       const cv::Mat& thumbnail, const OutputOptions& options, const std::string& caution = "");
 
 // ---------------------------------------------------------------------------------------------------------
 // Viewer annotations, detections, report
@@ -112,7 +122,9 @@ void write_regions_geojson(const std::string& path, const io::Heatmap& heatmap, 
 void write_regions_asap(const std::string& path, const std::vector<Region>& regions);
 
 // The report (keys): format "tessera-report", version, slide {id, path, width, height, mpp}, model {checkpoint,
-// tile_mpp, tile_um (side of a tile), tile_level0_px, step_level0_px}, threshold, slide_score (the maximum tile
+// tile_mpp, tile_um (side of a tile), tile_level0_px, step_level0_px, training_data ("synthetic", "real", "mixed",
+// "unknown"), training_slides ({synthetic, real, unknown} counts, null when not recorded), training_shards (null
+// when not recorded)}, caution (SlideResult::caution, null when none), threshold, slide_score (the maximum tile
 // probability, null when no tissue was scored) with slide_score_definition, scored_tiles, tissue_area_mm2 and
 // tissue_area_source
 // ("tissue mask" | "scored tiles"), tumour_area_mm2 (sum of the regions), tumour_fraction_of_tissue,

@@ -99,6 +99,8 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
   try {
     result = analyse_heatmap(std::move(map), output_options);
     result.tissue_area_mm2 = stats.tissue_area_mm2;
+    result.training = input.training;
+    result.caution = input.caution;
     const bool overlay = output_options.outputs.empty() ||
                          std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
                              output_options.outputs.end();
@@ -138,7 +140,8 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
                 {"plan_seconds", stats.plan_seconds},
                 {"read_wait_seconds", stats.read_wait_seconds},
                 {"output_seconds", output_seconds},
-                {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)}};
+                {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)},
+                {"caution", input.caution.empty() ? json(nullptr) : json(input.caution)}};
   core::write_file_atomic(slide_record_path(out, input.id).string(),
                           json({{"key", key}, {"entry", entry}}).dump() + "\n");
   // Fault point "infer.slide-finished" (core/fault.h): after a slide's outputs and its record are complete, e.g.

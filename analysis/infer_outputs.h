@@ -60,6 +60,9 @@ struct SlideToWrite {
   std::string id;
   std::string path;
   double mpp = 0.0;  // per-slide override (0 = from the slide or assume_mpp)
+  // What the model was trained on and what its outputs must say about this slide (SlideResult::training, caution).
+  std::optional<io::TrainingProvenance> training;
+  std::string caution;
 };
 
 // One slide's outputs as the summary records them; `error` set when the slide failed while writing.

@@ -39,6 +39,7 @@
 #include "engine/inference.h"
 #include "engine/slide_inference.h"
 #include "io/heatmap.h"
+#include "io/provenance.h"
 #include "io/slide_list.h"
 #include "preprocessing/tissue.h"
 
@@ -159,6 +160,7 @@ int run_infer(const InferOptions& options) {
         inference_options.tissue.reject_pen_marks ? ", pen marks rejected" : "",
         model.meta.tissue ? "the checkpoint's tiling unless set" : "the job's; the checkpoint records none",
         world.size(), engine::threads());
+    spdlog::info("the model's training data: {}", io::describe(model.meta.provenance));
   }
 
   const auto t_start = std::chrono::steady_clock::now();
@@ -204,13 +206,22 @@ int run_infer(const InferOptions& options) {
     if (!world.is_root()) continue;
     collect();
     const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
-    writing =
-        std::async(std::launch::async, [&, input, stats, position, key = keys[s], map = std::move(map)]() mutable {
-          const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
-                                              stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
-          return analysis::write_slide({input.id, input.path, input.mpp}, std::move(map), scored, position, out,
-                                       output_options, inference_options.assume_mpp, threshold, key);
-        });
+    // A model that saw only synthetic slides, on a slide tessera synth did not make: said once here, and in the
+    // slide's report.json and overlay (io/provenance.h).
+    const std::string caution = io::model_caution(model.meta.provenance, stats.synthetic_slide);
+    if (!caution.empty()) {
+      spdlog::warn(
+          "slide {} {}: {} (the model saw only slides made by tessera synth and this slide is not one: its heatmap "
+          "and report are no diagnosis)",
+          position, input.id, caution);
+    }
+    writing = std::async(std::launch::async, [&, input, stats, position, caution, key = keys[s],
+                                              map = std::move(map)]() mutable {
+      const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
+                                          stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
+      return analysis::write_slide({input.id, input.path, input.mpp, model.meta.provenance, caution}, std::move(map),
+                                   scored, position, out, output_options, inference_options.assume_mpp, threshold, key);
+    });
   }
   collect();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -219,6 +230,7 @@ int run_infer(const InferOptions& options) {
   json failures = json::array();
   for (const auto& [id, error] : failed) failures.push_back({{"id", id}, {"error", error}});
   const json summary = {{"checkpoint", checkpoint_path},
+                        {"training_data", io::to_string(io::training_data(model.meta.provenance))},
                         {"ranks", world.size()},
                         {"threads_per_rank", engine::threads()},
                         {"stride", inference.stride()},

@@ -1,8 +1,9 @@
-// tessera info SLIDE... — what a pathologist or an HPC admin checks before a job: vendor, pyramid,
-// resolution and where it came from, objective power, associated images. Unreadable slides (including slides whose
-// smallest level does not decode) are listed at the end and the rest are still shown. A slide that records no
-// resolution is described all the same (levels, sizes, vendor), its resolution "unknown" with why and the setting
-// that supplies one: the jobs refuse it until assume_mpp is set, and `info` is where one finds that out.
+// tessera info SLIDE... — what a pathologist or an HPC admin checks before a job: vendor, whether tessera synth made
+// the slide (io/provenance.h), pyramid, resolution and where it came from, objective power, associated images.
+// Unreadable slides (including slides whose smallest level does not decode) are listed at the end and the rest are
+// still shown. A slide that records no resolution is described all the same (levels, sizes, vendor), its resolution
+// "unknown" with why and the setting that supplies one: the jobs refuse it until assume_mpp is set, and `info` is where
+// one finds that out.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -54,6 +55,8 @@ std::string describe(const io::Slide& slide) {
   out << fmt::format("{}\n", slide.path());
   out << fmt::format("  vendor       {}\n", slide.vendor());
   out << fmt::format("  reader       {}\n", slide.reader());
+  out << fmt::format("  origin       {}\n",
+                     slide.synthetic() ? "synthetic (made by tessera synth)" : "not made by tessera synth");
   if (slide.has_mpp()) {
     const double mm_w = static_cast<double>(slide.width()) * slide.mpp() / 1000.0;
     const double mm_h = static_cast<double>(slide.height()) * slide.mpp_y() / 1000.0;
@@ -127,6 +130,7 @@ nlohmann::json to_json(const io::Slide& slide) {
   nlohmann::json out = {{"path", slide.path()},
                         {"vendor", slide.vendor()},
                         {"reader", slide.reader()},
+                        {"synthetic", slide.synthetic()},
                         {"width", slide.width()},
                         {"height", slide.height()},
                         {"mpp_x", mpp_json(slide, mpp_x)},

@@ -48,6 +48,7 @@ struct PlanHeader {
   std::int64_t cells = 0;  // tissue cells
   double plan_seconds = 0.0;
   double tissue_area_mm2 = 0.0;
+  std::int64_t synthetic = 0;  // 1: made by tessera synth (io::Slide::synthetic)
 };
 
 struct Plan {
@@ -249,6 +250,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
       h.width = slide->width();
       h.height = slide->height();
       h.slide_mpp = slide->mpp();
+      h.synthetic = slide->synthetic() ? 1 : 0;
       h.footprint = input_size_ * mpp_ / h.slide_mpp;
       h.step = std::max<std::int64_t>(1, std::llround(stride_ * mpp_ / h.slide_mpp));
       const auto xs = origins(h.width, h.step, h.footprint);
@@ -392,6 +394,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
     stats->seconds = core::seconds_since(start);
     stats->plan_seconds = h.plan_seconds;
     stats->tissue_area_mm2 = h.tissue_area_mm2;
+    stats->synthetic_slide = h.synthetic != 0;
     stats->read_wait_seconds = read_wait;
   }
   return map;

@@ -69,6 +69,7 @@ struct SlideInferenceStats {
   double plan_seconds = 0.0;       // open + tissue mask + grid (rank 0)
   double tissue_area_mm2 = 0.0;    // the tissue mask's area (prep::TissueMask::tissue_area_mm2)
   double read_wait_seconds = 0.0;  // this rank: time the model waited for the reader
+  bool synthetic_slide = false;    // the slide carries tessera synth's marker (io/provenance.h)
 };
 
 class SlideInference {

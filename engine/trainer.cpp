@@ -29,6 +29,7 @@
 #include "engine/train_metrics.h"
 #include "engine/train_state.h"
 #include "engine/train_step.h"
+#include "io/provenance.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 #include "preprocessing/augment.h"
@@ -84,6 +85,25 @@ std::set<std::string> slides_in_splits(const io::Manifest& manifest, const std::
     if (std::find(splits.begin(), splits.end(), s.split) != splits.end()) ids.insert(s.id);
   }
   return ids;
+}
+
+// What the model is trained on, for the checkpoint (io/provenance.h): the training slides by the origin the
+// manifest records (none in a manifest tiled before it did: unknown), and the shard folder.
+io::TrainingProvenance training_provenance(const io::Manifest& manifest, const std::set<std::string>& training_slides,
+                                           const std::string& shards) {
+  io::TrainingProvenance p;
+  p.shards = fs::absolute(shards).lexically_normal().string();
+  for (const auto& s : manifest.slides) {
+    if (!training_slides.contains(s.id)) continue;
+    if (s.origin == io::slide_origin(true)) {
+      ++p.synthetic_slides;
+    } else if (s.origin == io::slide_origin(false)) {
+      ++p.real_slides;
+    } else {
+      ++p.unknown_slides;
+    }
+  }
+  return p;
 }
 
 // Validation on this rank's share of the held-out tiles; the scores are gathered on every rank.
@@ -240,6 +260,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   meta.mpp = manifest.attributes.mpp;
   meta.stain_normalization = manifest.attributes.stain_normalization;
   meta.tissue = manifest.tissue;
+  meta.provenance = training_provenance(manifest, train_options.slides, shards);
   meta.config_yaml = config.to_yaml();
   const TrainState state{.params = params,
                          .buffers = buffers,
@@ -291,6 +312,8 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         schedule_options(config, shape).base_lr, shape.update_batch, strategy->name(), strategy->ranks_per_update(),
         batch_size, accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "",
         config.get_number("optimizer.lr"), config.get_int("schedule.reference_batch"));
+    spdlog::info("training data: {}; tiles of {} px at {:g} µm/px, stain normalization {}",
+                 io::describe(meta.provenance), meta.input_size, meta.mpp, meta.stain_normalization);
   }
   comm.barrier();
 

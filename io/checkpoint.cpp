@@ -129,6 +129,10 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
   if (c.meta.tissue && (!(c.meta.tissue->mask_mpp > 0.0) || !std::isfinite(c.meta.tissue->mask_mpp))) {
     h5.fail("checkpoint meta: tissue mask_mpp must be a finite number > 0");
   }
+  if (c.meta.provenance && (c.meta.provenance->synthetic_slides < 0 || c.meta.provenance->real_slides < 0 ||
+                            c.meta.provenance->unknown_slides < 0)) {
+    h5.fail("checkpoint meta: training slide counts must not be negative");
+  }
   validate_tensors(h5, params_group, c.params);
   validate_tensors(h5, buffers_group, c.buffers);
   validate_optimizer(h5, optimizer_group, c.optimizer);
@@ -237,6 +241,13 @@ class CheckpointWriter {
       write_double(g, "tissue_min_fraction", meta.tissue->min_fraction);
       write_double(g, "tissue_mask_mpp", meta.tissue->mask_mpp);
       write_int(g, "tissue_reject_pen_marks", meta.tissue->reject_pen_marks ? 1 : 0);
+    }
+    if (const auto& p = meta.provenance) {
+      write_string(g, "training_data", to_string(p->data()));
+      write_int(g, "training_synthetic_slides", p->synthetic_slides);
+      write_int(g, "training_real_slides", p->real_slides);
+      write_int(g, "training_unknown_slides", p->unknown_slides);
+      write_string(g, "training_shards", p->shards);
     }
     h5_.close(group, "cannot close group '/meta'");
   }
@@ -553,6 +564,31 @@ class CheckpointReader {
       }
       tissue.reject_pen_marks = pen == 1;
       m.tissue = tissue;
+    }
+    // What the model was trained on: all five or none (a checkpoint from before it was recorded: unknown). The
+    // counts decide; training_data must agree with them.
+    if (has_attribute("training_data") || has_attribute("training_synthetic_slides") ||
+        has_attribute("training_real_slides") || has_attribute("training_unknown_slides") ||
+        has_attribute("training_shards")) {
+      TrainingProvenance p;
+      const auto count = [&](const char* name) {
+        const std::int64_t value = read_int(name);
+        if (value < 0) {
+          fail("attribute '" + std::string(name) + "' in /meta must not be negative, got " + std::to_string(value));
+        }
+        return value;
+      };
+      p.synthetic_slides = count("training_synthetic_slides");
+      p.real_slides = count("training_real_slides");
+      p.unknown_slides = count("training_unknown_slides");
+      p.shards = read_string("training_shards");
+      const std::string data = read_string("training_data");
+      if (data != to_string(p.data())) {
+        fail("attribute 'training_data' in /meta is '" + data + "', but its slide counts (" +
+             std::to_string(p.synthetic_slides) + " synthetic, " + std::to_string(p.real_slides) + " real, " +
+             std::to_string(p.unknown_slides) + " unknown) make it '" + to_string(p.data()) + "'");
+      }
+      m.provenance = p;
     }
     return m;
   }

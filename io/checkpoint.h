@@ -8,7 +8,12 @@
 //                                      px), num_classes, class_names, mpp, stain_normalization, stain_target,
 //                                      config_yaml, step, epoch, created (ISO 8601 UTC), tessera_version, and
 //                                      the tiling's tissue_min_fraction, tissue_mask_mpp (float64) and
-//                                      tissue_reject_pen_marks (int64 0/1): all three or none
+//                                      tissue_reject_pen_marks (int64 0/1): all three or none; and what the
+//                                      model was trained on (io/provenance.h): training_data ("synthetic",
+//                                      "real", "mixed" or "unknown"; derived from the counts, for readers of
+//                                      the file), training_synthetic_slides, training_real_slides,
+//                                      training_unknown_slides (int64), training_shards: all five or none (none:
+//                                      written before provenance was recorded, or converted; "unknown")
 //   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
 //                                      parameter; attributes name, step
 //   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
@@ -48,6 +53,7 @@
 #include <variant>
 #include <vector>
 
+#include "io/provenance.h"
 #include "io/tissue_settings.h"
 
 namespace tessera::io {
@@ -78,6 +84,9 @@ struct CheckpointMeta {
   // How the training tiles' tissue was found (the shards' tiling job); nullopt in checkpoints written before it
   // was recorded, or converted from elsewhere (inference then uses its own tissue.* defaults).
   std::optional<TissueSettings> tissue;
+  // What the model was trained on (the training slides' origins, the shards); nullopt in checkpoints written before
+  // it was recorded, or converted from elsewhere: unknown, and inference claims nothing about it.
+  std::optional<TrainingProvenance> provenance;
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::string created;                               // ISO 8601 UTC; the writer fills in the current time when empty

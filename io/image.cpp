@@ -1,6 +1,11 @@
 #include "io/image.h"
 
+#include <algorithm>
+#include <array>
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
@@ -12,7 +17,60 @@
 
 namespace tessera::io {
 
-void write_png(const std::string& path, const cv::Mat& rgb) {
+namespace {
+
+constexpr std::string_view kPngSignature("\x89PNG\r\n\x1a\n", 8);
+constexpr std::size_t kChunkOverhead = 12;  // length, type, CRC
+constexpr std::size_t kIhdrDataSize = 13;   // IHDR, always the first chunk, has 13 bytes of data
+constexpr std::size_t kMaxKeyword = 79;
+
+// PNG's CRC-32 (ISO 3309, polynomial 0xEDB88320) over a chunk's type and data.
+std::uint32_t crc32(std::string_view bytes) {
+  static const std::array<std::uint32_t, 256> table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t n = 0; n < 256; ++n) {
+      std::uint32_t c = n;
+      for (int k = 0; k < 8; ++k) c = (c & 1U) != 0 ? 0xEDB88320U ^ (c >> 1) : c >> 1;
+      t[n] = c;
+    }
+    return t;
+  }();
+  std::uint32_t c = 0xFFFFFFFFU;
+  for (const char byte : bytes) c = table[(c ^ static_cast<std::uint8_t>(byte)) & 0xFFU] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFU;
+}
+
+void put_u32(std::string& out, std::uint32_t value) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((value >> shift) & 0xFFU));
+}
+
+std::uint32_t get_u32(std::string_view bytes, std::size_t at) {
+  std::uint32_t value = 0;
+  for (std::size_t k = 0; k < 4; ++k) value = (value << 8) | static_cast<std::uint8_t>(bytes[at + k]);
+  return value;
+}
+
+// An iTXt chunk: keyword, NUL, compression flag 0, method 0, empty language tag and translated keyword, the text.
+std::string itxt_chunk(const PngText& entry, const std::string& path) {
+  const bool printable =
+      std::all_of(entry.keyword.begin(), entry.keyword.end(), [](char c) { return c >= ' ' && c <= '~'; });
+  if (entry.keyword.empty() || entry.keyword.size() > kMaxKeyword || !printable || entry.keyword.front() == ' ' ||
+      entry.keyword.back() == ' ') {
+    throw core::InternalError("write_png: invalid text keyword '" + entry.keyword + "' for '" + path + "'");
+  }
+  std::string body = "iTXt" + entry.keyword;
+  body += std::string("\0\0\0\0\0", 5);
+  body += entry.text;
+  std::string chunk;
+  put_u32(chunk, static_cast<std::uint32_t>(body.size() - 4));
+  chunk += body;
+  put_u32(chunk, crc32(body));
+  return chunk;
+}
+
+}  // namespace
+
+void write_png(const std::string& path, const cv::Mat& rgb, const std::vector<PngText>& text) {
   cv::Mat bgr;
   if (rgb.type() == CV_8UC3) {
     cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
@@ -23,7 +81,49 @@ void write_png(const std::string& path, const cv::Mat& rgb) {
   }
   std::vector<unsigned char> bytes;
   if (!cv::imencode(".png", bgr, bytes)) throw core::InternalError("cannot encode PNG '" + path + "'");
-  core::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  std::string png(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  if (!text.empty()) {
+    // After the signature and IHDR, before the image data.
+    const std::size_t after_header = kPngSignature.size() + kChunkOverhead + kIhdrDataSize;
+    std::string chunks;
+    for (const auto& entry : text) chunks += itxt_chunk(entry, path);
+    png.insert(after_header, chunks);
+  }
+  core::write_file_atomic(path, png);
+}
+
+std::map<std::string, std::string> read_png_text(const std::string& path) {
+  if (!std::filesystem::exists(path)) throw core::FileNotFoundError(path);
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.eof() && in.fail()) throw core::InputError("cannot read", path);
+  if (!std::string_view(bytes).starts_with(kPngSignature)) throw core::InputError("not a PNG file", path);
+  std::map<std::string, std::string> text;
+  std::size_t at = kPngSignature.size();
+  while (at < bytes.size()) {
+    if (bytes.size() - at < kChunkOverhead) throw core::InputError("a PNG chunk is cut short", path);
+    const std::uint32_t length = get_u32(bytes, at);
+    if (length > bytes.size() - at - kChunkOverhead) throw core::InputError("a PNG chunk is cut short", path);
+    const std::string type = bytes.substr(at + 4, 4);
+    const std::string data = bytes.substr(at + 8, length);
+    at += kChunkOverhead + length;
+    if (type == "IEND") break;
+    const std::size_t nul = data.find('\0');
+    if (nul == std::string::npos) continue;
+    const std::string keyword = data.substr(0, nul);
+    if (type == "tEXt") {
+      text.emplace(keyword, data.substr(nul + 1));
+    } else if (type == "iTXt") {
+      // Compression flag, method, language tag NUL, translated keyword NUL, text; compressed text is skipped.
+      if (data.size() < nul + 3 || data[nul + 1] != '\0') continue;
+      const std::size_t language_end = data.find('\0', nul + 3);
+      if (language_end == std::string::npos) continue;
+      const std::size_t translated_end = data.find('\0', language_end + 1);
+      if (translated_end == std::string::npos) continue;
+      text.emplace(keyword, data.substr(translated_end + 1));
+    }
+  }
+  return text;
 }
 
 cv::Mat read_rgb_image(const std::string& path) {

@@ -27,6 +27,7 @@
 #include "core/fault.h"
 #include "io/annotations.h"
 #include "io/hdf5.h"
+#include "io/provenance.h"
 
 namespace tessera::io {
 namespace {
@@ -693,6 +694,10 @@ Manifest read_manifest(const std::string& path) {
     slide.normal = f.count(s, field, "normal", false);
     slide.tumour = f.count(s, field, "tumour", false);
     slide.corrupt_tiles = f.count(s, field, "corrupt_tiles", false);
+    slide.origin = f.string(s, field, "origin", false);
+    if (!slide.origin.empty() && slide.origin != slide_origin(true) && slide.origin != slide_origin(false)) {
+      f.fail(field + ".origin", "expected 'synthetic' or 'real', got '" + slide.origin + "'");
+    }
     manifest.slides.push_back(std::move(slide));
   }
 
@@ -733,6 +738,7 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
                              {"normal", s.normal},
                              {"tumour", s.tumour},
                              {"corrupt_tiles", s.corrupt_tiles}});
+    if (!s.origin.empty()) doc["slides"].back()["origin"] = s.origin;
   }
   doc["failures"] = ordered_json::array();
   for (const auto& failure : manifest.failures) {

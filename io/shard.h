@@ -129,6 +129,8 @@ struct ManifestSlide {
   // Planned tiles left out because their pixels are damaged (`tile.on_corrupt_tile: skip`); 0 in manifests
   // written before the field existed.
   std::int64_t corrupt_tiles = 0;
+  // "synthetic" (made by tessera synth) or "real" (io/provenance.h); "" in manifests written before the field.
+  std::string origin{};
 };
 
 struct ManifestFailure {

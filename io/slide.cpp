@@ -25,6 +25,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "io/provenance.h"
 #include "io/tiff_reader.h"
 
 namespace tessera::io {
@@ -356,6 +357,8 @@ std::optional<std::string> Slide::property(const std::string& name) const {
   if (it == properties_.end()) return std::nullopt;
   return it->second;
 }
+
+bool Slide::synthetic() const { return is_synthetic_slide(properties_); }
 
 cv::Mat Slide::read_associated_image(const std::string& name) const {
   auto it = std::find_if(associated_.begin(), associated_.end(), [&](const auto& a) { return a.name == name; });

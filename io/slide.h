@@ -119,6 +119,8 @@ class Slide {
 
   const std::map<std::string, std::string>& properties() const { return properties_; }
   std::optional<std::string> property(const std::string& name) const;
+  // Whether `tessera synth` made the slide: its marker in the properties (io/provenance.h).
+  bool synthetic() const;
 
   struct AssociatedImage {
     std::string name;

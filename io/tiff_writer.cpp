@@ -30,7 +30,6 @@ constexpr std::uint64_t kClassicTiffLimit = (std::uint64_t{4} << 30) - (std::uin
 constexpr int kMaxLevelFactor = 8;
 constexpr int kTileAlignment = 16;
 constexpr const char* kAperioPrefix = "Aperio Image Library Tessera";
-constexpr const char* kSoftware = "Tessera";
 
 // libtiff reports problems through callbacks; each open file keeps its last message so the exception can say
 // why (disk full, bad tag) instead of libtiff printing to stderr.
@@ -313,7 +312,7 @@ void TiffWriter::Impl::set_image_tags(const TiffFile& file, std::int64_t width, 
     set_field(file, TIFFTAG_YRESOLUTION, kMicronsPerCentimetre / (options.mpp * downsample_y));
     set_field(file, TIFFTAG_RESOLUTIONUNIT, RESUNIT_CENTIMETER);
   }
-  set_field(file, TIFFTAG_SOFTWARE, kSoftware);
+  if (!options.software.empty()) set_field(file, TIFFTAG_SOFTWARE, options.software.c_str());
   if (!description.empty()) set_field(file, TIFFTAG_IMAGEDESCRIPTION, description.c_str());
 }
 

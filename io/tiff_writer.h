@@ -32,12 +32,13 @@ struct TiffWriterOptions {
   TiffFlavor flavor = TiffFlavor::generic;
   TiffCompression compression = TiffCompression::jpeg;
   int jpeg_quality = 85;
-  int tile_size = 256;            // multiple of 16
-  int level_factor = 2;           // downsample between pyramid levels (2..8)
-  int min_level_size = 512;       // stop adding levels once both sides are at most this
-  double mpp = 0.25;              // µm per level-0 pixel; must be > 0
-  double objective_power = 40.0;  // written as AppMag in the aperio flavour
-  std::string description;        // free text added to the image description
+  int tile_size = 256;               // multiple of 16
+  int level_factor = 2;              // downsample between pyramid levels (2..8)
+  int min_level_size = 512;          // stop adding levels once both sides are at most this
+  double mpp = 0.25;                 // µm per level-0 pixel; must be > 0
+  double objective_power = 40.0;     // written as AppMag in the aperio flavour
+  std::string description;           // free text added to the image description
+  std::string software = "Tessera";  // the TIFF Software tag (tessera synth: io::kSyntheticSlideSoftware)
 };
 
 class TiffWriter {

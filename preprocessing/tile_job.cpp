@@ -32,6 +32,7 @@
 #include "io/annotations.h"
 #include "io/dataset.h"
 #include "io/image.h"
+#include "io/provenance.h"
 #include "io/shard.h"
 #include "io/slide.h"
 #include "io/slide_list.h"
@@ -111,6 +112,7 @@ struct PlanResult {
   double footprint = 0.0;
   double slide_mpp = 0.0;
   double assume_mpp = 0.0;  // the mpp to open the slide with (override or job default)
+  bool synthetic = false;   // made by tessera synth (io/provenance.h): the manifest records its origin
   std::vector<PlannedTile> tiles;
 };
 
@@ -124,7 +126,8 @@ std::string serialize(const PlanResult& p) {
             {"error", p.error},
             {"footprint", p.footprint},
             {"slide_mpp", p.slide_mpp},
-            {"assume_mpp", p.assume_mpp}};
+            {"assume_mpp", p.assume_mpp},
+            {"synthetic", p.synthetic}};
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
   j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(PlannedTile)));
   const auto packed = json::to_cbor(j);
@@ -148,6 +151,7 @@ std::vector<PlanResult> deserialize(const std::string& bytes) {
     p.footprint = j["footprint"];
     p.slide_mpp = j["slide_mpp"];
     p.assume_mpp = j["assume_mpp"];
+    p.synthetic = j["synthetic"];
     const auto& blob = j["tiles"].get_binary();
     p.tiles.resize(blob.size() / sizeof(PlannedTile));
     if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(PlannedTile));
@@ -170,6 +174,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     io::SlideOpenOptions open_options;
     open_options.assume_mpp = result.assume_mpp;
     const auto slide = io::Slide::open(input.path, open_options);
+    result.synthetic = slide.synthetic();
     const bool tumour_slide = input.label == io::to_string(io::SlideLabel::tumour);
     std::vector<io::Annotation> annotations;
     if (!input.annotation.empty()) {
@@ -807,7 +812,12 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
     std::map<std::string, io::ManifestSlide> slides;
     for (const auto& p : plans) {
       if (!p.error.empty() || failed_ids.contains(p.input.id)) continue;
-      slides[p.input.id] = {p.input.id, p.input.path, p.input.label, p.input.split, 0, 0, 0};
+      io::ManifestSlide& slide = slides[p.input.id];
+      slide.id = p.input.id;
+      slide.path = p.input.path;
+      slide.label = p.input.label;
+      slide.split = p.input.split;
+      slide.origin = io::slide_origin(p.synthetic);
     }
     std::int64_t shard_count = 0;
     for (const auto& rank_spans : spans) shard_count += static_cast<std::int64_t>(rank_spans.size());

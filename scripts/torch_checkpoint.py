@@ -10,7 +10,10 @@ A Tessera checkpoint (io/checkpoint.h, docs/ARCHITECTURE.md "Checkpoints") is on
                                     stain_target, config_yaml, step, epoch, created, tessera_version, and
                                     optionally the tiling's tissue_min_fraction, tissue_mask_mpp,
                                     tissue_reject_pen_marks (`export` writes none: inference then uses its
-                                    defaults)
+                                    defaults) and what the model was trained on: training_data,
+                                    training_synthetic_slides, training_real_slides, training_unknown_slides,
+                                    training_shards (`export` writes none: the training data is then unknown,
+                                    and `tessera infer` claims nothing about it)
 Training state for resuming (/optimizer, /easgd, /replicas/<rank>/..., /state) is ignored here: `import`
 converts /params and /buffers only.
 BatchNorm's `num_batches_tracked` is not stored (Tessera's batch norm uses a fixed momentum); `import` sets it

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "io/provenance.h"
 #include "preprocessing/stain.h"
 
 namespace tessera::synth {
@@ -1192,8 +1193,10 @@ SynthGroundTruth write_synthetic_slide(const std::string& path, const SynthSlide
   validate(options);
   io::TiffWriterOptions tiff = options.tiff;
   tiff.mpp = options.mpp;
+  // What tells this slide from a scan wherever it goes (io/provenance.h): tile records it, infer heeds it.
+  tiff.software = io::kSyntheticSlideSoftware;
   if (tiff.description.empty()) {
-    tiff.description = "Tessera synthetic H&E slide; seed " + std::to_string(options.seed) +
+    tiff.description = std::string(io::kSyntheticSlideDescription) + "; seed " + std::to_string(options.seed) +
                        (options.tumour ? "; tumour" : "; normal");
   }
   io::TiffWriter writer(path, options.width, options.height, tiff);

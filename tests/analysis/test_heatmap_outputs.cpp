@@ -3,6 +3,7 @@
 // inside the slide; the overlay's size and what it paints where.
 #include "analysis/heatmap_outputs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "io/annotations.h"
 #include "io/image.h"
+#include "io/provenance.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::analysis {
@@ -225,6 +227,11 @@ TEST_F(SlideOutputs, ReportStatesAreasScoreAndRegions) {
   EXPECT_EQ(report["model"]["tile_level0_px"], 100);
   EXPECT_EQ(report["model"]["step_level0_px"], 100);
   EXPECT_DOUBLE_EQ(report["model"]["tile_um"].get<double>(), 100.0);  // 100 px at 1 µm/px
+  // No training provenance given (a checkpoint that records none): unknown, and no claim either way.
+  EXPECT_EQ(report["model"]["training_data"], "unknown");
+  EXPECT_TRUE(report["model"]["training_slides"].is_null());
+  EXPECT_TRUE(report["model"]["training_shards"].is_null());
+  EXPECT_TRUE(report.contains("caution") && report["caution"].is_null()) << report.dump(2);
   EXPECT_DOUBLE_EQ(report["threshold"].get<double>(), 0.5);
   EXPECT_NEAR(report["slide_score"].get<double>(), 0.93, 1e-4);
   EXPECT_EQ(report["tissue_area_source"], "tissue mask");
@@ -252,6 +259,8 @@ TEST_F(SlideOutputs, OverlayHasTheLayoutSizeAndPaintsOnlyScoredCells) {
   const cv::Mat overlay = io::read_rgb_image(path("overlay.png"));
   const OverlayLayout layout = overlay_layout(result->thumbnail.size());
   ASSERT_EQ(overlay.size(), layout.canvas);
+  EXPECT_TRUE(layout.caution.empty());
+  EXPECT_TRUE(io::read_png_text(path("overlay.png")).empty()) << "no caution, no Warning text";
   EXPECT_GE(layout.canvas.width, result->thumbnail.cols);
   EXPECT_GT(layout.canvas.height, result->thumbnail.rows);
   const cv::Mat image = overlay(layout.image);
@@ -266,6 +275,67 @@ TEST_F(SlideOutputs, OverlayHasTheLayoutSizeAndPaintsOnlyScoredCells) {
   // A low-probability cell is barely tinted.
   const cv::Vec3b low = image.at<cv::Vec3b>(255, 305);  // cell (25, 30)
   for (int c = 0; c < 3; ++c) EXPECT_NEAR(low[c], pink[c], 0.2 * 255) << c;
+}
+
+// Whether `rgb` is the overlay's caution red (kCaution, antialiased edges aside).
+bool caution_red(const cv::Vec3b& rgb) { return rgb[0] > 150 && rgb[1] < 90 && rgb[2] < 90; }
+
+// A model trained only on synthetic slides, on a slide tessera synth did not make: report.json states the model's
+// training data and the caution; the overlay gets a red band with it between the title and the picture (the
+// picture itself unchanged) and carries it as the PNG's Warning text.
+TEST(SlideOutputsCaution, ReportAndOverlayStateTheCaution) {
+  testing::TempDir dir;
+  OutputOptions options;
+  options.outputs = {"overlay.png", "report.json"};
+  SlideResult result = analyse_heatmap(blob_map(), options);
+  result.thumbnail = cv::Mat(300, 400, CV_8UC3, cv::Scalar(236, 190, 215));
+  result.training = io::TrainingProvenance{6, 0, 0, "/data/demo/shards"};
+  result.caution = io::kSyntheticModelCaution;
+  write_slide_outputs(dir.path().string(), result, options);
+
+  const json report = json::parse(read_text(dir.file("tumor_007.report.json")));
+  EXPECT_EQ(report["caution"], "model trained on synthetic slides \u2014 demonstration only");
+  EXPECT_EQ(report["model"]["training_data"], "synthetic");
+  EXPECT_EQ(report["model"]["training_slides"], json({{"synthetic", 6}, {"real", 0}, {"unknown", 0}}));
+  EXPECT_EQ(report["model"]["training_shards"], "/data/demo/shards");
+
+  const std::string png = dir.file("tumor_007.overlay.png");
+  const auto text = io::read_png_text(png);
+  ASSERT_EQ(text.count("Warning"), 1u);
+  EXPECT_EQ(text.at("Warning"), io::kSyntheticModelCaution);
+  const cv::Mat overlay = io::read_rgb_image(png);
+  const OverlayLayout layout = overlay_layout(result.thumbnail.size(), /*caution=*/true);
+  const OverlayLayout plain = overlay_layout(result.thumbnail.size());
+  ASSERT_EQ(overlay.size(), layout.canvas);
+  ASSERT_FALSE(layout.caution.empty());
+  EXPECT_EQ(layout.canvas.height, plain.canvas.height + layout.caution.height);
+  EXPECT_EQ(layout.image.y, plain.image.y + layout.caution.height);
+  EXPECT_EQ(layout.caution.y + layout.caution.height, layout.image.y);
+
+  // The caution is drawn in red in its band; the title above it stays as it was (no red). (The legend's colour bar
+  // below holds inferno's reds, so the rest of the canvas is not the place to look.)
+  int red_in_band = 0, red_in_title = 0;
+  for (int y = 0; y < layout.image.y; ++y) {
+    for (int x = 0; x < overlay.cols; ++x) {
+      if (!caution_red(overlay.at<cv::Vec3b>(y, x))) continue;
+      (layout.caution.contains(cv::Point(x, y)) ? red_in_band : red_in_title) += 1;
+    }
+  }
+  EXPECT_GT(red_in_band, 500) << "the caution's text";
+  EXPECT_EQ(red_in_title, 0);
+  // The text spans most of the band's width at this size, em dash included (drawn, as Hershey fonts have no "—").
+  int rightmost = 0;
+  for (int y = layout.caution.y; y < layout.caution.y + layout.caution.height; ++y) {
+    for (int x = 0; x < overlay.cols; ++x) {
+      if (caution_red(overlay.at<cv::Vec3b>(y, x))) rightmost = std::max(rightmost, x);
+    }
+  }
+  EXPECT_GT(rightmost, overlay.cols / 3);
+
+  // Beneath the band, the same picture as without the caution.
+  const cv::Mat without = render_overlay(result.heatmap, result.regions, result.thumbnail, options);
+  const cv::Mat difference = overlay(layout.image) != without(plain.image);
+  EXPECT_EQ(cv::countNonZero(difference.reshape(1)), 0);
 }
 
 TEST(SlideOutputsEdgeCases, AMapWithoutTissueStillGivesEveryOutput) {

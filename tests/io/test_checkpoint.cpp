@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "io/provenance.h"
 #include "tests/testing/testing.h"
 
 namespace {
@@ -1265,6 +1266,112 @@ TEST(CheckpointErrors, DataDrivenBrokenFiles) {
     }
     EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "every HDF5 id closed after the error";
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Provenance: what the model was trained on (io/provenance.h).
+
+TEST(CheckpointProvenance, RoundTripsAsPlainAttributesOfMeta) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  c.meta.provenance = io::TrainingProvenance{6, 0, 0, "/data/demo/shards"};
+  io::write_checkpoint(path, c);
+  const io::CheckpointMeta meta = io::read_checkpoint_meta(path);
+  EXPECT_EQ(meta, c.meta);
+  ASSERT_TRUE(meta.provenance.has_value());
+  EXPECT_EQ(meta.provenance->data(), io::TrainingData::synthetic);
+
+  // What h5py sees: f["meta"].attrs["training_data"] and the counts.
+  H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  H5Id a{H5Aopen_by_name(file.id, "/meta", "training_data", H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+  H5Id type{H5Aget_type(a.id), H5Tclose};
+  char* value = nullptr;
+  ASSERT_GE(H5Aread(a.id, type.id, &value), 0);
+  EXPECT_STREQ(value, "synthetic");
+  H5free_memory(value);
+  for (const auto& [name, expected] : std::vector<std::pair<const char*, std::int64_t>>{
+           {"training_synthetic_slides", 6}, {"training_real_slides", 0}, {"training_unknown_slides", 0}}) {
+    H5Id count{H5Aopen_by_name(file.id, "/meta", name, H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+    std::int64_t n = -1;
+    ASSERT_GE(H5Aread(count.id, H5T_NATIVE_INT64, &n), 0) << name;
+    EXPECT_EQ(n, expected) << name;
+  }
+}
+
+// A checkpoint written before provenance was recorded (the PyTorch fixture has none) loads, with the training data
+// unknown, and calls for no caution on any slide.
+TEST(CheckpointProvenance, ACheckpointWithoutItLoadsAsUnknownAndClaimsNothing) {
+  const std::string fixture = (checkpoint_data() / "tiny_torch.h5").string();
+  const io::CheckpointMeta meta = io::read_checkpoint_meta(fixture);
+  EXPECT_FALSE(meta.provenance.has_value());
+  EXPECT_EQ(io::training_data(meta.provenance), io::TrainingData::unknown);
+  EXPECT_STREQ(io::to_string(io::training_data(meta.provenance)), "unknown");
+  EXPECT_EQ(io::describe(meta.provenance), "unknown (the checkpoint records no provenance)");
+  EXPECT_EQ(io::model_caution(meta.provenance, /*slide_is_synthetic=*/false), "");
+  EXPECT_EQ(io::model_caution(meta.provenance, /*slide_is_synthetic=*/true), "");
+
+  // Rewritten by Tessera, it still records none.
+  TempDir dir;
+  io::write_checkpoint(dir.file("again.h5"), io::read_checkpoint(fixture));
+  H5Id file{H5Fopen(dir.file("again.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+  for (const char* absent : {"training_data", "training_synthetic_slides", "training_real_slides",
+                             "training_unknown_slides", "training_shards"}) {
+    EXPECT_EQ(H5Aexists_by_name(file.id, "meta", absent, H5P_DEFAULT), 0) << absent;
+  }
+}
+
+// The training data follows from the counts, and only a model trained on synthetic slides alone, scoring a slide
+// tessera synth did not make, calls for the caution.
+TEST(CheckpointProvenance, TrainingDataAndCautionFollowFromTheCounts) {
+  struct Case {
+    io::TrainingProvenance provenance;
+    io::TrainingData data;
+    bool caution_on_a_real_slide;
+  };
+  const std::vector<Case> cases = {
+      {{6, 0, 0, "s"}, io::TrainingData::synthetic, true},
+      {{0, 4, 0, "s"}, io::TrainingData::real, false},
+      {{3, 1, 0, "s"}, io::TrainingData::mixed, false},
+      {{3, 0, 1, "s"}, io::TrainingData::unknown, false},  // one slide of unknown origin: no claim
+      {{0, 0, 0, "s"}, io::TrainingData::unknown, false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(io::describe(c.provenance));
+    EXPECT_EQ(c.provenance.data(), c.data);
+    EXPECT_EQ(io::model_caution(c.provenance, false), c.caution_on_a_real_slide ? io::kSyntheticModelCaution : "");
+    EXPECT_EQ(io::model_caution(c.provenance, true), "") << "a synthetic slide never gets the caution";
+  }
+  EXPECT_EQ(std::string(io::kSyntheticModelCaution), "model trained on synthetic slides \u2014 demonstration only");
+  EXPECT_EQ(io::describe(io::TrainingProvenance{6, 0, 0, "/data/shards"}),
+            "synthetic slides only (6 training slide(s): 6 made by tessera synth, 0 not; shards /data/shards)");
+  EXPECT_EQ(io::describe(io::TrainingProvenance{3, 1, 2, "/s"}),
+            "slides of unknown origin (6 training slide(s): 3 made by tessera synth, 1 not, 2 of unknown origin; "
+            "shards /s)");
+}
+
+// Counts that contradict training_data, or a negative count, are refused naming the attribute; the writer refuses
+// negative counts before writing anything.
+TEST(CheckpointProvenance, AttributesThatContradictEachOtherAreRefused) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  c.meta.provenance = io::TrainingProvenance{2, 0, 0, "/shards"};
+  io::write_checkpoint(path, c);
+  apply_mutation(path, "set-string meta training_data real");
+  EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_meta(path); }),
+            "attribute 'training_data' in /meta is 'real', but its slide counts (2 synthetic, 0 real, 0 unknown) make "
+            "it 'synthetic'");
+  apply_mutation(path, "set-int meta training_real_slides -1");
+  EXPECT_NE(input_error(path, [&] { io::read_checkpoint_meta(path); })
+                .find("attribute 'training_real_slides' in /meta must not be negative, got -1"),
+            std::string::npos);
+
+  c.meta.provenance->synthetic_slides = -1;
+  EXPECT_NE(internal_error(dir.file("negative.h5"), [&] { io::write_checkpoint(dir.file("negative.h5"), c); })
+                .find("training slide counts must not be negative"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir.file("negative.h5")));
 }
 
 }  // namespace

@@ -118,6 +118,20 @@ TEST(RealSlides, AperioScanGeometry) {
   const cv::Mat label = slide.read_associated_image("label");
   EXPECT_EQ(label.cols, 387);
   EXPECT_EQ(label.rows, 463);
+  // A scanner's slide: not made by tessera synth (io/provenance.h).
+  EXPECT_FALSE(slide.synthetic());
+}
+
+// Every real slide that opens is "real" to the synthetic-slide marker (io/provenance.h), whatever its vendor.
+TEST(RealSlides, NoScanCarriesTheSyntheticSlideMarker) {
+  const fs::path dir = testing::shared_data_dir() / "real-slides";
+  if (!fs::exists(dir / "fluorescence-dapi.ndpi"))
+    GTEST_SKIP() << "no real data at " << dir << " (../shared/data is absent)";
+  for (const std::string name : {"cmu-1-small-region.svs", "fluorescence-dapi.ndpi", "small.svs", "boxes.tiff"}) {
+    SCOPED_TRACE(name);
+    const Slide slide = Slide::open((dir / name).string(), direct(true, 0.25));
+    EXPECT_FALSE(slide.synthetic());
+  }
 }
 
 // The direct TIFF path decodes the scanner's own JPEG tiles to exactly OpenSlide's pixels: the whole level, and

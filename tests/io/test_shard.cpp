@@ -684,6 +684,7 @@ io::Manifest sample_manifest() {
   m.attributes = attributes(256);
   m.shards = {{"shard-00000.h5", 1000, 700, 300, {"a", "b"}}, {"shard-00001.h5", 12, 12, 0, {"b"}}};
   m.slides = {{"a", "/data/a.svs", "tumor", "train", 600, 300, 300}, {"b", "/data/b b.tif", "", "", 412, 412, 0}};
+  m.slides[0].origin = "synthetic";  // slide b: a manifest from before origins were recorded
   m.failures = {{"c", "file '/data/c.svs': openslide: cannot read tile"}};
   return m;
 }
@@ -717,6 +718,7 @@ TEST(Manifest, RoundTrip) {
     EXPECT_EQ(r.slides[i].tiles, m.slides[i].tiles);
     EXPECT_EQ(r.slides[i].normal, m.slides[i].normal);
     EXPECT_EQ(r.slides[i].tumour, m.slides[i].tumour);
+    EXPECT_EQ(r.slides[i].origin, m.slides[i].origin);
   }
   ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_EQ(r.failures[0].slide, "c");
@@ -787,6 +789,10 @@ TEST_F(ManifestBroken, EachProblemIsNamed) {
             "missing required field 'slides[0].id'");
   EXPECT_EQ(error_for(head + attributes + R"("shards": [], "failures": ["x"]})"),
             "field 'failures[0]': expected an object, got string");
+  EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "origin": "scanned"}]})"),
+            "field 'slides[0].origin': expected 'synthetic' or 'real', got 'scanned'");
+  EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "origin": true}]})"),
+            "field 'slides[0].origin': expected a string, got boolean");
 }
 
 // The tiling's tissue settings come from the effective job the manifest carries: what training records in the

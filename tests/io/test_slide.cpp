@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "io/provenance.h"
 #include "io/tiff_writer.h"
 #include "tests/testing/testing.h"
 
@@ -643,6 +644,50 @@ TEST(SlideHandle, MoveTransfersTheOpenSlide) {
   third = std::move(second);
   EXPECT_EQ(third.read_region(100, 100, 0, 3, 3).size(), cv::Size(3, 3));
   EXPECT_EQ(third.properties().at("openslide.vendor"), "generic-tiff");
+}
+
+// The marker of a slide tessera synth made (io/provenance.h), as OpenSlide reports it for both flavours: the Software
+// tag "Tessera synth", or an older synth's description. Tessera's other TIFFs (Software "Tessera", e.g. heatmaps) and
+// look-alike names are not synthetic slides.
+TEST(SlideOrigin, TheSoftwareTagOrAnOlderSynthDescriptionMarksASyntheticSlide) {
+  TempDir dir;
+  struct Case {
+    const char* name;
+    TiffFlavor flavor;
+    std::string software;
+    std::string description;
+    bool synthetic;
+  };
+  const std::vector<Case> cases = {
+      {"synth.tif", TiffFlavor::generic, kSyntheticSlideSoftware, "", true},
+      {"synth.svs", TiffFlavor::aperio, kSyntheticSlideSoftware, "", true},
+      {"synth-versioned.tif", TiffFlavor::generic, std::string(kSyntheticSlideSoftware) + " 1.2", "", true},
+      {"old-synth.tif", TiffFlavor::generic, "Tessera", "Tessera synthetic H&E slide; seed 3; normal", true},
+      {"old-synth.svs", TiffFlavor::aperio, "Tessera", "Tessera synthetic H&E slide; seed 3; tumour", true},
+      {"heatmap.tif", TiffFlavor::generic, "Tessera", "", false},
+      {"heatmap.svs", TiffFlavor::aperio, "Tessera", "", false},
+      {"synthesis.tif", TiffFlavor::generic, "Tessera synthesis", "", false},
+      {"scanner.svs", TiffFlavor::aperio, "ScanScope", "a scan", false},
+      {"no-software.tif", TiffFlavor::generic, "", "", false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    TiffWriterOptions options;
+    options.flavor = c.flavor;
+    options.software = c.software;
+    options.description = c.description;
+    const std::string path = dir.file(c.name);
+    testing::write_pattern_slide(path, 600, 400, options);
+    const Slide slide = Slide::open(path);
+    EXPECT_EQ(slide.vendor(), c.flavor == TiffFlavor::aperio ? "aperio" : "generic-tiff");
+    if (!c.software.empty()) {
+      EXPECT_EQ(slide.property("tiff.Software"), c.software);
+    }
+    EXPECT_EQ(slide.synthetic(), c.synthetic);
+  }
+  EXPECT_FALSE(is_synthetic_slide({}));
+  EXPECT_STREQ(slide_origin(true), "synthetic");
+  EXPECT_STREQ(slide_origin(false), "real");
 }
 
 }  // namespace

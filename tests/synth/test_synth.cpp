@@ -25,6 +25,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "io/provenance.h"
 #include "io/slide.h"
 #include "preprocessing/stain.h"
 #include "tests/testing/testing.h"
@@ -345,6 +346,10 @@ TEST(SynthSlide, OpenSlideReadsBothFlavours) {
     const io::Slide slide = io::Slide::open(path);
     EXPECT_EQ(slide.vendor(), flavor == io::TiffFlavor::aperio ? "aperio" : "generic-tiff");
     EXPECT_NEAR(slide.mpp(), kMpp, 1e-6);
+    // The marker that tells it from a scan (io/provenance.h), whatever the flavour, and with a description of the
+    // caller's own.
+    EXPECT_EQ(slide.property("tiff.Software"), std::string(io::kSyntheticSlideSoftware));
+    EXPECT_TRUE(slide.synthetic());
     // Levels: ceil-halving until both sides fit in 512 → 2560×1792, 1280×896, 640×448, 320×224.
     ASSERT_EQ(slide.level_count(), 4);
     EXPECT_EQ(slide.width(), 2560);
@@ -369,6 +374,22 @@ TEST(SynthSlide, OpenSlideReadsBothFlavours) {
     cv::absdiff(read, rendered.image(region), difference);
     const cv::Scalar mean_error = cv::mean(difference);
     for (int c = 0; c < 3; ++c) EXPECT_LT(mean_error[c], 6.0) << "channel " << c;
+  }
+}
+
+// A caller's own description replaces synth's, and the Software tag still marks the slide as synthetic.
+TEST(SynthSlide, TheSoftwareTagMarksTheSlideWhateverItsDescription) {
+  TempDir dir;
+  for (const auto flavor : {io::TiffFlavor::aperio, io::TiffFlavor::generic}) {
+    SynthSlideOptions o = small_options(12, false);
+    o.tiff.flavor = flavor;
+    o.tiff.description = "teaching set, case 4";
+    const std::string path = dir.file(flavor == io::TiffFlavor::aperio ? "a.svs" : "g.tif");
+    write_synthetic_slide(path, o);
+    const io::Slide slide = io::Slide::open(path);
+    EXPECT_EQ(slide.property(flavor == io::TiffFlavor::aperio ? "aperio.Description" : "tiff.ImageDescription"),
+              std::string("teaching set, case 4"));
+    EXPECT_TRUE(slide.synthetic());
   }
 }
 

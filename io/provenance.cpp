@@ -1,0 +1,84 @@
+#include "io/provenance.h"
+
+#include <fmt/format.h>
+
+namespace tessera::io {
+
+namespace {
+
+bool has_prefix(const std::map<std::string, std::string>& properties, const char* name, const std::string& prefix) {
+  const auto it = properties.find(name);
+  return it != properties.end() && it->second.starts_with(prefix);
+}
+
+}  // namespace
+
+bool is_synthetic_slide(const std::map<std::string, std::string>& properties) {
+  if (const auto it = properties.find("tiff.Software"); it != properties.end()) {
+    // "Tessera synth", possibly followed by more words; not "Tessera" alone (heatmap TIFFs) nor "Tessera synthesis".
+    const std::string& software = it->second;
+    const std::string marker = kSyntheticSlideSoftware;
+    if (software == marker || software.starts_with(marker + " ")) return true;
+  }
+  return has_prefix(properties, "tiff.ImageDescription", kSyntheticSlideDescription) ||
+         has_prefix(properties, "aperio.Description", kSyntheticSlideDescription);
+}
+
+const char* slide_origin(bool synthetic) { return synthetic ? "synthetic" : "real"; }
+
+const char* to_string(TrainingData data) {
+  switch (data) {
+    case TrainingData::unknown:
+      return "unknown";
+    case TrainingData::synthetic:
+      return "synthetic";
+    case TrainingData::real:
+      return "real";
+    case TrainingData::mixed:
+      return "mixed";
+  }
+  return "unknown";
+}
+
+TrainingData TrainingProvenance::data() const {
+  if (unknown_slides > 0 || synthetic_slides + real_slides == 0) return TrainingData::unknown;
+  if (real_slides == 0) return TrainingData::synthetic;
+  if (synthetic_slides == 0) return TrainingData::real;
+  return TrainingData::mixed;
+}
+
+TrainingData training_data(const std::optional<TrainingProvenance>& provenance) {
+  return provenance ? provenance->data() : TrainingData::unknown;
+}
+
+std::string describe(const std::optional<TrainingProvenance>& provenance) {
+  if (!provenance) return "unknown (the checkpoint records no provenance)";
+  const TrainingProvenance& p = *provenance;
+  std::string counts = fmt::format("{} made by tessera synth, {} not", p.synthetic_slides, p.real_slides);
+  if (p.unknown_slides > 0) counts += fmt::format(", {} of unknown origin", p.unknown_slides);
+  const char* what = "";
+  switch (p.data()) {
+    case TrainingData::synthetic:
+      what = "synthetic slides only";
+      break;
+    case TrainingData::real:
+      what = "real slides only";
+      break;
+    case TrainingData::mixed:
+      what = "synthetic and real slides";
+      break;
+    case TrainingData::unknown:
+      what = "slides of unknown origin";
+      break;
+  }
+  return fmt::format("{} ({} training slide(s): {}; shards {})", what,
+                     p.synthetic_slides + p.real_slides + p.unknown_slides, counts,
+                     p.shards.empty() ? std::string("not recorded") : p.shards);
+}
+
+std::string model_caution(const std::optional<TrainingProvenance>& provenance, bool slide_is_synthetic) {
+  if (training_data(provenance) == TrainingData::synthetic && !slide_is_synthetic) return kSyntheticModelCaution;
+  return "";
+}
+
+}  // namespace tessera::io
