@@ -14,7 +14,7 @@
 namespace tessera::core::fault {
 namespace {
 
-enum class Action { kill, fail };
+enum class Action { kill, stop, fail };
 
 struct Spec {
   std::string point;
@@ -25,9 +25,10 @@ struct Spec {
 };
 
 [[noreturn]] void malformed(const std::string& value, const std::string& why) {
-  std::fprintf(stderr,
-               "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ do=kill|enospc|eio]\")\n",
-               value.c_str(), why.c_str());
+  std::fprintf(
+      stderr,
+      "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ do=kill|stop|enospc|eio]\")\n",
+      value.c_str(), why.c_str());
   std::_Exit(2);
 }
 
@@ -63,6 +64,8 @@ std::optional<Spec> parse(const char* env) {
     } else if (key == "do") {
       if (v == "kill") {
         spec.action = Action::kill;
+      } else if (v == "stop") {
+        spec.action = Action::stop;
       } else if (v == "enospc") {
         spec.action = Action::fail;
         spec.error = ENOSPC;
@@ -118,6 +121,21 @@ bool fires(std::string_view point, Action* action, int* error) {
   std::_Exit(137);  // not reached
 }
 
+// Stops this process (SIGSTOP) until something sends it SIGCONT, then returns: the point where a test holds a rank
+// still (e.g. to bring its host's link down) and lets it go on.
+void stop_self(std::string_view point) {
+  std::fprintf(stderr, "tessera: fault injected at %.*s: stopping process %d until SIGCONT\n",
+               static_cast<int>(point.size()), point.data(), static_cast<int>(getpid()));
+  std::fflush(stderr);
+  std::raise(SIGSTOP);
+}
+
+// The action of a fault that fired at a point: kill or stop here; `fail` is the caller's to report.
+void act(std::string_view point, Action action) {
+  if (action == Action::kill) kill_self(point);
+  if (action == Action::stop) stop_self(point);
+}
+
 }  // namespace
 
 bool enabled() { return state().spec.has_value(); }
@@ -125,15 +143,15 @@ bool enabled() { return state().spec.has_value(); }
 void at(std::string_view point) {
   Action action{};
   int error = 0;
-  if (fires(point, &action, &error) && action == Action::kill) kill_self(point);
+  if (fires(point, &action, &error)) act(point, action);
 }
 
 int error_at(std::string_view point) {
   Action action{};
   int error = 0;
   if (!fires(point, &action, &error)) return 0;
-  if (action == Action::kill) kill_self(point);
-  return error;
+  act(point, action);
+  return action == Action::fail ? error : 0;
 }
 
 }  // namespace tessera::core::fault

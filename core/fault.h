@@ -11,6 +11,9 @@
 //   rank    fire only on this MPI world rank (default: every rank); read from the launcher's environment
 //   do      kill   — SIGKILL this process at fault::at (as a killed job, a node failure or a Slurm time limit's
 //                    second signal would; nothing after the point runs, no destructor, no atexit)
+//           stop   — SIGSTOP this process at the point; it goes on from there when sent SIGCONT. A test holds a rank
+//                    still at an exact place (e.g. while it brings the rank's host's link down), polls for the
+//                    stopped state ('T' in /proc/PID/stat), acts, and continues it
 //           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
 //
 // The points (each documented where it is called):
@@ -31,11 +34,13 @@
 
 namespace tessera::core::fault {
 
-// A point where the process may be killed (do=kill). Counts the hit; returns normally unless the fault fires.
+// A point where the process may be killed (do=kill) or stopped (do=stop). Counts the hit; returns normally unless a
+// kill fires (a stop returns once the process is continued).
 void at(std::string_view point);
 
 // A point where an operation may fail (do=enospc|eio). Counts the hit; returns the errno to simulate when the
-// fault fires here, 0 otherwise. A do=kill fault on this point kills the process, as fault::at does.
+// fault fires here, 0 otherwise. A do=kill or do=stop fault on this point kills or stops the process,
+// as fault::at does.
 int error_at(std::string_view point);
 
 // True when TESSERA_FAULT is set at all (for messages that say a failure was injected).

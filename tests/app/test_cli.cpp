@@ -56,8 +56,11 @@ TEST(Cli, AMalformedFaultInjectionIsRefusedBeforeAnyWork) {
     EXPECT_EQ(r.code, 2) << spec;
     EXPECT_TRUE(contains(r.err, "TESSERA_FAULT='" + spec + "'")) << r.err;
   }
-  const auto ok = testing::run_script("TESSERA_FAULT='train.step after=2 rank=1 do=enospc' $TESSERA --version");
-  EXPECT_EQ(ok.code, 0) << ok.err;
+  for (const std::string action : {"kill", "stop", "enospc", "eio"}) {
+    const auto ok =
+        testing::run_script("TESSERA_FAULT='train.step after=2 rank=1 do=" + action + "' $TESSERA --version");
+    EXPECT_EQ(ok.code, 0) << action << ": " << ok.err;
+  }
 }
 
 TEST(Cli, MissingArgumentIsAUsageError) {

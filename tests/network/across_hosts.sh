@@ -14,6 +14,9 @@
 #     killed     a rank on t2 killed after step 8 (a fault-injection point, not a timer) takes the job down with a
 #                message naming the rank and the host, without hanging; --resume auto then ends where an
 #                uninterrupted run does, bit for bit
+#     link       t2's link pulled while rank 2 is stopped after step 8 (a fault-injection point, not a timer): the
+#                job ends with Open MPI's message naming the host, without hanging; t2 is left with no process;
+#                once the link is back --resume auto ends where an uninterrupted run does, bit for bit
 #
 # Exits 77 (CTest: skipped) with the reason when test hosts cannot be made here (not root, no ip netns).
 set -euo pipefail
@@ -219,6 +222,79 @@ EOF
     echo "killed: rank 2 on t2 named, no hang; the resumed run ends with the uninterrupted run's weights"
     ;;
 
+  link)
+    data
+    "$tessera" tile "$work/tile.yaml" --out "$work/shards" >"$work/tile.log" 2>&1 || fail "tile: $(tail -5 "$work/tile.log")"
+    printf 'data:\n  shards: %s\n  block_size: 16\n  shuffle_buffer: 128\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 2\n  seed: 2\n  threads: 1\n  checkpoint_every: 2\n' \
+      "$work/shards" >"$work/train.yaml"
+    # Rank 2 (on t2) stops itself (SIGSTOP) right after step 8; the link goes down while it is stopped, then it goes
+    # on into step 9's exchange. Each wait polls a state; a watchdog ends a hang, and only says so: nothing is timed.
+    TESSERA_FAULT="train.step after=8 rank=2 do=stop" setsid "$testhosts" mpirun --host t1:2,t2:2 -n 4 \
+      -x TESSERA_FAULT "$tessera" train "$work/train.yaml" --out "$work/run" >"$work/link.log" 2>&1 &
+    job=$!
+    (sleep 600 && touch "$work/hung" && kill -9 -- "-$job") >/dev/null 2>&1 &
+    watchdog=$!
+    until_done() {  # WHAT CHECK...: poll CHECK until it succeeds; the watchdog's end of the job fails it as a hang
+      local what=$1
+      shift
+      until "$@"; do
+        [ -f "$work/hung" ] && fail "$what: not so after 600 s, the watchdog ended the job: $(tail -20 "$work/link.log")"
+        sleep 0.05
+      done
+    }
+    stopped=""
+    rank2_stopped() {
+      kill -0 "$job" 2>/dev/null || fail "the job ended before rank 2 stopped: $(tail -20 "$work/link.log")"
+      local pid
+      for pid in $("$testhosts" pids t2); do
+        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = tessera ] &&
+          [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = T ]; then
+          stopped=$pid
+          return 0
+        fi
+      done
+      return 1
+    }
+    # t2 sent mpirun rank 2's last line ("stopping process ...") and has its acknowledgement (delayed up to 40 ms):
+    # a connection with data in flight when its link dies is out of the keepalive's reach, and t2's daemon would
+    # then notice only after net.ipv4.tcp_retries2 (about 100 s on the test hosts) instead of with mpirun.
+    t2_quiet() {
+      grep -q "stopping process $stopped until SIGCONT" "$work/link.log" &&
+        ! "$testhosts" exec t2 "ss -Htn state established dst 198.18.0.1" | awk '$2 != 0 {busy = 1} END {exit !busy}'
+    }
+    until_done "rank 2 stopped" rank2_stopped
+    until_done "t2 has nothing in flight to mpirun" t2_quiet
+    "$testhosts" link t2 down
+    kill -CONT "$stopped"
+    status=0
+    wait "$job" || status=$?
+    [ -f "$work/hung" ] &&
+      fail "the job hung after t2's link went down (the watchdog ended it after 600 s): $(tail -20 "$work/link.log")"
+    [ "$status" -ne 0 ] || fail "the job whose host t2 lost its link exited 0"
+    grep -q "ORTE has lost communication with a remote daemon" "$work/link.log" &&
+      grep -Eq "Remote daemon: \[\[[0-9]+,0\],[0-9]+\] on node t2$" "$work/link.log" ||
+      fail "no message naming host t2: $(tail -20 "$work/link.log")"
+    # t2's daemon, cut off from mpirun too, ends its ranks: none is left running on the host.
+    t2_empty() { [ -z "$("$testhosts" pids t2)" ]; }
+    until_done "t2 has no process left" t2_empty
+    kill "$watchdog" 2>/dev/null || true
+    "$testhosts" link t2 up
+    [ -f "$work/run/checkpoint.h5" ] || fail "no checkpoint before the link went down"
+    two_hosts "$tessera" train "$work/train.yaml" --out "$work/run" --resume auto >"$work/resumed.log" 2>&1 ||
+      fail "--resume auto across hosts: $(tail -5 "$work/resumed.log")"
+    # As in part killed: step 8's checkpoint, or step 6's when rank 0 had not published step 8's yet.
+    grep -Eq "resuming from .* at step (6|8) " "$work/resumed.log" ||
+      fail "the resumed run did not start at step 6 or 8: $(grep -i resum "$work/resumed.log")"
+    two_hosts "$tessera" train "$work/train.yaml" --out "$work/full" >"$work/full.log" 2>&1 ||
+      fail "the uninterrupted run: $(tail -5 "$work/full.log")"
+    for object in /params /buffers; do
+      same_h5 "$work/run/checkpoint.h5" "$work/full/checkpoint.h5" "$object" "link down and resumed"
+    done
+    from=$(grep -Eo "resuming from .* at step [0-9]+ " "$work/resumed.log" | grep -Eo "[0-9]+ $")
+    echo "link: t2's link down with rank 2 stopped after step 8: host t2 named, no hang, nothing left on t2; resumed from" \
+      "step ${from% }, the run ends with the uninterrupted run's weights"
+    ;;
+
   bench)
     "$tessera" bench comm --launcher "$testhosts mpirun --host t1:1,t2:1" --ranks 2 --rounds 1 --size 32 \
       --model tiny_cnn --steps 8 --json "$work/comm.json" >"$work/comm.log" 2>&1 ||
@@ -245,6 +321,6 @@ EOF
     ;;
 
   *)
-    fail "unknown part '$part' (hosts, train, pipeline, killed, bench, mpi)"
+    fail "unknown part '$part' (hosts, train, pipeline, killed, link, bench, mpi)"
     ;;
 esac
