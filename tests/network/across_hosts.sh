@@ -37,7 +37,9 @@ for tool in mpirun h5diff; do
 done
 
 work=$(mktemp -d /tmp/tessera-network.XXXXXX)
+watchdog=""
 cleanup() {
+  [ -z "$watchdog" ] || kill -- "-$watchdog" 2>/dev/null || true
   "$testhosts" down || true
   rm -rf "$work"
 }
@@ -232,7 +234,8 @@ EOF
     TESSERA_FAULT="train.step after=8 rank=2 do=stop" setsid "$testhosts" mpirun --host t1:2,t2:2 -n 4 \
       -x TESSERA_FAULT "$tessera" train "$work/train.yaml" --out "$work/run" >"$work/link.log" 2>&1 &
     job=$!
-    (sleep 600 && touch "$work/hung" && kill -9 -- "-$job") >/dev/null 2>&1 &
+    # The watchdog has a process group of its own: ending it ends its sleep too.
+    setsid sh -c 'sleep 600 && touch "$0" && kill -9 -- "-$1"' "$work/hung" "$job" >/dev/null 2>&1 &
     watchdog=$!
     until_done() {  # WHAT CHECK...: poll CHECK until it succeeds; the watchdog's end of the job fails it as a hang
       local what=$1
@@ -277,7 +280,8 @@ EOF
     # t2's daemon, cut off from mpirun too, ends its ranks: none is left running on the host.
     t2_empty() { [ -z "$("$testhosts" pids t2)" ]; }
     until_done "t2 has no process left" t2_empty
-    kill "$watchdog" 2>/dev/null || true
+    kill -- "-$watchdog" 2>/dev/null || true
+    watchdog=""
     "$testhosts" link t2 up
     [ -f "$work/run/checkpoint.h5" ] || fail "no checkpoint before the link went down"
     two_hosts "$tessera" train "$work/train.yaml" --out "$work/run" --resume auto >"$work/resumed.log" 2>&1 ||
