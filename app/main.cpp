@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
 #include "app/cli.h"
@@ -16,6 +17,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/hosts.h"
 #include "core/log.h"
 #include "io/hdf5_library.h"
 
@@ -69,6 +71,11 @@ int run(int argc, char** argv) {
   }
 
   core::init_logging(log_level, world.rank(), world.size());
+  if (world.size() > 1) {
+    // Which ranks run where: when a host fails, Open MPI names the host, and this line the ranks on it.
+    const core::HostMap hosts = core::describe_hosts(world);
+    if (world.is_root()) spdlog::info("{} ranks on {} host(s): {}", world.size(), hosts.hosts, hosts.text);
+  }
   for (auto& [command, action] : actions) {
     if (command->parsed()) return action();
   }

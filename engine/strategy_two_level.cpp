@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/hosts.h"
 #include "core/measure.h"
 #include "engine/checkpoint_adapter.h"
 
@@ -120,17 +121,7 @@ void TwoLevelStrategy::log_groups(const core::Comm& comm) const {
     g.first.insert(all[r].substr(space + 1));
     g.second.push_back(static_cast<int>(r));
   }
-  // Ranks as runs ("0-3,8"); at most 8 groups named, for the rank counts of a cluster.
-  const auto runs = [](const std::vector<int>& ranks) {
-    std::vector<std::string> out;
-    for (std::size_t i = 0; i < ranks.size();) {
-      std::size_t j = i;
-      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-      out.push_back(j == i ? std::to_string(ranks[i]) : fmt::format("{}-{}", ranks[i], ranks[j]));
-      i = j + 1;
-    }
-    return fmt::format("{}", fmt::join(out, ","));
-  };
+  // At most 8 groups named, for the rank counts of a cluster.
   constexpr std::size_t kNamed = 8;
   std::vector<std::string> parts;
   for (const auto& [first, g] : groups) {
@@ -138,7 +129,7 @@ void TwoLevelStrategy::log_groups(const core::Comm& comm) const {
       parts.push_back(fmt::format("... ({} more)", groups.size() - kNamed));
       break;
     }
-    parts.push_back(fmt::format("{}: ranks {}", fmt::join(g.first, "+"), runs(g.second)));
+    parts.push_back(fmt::format("{}: ranks {}", fmt::join(g.first, "+"), core::rank_runs(g.second)));
   }
   spdlog::info("two-level: {} node group(s), leaders exchange by {}: {}", groups_,
                inter_ == Inter::easgd ? "easgd" : "allreduce", fmt::join(parts, "; "));

@@ -78,7 +78,7 @@ mkdir -p "$data"
 printf 'input:\n  csv: %s\ntile:\n  size: 32\n  mpp: 1.0\ntissue:\n  min_fraction: 0.3\n' "$data/synth/dataset.csv" \
   >"$data/tile.yaml"
 "$tessera" tile "$data/tile.yaml" --out "$data/shards" >"$data/tile.log" 2>&1
-printf 'data:\n  shards: %s\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 8\n  threads: 1\ndistributed:\n  strategy: async-easgd\n  tau: 2\n' \
+printf 'data:\n  shards: %s\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 8\n  threads: 1\noptimizer:\n  lr: 0.05\nschedule:\n  name: constant\n  reference_batch: 0\ndistributed:\n  strategy: async-easgd\n  tau: 2\n' \
   "$data/shards" >"$data/train.yaml"
 final_auc() { grep '"kind":"val"' "$1/metrics.jsonl" | tail -1 | sed 's/.*"auc":\([0-9.e+-]*\).*/\1/'; }
 for placement in one-host two-hosts; do

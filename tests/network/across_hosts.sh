@@ -15,7 +15,8 @@
 #                message naming the rank and the host, without hanging; --resume auto then ends where an
 #                uninterrupted run does, bit for bit
 #     link       t2's link pulled while rank 2 is stopped after step 8 (a fault-injection point, not a timer): the
-#                job ends with Open MPI's message naming the host, without hanging; t2 is left with no process;
+#                job ends with Open MPI's message naming the host (the job's first line names its ranks), without
+#                hanging; t2 is left with no process;
 #                once the link is back --resume auto ends where an uninterrupted run does, bit for bit
 #
 # Exits 77 (CTest: skipped) with the reason when test hosts cannot be made here (not root, no ip netns).
@@ -277,6 +278,9 @@ EOF
     grep -q "ORTE has lost communication with a remote daemon" "$work/link.log" &&
       grep -Eq "Remote daemon: \[\[[0-9]+,0\],[0-9]+\] on node t2$" "$work/link.log" ||
       fail "no message naming host t2: $(tail -20 "$work/link.log")"
+    # Open MPI names the host; the job's first line names the ranks on it.
+    grep -q "4 ranks on 2 host(s): t1: ranks 0-1; t2: ranks 2-3" "$work/link.log" ||
+      fail "no line naming the ranks on each host: $(head -5 "$work/link.log")"
     # t2's daemon, cut off from mpirun too, ends its ranks: none is left running on the host.
     t2_empty() { [ -z "$("$testhosts" pids t2)" ]; }
     until_done "t2 has no process left" t2_empty
