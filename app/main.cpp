@@ -1,10 +1,12 @@
 // tessera — one program, one verb per stage. See README.md for the verbs and the exit codes.
 #include <malloc.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -62,12 +64,30 @@ int run(int argc, char** argv) {
   }
 
   const auto& world = core::Comm::world();
+  std::int64_t status = 0;  // 0 parsed; 1 --help or --version (CLI11's "errors" with exit code 0); 2 a usage error
+  std::ostringstream out, err;
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help and --version are "errors" with exit code 0; print once, on rank 0.
-    if (world.is_root()) cli.exit(e);
-    return e.get_exit_code() == 0 ? core::exit_ok : core::exit_usage;
+    status = e.get_exit_code() == 0 ? 1 : 2;
+    cli.exit(e, out, err);
+  }
+  // Every rank learns how the others' parse went, so that none waits in a collective for a rank that stopped (a job
+  // file missing on one host only): all stop together. One message: rank 0's, or a failing rank's when rank 0's
+  // parse succeeded.
+  std::int64_t any = status, root_status = status;
+  if (world.size() > 1) {
+    any = world.allreduce_value(status, core::ReduceOp::max);
+    world.broadcast(&root_status, sizeof root_status, 0);
+  }
+  if (any != 0) {
+    if (world.is_root()) {
+      std::cout << out.str();
+      std::cerr << err.str();
+    } else if (status == 2 && root_status == 0) {
+      std::cerr << "tessera: rank " << world.rank() << ": " << err.str();
+    }
+    return any == 2 ? core::exit_usage : core::exit_ok;
   }
 
   core::init_logging(log_level, world.rank(), world.size());

@@ -369,8 +369,23 @@ json validate(Simulator& simulator, const ScaleBenchOptions& o, const fs::path& 
     std::ifstream in(report);
     measured = json::parse(in);
   }
-  const int ranks = measured.at("ranks").get<int>();
-  const int hosts = std::clamp(measured.value("hosts", 1), 1, ranks);
+  int ranks = 0, hosts = 1;
+  try {
+    ranks = measured.at("ranks").get<int>();
+    hosts = std::clamp(measured.value("hosts", 1), 1, std::max(ranks, 1));
+    (void)measured.at("steps").get<int>();
+    (void)measured.at("no_exchange").at("step_s").get<double>();
+  } catch (const json::exception& e) {
+    throw core::InputError(fmt::format("not a complete `bench comm --json` report: {}", e.what()), o.measured);
+  }
+  // The calibration reads the link from a 2-rank allreduce (2 messages, n bytes each way): 2 ranks on this machine,
+  // or one on each of 2 hosts.
+  if (ranks != 2) {
+    throw core::InputError(fmt::format("the report has {} ranks on {} host(s); the link is calibrated from a 2-rank "
+                                       "run (2 ranks on one host, or one on each of 2 hosts)",
+                                       ranks, hosts),
+                           o.measured.empty() ? std::string("bench-comm.json") : o.measured);
+  }
   const int per_host = (ranks + hosts - 1) / hosts;
   // Latency and bandwidth of the link from the allreduce (2 ranks, reduce-scatter + allgather: 2 messages' latency
   // and n bytes each way): from the smallest message and the largest one of at most 4 MB. One host: shared memory,

@@ -25,7 +25,7 @@ namespace {
 
 constexpr int kMaxTau = 1000000;
 constexpr std::size_t kParallelMin = 1 << 16;  // elements: below this, threads cost more than they save
-constexpr double kFirstBucketMb = 1.0;         // allreduce: the first bucket's limit (PyTorch DDP's first bucket)
+constexpr double kFirstBucketMb = 1.0;         // allreduce: the first bucket closes once past this (as DDP's)
 // allreduce: how often the communication thread tests the buckets in flight (a wait that new buckets end early).
 constexpr auto kProgressInterval = std::chrono::microseconds(100);
 
@@ -192,13 +192,15 @@ class AllreduceStrategy::Progress {
   void run() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      auto work = [&] { return stop_ || posted_ < handed_; };
-      if (reduced_ < posted_) {
+      // After an error nothing more is posted or tested in this pass (the training thread rethrows it at wait()).
+      auto work = [&] { return stop_ || (error_ == nullptr && posted_ < handed_); };
+      if (error_ == nullptr && reduced_ < posted_) {
         wake_.wait_for(lock, kProgressInterval, work);
       } else {
         wake_.wait(lock, work);
       }
       if (stop_) return;
+      if (error_ != nullptr) continue;
       const std::size_t handed = handed_;
       std::size_t posted = posted_;
       std::size_t reduced = reduced_;
@@ -223,10 +225,7 @@ class AllreduceStrategy::Progress {
       lock.lock();
       posted_ = posted;
       reduced_ = reduced;
-      if (error != nullptr) {
-        error_ = error;
-        handed_ = posted_ = reduced_ = 0;  // idle until the next pass (the job is going down)
-      }
+      if (error != nullptr) error_ = error;  // idle until the next pass's begin() (the job is going down)
       done_.notify_all();
     }
   }
@@ -393,6 +392,10 @@ void AllreduceStrategy::reduce_gradients(const std::vector<Param*>& params) {
     if (!slot->reported) ready(*it);
   }
   start_ready_buckets();
+  if (next_start_ != buckets_.size()) {
+    throw core::InternalError(fmt::format("allreduce: {} of {} buckets were never complete (a parameter given twice?)",
+                                          buckets_.size() - next_start_, buckets_.size()));
+  }
   if (progress_) progress_->wait(buckets_.size());
   const float scale = 1.0f / static_cast<float>(comm_.size());
   std::size_t bytes = 0;

@@ -8,7 +8,8 @@
 //   allreduce   synchronous data parallelism: before every update the gradients are averaged over all ranks,
 //               so every replica takes the same step and stays identical. On one rank it does nothing.
 //               Evaluated and saved: the replica. The gradients travel in buckets of distributed.bucket_mb
-//               (25 MB; the first one 1 MB at most, so that it leaves early — as PyTorch DDP): the parameters in
+//               (25 MB; the first one closes once past 1 MB, so that it leaves early — as PyTorch DDP; a tensor is
+//               never split): the parameters in
 //               backward order (the last layer's first) are cut into consecutive buckets, and a bucket's
 //               non-blocking allreduce starts as soon as backward has finished every layer with a parameter in
 //               it, so communication overlaps the rest of backward. Buckets start in the same order on every

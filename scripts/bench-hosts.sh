@@ -9,17 +9,18 @@
 #   3. async-easgd, which is not reproducible by design, trained N times on 4 ranks of one host and N times on
 #      2 hosts x 2 ranks (synthetic slides, tiny_cnn): the final validation AUC of every run.
 #
-#   scripts/bench-hosts.sh OUT [--tessera PATH] [--rates 10gbit,1gbit] [--ranks-per-host K]
+#   scripts/bench-hosts.sh OUT [--tessera PATH] [--rates 10gbit,1gbit]
 #                          [--model M --size PX --batch B --steps S --rounds R] [--auc-runs N]
 #
-# Defaults: build/app/tessera; 10gbit and 1gbit; one rank per host (the hosts share this machine's cores: more
-# ranks per host than cores per host slows computation, not the network); ResNet-18 at 96 px, batch 64 per rank,
-# 16 steps, 1 round; 3 AUC runs per placement (0: none). Needs root (test hosts) and the simulator (a build with SimGrid: scripts/install-deps.sh).
+# Defaults: build/app/tessera; 10gbit and 1gbit. One rank per host: the hosts share this machine's cores, and
+# `bench scale --measured` calibrates the link from a 2-rank run. ResNet-18 at 96 px, batch 64 per rank,
+# 16 steps, 1 round; 3 AUC runs per placement (0: none). Needs root (test hosts) and the simulator (a build
+# with SimGrid: scripts/install-deps.sh).
 # Writes OUT/comm-RATE.{json,txt} and OUT/scale-RATE/ (scale.json) and OUT/scale-RATE.txt; prints both tables.
 set -euo pipefail
 
 usage() {
-  sed -n '2,20p' "$0" >&2
+  sed -n '2,19p' "$0" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
@@ -29,7 +30,6 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 tessera=$here/build/app/tessera
 testhosts=$here/scripts/testhosts.sh
 rates=10gbit,1gbit
-per_host=1
 model=resnet18
 size=96
 batch=64
@@ -41,7 +41,6 @@ while [ $# -gt 0 ]; do
   case $1 in
     --tessera) tessera=$2 ;;
     --rates) rates=$2 ;;
-    --ranks-per-host) per_host=$2 ;;
     --model) model=$2 ;;
     --size) size=$2 ;;
     --batch) batch=$2 ;;
@@ -59,8 +58,8 @@ trap '"$testhosts" down' EXIT
 
 for rate in ${rates//,/ }; do
   "$testhosts" up 2 --rate "$rate"
-  echo "== $rate: tessera bench comm across t1, t2 ($per_host rank(s) each) =="
-  "$tessera" bench comm --launcher "$testhosts mpirun --host t1:$per_host,t2:$per_host" --ranks $((2 * per_host)) \
+  echo "== $rate: tessera bench comm across t1, t2 (one rank each) =="
+  "$tessera" bench comm --launcher "$testhosts mpirun --host t1:1,t2:1" --ranks 2 \
     --model "$model" --size "$size" --batch "$batch" --steps "$steps" --rounds "$rounds" \
     --json "$out/comm-$rate.json" | tee "$out/comm-$rate.txt"
   echo "== $rate: tessera bench scale --measured (SIMULATED against the measurement) =="

@@ -274,5 +274,18 @@ TEST(Configs, EveryShippedJobReads) {
   EXPECT_GE(checked, 10);
 }
 
+// A command line that one rank cannot parse (its job file is missing on that rank's host; here an MPMD launch gives
+// rank 1 another file) stops every rank, with that rank's message: none waits in a collective for it.
+TEST(CliMpi, ARankThatCannotParseStopsTheJobNamingItself) {
+  testing::TempDir dir;
+  const std::string job = dir.file("job.yaml");
+  std::ofstream(job) << "input:\n  csv: none.csv\n";
+  const std::string missing = dir.file("missing/job.yaml");
+  const auto r = testing::run_script("$MPIEXEC -n 1 $TESSERA evaluate " + job + " : -n 1 $TESSERA evaluate " + missing);
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "tessera: rank 1: ")) << r.err;
+  EXPECT_TRUE(contains(r.err, missing)) << r.err;
+}
+
 }  // namespace
 }  // namespace tessera
