@@ -515,12 +515,17 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   // Only the validation against a run measured elsewhere (--measured): no calibration here, no sweep.
   if (!o.measured.empty()) {
     std::ifstream in(o.measured);
-    const json given = json::parse(in, nullptr, false);
-    if (given.is_discarded() || !given.contains("model") || !given.contains("size") || !given.contains("batch")) {
+    const json report_in = json::parse(in, nullptr, false);
+    std::string model;
+    int size = 0, batch = 0;
+    try {
+      model = report_in.at("model").get<std::string>();
+      size = report_in.at("size").get<int>();
+      batch = report_in.at("batch").get<int>();
+    } catch (const json::exception&) {
       throw core::InputError("not a `bench comm --json` report (no model, size or batch)", o.measured);
     }
-    const ModelFacts facts = calibrate(given.at("model").get<std::string>(), given.at("size").get<int>(),
-                                       given.at("batch").get<int>(), "1", work);
+    const ModelFacts facts = calibrate(model, size, batch, "1", work);
     const json report = {{"bench", "scale"}, {"simulated", true}, {"validation", validate(simulator, o, work, facts)}};
     core::write_file_atomic((out / "scale.json").string(), report.dump(2) + "\n");
     std::cout << fmt::format("\nEvery simulated figure above comes from SimGrid SMPI (sim/README.md). Report: {}\n",
