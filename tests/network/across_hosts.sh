@@ -80,6 +80,32 @@ tissue:
 EOF
 }
 
+# The job parts killed and link interrupt: tiny_cnn on the tiles of data(), a checkpoint every 2 steps.
+interrupted_job() {
+  data
+  "$tessera" tile "$work/tile.yaml" --out "$work/shards" >"$work/tile.log" 2>&1 || fail "tile: $(tail -5 "$work/tile.log")"
+  printf 'data:\n  shards: %s\n  block_size: 16\n  shuffle_buffer: 128\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 2\n  seed: 2\n  threads: 1\n  checkpoint_every: 2\n' \
+    "$work/shards" >"$work/train.yaml"
+}
+
+# After an interrupted_job stopped after step 8 (WHAT says how): --resume auto across hosts starts from step 8's
+# checkpoint or, when the rank that stopped did so before rank 0 had published it, step 6's (that rank reaches step 8
+# only after step 7's exchange, so step 6's is always there), and ends with an uninterrupted run's weights, bit for
+# bit.
+resume_ends_as_uninterrupted() {
+  local what=$1
+  two_hosts "$tessera" train "$work/train.yaml" --out "$work/run" --resume auto >"$work/resumed.log" 2>&1 ||
+    fail "--resume auto across hosts: $(tail -5 "$work/resumed.log")"
+  grep -Eq "resuming from .* at step (6|8) " "$work/resumed.log" ||
+    fail "the resumed run did not start at step 6 or 8: $(grep -i resum "$work/resumed.log")"
+  two_hosts "$tessera" train "$work/train.yaml" --out "$work/full" >"$work/full.log" 2>&1 ||
+    fail "the uninterrupted run: $(tail -5 "$work/full.log")"
+  local object
+  for object in /params /buffers; do
+    same_h5 "$work/run/checkpoint.h5" "$work/full/checkpoint.h5" "$object" "$what"
+  done
+}
+
 case "$part" in
   hosts)
     for h in t1 t2; do
@@ -200,10 +226,7 @@ EOF
     ;;
 
   killed)
-    data
-    "$tessera" tile "$work/tile.yaml" --out "$work/shards" >"$work/tile.log" 2>&1 || fail "tile: $(tail -5 "$work/tile.log")"
-    printf 'data:\n  shards: %s\n  block_size: 16\n  shuffle_buffer: 128\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 2\n  seed: 2\n  threads: 1\n  checkpoint_every: 2\n' \
-      "$work/shards" >"$work/train.yaml"
+    interrupted_job
     status=0
     TESSERA_FAULT="train.step after=8 rank=2" two_hosts -x TESSERA_FAULT "$tessera" train "$work/train.yaml" \
       --out "$work/run" >"$work/killed.log" 2>&1 || status=$?
@@ -211,25 +234,12 @@ EOF
     grep -q "rank 2 .* on node t2 exited on signal 9" "$work/killed.log" ||
       fail "no message naming rank 2 and host t2: $(tail -20 "$work/killed.log")"
     [ -f "$work/run/checkpoint.h5" ] || fail "no checkpoint before the kill"
-    two_hosts "$tessera" train "$work/train.yaml" --out "$work/run" --resume auto >"$work/resumed.log" 2>&1 ||
-      fail "--resume auto across hosts: $(tail -5 "$work/resumed.log")"
-    # The last checkpoint is step 8's or, when rank 2 died before rank 0 had published it, step 6's (rank 2 reaches
-    # step 8 only after step 7's exchange, so step 6's is always there): either way the run must end alike.
-    grep -Eq "resuming from .* at step (6|8) " "$work/resumed.log" ||
-      fail "the resumed run did not start at step 6 or 8: $(grep -i resum "$work/resumed.log")"
-    two_hosts "$tessera" train "$work/train.yaml" --out "$work/full" >"$work/full.log" 2>&1 ||
-      fail "the uninterrupted run: $(tail -5 "$work/full.log")"
-    for object in /params /buffers; do
-      same_h5 "$work/run/checkpoint.h5" "$work/full/checkpoint.h5" "$object" "killed and resumed"
-    done
+    resume_ends_as_uninterrupted "killed and resumed"
     echo "killed: rank 2 on t2 named, no hang; the resumed run ends with the uninterrupted run's weights"
     ;;
 
   link)
-    data
-    "$tessera" tile "$work/tile.yaml" --out "$work/shards" >"$work/tile.log" 2>&1 || fail "tile: $(tail -5 "$work/tile.log")"
-    printf 'data:\n  shards: %s\n  block_size: 16\n  shuffle_buffer: 128\nmodel:\n  architecture: tiny_cnn\ntrain:\n  epochs: 3\n  batch_size: 2\n  seed: 2\n  threads: 1\n  checkpoint_every: 2\n' \
-      "$work/shards" >"$work/train.yaml"
+    interrupted_job
     # Rank 2 (on t2) stops itself (SIGSTOP) right after step 8; the link goes down while it is stopped, then it goes
     # on into step 9's exchange. Each wait polls a state; a watchdog ends a hang, and only says so: nothing is timed.
     TESSERA_FAULT="train.step after=8 rank=2 do=stop" setsid "$testhosts" mpirun --host t1:2,t2:2 -n 4 \
@@ -288,16 +298,7 @@ EOF
     watchdog=""
     "$testhosts" link t2 up
     [ -f "$work/run/checkpoint.h5" ] || fail "no checkpoint before the link went down"
-    two_hosts "$tessera" train "$work/train.yaml" --out "$work/run" --resume auto >"$work/resumed.log" 2>&1 ||
-      fail "--resume auto across hosts: $(tail -5 "$work/resumed.log")"
-    # As in part killed: step 8's checkpoint, or step 6's when rank 0 had not published step 8's yet.
-    grep -Eq "resuming from .* at step (6|8) " "$work/resumed.log" ||
-      fail "the resumed run did not start at step 6 or 8: $(grep -i resum "$work/resumed.log")"
-    two_hosts "$tessera" train "$work/train.yaml" --out "$work/full" >"$work/full.log" 2>&1 ||
-      fail "the uninterrupted run: $(tail -5 "$work/full.log")"
-    for object in /params /buffers; do
-      same_h5 "$work/run/checkpoint.h5" "$work/full/checkpoint.h5" "$object" "link down and resumed"
-    done
+    resume_ends_as_uninterrupted "link down and resumed"
     from=$(grep -Eo "resuming from .* at step [0-9]+ " "$work/resumed.log" | grep -Eo "[0-9]+ $")
     echo "link: t2's link down with rank 2 stopped after step 8: host t2 named, no hang, nothing left on t2; resumed from" \
       "step ${from% }, the run ends with the uninterrupted run's weights"
