@@ -100,6 +100,22 @@ Action setup_bench(CLI::App& command) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
 
+  auto import = std::make_shared<bench::ImportBenchOptions>();
+  CLI::App* import_cmd = command.add_subcommand(
+      "import", "Patch import speed: the whole tessera import process vs a Python PIL + h5py loop on the same patches");
+  import_cmd->add_option("--csv", import->csv, "The patches (path,label[,group]); default: generated PNG patches");
+  import_cmd->add_option("--patches", import->patches, "Generated patches (without --csv)")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  import_cmd->add_option("--tile", import->tile_size, "Patch and tile side in pixels")
+      ->check(CLI::Range(8, 1024))
+      ->capture_default_str();
+  import_cmd->add_option("--rounds", import->rounds, "Alternated rounds (best of each)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  import_cmd->add_option("--workdir", import->workdir, "Folder for the patches, shards and the log")
+      ->capture_default_str();
+
   auto slide = std::make_shared<bench::InferSlideBenchOptions>();
   CLI::App* slide_cmd = command.add_subcommand(
       "infer-slide",
@@ -240,7 +256,7 @@ Action setup_bench(CLI::App& command) {
                  "First simulate this machine and compare with a measured 2-rank run")
       ->capture_default_str();
 
-  return [peak, peak_cmd, tile, tile_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
+  return [peak, peak_cmd, tile, tile_cmd, import, import_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
           scale_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
     if (comm_cmd->parsed() && !comm->worker.empty()) return bench::run_bench_comm_worker(*comm);
@@ -249,6 +265,7 @@ Action setup_bench(CLI::App& command) {
     if (scale_cmd->parsed()) return bench::run_bench_scale(*scale);
     if (peak_cmd->parsed()) return run_peak(*peak);
     if (tile_cmd->parsed()) return bench::run_bench_tile(*tile);
+    if (import_cmd->parsed()) return bench::run_bench_import(*import);
     if (slide_cmd->parsed()) return bench::run_bench_infer_slide(*slide);
     if (train_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::train, *train);
     if (infer_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::infer, *infer);

@@ -13,6 +13,8 @@ const std::vector<Verb>& verbs() {
       {"synth", "Generate synthetic H&E whole-slide images with ground-truth tumour annotations", setup_synth},
       {"tile", "Tile slides with tumour annotations into contiguous HDF5 shards of labelled tiles (parallel)",
        setup_tile},
+      {"import", "Import labelled patches (a CSV or a folder by class) into the same shards, split by patient",
+       setup_import},
       {"train", "Train a tumour/normal CNN on tile shards (oneDNN; one replica per MPI rank)", setup_train},
       {"predict", "Score the tiles of shards with a trained checkpoint: P(tumour) per tile as CSV, AUC summary",
        setup_predict},

@@ -75,6 +75,7 @@ bool maybe_print_config(const core::Config& config, const JobOptions& options);
 Action setup_info(CLI::App& command);
 Action setup_synth(CLI::App& command);
 Action setup_tile(CLI::App& command);
+Action setup_import(CLI::App& command);
 Action setup_train(CLI::App& command);
 Action setup_predict(CLI::App& command);
 Action setup_infer(CLI::App& command);

@@ -31,6 +31,18 @@ struct TileBenchOptions {
 
 int run_bench_tile(const TileBenchOptions& options);
 
+// `tessera bench import` (bench/import.cpp): the whole `tessera import` process against a Python PIL + h5py loop on
+// the same patches (a CSV, or generated PNG patches), alternated rounds, best of each.
+struct ImportBenchOptions {
+  std::string csv;      // path,label[,group] of the patches; "" = generate `patches` PNG patches
+  int patches = 8000;   // generated patches
+  int tile_size = 50;   // the patches' side and the tiles'
+  int rounds = 3;
+  std::string workdir = "data/bench-import";
+};
+
+int run_bench_import(const ImportBenchOptions& options);
+
 // `tessera bench infer-slide` (bench_infer_slide.cpp): `tessera infer` end to end (every output) on a generated
 // slide in child runs with 1 rank and with `mpirun -n ranks`, tiles/s by wall and CPU time in alternated rounds,
 // and one rank's peak memory on that slide and on one with four times its area.

@@ -20,6 +20,7 @@
 //   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published      (engine/train_state.cpp)
 //   train.step                 every rank, after each optimizer step and its logging       (engine/trainer.cpp)
 //   tile.shard-finished        after a shard and its resume record are complete  (preprocessing/tile_job.cpp)
+//   import.shard-finished      after a shard and its resume record are complete  (preprocessing/import_job.cpp)
 //   infer.slide-finished       rank 0, after a slide's outputs and its record are complete
 //                                                                                    (analysis/infer_outputs.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)

@@ -9,6 +9,10 @@
 #include <string_view>
 #include <vector>
 
+#include <csetjmp>
+#include <cstdio>
+
+#include <jpeglib.h>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
@@ -126,9 +130,80 @@ std::map<std::string, std::string> read_png_text(const std::string& path) {
   return text;
 }
 
+namespace {
+
+// libjpeg's error manager, made strict: an error ends the decode (longjmp back), and the first warning ("Premature
+// end of JPEG file", "Corrupt JPEG data: N extraneous bytes") is kept, because with a warning libjpeg fills what it
+// could not decode with grey and returns it as pixels.
+struct StrictJpegErrors {
+  jpeg_error_mgr manager{};
+  std::jmp_buf jump{};
+  std::string first;
+};
+
+void keep_message(j_common_ptr cinfo) {
+  auto* errors = reinterpret_cast<StrictJpegErrors*>(cinfo->err);
+  if (!errors->first.empty()) return;
+  char text[JMSG_LENGTH_MAX] = {};
+  (*cinfo->err->format_message)(cinfo, text);
+  errors->first = text;
+}
+
+void jpeg_fails(j_common_ptr cinfo) {
+  keep_message(cinfo);
+  std::longjmp(reinterpret_cast<StrictJpegErrors*>(cinfo->err)->jump, 1);
+}
+
+void jpeg_warns(j_common_ptr cinfo, int level) {
+  if (level < 0) keep_message(cinfo);  // level 0+ are trace messages
+}
+
+// Decodes `bytes` into `rgb` (owned by the caller: nothing with a destructor lives in this frame, which longjmp
+// returns to); false after an error, with its message in `errors`.
+bool decode_jpeg(const std::vector<unsigned char>& bytes, StrictJpegErrors& errors, cv::Mat& rgb) {
+  jpeg_decompress_struct cinfo{};
+  cinfo.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = jpeg_fails;
+  errors.manager.emit_message = jpeg_warns;
+  if (setjmp(errors.jump) != 0) {
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  rgb.create(static_cast<int>(cinfo.output_height), static_cast<int>(cinfo.output_width), CV_8UC3);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = rgb.ptr(static_cast<int>(cinfo.output_scanline));
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+// A JPEG file as RGB; InputError naming the file on any error or warning.
+cv::Mat read_jpeg_strict(const std::string& path, const std::vector<unsigned char>& bytes) {
+  StrictJpegErrors errors;
+  cv::Mat rgb;
+  if (!decode_jpeg(bytes, errors, rgb) || !errors.first.empty()) {
+    throw core::InputError("damaged JPEG data (" + errors.first + ")", path);
+  }
+  return rgb;
+}
+
+}  // namespace
+
 cv::Mat read_rgb_image(const std::string& path) {
   if (!std::filesystem::exists(path)) throw core::FileNotFoundError(path);
-  cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw core::InputError("cannot be read", path);
+  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return read_jpeg_strict(path, bytes);
+  // Other formats through OpenCV, whose PNG decoder already fails (empty image) on a truncated file or a bad CRC.
+  cv::Mat bgr = cv::imdecode(bytes, cv::IMREAD_COLOR);
   if (bgr.empty()) throw core::InputError("cannot decode image", path);
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);

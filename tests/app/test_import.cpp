@@ -1,0 +1,234 @@
+// `tessera import` end to end: patches (a CSV or a folder by class) → shards, splits by group, bad patches listed and
+// skipped, resume after a kill, and the real IDC patches of ../shared/data.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "io/shard.h"
+#include "tests/app/run.h"
+#include "tests/testing/testing.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::contains;
+using testing::run;
+
+// A patch of side w×h whose pixels encode its number (so a shard's tile can be traced to its file).
+cv::Mat patch(int number, int w = 20, int h = 20) {
+  cv::Mat bgr(h, w, CV_8UC3);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) bgr.at<cv::Vec3b>(y, x) = cv::Vec3b(number * 7 % 256, (x * 11 + number) % 256, y * 9 % 256);
+  }
+  return bgr;
+}
+
+// 10 patients × 3 patches (patient p's patches are tumour when p is odd), as PNG files and a labels.csv.
+struct PatchSet {
+  explicit PatchSet(const fs::path& root) : folder(root) {
+    fs::create_directories(root / "patches");
+    std::ofstream csv(root / "labels.csv");
+    csv << "path,label,patient\n";
+    for (int p = 0; p < 10; ++p) {
+      for (int k = 0; k < 3; ++k) {
+        const int number = p * 3 + k;
+        const std::string name = "patches/p" + std::to_string(p) + "_" + std::to_string(k) + ".png";
+        cv::imwrite((root / name).string(), patch(number));
+        csv << name << "," << (p % 2) << ",patient" << p << "\n";
+      }
+    }
+  }
+  fs::path folder;
+};
+
+TEST(Import, CsvPatchesBecomeShardsSplitByPatient) {
+  testing::TempDir dir;
+  const PatchSet set(dir.path());
+  const std::string out = dir.file("shards");
+  const auto r = run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out +
+                     " --set shards.tiles_per_shard=7");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto manifest = io::read_manifest(out + "/manifest.json");
+  EXPECT_EQ(manifest.total_tiles(), 30);
+  EXPECT_EQ(manifest.shards.size(), 5u);  // 30 patches, at most 7 a shard
+  EXPECT_EQ(manifest.attributes.tile_size, 20);
+  EXPECT_DOUBLE_EQ(manifest.attributes.mpp, 4.0);
+  ASSERT_EQ(manifest.slides.size(), 10u);
+  std::map<std::string, int> per_split;
+  for (const auto& s : manifest.slides) {
+    ++per_split[s.split];
+    EXPECT_EQ(s.tiles, 3) << s.id;
+    const int p = std::stoi(s.id.substr(7));
+    EXPECT_EQ(s.label, p % 2 ? "tumor" : "normal") << s.id;
+    EXPECT_EQ(s.origin, "real");
+  }
+  // 10 patients in 0.7 / 0.15 / 0.15: 7, then the two remainders of 0.5 (the first wins the tie).
+  EXPECT_EQ(per_split, (std::map<std::string, int>{{"train", 7}, {"val", 2}, {"test", 1}}));
+
+  // Every tile holds its patch's pixels (as RGB), its label, and x = its number in patches.csv.
+  std::map<std::int64_t, std::string> path_of;
+  {
+    std::ifstream table(out + "/patches.csv");
+    std::string line;
+    std::getline(table, line);
+    EXPECT_EQ(line, "number,path,group,label,split,status");
+    while (std::getline(table, line)) {
+      const auto comma = line.find(',');
+      path_of[std::stoll(line.substr(0, comma))] = line.substr(comma + 1, line.find(',', comma + 1) - comma - 1);
+    }
+  }
+  ASSERT_EQ(path_of.size(), 30u);
+  int checked = 0;
+  for (const auto& entry : manifest.shards) {
+    const auto shard = io::ShardFile::open(out + "/" + entry.file);
+    for (std::int64_t i = 0; i < shard.size(); ++i) {
+      const auto x = shard.coords()[static_cast<std::size_t>(2 * i)];
+      const std::string& file = path_of.at(x);
+      cv::Mat rgb;
+      cv::cvtColor(cv::imread(file), rgb, cv::COLOR_BGR2RGB);
+      const cv::Mat tile = shard.read_image(i);
+      EXPECT_EQ(cv::norm(tile, rgb, cv::NORM_INF), 0) << file;
+      const std::string id = shard.slides()[shard.slide_indices()[static_cast<std::size_t>(i)]];
+      std::string prefix = "p";
+      prefix += id.substr(7);
+      prefix += '_';
+      EXPECT_TRUE(fs::path(file).filename().string().starts_with(prefix)) << file << " in " << id;
+      EXPECT_EQ(shard.labels()[static_cast<std::size_t>(i)], std::stoi(id.substr(7)) % 2);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 30);
+
+  // The same job again: up to date; another seed: other patients in each split, still whole patients.
+  const auto again = run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out +
+                         " --set shards.tiles_per_shard=7");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(contains(again.err + again.out, "up to date")) << again.err;
+}
+
+TEST(Import, PadOrResizeOddSizedPatches) {
+  testing::TempDir dir;
+  fs::create_directories(dir.path() / "normal" / "a");
+  fs::create_directories(dir.path() / "tumor" / "b");
+  cv::imwrite(dir.file("normal/a/big.png"), patch(1, 24, 24));
+  cv::imwrite(dir.file("normal/a/small.png"), patch(2, 10, 12));
+  cv::imwrite(dir.file("tumor/b/same.png"), patch(3, 16, 16));
+  for (const std::string fit : {"pad", "resize"}) {
+    const std::string out = dir.file("out-" + fit);
+    const auto r = run("import --folder " + dir.path().string() + " --mpp 2 --tile-size 16 --fit " + fit + " --out " +
+                       out + " --set 'splits.fractions=[1, 0, 0]'");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto manifest = io::read_manifest(out + "/manifest.json");
+    ASSERT_EQ(manifest.total_tiles(), 3);
+    // pad keeps um/px; resize scales the most common square side (here 16 and 24 once each: the smaller) to 16.
+    EXPECT_DOUBLE_EQ(manifest.attributes.mpp, 2.0);
+    const auto shard = io::ShardFile::open(out + "/" + manifest.shards.at(0).file);
+    // Job order: group a (big, small), then group b (same).
+    const cv::Mat big = shard.read_image(0), small = shard.read_image(1), same = shard.read_image(2);
+    cv::Mat expected;
+    cv::cvtColor(patch(3, 16, 16), expected, cv::COLOR_BGR2RGB);
+    EXPECT_EQ(cv::norm(same, expected, cv::NORM_INF), 0);
+    if (fit == "pad") {
+      cv::Mat b;
+      cv::cvtColor(patch(1, 24, 24)(cv::Rect(4, 4, 16, 16)), b, cv::COLOR_BGR2RGB);
+      EXPECT_EQ(cv::norm(big, b, cv::NORM_INF), 0) << "a larger patch is centre-cropped";
+      EXPECT_EQ(small.at<cv::Vec3b>(0, 0), cv::Vec3b(255, 255, 255)) << "a smaller patch is centred on white";
+      cv::Mat s;
+      cv::cvtColor(patch(2, 10, 12), s, cv::COLOR_BGR2RGB);
+      EXPECT_EQ(cv::norm(small(cv::Rect(3, 2, 10, 12)), s, cv::NORM_INF), 0);
+    } else {
+      EXPECT_NE(small.at<cv::Vec3b>(0, 0), cv::Vec3b(255, 255, 255)) << "resize fills the tile";
+    }
+    for (const auto& s : manifest.slides) EXPECT_EQ(s.split, "train");
+  }
+}
+
+TEST(Import, BadPatchesAreListedAndLeftOut) {
+  testing::TempDir dir;
+  const PatchSet set(dir.path());
+  // A truncated PNG, a truncated JPEG (libjpeg would fill the rest with grey), and text named .png.
+  std::vector<unsigned char> png, jpeg;
+  cv::imencode(".png", patch(5), png);
+  cv::imencode(".jpg", patch(6, 64, 64), jpeg);
+  std::ofstream(dir.file("patches/p1_0.png"), std::ios::binary).write(reinterpret_cast<const char*>(png.data()), 60);
+  std::ofstream(dir.file("patches/cut.jpg"), std::ios::binary)
+      .write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size() / 2));
+  std::ofstream(dir.file("patches/p2_0.png")) << "not an image\n";
+  std::ofstream(dir.file("labels.csv"), std::ios::app) << "patches/cut.jpg,1,patient3\n";
+  const std::string out = dir.file("shards");
+  const auto r = run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "3 of 31 patches could not be read")) << r.err;
+  EXPECT_TRUE(contains(r.err, "p1_0.png")) << r.err;
+  EXPECT_TRUE(contains(r.err, "p2_0.png")) << r.err;
+  EXPECT_TRUE(contains(r.err, "cut.jpg") && contains(r.err, "damaged JPEG data")) << r.err;
+  const auto manifest = io::read_manifest(out + "/manifest.json");
+  EXPECT_EQ(manifest.total_tiles(), 28);
+  EXPECT_EQ(manifest.failures.size(), 3u);
+}
+
+TEST(Import, MistakesNameTheFileAndLine) {
+  testing::TempDir dir;
+  const PatchSet set(dir.path());
+  std::ofstream(dir.file("labels.csv"), std::ios::app) << "patches/p0_0.png,maybe,patient0\n";
+  auto r = run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + dir.file("o1"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(contains(r.err, "labels.csv") && contains(r.err, "line 32") && contains(r.err, "'maybe'")) << r.err;
+
+  std::ofstream(dir.file("split.csv")) << "path,label,group,split\npatches/p0_0.png,0,a,train\npatches/p0_1.png,0,a,test\n";
+  r = run("import --csv " + dir.file("split.csv") + " --mpp 4 --out " + dir.file("o2"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_TRUE(contains(r.err, "line 3") && contains(r.err, "group 'a'") && contains(r.err, "one split")) << r.err;
+
+  r = run("import --csv " + dir.file("labels.csv") + " --out " + dir.file("o3"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "import.mpp")) << r.err;
+}
+
+TEST(Import, AKilledImportResumesWithWhatIsLeft) {
+  testing::TempDir dir;
+  const PatchSet set(dir.path());
+  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set shards.tiles_per_shard=8 --out ";
+  const auto whole = run(args + dir.file("whole"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=2 do=kill' \"$TESSERA\" " + args +
+                                          dir.file("resumed"));
+  EXPECT_NE(killed.code, 0);
+  EXPECT_FALSE(fs::exists(dir.file("resumed/manifest.json")));
+  const auto resumed = run(args + dir.file("resumed"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00000.h5: kept from an earlier run")) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00001.h5: kept from an earlier run")) << resumed.err;
+  EXPECT_EQ(testing::shard_tiles(dir.file("whole")), testing::shard_tiles(dir.file("resumed")));
+}
+
+// The real IDC patches (../shared/data/idc): every patch in, patients whole in their splits.
+TEST(Import, RealIdcPatches) {
+  const fs::path labels = testing::shared_data_dir() / "idc" / "labels.csv";
+  if (!fs::exists(labels)) GTEST_SKIP() << "the real IDC patches are not here (" << labels << ")";
+  testing::TempDir dir;
+  const auto r = run("import --csv " + labels.string() + " --mpp 4 --tile-size 50 --out " + dir.file("idc"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto manifest = io::read_manifest(dir.file("idc/manifest.json"));
+  std::ifstream in(labels);
+  std::string line;
+  std::int64_t rows = -1;
+  while (std::getline(in, line)) rows += line.empty() ? 0 : 1;
+  EXPECT_EQ(manifest.total_tiles(), rows);
+  EXPECT_EQ(manifest.slides.size(), 206u);
+  std::set<std::string> splits;
+  for (const auto& s : manifest.slides) splits.insert(s.split);
+  EXPECT_EQ(splits, (std::set<std::string>{"train", "val", "test"}));
+}
+
+}  // namespace
+}  // namespace tessera
