@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,7 +78,9 @@ int run_bench_import(const ImportBenchOptions& o) {
   }
   const std::string tessera = self_path();
   const std::string script = (fs::path(TESSERA_SOURCE_DIR) / "scripts" / "bench_import_python.py").string();
-  const auto python = find_in_path("python3");
+  // Debian's Python, where `install-deps.sh --bench` puts PIL and h5py (a python3 earlier in PATH may lack them).
+  const auto python = fs::exists("/usr/bin/python3") ? std::optional<std::string>("/usr/bin/python3")
+                                                      : find_in_path("python3");
   const std::string load_before = load_average();
   std::cout << fmt::format("tessera bench import: {} patches of {} ({}), {} px tiles, {} on {}\n", patches, csv,
                            o.csv.empty() ? "generated PNG" : "given", o.tile_size, o.rounds == 1 ? "1 round" :

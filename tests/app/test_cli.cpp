@@ -264,7 +264,8 @@ TEST(Configs, EveryShippedJobReads) {
     if (entry.path().extension() != ".yaml") continue;
     const std::string name = entry.path().filename().string();
     const std::string verb = name.substr(0, name.find('-'));
-    ASSERT_TRUE(verb == "synth" || verb == "tile" || verb == "train" || verb == "infer" || verb == "evaluate")
+    ASSERT_TRUE(verb == "synth" || verb == "tile" || verb == "import" || verb == "train" || verb == "infer" ||
+                verb == "evaluate")
         << name << ": which verb is it for?";
     const auto r = testing::run(verb + " " + entry.path().string() + " --print-config");
     EXPECT_EQ(r.code, 0) << name << ": " << r.err;
