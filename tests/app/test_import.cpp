@@ -211,6 +211,19 @@ TEST(Import, AKilledImportResumesWithWhatIsLeft) {
   EXPECT_EQ(testing::shard_tiles(dir.file("whole")), testing::shard_tiles(dir.file("resumed")));
 }
 
+// `tessera bench import` on a few generated patches: both rows of Tessera's process, and Python's row or the reason
+// it is missing (the figures themselves are measurements, never checked).
+TEST(Import, BenchReportsTesseraAndPython) {
+  testing::TempDir dir;
+  const auto r = run("bench import --patches 40 --tile 24 --rounds 1 --workdir " + dir.file("bench"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "40 patches")) << r.out;
+  EXPECT_TRUE(contains(r.out, "tessera import, 1 rank, 1 thread")) << r.out;
+  EXPECT_TRUE(contains(r.out, "python: PIL + one h5py write per patch") || contains(r.out, "python: not measured"))
+      << r.out;
+  EXPECT_EQ(io::read_manifest(dir.file("bench/shards/manifest.json")).total_tiles(), 40);
+}
+
 // The real IDC patches (../shared/data/idc): every patch in, patients whole in their splits.
 TEST(Import, RealIdcPatches) {
   const fs::path labels = testing::shared_data_dir() / "idc" / "labels.csv";
