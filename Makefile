@@ -14,7 +14,7 @@ REPEAT ?= 10
 EXTENDED_FUZZ_SECONDS ?= 600
 ASAN_EXTENDED := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' tests/asan-extended.txt 2>/dev/null | paste -sd'|')
 
-.PHONY: all deps configure build test test-network test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
+.PHONY: all deps configure build test test-network test-torch test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
 	bench format lint clean
 
 all: build
@@ -32,12 +32,18 @@ build: configure
 # The `network` label (test hosts in network namespaces, one at a time) runs after the rest, timed against its budget.
 NETWORK_BUDGET ?= 300
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE network
+	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|torch'
 	@$(MAKE) --no-print-directory test-network
 
 test-network: build
 	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L network || status=$$?; \
 	  echo "label network: $$(( $$(date +%s) - t0 )) s (budget $(NETWORK_BUDGET) s)"; exit $$status
+
+# Every architecture of the model registry against PyTorch (scripts/torch_checkpoint.py; installs Debian's
+# python3-torch, python3-h5py and python3-torchvision with the benchmarks' packages). Minutes; not in `make test`.
+test-torch: build
+	@scripts/install-deps.sh --bench
+	@ctest --test-dir $(BUILD) --output-on-failure -L torch
 
 # The unit tests again while stress-ng keeps every core busy: a test that depends on timing fails here.
 test-load: build
@@ -46,11 +52,11 @@ test-load: build
 # The whole suite REPEAT times on one build, then REPEAT times under load; stops at the first failing run.
 test-repeat: build
 	@for i in $$(seq $(REPEAT)); do echo "== run $$i of $(REPEAT)"; \
-	  (cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) > $(abspath $(BUILD))/repeat-$$i.log 2>&1) \
+	  (cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE torch > $(abspath $(BUILD))/repeat-$$i.log 2>&1) \
 	    || { tail -40 $(BUILD)/repeat-$$i.log; echo "run $$i failed: $(BUILD)/repeat-$$i.log"; exit 1; }; \
 	  tail -3 $(BUILD)/repeat-$$i.log; done
 	@for i in $$(seq $(REPEAT)); do echo "== run $$i of $(REPEAT) under load"; \
-	  scripts/under-load.sh ctest --test-dir $(BUILD) --output-on-failure --schedule-random -j $(JOBS) \
+	  scripts/under-load.sh ctest --test-dir $(BUILD) --output-on-failure --schedule-random -j $(JOBS) -LE torch \
 	    > $(BUILD)/repeat-load-$$i.log 2>&1 \
 	    || { tail -40 $(BUILD)/repeat-load-$$i.log; echo "run $$i under load failed: $(BUILD)/repeat-load-$$i.log"; exit 1; }; \
 	  tail -3 $(BUILD)/repeat-load-$$i.log; done
@@ -61,12 +67,12 @@ demo: configure
 	@scripts/demo.sh $(BUILD)/app/tessera
 
 # The tests under AddressSanitizer + UndefinedBehaviorSanitizer with -Werror (CI runs this after `make test`),
-# except the slowest sanitizer cases listed in tests/asan-extended.txt and the `network` label (the same code as
-# the mpi and app labels, across test hosts), which `make test-asan-all` adds.
+# except the slowest sanitizer cases listed in tests/asan-extended.txt, the `network` label (the same code as
+# the mpi and app labels, across test hosts), which `make test-asan-all` adds, and the `torch` label (PyTorch's side).
 test-asan: asan-build
 	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS) \
-	  -LE network $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
+	  -LE 'network|torch' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
 
 test-asan-all: asan-build
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS)
@@ -79,7 +85,7 @@ asan-build: deps
 
 # What CI leaves out for time, run before resolving an issue: the suite REPEAT times (also under load), every
 # sanitizer case, and each fuzz target for EXTENDED_FUZZ_SECONDS (default 600).
-ci-extended: test-repeat test-asan-all
+ci-extended: test-repeat test-asan-all test-torch
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(EXTENDED_FUZZ_SECONDS)
 
 # libFuzzer targets of the parsers (fuzz/), built with clang in their own folder, each run with seed 1 for a fixed

@@ -22,6 +22,7 @@
 #include "core/random.h"
 #include "engine/context.h"
 #include "engine/inference.h"
+#include "engine/init_from.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/config.h"
@@ -51,6 +52,9 @@ const core::Schema& train_schema() {
         .integer("data.shuffle_buffer", 2048, "Tiles in the shuffle buffer (memory: tiles x size^2 x 3 bytes)", 0,
                  10000000)
         .string("model.architecture", "compact", "Network (see tessera train --help for the list)")
+        .string("model.init_from", "",
+                "Start from this checkpoint's weights (same architecture; the classifier head is replaced when its "
+                "class count differs; a PyTorch state dict: convert it with scripts/torch_checkpoint.py export)")
         .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
         .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
         .integer("train.batch_size", 64, "Tiles per micro-batch on each rank", 1, 65536)
@@ -287,6 +291,21 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     if (total_steps != shape.total_steps) {
       shape.total_steps = total_steps;
       schedule = build_schedule(config, shape);
+    }
+  }
+  // Given weights (every rank reads the same file, so every rank fails alike); a resumed run has its own.
+  if (const std::string& init_from = config.get_string("model.init_from"); !init_from.empty()) {
+    if (resumed) {
+      if (comm.is_root()) spdlog::info("model.init_from ({}) is not used: the run resumes from {}", init_from, resume);
+    } else {
+      const auto loaded = init_from_checkpoint(init_from, model_options.architecture, params, buffers);
+      if (comm.is_root()) {
+        spdlog::info("initial weights from {}: {} tensors{}", init_from, loaded.tensors,
+                     loaded.replaced.empty()
+                         ? std::string()
+                         : fmt::format("; classifier head replaced (seeded initialisation): {}",
+                                       fmt::join(loaded.replaced, ", ")));
+      }
     }
   }
   strategy->attach(*model);

@@ -22,7 +22,7 @@ packages=(
 # OpenMP (the engine, which the detections and config targets link, uses OpenMP).
 for option in "$@"; do
   case "$option" in
-    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch) ;;
+    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch python3-torchvision) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     *) echo "install-deps.sh: unknown option '$option' (--bench, --fuzz)" >&2; exit 2 ;;
   esac

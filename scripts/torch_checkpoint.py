@@ -19,17 +19,19 @@ converts /params and /buffers only.
 BatchNorm's `num_batches_tracked` is not stored (Tessera's batch norm uses a fixed momentum); `import` sets it
 to 0, which changes nothing in eval mode or with a fixed momentum.
 
-The models are defined here in plain torch.nn with torchvision's module names (Debian has no torchvision):
-  tiny_cnn   conv1 (3->4, 3x3, pad 1, no bias) -> bn1 -> relu -> global average pool -> fc (4 -> classes)
-  resnet18, resnet34   torchvision's ResNet with BasicBlocks (conv1 7x7/2, bn1, relu, maxpool 3x3/2,
-                       layer1..layer4 with downsample.0/.1, avgpool, fc)
+The models are Tessera's whole registry in PyTorch (scripts/torch_models.py: tiny_cnn, lenet5, compact, alexnet,
+vgg11, vgg11_bn, vgg16, vgg16_bn, resnet18, resnet34, resnet50), torchvision's own where torchvision has them and
+it is installed (Debian's python3-torchvision), with torchvision's parameter names.
 
 Usage (Debian's python3 has python3-torch and python3-h5py):
-  scripts/torch_checkpoint.py export --arch resnet18 [--state-dict model.pt] [--seed 0] [--num-classes 2]
+  scripts/torch_checkpoint.py export --arch ARCH [--state-dict model.pt] [--seed 0] [--num-classes 2]
                                      [--input-size 224] [--class-names normal,tumor] [--mpp 0.5] OUT.h5
       A state_dict from a .pt file (a bare state_dict, or a dict holding one under "state_dict"/"model";
-      DataParallel "module." prefixes are removed), or a seeded random model with randomized batch-norm
-      statistics when --state-dict is not given, written as a Tessera checkpoint.
+      DataParallel "module." prefixes are removed; its class count is its classifier's), or a seeded random
+      model with randomized batch-norm statistics when --state-dict is not given, written as a Tessera checkpoint
+      (the input size defaults to the architecture's: 8 tiny_cnn, 32 lenet5, 96 compact, 224 the others).
+      `tessera train` starts from it with model.init_from (the classifier head is replaced when the class
+      count differs).
   scripts/torch_checkpoint.py import CKPT.h5 OUT.pt
       The checkpoint as a state_dict, loaded strictly into the architecture named in /meta, saved with torch.save.
   scripts/torch_checkpoint.py predict CKPT.h5 [--batch 2] [--size PX] [--json OUT.json]
@@ -54,87 +56,22 @@ import numpy as np
 import torch
 from torch import nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_models  # noqa: E402  (beside this script)
+from torch_models import ARCHITECTURES, DEFAULT_INPUT_SIZE  # noqa: E402
+
 FORMAT = "tessera-checkpoint"
 VERSION = 1
 SKIPPED_BUFFERS = ("num_batches_tracked",)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Models with torchvision's module names.
+# Models: Tessera's registry in PyTorch (scripts/torch_models.py).
 
-class TinyCNN(nn.Module):
-    def __init__(self, num_classes=2, channels=4):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, channels, kernel_size=3, stride=1, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
-        self.relu = nn.ReLU(inplace=True)
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(channels, num_classes)
-
-    def forward(self, x):
-        x = self.avgpool(self.relu(self.bn1(self.conv1(x))))
-        return self.fc(torch.flatten(x, 1))
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, inplanes, planes, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(inplanes, planes, kernel_size=3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(planes, planes, kernel_size=3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, kernel_size=1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class ResNet(nn.Module):
-    def __init__(self, blocks, num_classes=2):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        inplanes = 64
-        for index, (planes, count) in enumerate(zip((64, 128, 256, 512), blocks)):
-            stride = 1 if index == 0 else 2
-            layers = [BasicBlock(inplanes, planes, stride)] + [BasicBlock(planes, planes, 1) for _ in range(count - 1)]
-            setattr(self, "layer%d" % (index + 1), nn.Sequential(*layers))
-            inplanes = planes
-        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(512, num_classes)
-        for m in self.modules():  # torchvision's initialisation
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-
-    def forward(self, x):
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-ARCHITECTURES = {
-    "tiny_cnn": (lambda classes: TinyCNN(classes), 8),
-    "resnet18": (lambda classes: ResNet((2, 2, 2, 2), classes), 224),
-    "resnet34": (lambda classes: ResNet((3, 4, 6, 3), classes), 224),
-}
-
-
-def build_model(arch, num_classes):
+def build_model(arch, num_classes, size=None):
     if arch not in ARCHITECTURES:
-        sys.exit("unknown architecture '%s' (known: %s)" % (arch, ", ".join(sorted(ARCHITECTURES))))
-    return ARCHITECTURES[arch][0](num_classes)
+        sys.exit("unknown architecture '%s' (known: %s)" % (arch, ", ".join(ARCHITECTURES)))
+    return torch_models.build_model(arch, num_classes, size)[0]
 
 
 def randomize_batchnorm(model, generator):
@@ -149,9 +86,9 @@ def randomize_batchnorm(model, generator):
                 m.running_var.copy_(0.5 + 1.5 * torch.rand(c, generator=generator))
 
 
-def seeded_model(arch, num_classes, seed):
+def seeded_model(arch, num_classes, seed, size=None):
     torch.manual_seed(seed)
-    model = build_model(arch, num_classes)
+    model = build_model(arch, num_classes, size)
     randomize_batchnorm(model, torch.Generator().manual_seed(seed + 1))
     return model.eval()
 
@@ -249,7 +186,7 @@ def read_checkpoint(path):
 
 def load_into_model(path):
     meta, params, buffers = read_checkpoint(path)
-    model = build_model(meta["architecture"], meta["num_classes"])
+    model = build_model(meta["architecture"], meta["num_classes"], meta.get("input_size"))
     missing, unexpected = model.load_state_dict({**params, **buffers}, strict=False)
     missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS]
     if missing or unexpected:
@@ -293,10 +230,14 @@ def readable_json(document):
 # Commands.
 
 def command_export(args):
+    size = args.input_size or DEFAULT_INPUT_SIZE[args.arch]
     if args.state_dict:
         state = load_state_dict_file(args.state_dict)
-        num_classes = args.num_classes or int(state["fc.weight"].shape[0])
-        model = build_model(args.arch, num_classes)
+        head = torch_models.classifier_weight(build_model(args.arch, 2, size))
+        if head not in state:
+            sys.exit("%s: not a %s state_dict: no classifier weight '%s'" % (args.state_dict, args.arch, head))
+        num_classes = args.num_classes or int(state[head].shape[0])
+        model = build_model(args.arch, num_classes, size)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS]
         if missing or unexpected:
@@ -304,10 +245,10 @@ def command_export(args):
                                                                              unexpected))
     else:
         num_classes = args.num_classes or 2
-        model = seeded_model(args.arch, num_classes, args.seed)
+        model = seeded_model(args.arch, num_classes, args.seed, size)
     params, buffers = split_state(model)
     class_names = args.class_names.split(",") if args.class_names else []
-    meta = {"architecture": args.arch, "input_size": args.input_size or ARCHITECTURES[args.arch][1],
+    meta = {"architecture": args.arch, "input_size": size,
             "num_classes": num_classes, "class_names": class_names, "mpp": args.mpp,
             "config_yaml": "# exported by scripts/torch_checkpoint.py\n", "created": args.created}
     write_checkpoint(args.out, params, buffers, meta)
@@ -367,8 +308,9 @@ def command_fixture(args):
 
 def command_selftest(_):
     with tempfile.TemporaryDirectory() as folder:
-        for arch, (_, size) in ARCHITECTURES.items():
-            model = seeded_model(arch, 3, seed=11)
+        for arch in ARCHITECTURES:
+            size = DEFAULT_INPUT_SIZE[arch]
+            model = seeded_model(arch, 3, seed=11, size=size)
             params, buffers = split_state(model)
             path = os.path.join(folder, arch + ".h5")
             write_checkpoint(path, params, buffers, {"architecture": arch, "input_size": size, "num_classes": 3})
@@ -391,7 +333,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("export")
-    p.add_argument("--arch", required=True, choices=sorted(ARCHITECTURES))
+    p.add_argument("--arch", required=True, choices=ARCHITECTURES)
     p.add_argument("--state-dict")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-classes", type=int)

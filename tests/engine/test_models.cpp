@@ -31,6 +31,7 @@
 #include "io/checkpoint.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
+#include "tests/engine/model_checkpoints.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::engine {
@@ -38,6 +39,8 @@ namespace {
 
 using testing::all_near;
 using testing::make_tensor;
+using testing::fixture_input;
+using testing::load_model;
 
 using Shape = std::vector<std::int64_t>;
 struct Entry {
@@ -565,31 +568,6 @@ TEST(Models, FoldingBatchNormKeepsEvalOutputs) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Checkpoints: a model written by PyTorch, and Tessera's own round trip.
-
-// The fixture's input, reproducible without torch: x[i] = float32(((i · 2654435761) mod 2³²) / 2³¹ − 1).
-std::vector<float> fixture_input(std::size_t count) {
-  std::vector<float> x(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t k = (static_cast<std::uint64_t>(i) * 2654435761ULL) % 4294967296ULL;
-    x[i] = static_cast<float>(static_cast<double>(k) / 2147483648.0 - 1.0);
-  }
-  return x;
-}
-
-// Builds the checkpoint's architecture from its /meta and loads its tensors through the checkpoint adapter.
-std::unique_ptr<Model> load_model(const std::string& path) {
-  const io::CheckpointMeta meta = io::read_checkpoint_meta(path);
-  ModelOptions o;
-  o.architecture = meta.architecture;
-  o.input_size = static_cast<int>(meta.input_size);
-  o.num_classes = static_cast<int>(meta.num_classes);
-  auto model = make_model(o);
-  std::vector<Param*> params;
-  std::vector<Buffer*> buffers;
-  model->collect(params, buffers);
-  load_checkpoint_tensors(io::read_checkpoint(path, checkpoint_layout(params, buffers)), params, buffers);
-  return model;
-}
 
 TEST(ModelCheckpoint, AModelWrittenByPyTorchGivesPyTorchsOutputs) {
   const auto folder = tessera::testing::test_data_dir() / "checkpoints";

@@ -1,0 +1,115 @@
+// model.init_from: a model starts from a checkpoint's weights; the classifier head alone may differ (another class
+// count) and then keeps its seeded initialisation; anything else that does not fit is refused naming the file and the
+// tensor, with the model unchanged.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/checkpoint_adapter.h"
+#include "engine/init_from.h"
+#include "engine/models/registry.h"
+#include "io/checkpoint.h"
+#include "tests/testing/testing.h"
+
+namespace tessera::engine {
+namespace {
+
+struct Built {
+  std::unique_ptr<Model> model;
+  std::vector<Param*> params;
+  std::vector<Buffer*> buffers;
+};
+
+Built build(const std::string& architecture, int classes, std::uint64_t seed, int size = 32) {
+  ModelOptions o;
+  o.architecture = architecture;
+  o.input_size = size;
+  o.num_classes = classes;
+  o.seed = seed;
+  Built b{make_model(o), {}, {}};
+  b.model->collect(b.params, b.buffers);
+  return b;
+}
+
+// Writes the model as a checkpoint (as `tessera train` would, without training state).
+std::string save(Built& b, const std::string& architecture, int classes, const std::string& path) {
+  io::Checkpoint c;
+  c.meta.architecture = architecture;
+  c.meta.input_size = 32;
+  c.meta.num_classes = classes;
+  store_checkpoint_tensors(b.params, b.buffers, c);
+  io::write_checkpoint(path, c);
+  return path;
+}
+
+TEST(InitFrom, TakesEveryTensorOfTheSameModel) {
+  tessera::testing::TempDir dir;
+  auto source = build("compact", 2, 7);
+  const auto path = save(source, "compact", 2, dir.file("source.h5"));
+  auto target = build("compact", 2, 8);
+  ASSERT_NE(target.params[0]->value, source.params[0]->value);
+  const auto result = init_from_checkpoint(path, "compact", target.params, target.buffers);
+  EXPECT_EQ(result.tensors, static_cast<int>(target.params.size() + target.buffers.size()));
+  EXPECT_TRUE(result.replaced.empty());
+  for (std::size_t i = 0; i < target.params.size(); ++i) EXPECT_EQ(target.params[i]->value, source.params[i]->value);
+  for (std::size_t i = 0; i < target.buffers.size(); ++i) {
+    EXPECT_EQ(target.buffers[i]->value, source.buffers[i]->value);
+  }
+}
+
+TEST(InitFrom, AnotherClassCountReplacesOnlyTheHead) {
+  tessera::testing::TempDir dir;
+  auto source = build("resnet18", 5, 7);
+  const auto path = save(source, "resnet18", 5, dir.file("source.h5"));
+  auto target = build("resnet18", 2, 8);
+  const std::vector<float> head_weight = target.params[target.params.size() - 2]->value;
+  const std::vector<float> head_bias = target.params.back()->value;
+  const auto result = init_from_checkpoint(path, "resnet18", target.params, target.buffers);
+  ASSERT_EQ(result.replaced.size(), 2u);
+  EXPECT_EQ(result.replaced[0], "fc.weight [2, 512] (the checkpoint's [5, 512])");
+  EXPECT_EQ(result.replaced[1], "fc.bias [2] (the checkpoint's [5])");
+  EXPECT_EQ(target.params[target.params.size() - 2]->value, head_weight) << "the head keeps its initialisation";
+  EXPECT_EQ(target.params.back()->value, head_bias);
+  for (std::size_t i = 0; i + 2 < target.params.size(); ++i) {
+    EXPECT_EQ(target.params[i]->value, source.params[i]->value) << target.params[i]->name;
+  }
+}
+
+TEST(InitFrom, AnotherArchitectureOrABodyTensorIsRefusedNamingTheFile) {
+  tessera::testing::TempDir dir;
+  auto source = build("tiny_cnn", 2, 7);
+  const auto path = save(source, "tiny_cnn", 2, dir.file("tiny.h5"));
+  auto lenet = build("lenet5", 2, 8);
+  try {
+    init_from_checkpoint(path, "lenet5", lenet.params, lenet.buffers);
+    FAIL() << "a tiny_cnn checkpoint was taken for a lenet5";
+  } catch (const core::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find("holds a tiny_cnn model, and the job trains a lenet5"), std::string::npos)
+        << e.what();
+  }
+
+  // A body tensor of another shape (here the first convolution's): refused, the model unchanged.
+  io::Checkpoint c = io::read_checkpoint(path);
+  auto& conv = c.params.at("conv1.weight");
+  conv.shape[0] += 1;
+  conv.data.resize(static_cast<std::size_t>(conv.numel()), 0.5f);
+  c.meta.num_classes = 2;
+  io::write_checkpoint(dir.file("bad.h5"), c);
+  auto target = build("tiny_cnn", 2, 8);
+  const std::vector<float> before = target.params[0]->value;
+  try {
+    init_from_checkpoint(dir.file("bad.h5"), "tiny_cnn", target.params, target.buffers);
+    FAIL() << "a first convolution of another shape was taken";
+  } catch (const core::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'conv1.weight'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("only the classifier head may differ"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(target.params[0]->value, before);
+}
+
+}  // namespace
+}  // namespace tessera::engine
