@@ -1,6 +1,9 @@
 #include "engine/train_state.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +21,7 @@ namespace tessera::engine {
 
 void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& meta, const TrainPosition& at,
                             const TrainState& state, const core::Comm& comm) {
+  const auto t_start = std::chrono::steady_clock::now();
   // One model to evaluate and save, the same on every rank: a strategy whose ranks run apart (async-easgd) takes
   // its centre once here, every rank held until it is taken (a no-op when nothing moved since the last settle).
   state.strategy.settle(state.params, state.buffers);
@@ -70,6 +74,18 @@ void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& m
   if (std::filesystem::path(path).filename() == "checkpoint.h5") core::fault::at("train.checkpoint-written");
   // The sets of checkpoints this one replaced, and any a killed job left unnamed.
   io::remove_other_replica_sets(path, files.set);
+
+  // What it cost (scripts/bench-checkpoint.sh reads this line): the seconds on rank 0 (once every rank's replica was
+  // written), the bytes of the checkpoint and of each rank's replica file, and rank 0's peak memory so far.
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  constexpr double kMB = 1024.0 * 1024.0;
+  const double replica_mb = files.bytes.empty() ? 0.0 : static_cast<double>(files.bytes.front()) / kMB;
+  spdlog::debug("checkpoint {} written in {:.3f} s: {:.1f} MB, {} replica file(s) of {:.1f} MB (rank 0's), one per "
+                "rank; rank 0's peak memory {:.0f} MB",
+                path, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(),
+                static_cast<double>(std::filesystem::file_size(path)) / kMB, files.bytes.size(), replica_mb,
+                static_cast<double>(usage.ru_maxrss) * 1024.0 / kMB);
 }
 
 Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMeta& job, const std::string& shards,
