@@ -407,7 +407,7 @@ TEST_F(DistributedJob, ReplicaFilesArePublishedAsASetAtEveryCrashPoint) {
           (alone / "val.csv").string() + " --splits val");
   EXPECT_EQ(r.code, 0) << r.err;
   // Resuming on as many ranks needs the replicas: without them, an error naming the missing file.
-  r = run_mpi(2, "train " + args + " --epochs 3 --out " + alone.string() + " --resume auto");
+  r = run_mpi(2, "train " + job() + " --epochs 3 --out " + alone.string() + " --resume auto");
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_TRUE(contains(r.err, "the replica of rank ")) << r.err;
   EXPECT_TRUE(contains(r.err, "cannot be read")) << r.err;
