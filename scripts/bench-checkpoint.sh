@@ -33,10 +33,10 @@ work=$(cd "$work" && pwd)
 
 if [ ! -f "$work/shards/manifest.json" ]; then
   "$tessera" synth --out "$work/synth" --slides 4 --size 1024 --seed 3 --set preview.enabled=false \
-    --set split.train=0.5 --set split.val=0.5 >/dev/null
+    --set split.train=0.5 --set split.val=0.5 >/dev/null 2>&1
   printf 'input:\n  csv: %s\noutput: %s\ntile:\n  size: 32\n  mpp: 1.0\ntissue:\n  min_fraction: 0.3\n' \
     "$work/synth/dataset.csv" "$work/shards" >"$work/tile.yaml"
-  "$tessera" tile "$work/tile.yaml" >/dev/null
+  "$tessera" tile "$work/tile.yaml" >/dev/null 2>&1
 fi
 cat >"$work/train.yaml" <<YAML
 data:

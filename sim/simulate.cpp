@@ -276,8 +276,9 @@ CheckpointCost checkpoint(const tessera::core::Comm& world, const Model& model, 
   world.barrier();
   cost.parallel_s = MPI_Wtime() - t0;
   // Gathered: every replica (the shrunk payload) to rank 0, which writes them and the checkpoint.
-  const auto n = static_cast<std::size_t>(std::max<double>(
-      1.0, std::round(static_cast<double>(model.elements) * (1.0 + slots))));  // parameters and buffers, plus slots
+  std::size_t n = 0;  // the shrunk replica: parameters with their optimizer slots, and buffers
+  for (const auto& param : model.params) n += param.value.size() * static_cast<std::size_t>(1 + o.optimizer_slots);
+  for (const auto& buffer : model.buffers) n += buffer.value.size();
   std::vector<float> mine(n, 0.5f);
   std::vector<float> all(world.rank() == 0 ? n * static_cast<std::size_t>(p) : 0);
   world.barrier();
