@@ -241,6 +241,16 @@ Action setup_bench(CLI::App& command) {
   scale_cmd->add_option("--ranks-per-node", scale->ranks_per_node, "Ranks per simulated node")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  scale_cmd
+      ->add_option("--disk-mbps", scale->disk_mbps,
+                   "Checkpoints: each rank's write bandwidth to storage in MB/s (an assumption; writes are delays)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  scale_cmd
+      ->add_option("--fs-gbps", scale->fs_gbps,
+                   "Checkpoints: the storage's aggregate bandwidth in GB/s, shared by ranks writing at once (0 = none)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   scale_cmd->add_option("--out", scale->out, "Folder for scale.csv, scale.json and the plots")->capture_default_str();
   scale_cmd->add_option("--simulator", scale->simulator, "The SMPI simulator (default: the one built with Tessera)");
   scale_cmd->add_option("--timeout", scale->timeout, "Seconds one simulation may take")

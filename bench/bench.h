@@ -155,6 +155,8 @@ struct ScaleBenchOptions {
   double node_speed = 1.0;                        // a simulated rank computes this many times faster than one core here
   double payload_kb = 256.0;  // each rank's model is shrunk to about this size (bandwidths by as much)
   int ranks_per_node = 4;     // ranks per simulated node (hosts of the platform files have 4 cores)
+  double disk_mbps = 1000.0;  // checkpoint: each rank's write bandwidth to storage, MB/s (an assumption, not simulated)
+  double fs_gbps = 0.0;       // checkpoint: the storage's aggregate bandwidth shared by all writers, GB/s (0 = none)
   std::string out = "bench-scale";
   std::string simulator;    // path of tessera-simulate.so (default: the one built beside this binary)
   double timeout = 1800.0;  // seconds one simulation may take

@@ -228,6 +228,11 @@ class Simulator {
   Simulator(std::string library, std::string smpirun, fs::path work, double timeout)
       : library_(std::move(library)), smpirun_(std::move(smpirun)), work_(std::move(work)), timeout_(timeout) {}
 
+  // The storage every simulated checkpoint is written to (sim/simulate.cpp --disk-mbps, --fs-gbps).
+  void set_storage(double disk_mbps, double fs_gbps) {
+    storage_ = {"--disk-mbps", fmt::format("{:.10g}", disk_mbps), "--fs-gbps", fmt::format("{:.10g}", fs_gbps)};
+  }
+
   // One smpirun. `extra` adds SMPI settings (the validation times local computation too).
   Simulation run(const Platform& platform, const fs::path& platform_file, int per_host, const ModelFacts& model,
                  double payload_scale, double compute, const std::string& strategy, int ranks, int tau,
@@ -254,6 +259,7 @@ class Simulator {
                              fmt::format("{:.10g}", payload_scale), "--steps", std::to_string(steps), "--compute",
                              fmt::format("{:.10g}", compute), "--tau", std::to_string(tau)});
     if (!inter.empty()) args.insert(args.end(), {"--inter", inter});
+    args.insert(args.end(), storage_.begin(), storage_.end());
     const auto t0 = clock_type::now();
     const std::string log = (work_ / "simulations.log").string();
     const ChildResult run = run_child(args, log, timeout_);
@@ -275,6 +281,7 @@ class Simulator {
   std::string library_, smpirun_;
   fs::path work_;
   double timeout_;
+  std::vector<std::string> storage_;
 };
 
 std::string percent(double f) { return fmt::format("{:.1f}%", 100.0 * f); }
@@ -511,6 +518,10 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   const fs::path work = out / "work";
   fs::create_directories(work);
   Simulator simulator(library, *smpirun, work, o.timeout);
+  if (!(o.disk_mbps > 0.0) || o.fs_gbps < 0.0) {
+    throw core::UsageError("bench scale: --disk-mbps must be positive and --fs-gbps not negative");
+  }
+  simulator.set_storage(o.disk_mbps, o.fs_gbps);
 
   // Only the validation against a run measured elsewhere (--measured): no calibration here, no sweep.
   if (!o.measured.empty()) {
@@ -572,8 +583,9 @@ int run_bench_scale(const ScaleBenchOptions& o) {
       const double compute = m.step_seconds / o.node_speed;
       std::cout << fmt::format("\n{} on {}: compute {:.4f} s per step, payload 1/{:.1f}\n", m.name, platform.name,
                                compute, scale);
-      std::cout << fmt::format("{:<28} {:>6} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8}\n", "strategy", "ranks", "step ms",
-                               "efficiency", "comm", "wait", "MB/step", "wall s");
+      std::cout << fmt::format("{:<28} {:>6} {:>10} {:>10} {:>8} {:>8} {:>10} {:>8} {:>22} {:>22}\n", "strategy",
+                               "ranks", "step ms", "efficiency", "comm", "wait", "MB/step", "wall s",
+                               "ckpt s parallel/gath.", "ckpt MB rank/rank 0 g.");
       auto one = [&](const std::string& strategy, int p, int tau, const std::string& inter) {
         Simulation s = simulator.run(platform, platform_file, per_host, m, scale, compute, strategy, p, tau, inter,
                                      o.steps, {"--cfg=smpi/simulate-computation:no"});
@@ -582,11 +594,21 @@ int run_bench_scale(const ScaleBenchOptions& o) {
           std::cout << fmt::format("{:<28} {:>6} {}{}\n", label, p, s.skipped ? "" : "FAILED: ", s.failure);
         } else {
           const auto& r = s.result;
-          std::cout << fmt::format("{:<28} {:>6} {:>10.2f} {:>10.3f} {:>8} {:>8} {:>10.2f} {:>8.0f}\n", label, p,
-                                   r.at("step_s").get<double>() * 1e3, r.at("efficiency").get<double>(),
+          // The checkpoint, written in parallel (each rank its replica) and gathered (rank 0 all of them): seconds,
+          // and the MB the busiest rank writes each way (none for the parameter-server baseline).
+          const std::string ckpt_seconds =
+              r.contains("ckpt_parallel_s") ? fmt::format("{:.3f}/{:.3f}", r.at("ckpt_parallel_s").get<double>(),
+                                                          r.at("ckpt_gathered_s").get<double>())
+                                            : "-";
+          const std::string ckpt_mb =
+              r.contains("ckpt_rank_mb") ? fmt::format("{:.1f}/{:.1f}", r.at("ckpt_rank_mb").get<double>(),
+                                                       r.at("ckpt_root_mb_gathered").get<double>())
+                                         : "-";
+          std::cout << fmt::format("{:<28} {:>6} {:>10.2f} {:>10.3f} {:>8} {:>8} {:>10.2f} {:>8.0f} {:>22} {:>22}\n",
+                                   label, p, r.at("step_s").get<double>() * 1e3, r.at("efficiency").get<double>(),
                                    percent(r.at("comm_fraction").get<double>()),
                                    percent(r.at("wait_fraction").get<double>()), r.at("mb_per_step").get<double>(),
-                                   s.wall_seconds);
+                                   s.wall_seconds, ckpt_seconds, ckpt_mb);
         }
         sims.push_back(std::move(s));
       };
@@ -610,19 +632,22 @@ int run_bench_scale(const ScaleBenchOptions& o) {
   // Outputs.
   std::string csv =
       "simulated,platform,model,parameters,strategy,inter,tau,ranks,compute_s,step_s,efficiency,comm_fraction,"
-      "wait_fraction,mb_per_step,payload_scale,failure\n";
+      "wait_fraction,mb_per_step,payload_scale,ckpt_parallel_s,ckpt_gathered_s,ckpt_rank_mb,ckpt_root_mb_gathered,"
+      "failure\n";
   json rows = json::array();
   bool failed = false;
   for (const auto& s : sims) {
     const auto& r = s.result;
     const bool ok = s.failure.empty();
     failed = failed || (!ok && !s.skipped);
-    csv += fmt::format("yes,{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", s.platform, s.model,
+    const auto field = [&](const char* key) { return ok && r.contains(key) ? r.at(key).dump() : std::string(); };
+    csv += fmt::format("yes,{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", s.platform, s.model,
                        ok ? r.at("params").dump() : "", s.strategy, s.inter, s.tau, s.ranks,
                        ok ? r.at("compute_s").dump() : "", ok ? r.at("step_s").dump() : "",
                        ok ? r.at("efficiency").dump() : "", ok ? r.at("comm_fraction").dump() : "",
                        ok ? r.at("wait_fraction").dump() : "", ok ? r.at("mb_per_step").dump() : "",
-                       ok ? r.at("payload_scale").dump() : "", s.failure);
+                       ok ? r.at("payload_scale").dump() : "", field("ckpt_parallel_s"), field("ckpt_gathered_s"),
+                       field("ckpt_rank_mb"), field("ckpt_root_mb_gathered"), s.failure);
     rows.push_back({{"platform", s.platform},
                     {"model", s.model},
                     {"strategy", s.strategy},

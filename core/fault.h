@@ -17,7 +17,12 @@
 //           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
 //
 // The points (each documented where it is called):
-//   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published      (engine/train_state.cpp)
+//   train.checkpoint-written   rank 0, after the rolling checkpoint.h5 is published, before the replica sets it
+//                              replaced are removed                                      (engine/train_state.cpp)
+//   train.replica-written      every rank, after its replica file of a checkpoint is in place, before the checkpoint
+//                              naming the set is published                               (engine/train_state.cpp)
+//   async-easgd.center-taken   rank 0, after it took the centre to validate and save, the other ranks held
+//                                                                                    (engine/strategy_async.cpp)
 //   train.step                 every rank, after each optimizer step and its logging       (engine/trainer.cpp)
 //   tile.shard-finished        after a shard and its resume record are complete  (preprocessing/tile_job.cpp)
 //   import.shard-finished      after a shard and its resume record are complete  (preprocessing/import_job.cpp)

@@ -49,13 +49,6 @@ OptimizerState from_checkpoint_state(const io::OptimizerState& state);
 io::TensorMap to_checkpoint_center(const std::vector<std::vector<float>>& center, const std::vector<Param*>& params);
 std::vector<std::vector<float>> from_checkpoint_center(const io::TensorMap& center, const std::vector<Param*>& params);
 
-// One rank's replica (its parameter and buffer values, its optimizer state) packed into bytes for a gather to the
-// rank that writes the checkpoint, and unpacked there into /replicas/<rank> tensors. InternalError when the bytes
-// do not hold what the model's tensors need.
-std::string pack_replica(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
-                         const OptimizerState& state);
-io::Replica unpack_replica(const std::string& bytes, const std::vector<Param*>& params,
-                           const std::vector<Buffer*>& buffers, const std::string& optimizer_name, std::int64_t step);
 // A replica read from a checkpoint (already checked against the model's layout) into the model's values; returns
 // its optimizer state for the optimizer's load_state.
 OptimizerState load_checkpoint_replica(const io::Replica& replica, const std::vector<Param*>& params,

@@ -97,7 +97,9 @@ LoadedModel load_model(const std::string& checkpoint) {
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
   loaded.model->collect(params, buffers);
-  const io::Checkpoint file = io::read_checkpoint(checkpoint, checkpoint_layout(params, buffers));
+  // The model alone: a run's replicas (in the file, or in files beside it) are for resuming it, not for inference.
+  const io::Checkpoint file =
+      io::read_checkpoint(checkpoint, checkpoint_layout(params, buffers), io::ReplicaRead::skip);
   load_checkpoint_tensors(file, params, buffers);
 
   const auto& names = meta.class_names;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "engine/checkpoint_adapter.h"
 
 namespace tessera::engine {
@@ -60,6 +61,7 @@ void AsyncEasgdStrategy::check_layout(const std::vector<Param*>& params, const s
 
 void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
   Strategy::initialize(params, buffers);
+  taken_ = false;
   sizes_.clear();
   total_ = 0;
   for_each_tensor(params, buffers, [&](const std::vector<float>& v) {
@@ -118,6 +120,7 @@ void AsyncEasgdStrategy::exchange(const std::vector<Param*>& params, const std::
   if (sent != nullptr && sent->size() != total_) sent->assign(total_, 0.0);
   const float alpha = alpha_;
   const int p = comm_.size();
+  taken_ = false;  // the centre moves
   // Owners in turn from this rank's own: ranks that exchange at the same moment start on different shards.
   for (int k = 0; k < p; ++k) {
     const int owner = (comm_.rank() + k) % p;
@@ -154,8 +157,21 @@ void AsyncEasgdStrategy::exchange(const std::vector<Param*>& params, const std::
 
 void AsyncEasgdStrategy::settle(const std::vector<Param*>&, const std::vector<Buffer*>&) {
   // Every exchange ended with an unlock, which completed its accumulate at the target: once every rank is past
-  // its last one, the centre is final.
-  comm_.barrier();
+  // its last one (this allreduce), the centre is final. When no rank has exchanged since the last settle, every
+  // rank still holds the centre taken then.
+  const std::int64_t moved = comm_.allreduce_value<std::int64_t>(taken_ ? 0 : 1, core::ReduceOp::max);
+  if (moved == 0) return;
+  // Taken once, by rank 0; the broadcast holds every other rank until it is taken (none can leave it, and exchange
+  // again, before rank 0 has fetched) and gives them the same values.
+  if (comm_.is_root()) {
+    taken_center_ = fetch_center();
+    // Fault point "async-easgd.center-taken" (core/fault.h): rank 0, the centre taken, the other ranks held.
+    core::fault::at("async-easgd.center-taken");
+  } else {
+    taken_center_.assign(total_, 0.0f);
+  }
+  comm_.broadcast(taken_center_.data(), taken_center_.size() * sizeof(float), 0);
+  taken_ = true;
 }
 
 std::vector<float> AsyncEasgdStrategy::fetch_center() const {
@@ -174,12 +190,12 @@ std::vector<float> AsyncEasgdStrategy::fetch_center() const {
 void AsyncEasgdStrategy::with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                                                const std::function<void()>& fn) {
   check_layout(params, buffers);
-  run_with_values(params, buffers, fetch_center(), replica_, fn);
+  run_with_values(params, buffers, taken_ ? taken_center_ : fetch_center(), replica_, fn);
 }
 
 void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw core::InternalError("async-easgd: save_state before initialize");
-  checkpoint.easgd_center = center_to_checkpoint(fetch_center(), params);
+  checkpoint.easgd_center = center_to_checkpoint(taken_ ? taken_center_ : fetch_center(), params);
 }
 
 void AsyncEasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {

@@ -26,12 +26,13 @@
 // each other. settle() (collective, at every epoch end) is a barrier after each rank's last unlock: every
 // exchange is complete once it returns, and all ranks then see one centre.
 //
-// Evaluated and saved: the centre (parameters and running statistics), fetched one-sidedly (every slice under a
-// shared lock, so it is atomic per shard), as easgd does: a checkpoint's /params and /buffers are the centre and
-// /easgd/center repeats its parameters; on resume every owner fills its slice from the file, and every replica
-// restarts from its own saved replica (/replicas/<rank>, replicas_differ()) on as many ranks, from the centre
-// otherwise. Neither with_evaluation_model() nor save_state() is collective (rank 0 alone
-// writes checkpoints, possibly while other ranks exchange).
+// Evaluated and saved: the centre (parameters and running statistics), as easgd does: a checkpoint's /params and
+// /buffers are the centre and /easgd/center repeats its parameters; on resume every owner fills its slice from the
+// file, and every replica restarts from its own saved replica (replicas_differ(): io/checkpoint.h "Replica files")
+// on as many ranks, from the centre otherwise. The centre validated and saved is one: settle() (at every epoch end,
+// and at every checkpoint) takes it once, every rank held until it is taken, and with_evaluation_model() and
+// save_state() use it; without a settle since this rank's last exchange they fetch the centre one-sidedly (every
+// slice under a shared lock, so atomic per shard only). Neither is collective.
 //
 // stats(): `bytes` counts what this rank moved in its exchanges (the slices it got plus the d it accumulated:
 // 2 · 4n bytes per exchange), `exchanges` one per exchange (all shards), `seconds` the wall time from holding a
@@ -74,7 +75,10 @@ class AsyncEasgdStrategy final : public Strategy {
   void reduce_gradients(const std::vector<Param*>&) override {}
   // Every tau-th step: exchange(). Not collective.
   void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, std::int64_t step) override;
-  // Collective barrier: every exchange of every rank is complete when it returns.
+  // Collective: every exchange of every rank is complete when it returns, and every rank holds the same centre,
+  // taken once: rank 0 fetches it while the other ranks are held in a broadcast of it (none exchanges again before
+  // it is taken). with_evaluation_model() and save_state() then use that centre, until this rank next exchanges;
+  // a settle when no rank has exchanged since the last one only checks so (one allreduce).
   void settle(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override;
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
@@ -109,6 +113,8 @@ class AsyncEasgdStrategy final : public Strategy {
   std::vector<float> slice_diff_;           // d of the shard being exchanged
   std::vector<float> replica_;              // with_evaluation_model: the replica while the centre is swapped in
   std::vector<std::vector<float>> loaded_;  // the centre's parameters from a checkpoint, until initialize()
+  std::vector<float> taken_center_;         // the centre settle() took, the same on every rank
+  bool taken_ = false;                      // taken_center_ is the centre: no exchange of this rank since
 };
 
 }  // namespace tessera::engine

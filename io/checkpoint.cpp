@@ -6,18 +6,23 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <set>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
@@ -36,6 +41,16 @@ constexpr const char* easgd_group = "easgd";
 constexpr const char* easgd_center_group = "center";
 constexpr const char* state_group = "state";
 constexpr const char* replicas_group = "replicas";
+constexpr const char* replica_files_group = "replica_files";
+// /state of a replica file: whose replica it is, of which set.
+constexpr const char* replica_rank_key = "replica_rank";
+constexpr const char* replica_set_key = "replica_set";
+
+// A set's name relative to the checkpoint's folder stays inside that folder.
+bool is_beside(const std::string& set) {
+  const std::filesystem::path p(set);
+  return !set.empty() && !p.is_absolute() && !p.lexically_normal().string().starts_with("..");
+}
 
 // No tensor of a real model comes near this; a larger declared size is a corrupt header, refused before any
 // allocation is attempted.
@@ -142,6 +157,13 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
     validate_tensors(h5, path + "/" + params_group, c.replicas[rank].params);
     validate_tensors(h5, path + "/" + buffers_group, c.replicas[rank].buffers);
     validate_optimizer(h5, path + "/" + optimizer_group, c.replicas[rank].optimizer);
+  }
+  if (!c.replica_files.empty()) {
+    if (!c.replicas.empty()) h5.fail("a checkpoint holds its replicas in the file or names replica files, not both");
+    if (c.replica_files.bytes.empty()) h5.fail("/replica_files names no replica file");
+    if (!is_beside(c.replica_files.set)) {
+      h5.fail("/replica_files set '" + c.replica_files.set + "' is not a folder beside the checkpoint");
+    }
   }
   for (const auto& entry : c.state) check_name(h5, "/state", entry.first);
 }
@@ -285,6 +307,13 @@ class CheckpointWriter {
     h5_.close(group, "cannot close group '/easgd'");
   }
 
+  void write_replica_files(const ReplicaFiles& files) {
+    Handle group = create_group(file_, replica_files_group, "/replica_files");
+    write_string(group.get(), "set", files.set);
+    hdf5::write_attribute<std::vector<std::int64_t>>(h5_, group.get(), "bytes", files.bytes);
+    h5_.close(group, "cannot close group '/replica_files'");
+  }
+
   void write_state(const StateMap& state) {
     Handle group = create_group(file_, state_group, "/state");
     const hid_t g = group.get();
@@ -352,6 +381,7 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   if (!c.optimizer.empty()) writer.create_optimizer(file.get(), optimizer_group, c.optimizer);
   if (!c.easgd_center.empty()) writer.create_easgd(c.easgd_center);
   if (!c.replicas.empty()) writer.create_replicas(c.replicas);
+  if (!c.replica_files.empty()) writer.write_replica_files(c.replica_files);
   if (!c.state.empty()) writer.write_state(c.state);
   // Metadata that HDF5 holds in temporary file space gets its real address at a flush: flushing before the
   // data keeps all of it ahead of the tensors.
@@ -838,6 +868,19 @@ class CheckpointReader {
     return replicas;
   }
 
+  // /replica_files, or none.
+  ReplicaFiles read_replica_files() const {
+    ReplicaFiles files;
+    Handle group = open_group(file(), replica_files_group, "/replica_files", false);
+    if (group.get() < 0) return files;
+    files.set = hdf5::read_attribute<std::string>(h5_, group.get(), "set", "/replica_files");
+    files.bytes = hdf5::read_attribute<std::vector<std::int64_t>>(h5_, group.get(), "bytes", "/replica_files");
+    if (!is_beside(files.set)) fail("/replica_files set '" + files.set + "' is not a folder beside the checkpoint");
+    if (files.bytes.empty()) fail("/replica_files names no replica file");
+    if (open_replicas().get() >= 0) fail("the checkpoint holds /replicas and names replica files: one or the other");
+    return files;
+  }
+
   StateMap read_state() const {
     StateMap state;
     Handle group = open_group(file(), state_group, "/state", false);
@@ -1023,6 +1066,120 @@ std::string describe_shape(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
+namespace {
+
+// Rank `rank`'s replica from its file, checked against the index of the checkpoint `path` (and, with `expected`,
+// against the model).
+Replica read_replica_file(const std::string& path, const ReplicaFiles& files, std::size_t rank,
+                          const CheckpointLayout* expected) {
+  const std::string file = replica_file(path, files.set, static_cast<int>(rank));
+  std::error_code error;
+  const auto bytes = std::filesystem::file_size(file, error);
+  if (error) {
+    throw core::InputError(fmt::format("the replica of rank {} ({}) cannot be read: {}; a checkpoint whose replicas "
+                                       "are in files of their own is kept with its folder {}",
+                                       rank, file, error.message(), files.set),
+                           path);
+  }
+  if (static_cast<std::int64_t>(bytes) != files.bytes[rank]) {
+    throw core::InputError(fmt::format("the replica file of rank {} has {} bytes, the checkpoint {} records {}: it "
+                                       "belongs to another checkpoint or is damaged",
+                                       rank, bytes, path, files.bytes[rank]),
+                           file);
+  }
+  const Checkpoint c = expected != nullptr ? read_checkpoint(file, *expected, ReplicaRead::skip) : read_checkpoint(file);
+  const auto rank_it = c.state.find(replica_rank_key);
+  const auto set_it = c.state.find(replica_set_key);
+  const auto* own_rank = rank_it == c.state.end() ? nullptr : std::get_if<std::int64_t>(&rank_it->second);
+  const auto* own_set = set_it == c.state.end() ? nullptr : std::get_if<std::string>(&set_it->second);
+  if (own_rank == nullptr || own_set == nullptr || *own_rank != static_cast<std::int64_t>(rank) ||
+      *own_set != files.set) {
+    throw core::InputError(
+        fmt::format("not the replica of rank {} of set {} that the checkpoint {} names", rank, files.set, path), file);
+  }
+  return Replica{c.params, c.buffers, c.optimizer};
+}
+
+std::vector<Replica> read_replica_files(const std::string& path, const ReplicaFiles& files,
+                                        const CheckpointLayout* expected) {
+  std::vector<Replica> replicas;
+  replicas.reserve(files.bytes.size());
+  for (std::size_t rank = 0; rank < files.bytes.size(); ++rank) {
+    replicas.push_back(read_replica_file(path, files, rank, expected));
+  }
+  return replicas;
+}
+
+std::filesystem::path replica_sets_folder(const std::string& path) {
+  const std::filesystem::path checkpoint(path);
+  return checkpoint.parent_path() / (checkpoint.stem().string() + ".replicas");
+}
+
+}  // namespace
+
+std::string new_replica_set(const std::string& path, std::int64_t step) {
+  // A fresh name for every checkpoint, also one of the same step written again (a resumed run, the epoch's end
+  // after a checkpoint_every one): a published checkpoint's set is never written into.
+  std::random_device entropy;
+  const std::uint64_t nonce = (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy() ^
+                              static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  const std::filesystem::path root = replica_sets_folder(path);
+  const std::string name = fmt::format("step-{:09d}-{:016x}", step, nonce);
+  std::error_code error;
+  std::filesystem::create_directories(root / name, error);
+  if (error) {
+    core::InternalError failure("cannot create the replica folder: " + error.message());
+    failure.add_context("file", (root / name).string());
+    throw failure;
+  }
+  // The new folder's entry, and the sets folder's, survive a crash before the checkpoint naming them is published.
+  core::sync_folder_of((root / name).string());
+  core::sync_folder_of(root.string());
+  return (std::filesystem::path(root.filename()) / name).string();
+}
+
+std::string replica_file(const std::string& path, const std::string& set, int rank) {
+  return (std::filesystem::path(path).parent_path() / set / fmt::format("rank-{:05d}.h5", rank)).string();
+}
+
+std::int64_t write_replica_file(const std::string& path, const std::string& set, int rank, const CheckpointMeta& meta,
+                                const Replica& replica) {
+  Checkpoint c;
+  c.meta = meta;
+  c.params = replica.params;
+  c.buffers = replica.buffers;
+  c.optimizer = replica.optimizer;
+  c.state[replica_rank_key] = static_cast<std::int64_t>(rank);
+  c.state[replica_set_key] = set;
+  const std::string file = replica_file(path, set, rank);
+  write_checkpoint(file, c);
+  std::error_code error;
+  const auto bytes = std::filesystem::file_size(file, error);
+  if (error) {
+    core::InternalError failure("cannot read the size of the replica file just written: " + error.message());
+    failure.add_context("file", file);
+    throw failure;
+  }
+  return static_cast<std::int64_t>(bytes);
+}
+
+void remove_other_replica_sets(const std::string& path, const std::string& keep) {
+  const std::filesystem::path root = replica_sets_folder(path);
+  const std::string kept = std::filesystem::path(keep).filename().string();
+  std::error_code error;
+  std::filesystem::directory_iterator it(root, error);
+  if (error) return;  // no sets (yet)
+  std::vector<std::filesystem::path> others;
+  for (const auto& entry : it) {
+    if (entry.path().filename() != kept) others.push_back(entry.path());
+  }
+  for (const auto& other : others) {
+    // Nothing names these any more; a set that cannot be removed costs disk space, not correctness.
+    std::filesystem::remove_all(other, error);
+    if (error) spdlog::warn("cannot remove the replica set {}: {}", other.string(), error.message());
+  }
+}
+
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   const WriteChecker h5(path);
   validate_checkpoint(h5, checkpoint);
@@ -1048,7 +1205,9 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, nullptr);
   c.easgd_center = r.read_easgd(nullptr);
   c.replicas = r.read_replicas(nullptr);
+  c.replica_files = r.read_replica_files();
   c.state = r.read_state();
+  if (!c.replica_files.empty()) c.replicas = read_replica_files(path, c.replica_files, nullptr);
   return c;
 }
 
@@ -1063,7 +1222,11 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, &expected.params);
   c.easgd_center = r.read_easgd(&expected.params);
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(&expected);
+  c.replica_files = r.read_replica_files();
   c.state = r.read_state();
+  if (replicas == ReplicaRead::all && !c.replica_files.empty()) {
+    c.replicas = read_replica_files(path, c.replica_files, &expected);
+  }
   return c;
 }
 
@@ -1077,6 +1240,14 @@ Replica read_checkpoint_replica(const std::string& path, int rank, const Checkpo
   const CheckpointReader r(path);
   if (r.truncated()) r.diagnose_truncation(&expected);
   (void)r.read_meta();  // the format and /meta are checked; the caller has them from read_checkpoint_meta
+  const ReplicaFiles files = r.read_replica_files();
+  if (!files.empty()) {
+    if (static_cast<std::size_t>(rank) >= files.bytes.size()) {
+      r.fail("no replica for rank " + std::to_string(rank) + ": /replica_files names ranks 0.." +
+             std::to_string(files.bytes.size() - 1));
+    }
+    return read_replica_file(path, files, static_cast<std::size_t>(rank), &expected);
+  }
   Handle replicas = r.open_replicas();
   const std::size_t count = replicas.get() < 0 ? 0 : r.count_replicas(replicas.get());
   if (count == 0) r.fail("no replica for rank " + std::to_string(rank) + ": the checkpoint holds no replicas");

@@ -22,7 +22,27 @@
 //   /replicas/<rank>/optimizer/<state>/<name>  float32  optimizer state as in /params, /buffers, /optimizer
 //                                                       (attributes name, step on /replicas/<rank>/optimizer);
 //                                                       ranks 0..n-1 without gaps, absent when not needed
+//   /replica_files            attributes set (string), bytes (int64 [n]): the replicas are in files of their own,
+//                                      one per rank, written in parallel (below); absent otherwise
 //   /state                    attributes the trainer keeps for resuming (RNG words, data-loader position, ...)
+//
+// Replica files. A checkpoint whose every rank has a replica of its own (EASGD-type training on n ranks) does not hold
+// them: each rank writes its own, in parallel, beside the checkpoint, and the checkpoint is their index:
+//
+//   <folder>/<stem>.h5                          the checkpoint: the centre/model, meta, state, /replica_files
+//   <folder>/<stem>.replicas/<set>/rank-<r>.h5  rank r's replica, a checkpoint file itself (/params, /buffers,
+//                                               /optimizer are the replica; /meta the run's; /state replica_rank,
+//                                               replica_set), <set> = "step-<step>-<16 hex digits>", new for
+//                                               every checkpoint written
+//
+// /replica_files set names <stem>.replicas/<set> (relative to the checkpoint's folder), bytes each rank's file
+// size. The set is published atomically: every replica file is written atomically into a folder no published
+// checkpoint names, and only once all of them are in place is the checkpoint (the index) renamed over its name. A
+// reader that opens the checkpoint finds the set it names complete; a job killed before the rename leaves the
+// previous checkpoint and its set as they were (and an unnamed set, removed by the next checkpoint of that name);
+// one killed after it leaves the new checkpoint complete (and the old set, removed likewise). A replica file that
+// is missing, of another size than the index records, or that says it is another rank's or set's, is refused
+// naming it. Inference reads the checkpoint alone; only a resumed run reads replica files, each rank its own.
 //
 // Tensor names keep their dots inside one dataset name ("layer1.0.conv1.weight" is a dataset directly in
 // /params, not nested groups), so `{k: f["params"][k][()] for k in f["params"]}` in h5py is a torchvision
@@ -40,10 +60,11 @@
 // Readers ignore top-level groups they do not know, so a reader older than /replicas reads a file with
 // replicas as the same checkpoint without them (the format version did not change for them).
 //
-// Memory: a checkpoint is built in memory. Replicas cost p × model × (1 + optimizer slots) floats for p ranks
-// (ResNet-18 with momentum: 11.7 M parameters × 2 × 4 bytes ≈ 94 MB per rank, 750 MB for 8 ranks), held once
-// in the Checkpoint and once more in the file image while writing. A resumed rank need not load the others'
-// state: read_checkpoint(path, layout, ReplicaRead::skip) and read_checkpoint_replica(path, rank, layout).
+// Memory: a checkpoint is built in memory, held once in the Checkpoint and once more in the file image while
+// writing. Replicas held in the file (/replicas) cost p × model × (1 + optimizer slots) floats for p ranks
+// (ResNet-18 with momentum: 11.7 M parameters × 2 × 4 bytes ≈ 94 MB per rank, 750 MB for 8 ranks); replica files
+// cost each writer one replica, whatever p. A resumed rank need not load the others' state:
+// read_checkpoint(path, layout, ReplicaRead::skip) and read_checkpoint_replica(path, rank, layout).
 #pragma once
 
 #include <cstdint>
@@ -122,13 +143,24 @@ struct Replica {
   bool operator==(const Replica&) const = default;
 };
 
+// The index of replicas in files of their own (see "Replica files" above).
+struct ReplicaFiles {
+  std::string set;                  // "<stem>.replicas/<set>", relative to the checkpoint's folder; empty = none
+  std::vector<std::int64_t> bytes;  // each rank's file size; index = rank
+
+  bool empty() const { return set.empty(); }
+  bool operator==(const ReplicaFiles&) const = default;
+};
+
 struct Checkpoint {
   CheckpointMeta meta;
   TensorMap params;
   TensorMap buffers;
   OptimizerState optimizer;       // empty() = none
   TensorMap easgd_center;         // empty = none
-  std::vector<Replica> replicas;  // index = rank; empty = none
+  std::vector<Replica> replicas;  // index = rank; empty = none. Written into the file (/replicas); read from the
+                                  // file or from the replica files the index names
+  ReplicaFiles replica_files;     // written as /replica_files (then `replicas` must be empty); read back as is
   StateMap state;
 
   bool operator==(const Checkpoint&) const = default;
@@ -154,8 +186,20 @@ struct CheckpointLayout {
 // in RAM once more while writing.
 void write_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 
+// Replica files (see "Replica files" above). new_replica_set creates a new, empty set folder for the checkpoint
+// `path` of step `step` (and syncs the folders above it) and returns its name for ReplicaFiles::set;
+// write_replica_file writes rank `rank`'s replica into it atomically and returns the file's size;
+// remove_other_replica_sets removes every set of `path` but `keep` (what a killed job left, and the sets of
+// checkpoints since replaced). Failures are core::InternalError naming the file or folder.
+std::string new_replica_set(const std::string& path, std::int64_t step);
+std::string replica_file(const std::string& path, const std::string& set, int rank);
+std::int64_t write_replica_file(const std::string& path, const std::string& set, int rank, const CheckpointMeta& meta,
+                                const Replica& replica);
+void remove_other_replica_sets(const std::string& path, const std::string& keep);
+
 // Free-form read: everything in the file, after checking the format, the meta attributes, and that every
-// tensor is float32 and fully readable (and that the replicas are ranks 0..n-1). core::InputError naming the file
+// tensor is float32 and fully readable (and that the replicas are ranks 0..n-1); replicas in files of their own
+// are read from them, each checked against the index. core::InputError naming the file
 // (and the first bad tensor) otherwise; core::FileNotFoundError when there is no file.
 Checkpoint read_checkpoint(const std::string& path);
 
@@ -173,7 +217,7 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
                            ReplicaRead replicas = ReplicaRead::all);
 
 // One rank's replica, checked like the replicas of a checked read, without reading the other ranks' tensors
-// (only the names under /replicas, to check that the ranks are 0..n-1). The format and /meta are checked
+// (only the names under /replicas, to check that the ranks are 0..n-1; or only its own replica file). The format and /meta are checked
 // too. core::InputError naming the file when the file has no /replicas or no replica for `rank`; core::InternalError
 // for a negative rank.
 Replica read_checkpoint_replica(const std::string& path, int rank, const CheckpointLayout& expected);

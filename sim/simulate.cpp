@@ -16,7 +16,18 @@
 //
 // Rank 0 prints one JSON line: the mean step time over the slowest rank, its split into compute, communication
 // and waiting (the strategies' own CommStats, read on MPI's clock, which is simulated time here), the payload
-// bytes per rank and step, and the weak-scaling efficiency compute / step.
+// bytes per rank and step, the weak-scaling efficiency compute / step, and what one checkpoint after the steps
+// costs, written two ways (issue 14 §5):
+//   parallel  as `tessera train` writes it: every rank writes its own replica (parameters, buffers, --optimizer-slots
+//             momentum-like slots) to storage, the sizes are gathered to rank 0 (8 bytes a rank), and rank 0 writes
+//             the checkpoint (the centre twice, as /params and /easgd/center, its optimizer slots, the buffers)
+//   gathered  as Tessera did before: every replica gathered to rank 0 over the network (MPI_Gather of the shrunk
+//             payload, whose transfer takes the full model's time), which writes them all and the checkpoint
+//   Only strategies whose replicas differ (replicas_differ()) have replicas; for the others both are rank 0 writing
+//   the model and its optimizer state. Storage is not simulated by SimGrid here: a write of b bytes (at the model's
+//   full size) is a delay of b / bandwidth of simulated time on the writing rank's host, where each rank reaches
+//   storage at --disk-mbps MB/s and, with --fs-gbps, all ranks writing at once share that aggregate (a parallel file
+//   system's limit). Seconds are from a barrier before to a barrier after, so the slowest rank's.
 //
 // --strategy central-easgd is the baseline the decentralized strategies replace: the original EASGD's parameter
 // server. The last rank holds the centre and does not train; every tau steps each worker sends it its replica
@@ -37,6 +48,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -63,13 +75,18 @@ struct Options {
   double payload_scale = 1.0;  // every tensor's element count divided by this (≥ 1)
   int steps = 16;
   double compute = 0.1;  // simulated seconds of forward + backward per step
+  double disk_mbps = 1000.0;  // checkpoint: each rank's write bandwidth to storage, MB/s
+  double fs_gbps = 0.0;       // checkpoint: the storage's aggregate bandwidth, GB/s, shared by ranks writing at once
+                              // (0 = no aggregate limit)
+  int optimizer_slots = 1;    // checkpoint: per-parameter optimizer tensors (SGD momentum: 1)
   tessera::engine::StrategyOptions strategy_options;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   throw tessera::core::UsageError("tessera-simulate: " + problem +
                                   " (flags: --strategy NAME --layout FILE --payload-scale K --steps N --compute S "
-                                  "--tau T --beta B --bucket-mb M --inter allreduce|easgd --ranks-per-node K)");
+                                  "--tau T --beta B --bucket-mb M --inter allreduce|easgd --ranks-per-node K "
+                                  "--disk-mbps MB --fs-gbps GB --optimizer-slots N)");
 }
 
 Options parse(int argc, char** argv) {
@@ -100,6 +117,12 @@ Options parse(int argc, char** argv) {
         o.strategy_options.inter = value;
       else if (key == "--ranks-per-node")
         o.strategy_options.ranks_per_node = std::stoi(value);
+      else if (key == "--disk-mbps")
+        o.disk_mbps = std::stod(value);
+      else if (key == "--fs-gbps")
+        o.fs_gbps = std::stod(value);
+      else if (key == "--optimizer-slots")
+        o.optimizer_slots = std::stoi(value);
       else
         usage("unknown flag " + key);
     } catch (const std::logic_error&) {  // stoi/stod: not a number
@@ -110,6 +133,9 @@ Options parse(int argc, char** argv) {
   if (o.payload_scale < 1.0) usage("--payload-scale must be at least 1");
   if (o.steps < 1 || o.compute < 0.0) usage("--steps must be at least 1 and --compute not negative");
   if (o.strategy_options.bucket_mb > 0.0) usage("--bucket-mb must be 0 under SMPI (sim/README.md)");
+  if (!(o.disk_mbps > 0.0) || o.fs_gbps < 0.0 || o.optimizer_slots < 0) {
+    usage("--disk-mbps must be positive, --fs-gbps and --optimizer-slots not negative");
+  }
   return o;
 }
 
@@ -118,6 +144,7 @@ struct Model {
   std::vector<Param> params;
   std::vector<Buffer> buffers;
   std::int64_t full_elements = 0;  // before scaling
+  std::int64_t full_params = 0;    // of which parameters
   std::int64_t elements = 0;       // after
 };
 
@@ -140,6 +167,7 @@ Model read_layout(const std::string& path, double scale) {
     m.full_elements += n;
     m.elements += scaled;
     if (kind == "param") {
+      m.full_params += n;
       Param p;
       p.name = fmt::format("t{}", number);
       p.shape = {scaled};
@@ -204,6 +232,68 @@ CommStats central_easgd(const tessera::core::Comm& world, Model& model, const Op
   return stats;
 }
 
+// What one checkpoint costs, written in parallel and gathered (see the top).
+struct CheckpointCost {
+  double parallel_s = 0.0, gathered_s = 0.0;
+  double rank_bytes = 0.0;           // parallel: the most one rank writes (rank 0: its replica and the checkpoint)
+  double root_bytes_gathered = 0.0;  // gathered: what rank 0 receives, holds and writes
+  double total_bytes = 0.0;          // written by all ranks (the same both ways)
+};
+
+// A write of `bytes` (full size) while `writers` ranks write at once: simulated time on this rank's host.
+void write_delay(double bytes, int writers, const Options& o) {
+  double bandwidth = o.disk_mbps * 1e6;
+  if (o.fs_gbps > 0.0) bandwidth = std::min(bandwidth, o.fs_gbps * 1e9 / writers);
+  compute(bytes / bandwidth);
+}
+
+CheckpointCost checkpoint(const tessera::core::Comm& world, const Model& model, bool replicas, const Options& o) {
+  const double slots = o.optimizer_slots;
+  const double params = static_cast<double>(model.full_params);
+  const double buffers = static_cast<double>(model.full_elements - model.full_params);
+  const double replica = 4.0 * (params * (1.0 + slots) + buffers);
+  // The checkpoint rank 0 writes: the centre (or the model), its optimizer slots, and under easgd the centre again.
+  const double main = 4.0 * (params * (1.0 + slots + (replicas ? 1.0 : 0.0)) + buffers);
+  const int p = world.size();
+  CheckpointCost cost;
+  if (!replicas) {
+    world.barrier();
+    const double t0 = MPI_Wtime();
+    if (world.rank() == 0) write_delay(main, 1, o);
+    world.barrier();
+    cost.parallel_s = cost.gathered_s = MPI_Wtime() - t0;
+    cost.rank_bytes = cost.root_bytes_gathered = cost.total_bytes = main;
+    return cost;
+  }
+  // Parallel: every rank its replica, the sizes to rank 0, then the checkpoint naming them.
+  world.barrier();
+  double t0 = MPI_Wtime();
+  write_delay(replica, p, o);
+  long long size = std::llround(replica);
+  std::vector<long long> sizes(world.rank() == 0 ? static_cast<std::size_t>(p) : 0);
+  TESSERA_MPI_CHECK(MPI_Gather(&size, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, 0, world.handle()));
+  if (world.rank() == 0) write_delay(main, 1, o);
+  world.barrier();
+  cost.parallel_s = MPI_Wtime() - t0;
+  // Gathered: every replica (the shrunk payload) to rank 0, which writes them and the checkpoint.
+  std::size_t n = 0;  // the shrunk replica: parameters with their optimizer slots, and buffers
+  for (const auto& param : model.params) n += param.value.size() * static_cast<std::size_t>(1 + o.optimizer_slots);
+  for (const auto& buffer : model.buffers) n += buffer.value.size();
+  std::vector<float> mine(n, 0.5f);
+  std::vector<float> all(world.rank() == 0 ? n * static_cast<std::size_t>(p) : 0);
+  world.barrier();
+  t0 = MPI_Wtime();
+  TESSERA_MPI_CHECK(MPI_Gather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n),
+                               MPI_FLOAT, 0, world.handle()));
+  if (world.rank() == 0) write_delay(replica * p + main, 1, o);
+  world.barrier();
+  cost.gathered_s = MPI_Wtime() - t0;
+  cost.rank_bytes = replica + main;
+  cost.root_bytes_gathered = replica * p + main;
+  cost.total_bytes = replica * p + main;
+  return cost;
+}
+
 void run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const auto world = tessera::core::Comm::world();
@@ -245,6 +335,9 @@ void run(int argc, char** argv) {
   const double elapsed = MPI_Wtime() - start;
   // An epoch's end (async-easgd completes its exchanges in flight): once per epoch, not part of the step time.
   if (strategy) strategy->settle(params, buffers);
+  // Then its checkpoint (not for the parameter-server baseline, whose server holds the only centre).
+  std::optional<CheckpointCost> cost;
+  if (strategy) cost = checkpoint(world, model, strategy->replicas_differ(), o);
 
   // Step time of the slowest rank; communication and waiting averaged over the training ranks.
   const bool trains = !(central && world.rank() == world.size() - 1);
@@ -276,6 +369,15 @@ void run(int argc, char** argv) {
         // Payload this rank handed to the network per step, at the model's full size.
         {"mb_per_step", static_cast<double>(bytes_max) * o.payload_scale / o.steps / 1e6},
     };
+    if (cost) {
+      out.update({{"ckpt_parallel_s", cost->parallel_s},
+                  {"ckpt_gathered_s", cost->gathered_s},
+                  {"ckpt_rank_mb", cost->rank_bytes / 1e6},
+                  {"ckpt_root_mb_gathered", cost->root_bytes_gathered / 1e6},
+                  {"ckpt_total_mb", cost->total_bytes / 1e6},
+                  {"disk_mbps", o.disk_mbps},
+                  {"fs_gbps", o.fs_gbps}});
+    }
     std::printf("tessera-simulate: %s\n", out.dump().c_str());
     std::fflush(stdout);
   }

@@ -134,6 +134,48 @@ TEST(Simulator, TheCentralServerReceivesEveryWorkersReplica) {
   EXPECT_GT(central.result["comm_s"].get<double>(), easgd.result["comm_s"].get<double>());
 }
 
+TEST(Simulator, ACheckpointWrittenInParallelCostsEachRankOneReplica) {
+  // After the steps, one checkpoint, written both ways. With SGD momentum (one optimizer slot) a replica is
+  // 4 · (2 · 500,000 + 1,000) bytes and the checkpoint rank 0 writes beside it 4 · (3 · 500,000 + 1,000) (the
+  // centre twice, its momentum, the buffers); storage at 100 MB/s per rank.
+  const double replica = 4.0 * (2 * 500000 + 1000);
+  const double main = 4.0 * (3 * 500000 + 1000);
+  const double disk = 100e6;
+  testing::TempDir dir;
+  json results[2];
+  const int ranks[2] = {4, 8};
+  for (int i = 0; i < 2; ++i) {
+    const Sim s = simulate(dir, ranks[i], data("star.xml"), "--strategy easgd --tau 1 --steps 1 --compute 0 --disk-mbps 100");
+    ASSERT_EQ(s.run.code, 0) << s.run.out << s.run.err;
+    results[i] = s.result;
+    const double p = ranks[i];
+    // In parallel: every rank its replica at once, then rank 0 the checkpoint (and a gather of 8 bytes a rank).
+    EXPECT_NEAR(s.result["ckpt_parallel_s"].get<double>(), (replica + main) / disk, 0.01 * (replica + main) / disk);
+    EXPECT_NEAR(s.result["ckpt_rank_mb"].get<double>(), (replica + main) / 1e6, 1e-6);
+    // Gathered: the other ranks' replicas over rank 0's link (1 GB/s), then rank 0 writes them all.
+    const double gathered = (p - 1) * replica / kLinkBandwidth + (p * replica + main) / disk;
+    EXPECT_NEAR(s.result["ckpt_gathered_s"].get<double>(), gathered, 0.03 * gathered);
+    EXPECT_NEAR(s.result["ckpt_root_mb_gathered"].get<double>(), (p * replica + main) / 1e6, 1e-6);
+  }
+  // Flat in the rank count written in parallel, growing with it gathered.
+  EXPECT_EQ(results[0]["ckpt_rank_mb"], results[1]["ckpt_rank_mb"]);
+  EXPECT_NEAR(results[1]["ckpt_parallel_s"].get<double>(), results[0]["ckpt_parallel_s"].get<double>(), 1e-3);
+  EXPECT_GT(results[1]["ckpt_gathered_s"].get<double>(), 1.9 * results[0]["ckpt_gathered_s"].get<double>() - 0.1);
+
+  // A shared file system of 0.2 GB/s in all: 8 ranks writing at once get 25 MB/s each.
+  const Sim shared =
+      simulate(dir, 8, data("star.xml"), "--strategy easgd --tau 1 --steps 1 --compute 0 --disk-mbps 100 --fs-gbps 0.2");
+  ASSERT_EQ(shared.run.code, 0) << shared.run.err;
+  const double by_hand = replica / 25e6 + main / disk;
+  EXPECT_NEAR(shared.result["ckpt_parallel_s"].get<double>(), by_hand, 0.01 * by_hand);
+
+  // allreduce keeps no replicas: both ways, rank 0 writes the model and its momentum.
+  const Sim allreduce = simulate(dir, 4, data("star.xml"), "--strategy allreduce --steps 1 --compute 0 --disk-mbps 100");
+  ASSERT_EQ(allreduce.run.code, 0) << allreduce.run.err;
+  EXPECT_EQ(allreduce.result["ckpt_parallel_s"], allreduce.result["ckpt_gathered_s"]);
+  EXPECT_NEAR(allreduce.result["ckpt_rank_mb"].get<double>(), replica / 1e6, 1e-6);
+}
+
 TEST(Simulator, ABadLayoutOrFlagIsOneErrorNamingIt) {
   testing::TempDir dir;
   const Sim unknown = simulate(dir, 2, data("star.xml"), "--strategy easgd --colour blue");
@@ -161,6 +203,8 @@ TEST(BenchScale, SweepsRanksAndStrategiesIntoATableAndPlots) {
   std::string header;
   std::getline(csv, header);
   EXPECT_EQ(header.rfind("simulated,platform,model", 0), 0u) << header;
+  EXPECT_TRUE(contains(header, ",ckpt_parallel_s,ckpt_gathered_s,ckpt_rank_mb,ckpt_root_mb_gathered,")) << header;
+  EXPECT_TRUE(contains(r.out, "ckpt s parallel/gath.")) << r.out;
   int rows = 0;
   for (std::string line; std::getline(csv, line);) {
     ++rows;

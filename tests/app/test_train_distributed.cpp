@@ -333,6 +333,175 @@ TEST_F(DistributedJob, EasgdResumedOnAsManyRanksContinuesBitForBit) {
   EXPECT_EQ(logged_steps(resumed), logged_steps(straight));
 }
 
+// The replica sets of checkpoint `stem` in `out` (io/checkpoint.h "Replica files"), by name.
+std::vector<std::string> replica_sets(const fs::path& out, const std::string& stem = "checkpoint") {
+  std::vector<std::string> sets;
+  const fs::path folder = out / (stem + ".replicas");
+  if (!fs::exists(folder)) return sets;
+  for (const auto& entry : fs::directory_iterator(folder)) sets.push_back(stem + ".replicas/" + entry.path().filename().string());
+  std::sort(sets.begin(), sets.end());
+  return sets;
+}
+
+// Every rank writes its own replica file, in parallel; the checkpoint names the set and is published only once all
+// are in place. Killed between the two (a rank's replica written, the checkpoint not yet renamed), the job leaves
+// the previous checkpoint and its set whole; killed after the rename and before the old set is removed, the new
+// one; the resumed run ends bit for bit as the uninterrupted one, and keeps only the set its checkpoint names.
+TEST_F(DistributedJob, ReplicaFilesArePublishedAsASetAtEveryCrashPoint) {
+  const std::string args =
+      job() + " --epochs 2 --set train.checkpoint_every=2 --set train.log_every=1";  // 3 steps per epoch
+  const fs::path straight = dir_->file("set-straight");
+  auto r = run_mpi(2, "train " + args + " --out " + straight.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint expected = io::read_checkpoint((straight / "checkpoint-epoch-002.h5").string());
+  ASSERT_EQ(expected.replicas.size(), 2u);
+  EXPECT_EQ(replica_sets(straight),
+            std::vector<std::string>{io::read_checkpoint((straight / "checkpoint.h5").string()).replica_files.set})
+      << "only the set the checkpoint names is kept";
+  EXPECT_EQ(replica_sets(straight, "checkpoint-epoch-001").size(), 1u);
+  // Each rank's file holds one replica: its size does not depend on the rank count.
+  const auto& bytes = expected.replica_files.bytes;
+  ASSERT_EQ(bytes.size(), 2u);
+  EXPECT_EQ(bytes[0], bytes[1]);
+
+  // 1. Rank 1 killed once its replica of the second checkpoint (step 3, the epoch's end) is written: nothing of
+  // that checkpoint is published.
+  const fs::path out = dir_->file("set-killed");
+  r = run_script("TESSERA_FAULT='train.replica-written after=2 rank=1' $MPIEXEC -n 2 $TESSERA train " + args +
+                 " --out " + out.string() + " >/dev/null 2>&1\necho $?\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out, "0\n") << "the job was killed";
+  io::Checkpoint kept = io::read_checkpoint((out / "checkpoint.h5").string());
+  EXPECT_EQ(kept.meta.step, 2) << "the previous checkpoint";
+  ASSERT_EQ(kept.replicas.size(), 2u) << "with its whole set";
+  EXPECT_EQ(replica_sets(out).size(), 2u) << "and the unnamed set of the killed checkpoint";
+  EXPECT_FALSE(fs::exists(out / "checkpoint-epoch-001.h5"));
+
+  // 2. Resumed, rank 0 killed right after publishing the next checkpoint.h5 (step 3), before the older sets go.
+  r = run_script("TESSERA_FAULT='train.checkpoint-written after=1 rank=0' $MPIEXEC -n 2 $TESSERA train " + args +
+                 " --out " + out.string() + " --resume auto >/dev/null 2>&1\necho $?\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out, "0\n") << "the job was killed";
+  kept = io::read_checkpoint((out / "checkpoint.h5").string());
+  EXPECT_EQ(kept.meta.step, 3) << "the new checkpoint";
+  ASSERT_EQ(kept.replicas.size(), 2u) << "with its whole set";
+  EXPECT_EQ(replica_sets(out).size(), 3u);
+
+  // 3. Resumed to the end: as the uninterrupted run, bit for bit, and only the named set is left.
+  r = run_mpi(2, "train " + args + " --out " + out.string() + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
+  EXPECT_EQ(last.meta.step, expected.meta.step);
+  EXPECT_TRUE(last.params == expected.params) << "the same centre, bit for bit";
+  EXPECT_TRUE(last.easgd_center == expected.easgd_center);
+  EXPECT_TRUE(last.replicas == expected.replicas) << "the same replicas and momenta";
+  EXPECT_EQ(replica_sets(out), std::vector<std::string>{io::read_checkpoint((out / "checkpoint.h5").string())
+                                                            .replica_files.set});
+  EXPECT_EQ(logged_steps(out), logged_steps(straight));
+
+  // Inference needs the checkpoint alone.
+  const fs::path alone = dir_->file("set-alone");
+  fs::create_directories(alone);
+  fs::copy_file(out / "checkpoint.h5", alone / "checkpoint.h5");
+  r = run("predict --checkpoint " + (alone / "checkpoint.h5").string() + " --shards " + shards() + " --out " +
+          (alone / "val.csv").string() + " --splits val");
+  EXPECT_EQ(r.code, 0) << r.err;
+  // Resuming on as many ranks needs the replicas: without them, an error naming the missing file.
+  r = run_mpi(2, "train " + job() + " --epochs 3 --out " + alone.string() + " --resume auto");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "the replica of rank ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "cannot be read")) << r.err;
+}
+
+// A replica that cannot be written (a full disk on rank 1) ends the job naming its file; the previous checkpoint
+// stays whole.
+TEST_F(DistributedJob, AReplicaThatCannotBeWrittenEndsTheJobNamingItsFile) {
+  const std::string args = job() + " --epochs 2 --set train.checkpoint_every=2";
+  // The tensors of one replica file: every write of the second checkpoint's first one fails.
+  const fs::path first = dir_->file("enospc-first");
+  auto r = run_mpi(2, "train " + args + " --out " + first.string() + " --set train.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint one = io::read_checkpoint((first / "checkpoint.h5").string());
+  const io::Checkpoint file =
+      io::read_checkpoint(io::replica_file((first / "checkpoint.h5").string(), one.replica_files.set, 1));
+  std::size_t tensors = file.params.size() + file.buffers.size();
+  for (const auto& slot : file.optimizer.slots) tensors += slot.second.size();
+
+  const fs::path out = dir_->file("enospc");
+  r = run_script("TESSERA_FAULT='checkpoint.write after=" + std::to_string(tensors + 1) +
+                 " rank=1 do=enospc' $MPIEXEC -n 2 $TESSERA train " + args + " --out " + out.string() +
+                 " 2>&1\necho \"exit $?\"\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.out, "exit 0\n")) << r.out;
+  EXPECT_TRUE(contains(r.out, "No space left on device")) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank-00001.h5")) << r.out;
+  const io::Checkpoint kept = io::read_checkpoint((out / "checkpoint.h5").string());
+  EXPECT_EQ(kept.meta.step, 2);
+  EXPECT_EQ(kept.replicas.size(), 2u);
+  for (const auto& set : replica_sets(out)) {
+    for (const auto& entry : fs::directory_iterator(out / set)) {
+      EXPECT_FALSE(contains(entry.path().filename().string(), ".tmp-")) << "no half-written file: " << entry.path();
+    }
+  }
+}
+
+// async-easgd: the centre validated and saved is taken once, rank 0 fetching it while every other rank is held.
+// Rank 0 is stopped at that point (fault injection, do=stop) at the first epoch's end; the test waits for it to be
+// stopped, continues it, and the job ends with a checkpoint whose model is its centre and scores as validation did.
+TEST_F(DistributedJob, AsyncEasgdValidatesAndSavesTheCentreTakenOnce) {
+  const fs::path out = dir_->file("async-hold");
+  const std::string log = out.string() + ".log";
+  const auto r = run_script(
+      "setsid env TESSERA_FAULT='async-easgd.center-taken after=1 rank=0 do=stop' $MPIEXEC -n 2 $TESSERA train " +
+      job() + strategy_settings("async-easgd") + " --out " + out.string() + " --epochs 2 >" + log +
+      " 2>&1 &\n"
+      "job=$!\n"
+      "setsid sh -c 'sleep 600 && touch \"$0\" && kill -9 -- \"-$1\"' " +
+      out.string() + ".hung $job >/dev/null 2>&1 &\n"
+      "watchdog=$!\n"
+      "pid=''\n"
+      "until [ -n \"$pid\" ] && [ \"$(awk '{print $3}' /proc/$pid/stat 2>/dev/null)\" = T ]; do\n"
+      "  kill -0 $job 2>/dev/null || { echo 'ended before rank 0 stopped'; break; }\n"
+      "  pid=$(sed -n 's/.*stopping process \\([0-9]*\\) until SIGCONT.*/\\1/p' " +
+      log +
+      ")\n"
+      "  sleep 0.05\n"
+      "done\n"
+      "echo \"stopped $pid\"\n"
+      // While rank 0 holds the centre it took, nothing of the epoch's end is written.
+      "[ -e " +
+      (out / "checkpoint.h5").string() +
+      " ] && echo 'a checkpoint while rank 0 was stopped'\n"
+      "kill -CONT $pid\n"
+      "wait $job\necho \"exit $?\"\n"
+      "kill -- -$watchdog 2>/dev/null\n");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_FALSE(fs::exists(out.string() + ".hung")) << "the job hung\n" << text;
+  ASSERT_TRUE(contains(r.out, "stopped ")) << r.out;
+  EXPECT_FALSE(contains(r.out, "ended before")) << r.out << text;
+  EXPECT_FALSE(contains(r.out, "a checkpoint while")) << r.out;
+  ASSERT_TRUE(contains(r.out, "exit 0\n")) << r.out << text;
+  EXPECT_TRUE(contains(text, "fault injected at async-easgd.center-taken")) << text;
+
+  for (const char* name : {"checkpoint-epoch-001.h5", "checkpoint-epoch-002.h5"}) {
+    const io::Checkpoint c = io::read_checkpoint((out / name).string());
+    EXPECT_TRUE(c.easgd_center == c.params) << name << ": the model saved is the centre saved, bit for bit";
+    EXPECT_EQ(c.replicas.size(), 2u) << name;
+  }
+  const auto val = read_jsonl(out / "metrics.jsonl", "val");
+  ASSERT_EQ(val.size(), 2u);
+  const fs::path csv = out / "val.csv";
+  const auto scored = run("predict --checkpoint " + (out / "checkpoint-epoch-001.h5").string() + " --shards " +
+                          shards() + " --out " + csv.string() + " --splits val");
+  ASSERT_EQ(scored.code, 0) << scored.err;
+  const json summary = read_json(out / "val.json");
+  // The validated centre is the saved one: up to the rounding of folded batch norm (predict) and of 6 digits.
+  EXPECT_NEAR(summary["auc"].get<double>(), val[0]["auc"].get<double>(), 2e-4);
+  EXPECT_NEAR(summary["accuracy"].get<double>(), val[0]["accuracy"].get<double>(), 2e-3);
+}
+
 // A job of `strategy` on `ranks` ranks, killed with SIGKILL after its first checkpoint and resumed on `resume_ranks`.
 struct Kill {
   std::string strategy;

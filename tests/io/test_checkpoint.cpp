@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 // tessera_io_tests does not get HDF5's include folder (tessera_io links it privately); Debian's serial
@@ -912,6 +913,137 @@ TEST(CheckpointReplicas, OneRankReadsOnlyItsOwnReplica) {
             "tensor 'fc.bias' is missing from /replicas/2/params");
   EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_replica(path, 2, layout); }),
             "tensor 'fc.bias' is missing from /replicas/2/params");
+}
+
+// Replica files (io/checkpoint.h "Replica files"): every rank writes its own into a new set beside the checkpoint,
+// and the checkpoint names the set.
+io::Checkpoint write_checkpoint_with_replica_files(const std::string& path, const io::CheckpointLayout& layout,
+                                                   int ranks, std::vector<io::Replica>& replicas) {
+  io::Checkpoint c = make_checkpoint(layout);
+  c.meta.step = 7;
+  c.replica_files.set = io::new_replica_set(path, c.meta.step);
+  replicas.clear();
+  for (int rank = 0; rank < ranks; ++rank) {
+    replicas.push_back(make_replica(layout, rank, true));
+    c.replica_files.bytes.push_back(io::write_replica_file(path, c.replica_files.set, rank, c.meta, replicas.back()));
+  }
+  io::write_checkpoint(path, c);
+  return c;
+}
+
+TEST(CheckpointReplicaFiles, EveryRanksFileBesideTheIndexReadsBackBitExact) {
+  TempDir dir;
+  const std::string path = dir.file("checkpoint.h5");
+  const io::CheckpointLayout layout = small_layout();
+  std::vector<io::Replica> replicas;
+  const io::Checkpoint c = write_checkpoint_with_replica_files(path, layout, 3, replicas);
+
+  // The layout: <stem>.replicas/step-<step>-<hex>/rank-<r>.h5, each rank's file a checkpoint of its replica.
+  EXPECT_TRUE(c.replica_files.set.starts_with("checkpoint.replicas/step-000000007-")) << c.replica_files.set;
+  EXPECT_EQ(folder_listing(fs::path(dir.file(c.replica_files.set))),
+            (std::vector<std::string>{"rank-00000.h5", "rank-00001.h5", "rank-00002.h5"}));
+  EXPECT_EQ(io::replica_file(path, c.replica_files.set, 2), dir.file(c.replica_files.set + "/rank-00002.h5"));
+  const io::Checkpoint own = io::read_checkpoint(io::replica_file(path, c.replica_files.set, 1), layout);
+  expect_bit_exact(own.params, replicas[1].params, "rank 1's file");
+  // The checkpoint holds no replica itself: the index, and the centre.
+  {
+    H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+    EXPECT_EQ(H5Lexists(file.id, "/replicas", H5P_DEFAULT), 0);
+    EXPECT_GT(H5Aexists_by_name(file.id, "/replica_files", "set", H5P_DEFAULT), 0);
+    EXPECT_GT(H5Aexists_by_name(file.id, "/replica_files", "bytes", H5P_DEFAULT), 0);
+  }
+  EXPECT_LT(fs::file_size(path), fs::file_size(io::replica_file(path, c.replica_files.set, 0)) * 2);
+
+  // Free-form and checked reads follow the index; one rank reads its own file only; inference reads none.
+  const io::Checkpoint free_form = io::read_checkpoint(path);
+  expect_replicas_bit_exact(free_form.replicas, replicas);
+  EXPECT_EQ(free_form.replica_files, c.replica_files);
+  expect_replicas_bit_exact(io::read_checkpoint(path, layout).replicas, replicas);
+  for (int rank = 0; rank < 3; ++rank) {
+    expect_replicas_bit_exact({io::read_checkpoint_replica(path, rank, layout)},
+                              {replicas[static_cast<std::size_t>(rank)]});
+  }
+  EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_replica(path, 3, layout); }),
+            "no replica for rank 3: /replica_files names ranks 0..2");
+  fs::remove_all(dir.file("checkpoint.replicas"));
+  const io::Checkpoint model = io::read_checkpoint(path, layout, io::ReplicaRead::skip);
+  expect_bit_exact(model.params, c.params, "the centre, without its replicas");
+  const std::string missing = input_error(path, [&] { io::read_checkpoint_replica(path, 1, layout); });
+  EXPECT_TRUE(missing.starts_with("the replica of rank 1 (" + io::replica_file(path, c.replica_files.set, 1) +
+                                  ") cannot be read"))
+      << missing;
+  EXPECT_NE(missing.find("kept with its folder " + c.replica_files.set), std::string::npos) << missing;
+}
+
+TEST(CheckpointReplicaFiles, AFileOfAnotherRankSetOrSizeIsRefusedNamingIt) {
+  TempDir dir;
+  const std::string path = dir.file("checkpoint.h5");
+  const io::CheckpointLayout layout = small_layout();
+  std::vector<io::Replica> replicas;
+  const io::Checkpoint c = write_checkpoint_with_replica_files(path, layout, 2, replicas);
+  const std::string file0 = io::replica_file(path, c.replica_files.set, 0);
+  const std::string file1 = io::replica_file(path, c.replica_files.set, 1);
+
+  // Rank 0's file in rank 1's place (same size: only its own record tells).
+  fs::copy_file(file1, dir.file("saved"));
+  fs::copy_file(file0, file1, fs::copy_options::overwrite_existing);
+  ASSERT_EQ(fs::file_size(file0), fs::file_size(dir.file("saved")));
+  EXPECT_EQ(input_error(file1, [&] { io::read_checkpoint_replica(path, 1, layout); }),
+            "not the replica of rank 1 of set " + c.replica_files.set + " that the checkpoint " + path + " names");
+
+  // A file of another set (an older checkpoint's) in its place.
+  io::Checkpoint other = c;
+  other.replica_files.set = io::new_replica_set(path, 3);
+  io::write_replica_file(path, other.replica_files.set, 1, c.meta, replicas[1]);
+  fs::copy_file(io::replica_file(path, other.replica_files.set, 1), file1, fs::copy_options::overwrite_existing);
+  EXPECT_EQ(input_error(file1, [&] { io::read_checkpoint(path, layout); }),
+            "not the replica of rank 1 of set " + c.replica_files.set + " that the checkpoint " + path + " names");
+
+  // Cut short: the size the index records tells first.
+  fs::copy_file(dir.file("saved"), file1, fs::copy_options::overwrite_existing);
+  expect_replicas_bit_exact({io::read_checkpoint_replica(path, 1, layout)}, {replicas[1]});
+  fs::resize_file(file1, fs::file_size(file1) - 100);
+  EXPECT_EQ(input_error(file1, [&] { io::read_checkpoint(path); }),
+            fmt::format("the replica file of rank 1 has {} bytes, the checkpoint {} records {}: it belongs to another "
+                        "checkpoint or is damaged",
+                        fs::file_size(file1), path, c.replica_files.bytes[1]));
+}
+
+TEST(CheckpointReplicaFiles, OnlyTheNamedSetIsKeptAndTheIndexIsChecked) {
+  TempDir dir;
+  const std::string path = dir.file("checkpoint.h5");
+  const io::CheckpointLayout layout = small_layout();
+  std::vector<io::Replica> replicas;
+  const io::Checkpoint first = write_checkpoint_with_replica_files(path, layout, 2, replicas);
+  const io::Checkpoint second = write_checkpoint_with_replica_files(path, layout, 2, replicas);
+  ASSERT_NE(first.replica_files.set, second.replica_files.set) << "a new set for every checkpoint, also of one step";
+  const std::string unnamed = io::new_replica_set(path, 9);  // what a job killed before publishing leaves
+  // Another checkpoint's sets in the same folder are its own.
+  std::vector<io::Replica> epoch_replicas;
+  const io::Checkpoint epoch =
+      write_checkpoint_with_replica_files(dir.file("checkpoint-epoch-001.h5"), layout, 2, epoch_replicas);
+  EXPECT_EQ(folder_listing(dir.file("checkpoint.replicas")).size(), 3u);
+  io::remove_other_replica_sets(path, second.replica_files.set);
+  EXPECT_EQ(folder_listing(dir.file("checkpoint.replicas")),
+            (std::vector<std::string>{fs::path(second.replica_files.set).filename().string()}));
+  expect_replicas_bit_exact(io::read_checkpoint(path, layout).replicas, replicas);
+  expect_replicas_bit_exact(io::read_checkpoint(dir.file("checkpoint-epoch-001.h5"), layout).replicas, epoch_replicas);
+  EXPECT_FALSE(fs::exists(dir.file(unnamed)));
+  (void)epoch;
+
+  // The writer refuses an index that is not one, before writing anything.
+  io::Checkpoint both = make_checkpoint_with_replicas(layout, 1, false);
+  both.replica_files = second.replica_files;
+  const std::string other = dir.file("other.h5");
+  EXPECT_NE(internal_error(other, [&] { io::write_checkpoint(other, both); })
+                .find("a checkpoint holds its replicas in the file or names replica files, not both"),
+            std::string::npos);
+  io::Checkpoint outside = make_checkpoint(layout);
+  outside.replica_files = {"../elsewhere", {10}};
+  EXPECT_NE(internal_error(other, [&] { io::write_checkpoint(other, outside); })
+                .find("/replica_files set '../elsewhere' is not a folder beside the checkpoint"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(other));
 }
 
 TEST(CheckpointReplicas, CheckedReadNamesTheBadTensorAndItsReplica) {

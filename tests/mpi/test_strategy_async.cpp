@@ -130,6 +130,66 @@ TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
   strategy.settle(t.params, t.buffers);
 }
 
+// The centre validated and saved is one: settle() takes it once, the same on every rank, and with_evaluation_model()
+// and save_state() keep using it while another rank exchanges again (without it, rank 0 would fetch a centre that
+// moved between validating and saving). This rank's own next exchange lets go of it.
+TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
+  const auto world = core::Comm::world();
+  const int p = world.size();
+  const int r = world.rank();
+  Tensors t;
+  const std::size_t n = t.size();
+  std::vector<float> start(n);
+  for (std::size_t k = 0; k < n; ++k) start[k] = 0.5f * static_cast<float>(k) - 2.0f;
+  unpack_values(start.data(), t.params, t.buffers);
+  AsyncEasgdStrategy strategy(world, {.tau = 1, .alpha = 0.25f / static_cast<float>(std::max(p, 1))});
+  strategy.initialize(t.params, t.buffers);
+  world.barrier();
+  // Every rank moves its replica and exchanges once: the centre moved.
+  std::vector<float> moved(n);
+  for (std::size_t k = 0; k < n; ++k) moved[k] = start[k] + static_cast<float>(r + 1);
+  unpack_values(moved.data(), t.params, t.buffers);
+  strategy.exchange(t.params, t.buffers);
+  strategy.settle(t.params, t.buffers);
+  const std::vector<float> taken = strategy.fetch_center();
+  std::vector<float> evaluated;
+  strategy.with_evaluation_model(t.params, t.buffers, [&] { evaluated = flatten(t.params, t.buffers); });
+  EXPECT_EQ(evaluated, taken) << "after settle, the centre";
+  EXPECT_NE(flatten(t.params, t.buffers), taken) << "and the replica back afterwards";
+  // The same on every rank, bit for bit.
+  std::vector<float> rank0 = taken;
+  world.broadcast(rank0, 0);
+  EXPECT_EQ(taken, rank0);
+  // A second settle with no exchange in between keeps it (one allreduce, nothing fetched).
+  strategy.settle(t.params, t.buffers);
+
+  // The last rank exchanges again while every other rank still holds what it validated: rank 0 saves that.
+  world.barrier();
+  if (r == p - 1) strategy.exchange(t.params, t.buffers);
+  world.barrier();
+  const std::vector<float> now = strategy.fetch_center();
+  if (p > 1) {
+    EXPECT_NE(now, taken) << "the centre moved after it was taken";
+  }
+  std::vector<float> again;
+  strategy.with_evaluation_model(t.params, t.buffers, [&] { again = flatten(t.params, t.buffers); });
+  io::Checkpoint saved;
+  strategy.save_state(t.params, saved);
+  std::vector<float> saved_params;
+  for (const Param* q : t.params) {
+    const auto& data = saved.easgd_center.at(q->name).data;
+    saved_params.insert(saved_params.end(), data.begin(), data.end());
+  }
+  if (r == p - 1) {
+    EXPECT_EQ(again, now) << "this rank exchanged since: the centre as it is now";
+  } else {
+    EXPECT_EQ(again, taken) << "validated and saved: the centre taken, not the one that moved since";
+  }
+  EXPECT_EQ(saved_params, std::vector<float>(again.begin(), again.begin() + static_cast<std::ptrdiff_t>(saved_params.size())));
+  strategy.settle(t.params, t.buffers);
+  EXPECT_EQ(strategy.fetch_center(), now);
+}
+
 TEST_F(AsyncEasgd, OptionsFollowEasgd) {
   const auto world = core::Comm::world();
   EXPECT_EQ(AsyncEasgdStrategy(world, {}).alpha(), static_cast<float>(0.9 / world.size()));
