@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
@@ -581,7 +582,8 @@ std::string output_writer_names() {
 }
 
 std::vector<std::string> write_slide_outputs(const std::string& directory, const SlideResult& result,
-                                             const OutputOptions& options) {
+                                             const OutputOptions& options,
+                                             std::vector<std::pair<std::string, double>>* seconds) {
   for (const auto& name : options.outputs) {
     if (find_output_writer(name) == nullptr) {
       throw core::InternalError(fmt::format("unknown output '{}' (known: {})", name, output_writer_names()));
@@ -599,6 +601,7 @@ std::vector<std::string> write_slide_outputs(const std::string& directory, const
   std::vector<std::string> written;
   for (const OutputWriter* w : selected) {
     const std::string path = (std::filesystem::path(directory) / (id + "." + w->suffix)).string();
+    const auto start = std::chrono::steady_clock::now();
     try {
       w->write(path, result, options);
     } catch (core::Error& e) {
@@ -607,6 +610,10 @@ std::vector<std::string> write_slide_outputs(const std::string& directory, const
       throw;
     }
     written.push_back(path);
+    if (seconds != nullptr) {
+      seconds->emplace_back(w->name,
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
   }
   return written;
 }

@@ -25,6 +25,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <opencv2/core.hpp>
@@ -154,7 +155,9 @@ std::string output_writer_names();  // "heatmap.h5, overlay.png, ..." for error 
 // registry order, and returns their paths. An error names the output and the slide (context "output", "slide"); outputs
 // written before it stay (each is complete). InternalError listing the known names for an unknown name in
 // options.outputs.
+// `seconds` (optional) gets each written output's name and wall seconds, in that order.
 std::vector<std::string> write_slide_outputs(const std::string& directory, const SlideResult& result,
-                                             const OutputOptions& options);
+                                             const OutputOptions& options,
+                                             std::vector<std::pair<std::string, double>>* seconds = nullptr);
 
 }  // namespace tessera::analysis

@@ -95,6 +95,7 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
   std::error_code ignored;  // no record to remove is fine; one that cannot be removed fails the write below
   fs::remove(slide_record_path(out, input.id), ignored);
   std::vector<std::string> written;
+  std::vector<std::pair<std::string, double>> by_output;  // seconds of the regions, thumbnail and each output
   SlideResult result;
   try {
     result = analyse_heatmap(std::move(map), output_options);
@@ -109,7 +110,10 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
       open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
       result.thumbnail = io::Slide::open(input.path, open_options).thumbnail(output_options.overlay.max_side);
     }
-    written = write_slide_outputs(out.string(), result, output_options);
+    const double thumbnail_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
+    by_output.emplace_back("analysis and thumbnail", thumbnail_seconds);
+    written = write_slide_outputs(out.string(), result, output_options, &by_output);
   } catch (const core::Error& e) {
     if (e.kind() != core::ErrorKind::input) throw;
     spdlog::error("slide {} failed while writing its outputs: {}", position, e.what());
@@ -118,6 +122,9 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
   const double output_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
   const auto& heatmap = result.heatmap;
   const float max_prob = heatmap.max_prob();
+  json by_output_json = json::object();
+  for (const auto& [name, seconds] : by_output) by_output_json[name] = seconds;
+  spdlog::debug("slide {} {}: outputs' seconds {}", position, input.id, by_output_json.dump());
   json outputs = json::array();
   for (const auto& path : written) outputs.push_back(fs::path(path).filename().string());
   spdlog::info(
@@ -140,6 +147,7 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
                 {"plan_seconds", stats.plan_seconds},
                 {"read_wait_seconds", stats.read_wait_seconds},
                 {"output_seconds", output_seconds},
+                {"output_seconds_by_output", by_output_json},
                 {"tiles_per_second", static_cast<double>(stats.tiles) / std::max(stats.seconds, 1e-9)},
                 {"caution", input.caution.empty() ? json(nullptr) : json(input.caution)}};
   core::write_file_atomic(slide_record_path(out, input.id).string(),

@@ -284,7 +284,9 @@ cv::Vec3b colormap_rgb(double p, Colormap colormap) {
 // ---------------------------------------------------------------------------------------------------------
 // heatmap.tif
 
-void write_heatmap_tiff(const std::string& path, const Heatmap& h, const HeatmapTiffOptions& options) {
+namespace {
+
+void check_tiff_heatmap(const std::string& path, const Heatmap& h) {
   if (const std::string problem = heatmap_problem(h); !problem.empty()) {
     core::InternalError error("invalid heatmap: " + problem);
     error.add_context("file", path);
@@ -295,9 +297,10 @@ void write_heatmap_tiff(const std::string& path, const Heatmap& h, const Heatmap
     error.add_context("file", path);
     throw error;
   }
-  const bool grey = options.encoding == HeatmapTiffOptions::Encoding::grey;
-  const cv::Vec3b background = grey ? cv::Vec3b(0, 0, 0) : cv::Vec3b(255, 255, 255);
+}
 
+TiffWriterOptions heatmap_tiff_writer_options(const Heatmap& h, const HeatmapTiffOptions& options) {
+  const bool grey = options.encoding == HeatmapTiffOptions::Encoding::grey;
   TiffWriterOptions tiff;
   tiff.flavor = TiffFlavor::aperio;  // carries MPP, so viewers show the map at the slide's scale
   tiff.compression = TiffCompression::deflate;
@@ -307,43 +310,251 @@ void write_heatmap_tiff(const std::string& path, const Heatmap& h, const Heatmap
   tiff.objective_power = kObjectiveMicrons / h.slide_mpp;
   tiff.description = fmt::format("Tessera tumour probability map of {} ({}, step {} px, tile {} px)", h.slide_id,
                                  grey ? "grey = 255 p" : to_string(options.colormap), h.step, h.tile);
-  TiffWriter writer(path, h.slide_width, h.slide_height, tiff);
+  return tiff;
+}
 
-  const int width = static_cast<int>(h.slide_width);
-  const std::vector<int> columns = cell_columns(h, width, 1.0);
-  // One row of cells rendered to a full-width row of pixels; consecutive pixel rows of the same cell row reuse it.
-  std::vector<cv::Vec3b> cell_colours(static_cast<std::size_t>(h.cols));
-  cv::Mat row_pixels(1, width, CV_8UC3);
-  int rendered_row = std::numeric_limits<int>::min();
-  auto render_row = [&](int cell_row) {
-    if (cell_row == rendered_row) return;
-    rendered_row = cell_row;
-    if (cell_row >= 0) {
-      for (int j = 0; j < h.cols; ++j) {
-        const float p = h.at(cell_row, j);
-        cell_colours[static_cast<std::size_t>(j)] =
-            std::isnan(p) ? background
-            : grey        ? cv::Vec3b::all(static_cast<std::uint8_t>(std::lround(p * 255.0f)))
-                          : colormap_rgb(p, options.colormap);
+// The colour of cell (row, col); -1 = outside the grid.
+class CellColours {
+ public:
+  CellColours(const Heatmap& h, const HeatmapTiffOptions& options)
+      : h_(h),
+        options_(options),
+        grey_(options.encoding == HeatmapTiffOptions::Encoding::grey),
+        background_(grey_ ? cv::Vec3b(0, 0, 0) : cv::Vec3b(255, 255, 255)) {}
+  cv::Vec3b operator()(int row, int col) const {
+    if (row < 0 || col < 0) return background_;
+    const float p = h_.at(row, col);
+    if (std::isnan(p)) return background_;
+    return grey_ ? cv::Vec3b::all(static_cast<std::uint8_t>(std::lround(p * 255.0f))) : colormap_rgb(p, options_.colormap);
+  }
+
+ private:
+  const Heatmap& h_;
+  const HeatmapTiffOptions& options_;
+  bool grey_;
+  cv::Vec3b background_;
+};
+
+// Runs of equal descriptors along one axis of a pyramid level: run_of[x] is the run of column (row) x, start[r] the
+// first column of run r (and start.back() the level's width).
+struct Runs {
+  std::vector<int> run_of;
+  std::vector<std::int64_t> start;
+  int count() const { return static_cast<int>(start.size()) - 1; }
+};
+
+// Level 0: runs of pixels in the same cell (or outside the grid, -1); `cell` gets each run's cell.
+Runs cell_runs(const std::vector<int>& index, std::vector<int>& cell) {
+  Runs runs;
+  runs.run_of.resize(index.size());
+  for (std::size_t x = 0; x < index.size(); ++x) {
+    if (x == 0 || index[x] != index[x - 1]) {
+      runs.start.push_back(static_cast<std::int64_t>(x));
+      cell.push_back(index[x]);
+    }
+    runs.run_of[x] = static_cast<int>(runs.start.size()) - 1;
+  }
+  runs.start.push_back(static_cast<std::int64_t>(index.size()));
+  return runs;
+}
+
+// The next level: pixel x takes the `factor` pixels factor·x + u of this one (the last repeated past the edge),
+// and runs of pixels that take the same runs of this level. `sources` gets each new run's `factor` runs.
+Runs downsampled_runs(const Runs& runs, std::int64_t size, int factor, std::vector<int>& sources) {
+  const std::int64_t last = static_cast<std::int64_t>(runs.run_of.size()) - 1;
+  Runs next;
+  next.run_of.resize(static_cast<std::size_t>(size));
+  std::vector<int> current(static_cast<std::size_t>(factor));
+  for (std::int64_t x = 0; x < size; ++x) {
+    for (int u = 0; u < factor; ++u) {
+      current[static_cast<std::size_t>(u)] = runs.run_of[static_cast<std::size_t>(std::min(factor * x + u, last))];
+    }
+    if (x == 0 || !std::equal(current.begin(), current.end(), sources.end() - factor)) {
+      next.start.push_back(x);
+      sources.insert(sources.end(), current.begin(), current.end());
+    }
+    next.run_of[static_cast<std::size_t>(x)] = static_cast<int>(next.start.size()) - 1;
+  }
+  next.start.push_back(size);
+  return next;
+}
+
+// The pixels of heatmap.tif, every level, without the area: each pixel of level 0 is the colour of its cell's
+// footprint, so a level is runs of columns times runs of rows, each pair one colour (`values`, CV_8UC3, row runs ×
+// column runs). Level k+1's pixel averages a factor×factor block of level k's; its runs are the distinct tuples of
+// level-k runs its columns (rows) take, and its values are exactly what downsample_for_pyramid makes of a block
+// laid out from those tuples — the same arithmetic as the strips' pyramid, on a grid of about the cells' size.
+class HeatmapTiles final : public TileSource {
+ public:
+  HeatmapTiles(const Heatmap& h, const HeatmapTiffOptions& options, const TiffWriter& writer) {
+    const CellColours colour(h, options);
+    const int factor = writer.level_factor();
+    Level base;
+    std::vector<int> col_cell, row_cell;
+    base.cols = cell_runs(cell_columns(h, static_cast<int>(h.slide_width), 1.0), col_cell);
+    base.rows = cell_runs(cell_rows(h, static_cast<int>(h.slide_height), 1.0), row_cell);
+    base.values.create(base.rows.count(), base.cols.count(), CV_8UC3);
+    for (int i = 0; i < base.rows.count(); ++i) {
+      auto* out = base.values.ptr<cv::Vec3b>(i);
+      for (int j = 0; j < base.cols.count(); ++j) {
+        out[j] = colour(row_cell[static_cast<std::size_t>(i)], col_cell[static_cast<std::size_t>(j)]);
       }
     }
-    auto* out = row_pixels.ptr<cv::Vec3b>();
-    for (int x = 0; x < width; ++x) {
-      const int j = columns[static_cast<std::size_t>(x)];
-      out[x] = cell_row >= 0 && j >= 0 ? cell_colours[static_cast<std::size_t>(j)] : background;
+    levels_.push_back(std::move(base));
+    for (int k = 1; k < writer.level_count(); ++k) {
+      const Level& above = levels_.back();
+      Level level;
+      std::vector<int> col_sources, row_sources;
+      level.cols = downsampled_runs(above.cols, writer.level_width(k), factor, col_sources);
+      level.rows = downsampled_runs(above.rows, writer.level_height(k), factor, row_sources);
+      cv::Mat block(factor * level.rows.count(), factor * level.cols.count(), CV_8UC3);
+      for (int y = 0; y < block.rows; ++y) {
+        const int source_row = row_sources[static_cast<std::size_t>(y)];
+        const auto* in = above.values.ptr<cv::Vec3b>(source_row);
+        auto* out = block.ptr<cv::Vec3b>(y);
+        for (int x = 0; x < block.cols; ++x) out[x] = in[col_sources[static_cast<std::size_t>(x)]];
+      }
+      level.values = downsample_for_pyramid(block, factor);
+      levels_.push_back(std::move(level));
     }
+  }
+
+  void describe_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, std::string& key) override {
+    const Tile& t = tile(level, x0, y0, width, height);
+    const auto append = [&key](const void* data, std::size_t bytes) {
+      key.append(static_cast<const char*>(data), bytes);
+    };
+    for (const auto* lengths : {&t.col_lengths, &t.row_lengths}) {
+      const auto n = static_cast<std::uint32_t>(lengths->size());
+      append(&n, sizeof n);
+      append(lengths->data(), lengths->size() * sizeof(std::int32_t));
+    }
+    append(t.values.data(), t.values.size() * sizeof(cv::Vec3b));
+  }
+
+  void render_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, cv::Mat& out) override {
+    const Tile& t = tile(level, x0, y0, width, height);
+    out.create(height, width, CV_8UC3);
+    int y = 0;
+    for (std::size_t i = 0; i < t.row_lengths.size(); ++i) {
+      int x = 0;
+      for (std::size_t j = 0; j < t.col_lengths.size(); ++j) {
+        const cv::Vec3b c = t.values[i * t.col_lengths.size() + j];
+        out(cv::Rect(x, y, t.col_lengths[j], t.row_lengths[i])).setTo(cv::Scalar(c[0], c[1], c[2]));
+        x += t.col_lengths[j];
+      }
+      y += t.row_lengths[i];
+    }
+  }
+
+ private:
+  struct Level {
+    Runs cols, rows;
+    cv::Mat values;
+  };
+  // One tile: runs of columns and of rows (clipped to the tile, the last run carried to its edge as the strips pad
+  // it, neighbours of equal colours merged) and the colour of each pair, row-major.
+  struct Tile {
+    int level = -1;
+    std::int64_t x0 = -1, y0 = -1;
+    int width = 0, height = 0;
+    std::vector<std::int32_t> col_lengths, row_lengths;
+    std::vector<int> col_runs, row_runs;
+    std::vector<cv::Vec3b> values;
   };
 
-  const double start_y = footprint_start(h.origin_y, h);
-  const auto step = static_cast<double>(h.step);
+  // The runs of [first, first + length) of `runs`, clipped, the last extended to the end.
+  static void clip(const Runs& runs, std::int64_t first, int length, std::vector<int>& which,
+                   std::vector<std::int32_t>& lengths) {
+    which.clear();
+    lengths.clear();
+    const std::int64_t end = first + length;
+    const auto last_pixel = static_cast<std::int64_t>(runs.run_of.size()) - 1;
+    const int last = runs.run_of[static_cast<std::size_t>(std::min(end - 1, last_pixel))];
+    for (int r = runs.run_of[static_cast<std::size_t>(first)]; r <= last; ++r) {
+      const std::int64_t from = std::max(runs.start[static_cast<std::size_t>(r)], first);
+      const std::int64_t to = r == last ? end : runs.start[static_cast<std::size_t>(r) + 1];
+      which.push_back(r);
+      lengths.push_back(static_cast<std::int32_t>(to - from));
+    }
+  }
+
+  const Tile& tile(int level, std::int64_t x0, std::int64_t y0, int width, int height) {
+    Tile& t = last_;
+    if (t.level == level && t.x0 == x0 && t.y0 == y0 && t.width == width && t.height == height) return t;
+    t.level = level;
+    t.x0 = x0;
+    t.y0 = y0;
+    t.width = width;
+    t.height = height;
+    const Level& l = levels_[static_cast<std::size_t>(level)];
+    clip(l.cols, x0, width, t.col_runs, t.col_lengths);
+    clip(l.rows, y0, height, t.row_runs, t.row_lengths);
+    const auto value = [&](std::size_t i, std::size_t j) {
+      return l.values.at<cv::Vec3b>(t.row_runs[i], t.col_runs[j]);
+    };
+    // Merge neighbouring columns of equal colours over every row, then neighbouring rows over the columns left:
+    // a tile of one colour has one key however many cells it crosses.
+    std::vector<std::size_t> cols;
+    for (std::size_t j = 0; j < t.col_runs.size(); ++j) {
+      bool same = !cols.empty();
+      for (std::size_t i = 0; same && i < t.row_runs.size(); ++i) same = value(i, cols.back()) == value(i, j);
+      if (same) {
+        t.col_lengths[cols.size() - 1] += t.col_lengths[j];
+      } else {
+        t.col_lengths[cols.size()] = t.col_lengths[j];
+        cols.push_back(j);
+      }
+    }
+    t.col_lengths.resize(cols.size());
+    std::vector<std::size_t> rows;
+    for (std::size_t i = 0; i < t.row_runs.size(); ++i) {
+      bool same = !rows.empty();
+      for (std::size_t c = 0; same && c < cols.size(); ++c) same = value(rows.back(), cols[c]) == value(i, cols[c]);
+      if (same) {
+        t.row_lengths[rows.size() - 1] += t.row_lengths[i];
+      } else {
+        t.row_lengths[rows.size()] = t.row_lengths[i];
+        rows.push_back(i);
+      }
+    }
+    t.row_lengths.resize(rows.size());
+    t.values.clear();
+    for (const std::size_t i : rows) {
+      for (const std::size_t j : cols) t.values.push_back(value(i, j));
+    }
+    return t;
+  }
+
+  std::vector<Level> levels_;
+  Tile last_;
+};
+
+}  // namespace
+
+void write_heatmap_tiff(const std::string& path, const Heatmap& h, const HeatmapTiffOptions& options) {
+  check_tiff_heatmap(path, h);
+  TiffWriter writer(path, h.slide_width, h.slide_height, heatmap_tiff_writer_options(h, options));
+  HeatmapTiles tiles(h, options, writer);
+  writer.write_tiles(tiles);
+  writer.finish();
+}
+
+void write_heatmap_tiff_by_strips(const std::string& path, const Heatmap& h, const HeatmapTiffOptions& options) {
+  check_tiff_heatmap(path, h);
+  const CellColours colour(h, options);
+  TiffWriter writer(path, h.slide_width, h.slide_height, heatmap_tiff_writer_options(h, options));
+  const int width = static_cast<int>(h.slide_width);
+  const std::vector<int> columns = cell_columns(h, width, 1.0);
+  const std::vector<int> rows = cell_rows(h, static_cast<int>(h.slide_height), 1.0);
   cv::Mat strip;
   for (std::int64_t y0 = 0; y0 < h.slide_height; y0 += options.tile_size) {
     const int n = static_cast<int>(std::min<std::int64_t>(options.tile_size, h.slide_height - y0));
     strip.create(n, width, CV_8UC3);
     for (int r = 0; r < n; ++r) {
-      const double cell = std::floor((static_cast<double>(y0 + r) + 0.5 - start_y) / step);
-      render_row(cell >= 0.0 && cell < h.rows ? static_cast<int>(cell) : -1);
-      row_pixels.copyTo(strip.row(r));
+      auto* out = strip.ptr<cv::Vec3b>(r);
+      const int row = rows[static_cast<std::size_t>(y0 + r)];
+      for (int x = 0; x < width; ++x) out[x] = colour(row, columns[static_cast<std::size_t>(x)]);
     }
     writer.write_strip(strip);
   }

@@ -87,9 +87,18 @@ struct HeatmapTiffOptions {
 
 // Writes `<slide>.heatmap.tif`: a pyramidal TIFF (Aperio layout, deflate: lossless) exactly the slide's level-0
 // size and resolution, each pixel taking the value of the cell whose footprint holds it, so it lies on the
-// slide pixel for pixel in a viewer; OpenSlide opens it (vendor aperio, openslide.mpp-x = slide_mpp). Streams
-// strip by strip (memory: a few strips, whatever the slide size), written atomically by io::TiffWriter.
-// Needs slide_mpp > 0 (core::InternalError otherwise).
-void write_heatmap_tiff(const std::string& path, const Heatmap& heatmap, const HeatmapTiffOptions& options = {});
+// slide pixel for pixel in a viewer; OpenSlide opens it (vendor aperio, openslide.mpp-x = slide_mpp). Written
+// atomically by io::TiffWriter. Needs slide_mpp > 0 (core::InternalError otherwise).
+//   Cost follows the cells, not the slide's area: every level is held as runs of columns times runs of rows (a
+// level-0 run is one cell's footprint; a lower level's runs are the distinct tuples of the runs its pixels average),
+// so no level is ever rendered whole; each distinct tile is compressed once and every equal tile (background,
+// the inside of a cell's footprint, equal neighbours) points at its bytes (TiffWriter::write_tiles). Memory: the
+// runs and one tile per distinct tile key, about the grid's size.
+void write_heatmap_tiff(const std::string& path, const Heatmap& h, const HeatmapTiffOptions& options = {});
+
+// The same file made the plain way, the reference write_heatmap_tiff() is tested against: every level-0 pixel
+// rendered, strip by strip, into TiffWriter::write_strip, which compresses every tile and downsamples every level.
+// Time and work grow with the slide's area.
+void write_heatmap_tiff_by_strips(const std::string& path, const Heatmap& h, const HeatmapTiffOptions& options = {});
 
 }  // namespace tessera::io

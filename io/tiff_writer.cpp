@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
+#include <unordered_map>
 
 #include <tiffio.h>
 #include <opencv2/imgproc.hpp>
@@ -168,6 +169,22 @@ struct TiffWriter::Impl {
   void write_stripped(const TiffFile& out, const cv::Mat& image, const std::string& description);
   void append_level(const TiffFile& out, std::size_t k);
   void remove_temporaries() noexcept;
+  void open_level(std::size_t k);
+  void set_level_tags(const TiffFile& file, std::size_t k) const;
+  void write_source_level(const TiffFile& out, std::size_t k, TileSource& source);
+  cv::Mat thumbnail_from(TileSource& source);
+  void write_thumbnail(const TiffFile& out, const cv::Mat& source);
+
+  // write_tiles(): the tiles stored so far by key (their offset and size in the output), and the counts.
+  struct StoredTile {
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+  };
+  std::unordered_map<std::string, StoredTile> stored;
+  bool strips_started = false;
+  bool tiles_written = false;
+  std::int64_t tiles_stored = 0;
+  std::int64_t tiles_total = 0;
 };
 
 TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64_t height,
@@ -227,21 +244,29 @@ TiffWriter::Impl::Impl(const std::string& output, std::int64_t width, std::int64
     thumbnail_source.create(static_cast<int>(source.height), static_cast<int>(source.width), CV_8UC3);
   }
 
-  const char* mode = bigtiff ? "w8" : "w";
+  // The output now; the lower levels' temporary files when the first strip comes (write_tiles() needs none).
   try {
-    for (std::size_t k = 0; k < levels.size(); ++k) {
-      Level& level = *levels[k];
-      level.file.path = k == 0 ? temp_path : temp_path + ".level" + std::to_string(k);
-      open_tiff(level.file, mode);
-      const double ds_x = static_cast<double>(width) / static_cast<double>(level.width);
-      const double ds_y = static_cast<double>(height) / static_cast<double>(level.height);
-      set_image_tags(level.file, level.width, level.height, level.tile_width, level.tile_height,
-                     /*encoding=*/true, ds_x, ds_y, k == 0 ? 0 : FILETYPE_REDUCEDIMAGE, level_description(k));
-    }
+    open_level(0);
   } catch (...) {
     remove_temporaries();
     throw;
   }
+}
+
+void TiffWriter::Impl::open_level(std::size_t k) {
+  Level& level = *levels[k];
+  level.file.path = k == 0 ? temp_path : temp_path + ".level" + std::to_string(k);
+  open_tiff(level.file, bigtiff ? "w8" : "w");
+  set_level_tags(level.file, k);
+}
+
+void TiffWriter::Impl::set_level_tags(const TiffFile& file, std::size_t k) const {
+  const Level& base = *levels.front();
+  const Level& level = *levels[k];
+  set_image_tags(file, level.width, level.height, level.tile_width, level.tile_height, /*encoding=*/true,
+                 static_cast<double>(base.width) / static_cast<double>(level.width),
+                 static_cast<double>(base.height) / static_cast<double>(level.height),
+                 k == 0 ? 0 : FILETYPE_REDUCEDIMAGE, level_description(k));
 }
 
 TiffWriter::Impl::~Impl() {
@@ -264,16 +289,28 @@ std::string TiffWriter::Impl::level_description(std::size_t k) const {
   // The layout of a real Aperio description; OpenSlide needs the "Aperio" prefix and parses the
   // "key = value" fields after '|' into aperio.* properties (MPP → openslide.mpp-x, AppMag →
   // openslide.objective-power).
-  std::string text = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " [0,0 " +
-                     dims(base.width, base.height) + "] (" + dims(base.tile_width, base.tile_height) + ")";
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) about a chain of operator+ here.
+  std::string text(kAperioPrefix);
+  for (const std::string& piece : {std::string("\r\n"), dims(base.width, base.height), std::string(" [0,0 "),
+                                   dims(base.width, base.height), std::string("] ("),
+                                   dims(base.tile_width, base.tile_height), std::string(")")}) {
+    text += piece;
+  }
   if (k > 0) {
     text += " -> ";
     text += dims(level.width, level.height);
   }
-  text += " " + compression_text();
+  text += ' ';
+  text += compression_text();
   if (k == 0) {
-    text += "|AppMag = " + format_number(options.objective_power) + "|MPP = " + format_number(options.mpp);
-    if (!options.description.empty()) text += "|Description = " + sanitize_description(options.description);
+    text += "|AppMag = ";
+    text += format_number(options.objective_power);
+    text += "|MPP = ";
+    text += format_number(options.mpp);
+    if (!options.description.empty()) {
+      text += "|Description = ";
+      text += sanitize_description(options.description);
+    }
   }
   return text;
 }
@@ -378,7 +415,10 @@ void TiffWriter::Impl::encode_tile_row(Level& level, const cv::Mat& rows) {
 }
 
 cv::Mat TiffWriter::Impl::downsample_block(const cv::Mat& block) const {
-  const int factor = options.level_factor;
+  return downsample_for_pyramid(block, options.level_factor);
+}
+
+cv::Mat downsample_for_pyramid(const cv::Mat& block, int factor) {
   cv::Mat source = block;
   const int pad_x = (factor - block.cols % factor) % factor;
   if (pad_x != 0) {
@@ -435,6 +475,21 @@ void TiffWriter::Impl::write_stripped(const TiffFile& out, const cv::Mat& image,
     }
   }
   if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
+}
+
+void TiffWriter::Impl::write_thumbnail(const TiffFile& out, const cv::Mat& source) {
+  cv::Mat thumbnail = source;
+  const int longer = std::max(thumbnail.cols, thumbnail.rows);
+  if (longer > kThumbnailMaxSide) {
+    const double scale = static_cast<double>(kThumbnailMaxSide) / longer;
+    const cv::Size size(std::max(1, static_cast<int>(std::lround(thumbnail.cols * scale))),
+                        std::max(1, static_cast<int>(std::lround(thumbnail.rows * scale))));
+    cv::resize(source, thumbnail, size, 0, 0, cv::INTER_AREA);
+  }
+  const Level& base = *levels.front();
+  const std::string description = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " -> " +
+                                  dims(thumbnail.cols, thumbnail.rows) + " " + compression_text();
+  write_stripped(out, thumbnail, description);
 }
 
 void TiffWriter::Impl::append_level(const TiffFile& out, std::size_t k) {
@@ -497,7 +552,99 @@ void TiffWriter::write_strip(const cv::Mat& strip) {
                dims(strip.cols, strip.rows) + " with " + std::to_string(strip.channels()) + " channel(s) of depth " +
                std::to_string(strip.depth()));
   }
+  if (d.tiles_written) d.bad_call("write_strip() after write_tiles()");
+  if (!d.strips_started) {
+    d.strips_started = true;
+    try {
+      for (std::size_t k = 1; k < d.levels.size(); ++k) d.open_level(k);
+    } catch (...) {
+      d.remove_temporaries();
+      throw;
+    }
+  }
   d.push_rows(0, strip);
+}
+
+void TiffWriter::Impl::write_source_level(const TiffFile& out, std::size_t k, TileSource& source) {
+  const Level& level = *levels[k];
+  if (k > 0) set_level_tags(out, k);
+  // Allocates the level's offset arrays now: every tile of a level may point at tiles of levels before it.
+  if (TIFFWriteCheck(out.tif, /*tiles=*/1, "write_tiles") != 1) {
+    fail(out, "cannot start pyramid level " + std::to_string(k));
+  }
+  // Tiles equal to one stored before point at its bytes: their entries in the offset and byte-count arrays are set
+  // once the level's distinct tiles are written, just before its directory. libtiff has no call that sets one entry,
+  // but TIFFGetField hands out the arrays it writes into the directory (allocated when the first tile is written).
+  std::vector<std::pair<std::uint32_t, StoredTile>> shared;
+  std::string key;
+  cv::Mat tile;
+  const std::int64_t tiles_across = ceil_div(level.width, level.tile_width);
+  const std::int64_t tiles_down = ceil_div(level.height, level.tile_height);
+  for (std::int64_t ty = 0; ty < tiles_down; ++ty) {
+    for (std::int64_t tx = 0; tx < tiles_across; ++tx) {
+      const std::int64_t x0 = tx * level.tile_width;
+      const std::int64_t y0 = ty * level.tile_height;
+      const auto index = TIFFComputeTile(out.tif, static_cast<std::uint32_t>(x0), static_cast<std::uint32_t>(y0), 0, 0);
+      key.clear();
+      source.describe_tile(static_cast<int>(k), x0, y0, level.tile_width, level.tile_height, key);
+      ++tiles_total;
+      if (const auto found = stored.find(key); found != stored.end()) {
+        shared.emplace_back(index, found->second);
+        continue;
+      }
+      source.render_tile(static_cast<int>(k), x0, y0, level.tile_width, level.tile_height, tile);
+      if (tile.type() != CV_8UC3 || tile.cols != level.tile_width || tile.rows != level.tile_height ||
+          !tile.isContinuous()) {
+        bad_call("write_tiles(): the source made a tile that is not " + dims(level.tile_width, level.tile_height) +
+                 " continuous RGB CV_8UC3");
+      }
+      if (TIFFWriteEncodedTile(out.tif, index, tile.data, static_cast<tmsize_t>(tile.total() * tile.elemSize())) < 0) {
+        fail(out, "cannot write tile " + std::to_string(index) + " of pyramid level " + std::to_string(k));
+      }
+      stored.emplace(key, StoredTile{TIFFGetStrileOffset(out.tif, index), TIFFGetStrileByteCount(out.tif, index)});
+      ++tiles_stored;
+    }
+  }
+  if (!shared.empty()) {
+    std::uint64_t* offsets = nullptr;
+    std::uint64_t* byte_counts = nullptr;
+    if (TIFFGetField(out.tif, TIFFTAG_TILEOFFSETS, &offsets) != 1 ||
+        TIFFGetField(out.tif, TIFFTAG_TILEBYTECOUNTS, &byte_counts) != 1 || offsets == nullptr ||
+        byte_counts == nullptr) {
+      fail(out, "cannot reach the tile offsets of pyramid level " + std::to_string(k));
+    }
+    for (const auto& [index, stored_tile] : shared) {
+      offsets[index] = stored_tile.offset;
+      byte_counts[index] = stored_tile.bytes;
+    }
+  }
+  if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
+}
+
+cv::Mat TiffWriter::Impl::thumbnail_from(TileSource& source) {
+  const Level& level = *levels[static_cast<std::size_t>(thumbnail_level)];
+  cv::Mat whole;
+  source.render_tile(thumbnail_level, 0, 0, static_cast<int>(level.width), static_cast<int>(level.height), whole);
+  if (whole.type() != CV_8UC3 || whole.cols != level.width || whole.rows != level.height) {
+    bad_call("write_tiles(): the source made a thumbnail level that is not " + dims(level.width, level.height) +
+             " RGB CV_8UC3");
+  }
+  return whole;
+}
+
+void TiffWriter::write_tiles(TileSource& source) {
+  Impl& d = *impl_;
+  if (d.finished) d.bad_call("write_tiles() after finish()");
+  if (d.strips_started) d.bad_call("write_tiles() after write_strip()");
+  if (d.tiles_written) d.bad_call("write_tiles() called twice");
+  if (d.options.compression != TiffCompression::deflate) d.bad_call("write_tiles() writes deflate tiles only");
+  d.tiles_written = true;
+  const TiffFile& out = d.levels.front()->file;
+  d.write_source_level(out, 0, source);
+  if (d.options.flavor == TiffFlavor::aperio) d.write_thumbnail(out, d.thumbnail_from(source));
+  for (std::size_t k = 1; k < d.levels.size(); ++k) d.write_source_level(out, k, source);
+  d.stored.clear();
+  d.thumbnail_source.release();
 }
 
 void TiffWriter::add_associated_image(const std::string& name, const cv::Mat& image) {
@@ -516,29 +663,20 @@ void TiffWriter::add_associated_image(const std::string& name, const cv::Mat& im
 void TiffWriter::finish() {
   Impl& d = *impl_;
   if (d.finished) d.bad_call("finish() called twice");
-  const Impl::Level& base = *d.levels.front();
-  if (base.rows_in != base.height) {
-    d.bad_call("finish() after " + std::to_string(base.rows_in) + " of " + std::to_string(base.height) + " rows");
-  }
-  d.flush(0);
   const TiffFile& out = d.levels.front()->file;
-  if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
-
-  if (d.options.flavor == TiffFlavor::aperio) {
-    cv::Mat thumbnail = d.thumbnail_source;
-    const int longer = std::max(thumbnail.cols, thumbnail.rows);
-    if (longer > kThumbnailMaxSide) {
-      const double scale = static_cast<double>(kThumbnailMaxSide) / longer;
-      const cv::Size size(std::max(1, static_cast<int>(std::lround(thumbnail.cols * scale))),
-                          std::max(1, static_cast<int>(std::lround(thumbnail.rows * scale))));
-      cv::resize(d.thumbnail_source, thumbnail, size, 0, 0, cv::INTER_AREA);
+  if (!d.tiles_written) {
+    const Impl::Level& base = *d.levels.front();
+    if (base.rows_in != base.height) {
+      d.bad_call("finish() after " + std::to_string(base.rows_in) + " of " + std::to_string(base.height) + " rows");
     }
-    const std::string description = std::string(kAperioPrefix) + "\r\n" + dims(base.width, base.height) + " -> " +
-                                    dims(thumbnail.cols, thumbnail.rows) + " " + d.compression_text();
-    d.write_stripped(out, thumbnail, description);
-    d.thumbnail_source.release();
+    d.flush(0);
+    if (TIFFWriteDirectory(out.tif) != 1) fail(out, "cannot write a TIFF directory");
+    if (d.options.flavor == TiffFlavor::aperio) {
+      d.write_thumbnail(out, d.thumbnail_source);
+      d.thumbnail_source.release();
+    }
+    for (std::size_t k = 1; k < d.levels.size(); ++k) d.append_level(out, k);
   }
-  for (std::size_t k = 1; k < d.levels.size(); ++k) d.append_level(out, k);
   for (const auto& image : d.associated) {
     // OpenSlide's aperio driver names a stripped directory after the first word of the description's second
     // line; it splits lines on '\r' and '\n' separately, so a plain '\n' is needed here.
@@ -568,6 +706,18 @@ void TiffWriter::finish() {
 }
 
 int TiffWriter::level_count() const { return static_cast<int>(impl_->levels.size()); }
+
+std::int64_t TiffWriter::level_width(int level) const { return impl_->levels.at(static_cast<std::size_t>(level))->width; }
+
+std::int64_t TiffWriter::level_height(int level) const {
+  return impl_->levels.at(static_cast<std::size_t>(level))->height;
+}
+
+int TiffWriter::level_factor() const { return impl_->options.level_factor; }
+
+std::int64_t TiffWriter::tiles_stored() const { return impl_->tiles_stored; }
+
+std::int64_t TiffWriter::tiles_total() const { return impl_->tiles_total; }
 
 std::int64_t TiffWriter::rows_written() const { return impl_->levels.front()->rows_in; }
 

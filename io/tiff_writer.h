@@ -14,6 +14,11 @@
 //    further associated images (label, macro) are written as stripped directories named in their
 //    descriptions.
 // Files larger than 4 GiB are written as BigTIFF automatically.
+//
+// Images whose tiles repeat (a heatmap: every pixel of a cell's footprint has the cell's colour) can be given tile by
+// tile instead (write_tiles() with a TileSource): each distinct tile is compressed and stored once and every equal
+// tile points at the same bytes (TIFF lets tiles share offsets), so the cost follows the distinct tiles, not the
+// area. The source makes every level itself, exactly as the strips would have made it (downsample_for_pyramid()).
 #pragma once
 
 #include <cstdint>
@@ -41,6 +46,26 @@ struct TiffWriterOptions {
   std::string software = "Tessera";  // the TIFF Software tag (tessera synth: io::kSyntheticSlideSoftware)
 };
 
+// The lower levels' pixels: `block` (rows a multiple of `factor`) area-averaged by `factor` after padding its right
+// edge by replicating the last column to a multiple of it. Level k+1 of a pyramid is this of level k (the bottom edge
+// replicated the same way); a TileSource that makes its levels itself uses it to get the same pixels.
+cv::Mat downsample_for_pyramid(const cv::Mat& block, int factor);
+
+// The pixels of a pyramid given tile by tile (TiffWriter::write_tiles). Level k is TiffWriter::level_width(k) ×
+// level_height(k) pixels.
+class TileSource {
+ public:
+  virtual ~TileSource() = default;
+  // Bytes that identify the pixels of the `width`×`height` tile whose top-left is (x0, y0) at level `level`: two tiles
+  // (of any levels) with equal keys must have equal pixels; equal pixels may have different keys (then they are
+  // simply stored twice).
+  virtual void describe_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height,
+                             std::string& key) = 0;
+  // That tile's pixels into `tile` (RGB CV_8UC3, height×width): the image's pixels, and past its right or bottom
+  // edge its last column or row repeated, as write_strip() pads edge tiles.
+  virtual void render_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, cv::Mat& tile) = 0;
+};
+
 class TiffWriter {
  public:
   // Opens `path` (written under a temporary name until finish()). Throws core::InternalError/InputError naming
@@ -52,12 +77,21 @@ class TiffWriter {
 
   // Next level-0 strip: CV_8UC3 RGB, cols == width, rows == tile_size (or the remainder for the last one).
   void write_strip(const cv::Mat& strip);
+  // The whole pyramid from `source` instead of write_strip(): every level, each distinct tile (by its key) compressed
+  // once and every equal tile pointing at its bytes. Deflate compression only (JPEG tiles need their directory's
+  // tables). Then finish() as usual.
+  void write_tiles(TileSource& source);
   // Associated image (aperio flavour: "label" or "macro"); RGB CV_8UC3. Call before finish().
   void add_associated_image(const std::string& name, const cv::Mat& image);
   // Writes the remaining levels and associated images, closes and renames into place.
   void finish();
 
   int level_count() const;  // number of pyramid levels that will be written
+  std::int64_t level_width(int level) const;
+  std::int64_t level_height(int level) const;
+  int level_factor() const;
+  std::int64_t tiles_stored() const;  // write_tiles(): tiles compressed and stored (the rest point at them)
+  std::int64_t tiles_total() const;   // write_tiles(): tiles of every level
   std::int64_t rows_written() const;
 
  private:

@@ -1,15 +1,18 @@
 // heatmap.h5 (round trip, refusals naming the file) and heatmap.tif (OpenSlide opens it at the slide's size and its
-// pixels follow the map).
+// pixels follow the map; the tile-sharing writer gives the same tags and pixels, directory by directory and tile by
+// tile, as the plain strip writer).
 #include "io/heatmap.h"
 
 #include <hdf5.h>
 #include <openslide.h>
+#include <tiffio.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -336,6 +339,188 @@ INSTANTIATE_TEST_SUITE_P(Encodings, HeatmapTiff,
                            return param.param == HeatmapTiffOptions::Encoding::grey ? std::string("grey")
                                                                                     : std::string("colour");
                          });
+
+// ---------------------------------------------------------------------------------------------------------
+// write_heatmap_tiff (runs of cells, shared tiles) against write_heatmap_tiff_by_strips (every pixel rendered).
+
+struct TiffCloser {
+  void operator()(TIFF* tif) const { TIFFClose(tif); }
+};
+using TiffHandle = std::unique_ptr<TIFF, TiffCloser>;
+
+std::string tag_text(TIFF* tif, std::uint32_t tag) {
+  const char* text = nullptr;
+  return TIFFGetField(tif, tag, &text) == 1 && text != nullptr ? std::string(text) : std::string("(none)");
+}
+
+// What a reader sees of one directory: its tags and its decoded pixels, tile by tile (strip by strip).
+struct Directory {
+  std::uint32_t width = 0, height = 0, tile_width = 0, tile_height = 0, subfile = 0, rows_per_strip = 0;
+  std::uint16_t compression = 0, photometric = 0, predictor = 0, unit = 0, samples = 0, bits = 0, planar = 0;
+  float x_resolution = 0, y_resolution = 0;
+  std::string description, software;
+  std::vector<std::vector<unsigned char>> pieces;  // decoded tiles or strips
+  std::uint64_t distinct_offsets = 0;
+};
+
+std::vector<Directory> read_directories(const std::string& path) {
+  TiffHandle tif(TIFFOpen(path.c_str(), "r"));
+  if (!tif) return {};
+  std::vector<Directory> out;
+  do {
+    TIFF* t = tif.get();
+    Directory d;
+    TIFFGetField(t, TIFFTAG_IMAGEWIDTH, &d.width);
+    TIFFGetField(t, TIFFTAG_IMAGELENGTH, &d.height);
+    TIFFGetField(t, TIFFTAG_TILEWIDTH, &d.tile_width);
+    TIFFGetField(t, TIFFTAG_TILELENGTH, &d.tile_height);
+    TIFFGetField(t, TIFFTAG_ROWSPERSTRIP, &d.rows_per_strip);
+    TIFFGetField(t, TIFFTAG_SUBFILETYPE, &d.subfile);
+    TIFFGetField(t, TIFFTAG_COMPRESSION, &d.compression);
+    TIFFGetField(t, TIFFTAG_PHOTOMETRIC, &d.photometric);
+    TIFFGetField(t, TIFFTAG_PREDICTOR, &d.predictor);
+    TIFFGetField(t, TIFFTAG_RESOLUTIONUNIT, &d.unit);
+    TIFFGetField(t, TIFFTAG_SAMPLESPERPIXEL, &d.samples);
+    TIFFGetField(t, TIFFTAG_BITSPERSAMPLE, &d.bits);
+    TIFFGetField(t, TIFFTAG_PLANARCONFIG, &d.planar);
+    TIFFGetField(t, TIFFTAG_XRESOLUTION, &d.x_resolution);
+    TIFFGetField(t, TIFFTAG_YRESOLUTION, &d.y_resolution);
+    d.description = tag_text(t, TIFFTAG_IMAGEDESCRIPTION);
+    d.software = tag_text(t, TIFFTAG_SOFTWARE);
+    const bool tiled = TIFFIsTiled(t) != 0;
+    const std::uint32_t n = tiled ? TIFFNumberOfTiles(t) : TIFFNumberOfStrips(t);
+    const tmsize_t bytes = tiled ? TIFFTileSize(t) : TIFFStripSize(t);
+    std::set<std::uint64_t> offsets;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      std::vector<unsigned char> piece(static_cast<std::size_t>(bytes));
+      const tmsize_t got = tiled ? TIFFReadEncodedTile(t, k, piece.data(), bytes)
+                                 : TIFFReadEncodedStrip(t, k, piece.data(), bytes);
+      EXPECT_GT(got, 0) << path << ": piece " << k << " of directory " << out.size();
+      piece.resize(static_cast<std::size_t>(std::max<tmsize_t>(got, 0)));
+      d.pieces.push_back(std::move(piece));
+      offsets.insert(TIFFGetStrileOffset(t, k));
+    }
+    d.distinct_offsets = offsets.size();
+    out.push_back(std::move(d));
+  } while (TIFFReadDirectory(tif.get()) == 1);
+  return out;
+}
+
+void expect_same_tiff(const std::string& expected_path, const std::string& actual_path) {
+  const std::vector<Directory> expected = read_directories(expected_path);
+  const std::vector<Directory> actual = read_directories(actual_path);
+  ASSERT_FALSE(expected.empty());
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t k = 0; k < expected.size(); ++k) {
+    const Directory& e = expected[k];
+    const Directory& a = actual[k];
+    SCOPED_TRACE("directory " + std::to_string(k));
+    EXPECT_EQ(a.width, e.width);
+    EXPECT_EQ(a.height, e.height);
+    EXPECT_EQ(a.tile_width, e.tile_width);
+    EXPECT_EQ(a.tile_height, e.tile_height);
+    EXPECT_EQ(a.rows_per_strip, e.rows_per_strip);
+    EXPECT_EQ(a.subfile, e.subfile);
+    EXPECT_EQ(a.compression, e.compression);
+    EXPECT_EQ(a.photometric, e.photometric);
+    EXPECT_EQ(a.predictor, e.predictor);
+    EXPECT_EQ(a.unit, e.unit);
+    EXPECT_EQ(a.samples, e.samples);
+    EXPECT_EQ(a.bits, e.bits);
+    EXPECT_EQ(a.planar, e.planar);
+    EXPECT_EQ(a.x_resolution, e.x_resolution);
+    EXPECT_EQ(a.y_resolution, e.y_resolution);
+    EXPECT_EQ(a.description, e.description);
+    EXPECT_EQ(a.software, e.software);
+    ASSERT_EQ(a.pieces.size(), e.pieces.size());
+    for (std::size_t t = 0; t < e.pieces.size(); ++t) {
+      // Whole decoded tiles, their padding past the image's edge included.
+      EXPECT_TRUE(a.pieces[t] == e.pieces[t]) << "tile (strip) " << t << " differs";
+    }
+  }
+}
+
+struct SharedTileCase {
+  const char* name;
+  int rows, cols;
+  std::int64_t tile, step, origin_x, origin_y, width, height;
+  int tiff_tile;
+  HeatmapTiffOptions::Encoding encoding;
+};
+
+class HeatmapTiffSharedTiles : public ::testing::TestWithParam<SharedTileCase> {};
+
+TEST_P(HeatmapTiffSharedTiles, SameTagsAndPixelsAsEveryPixelRendered) {
+  const SharedTileCase& c = GetParam();
+  testing::TempDir dir;
+  Heatmap h = make_heatmap(c.rows, c.cols, c.tile, c.step);
+  h.origin_x = c.origin_x;
+  h.origin_y = c.origin_y;
+  h.slide_width = c.width;
+  h.slide_height = c.height;
+  // A block of equal values: equal neighbours' footprints merge into shared tiles.
+  for (int i = 0; i < std::min(4, c.rows); ++i) {
+    for (int j = 0; j < std::min(5, c.cols); ++j) h.prob[static_cast<std::size_t>(i) * c.cols + j] = 0.75f;
+  }
+  HeatmapTiffOptions options;
+  options.encoding = c.encoding;
+  options.tile_size = c.tiff_tile;
+  const std::string reference = dir.file("strips.tif");
+  const std::string shared = dir.file("shared.tif");
+  write_heatmap_tiff_by_strips(reference, h, options);
+  write_heatmap_tiff(shared, h, options);
+  expect_same_tiff(reference, shared);
+
+  // Shared tiles: level 0 stores fewer tile bodies than it has tiles (the background alone repeats).
+  const std::vector<Directory> directories = read_directories(shared);
+  ASSERT_FALSE(directories.empty());
+  EXPECT_LT(directories.front().distinct_offsets, directories.front().pieces.size());
+
+  // OpenSlide reads it as before: vendor, resolution, every level's size and pixels.
+  OpenSlideHandle a(reference), b(shared);
+  ASSERT_NE(b.osr, nullptr);
+  ASSERT_EQ(openslide_get_error(b.osr), nullptr);
+  EXPECT_STREQ(openslide_get_property_value(b.osr, OPENSLIDE_PROPERTY_NAME_VENDOR), "aperio");
+  EXPECT_DOUBLE_EQ(std::stod(openslide_get_property_value(b.osr, OPENSLIDE_PROPERTY_NAME_MPP_X)), h.slide_mpp);
+  ASSERT_EQ(openslide_get_level_count(b.osr), openslide_get_level_count(a.osr));
+  for (std::int32_t level = 0; level < openslide_get_level_count(b.osr); ++level) {
+    std::int64_t w = 0, height = 0, w_ref = 0, height_ref = 0;
+    openslide_get_level_dimensions(b.osr, level, &w, &height);
+    openslide_get_level_dimensions(a.osr, level, &w_ref, &height_ref);
+    ASSERT_EQ(w, w_ref);
+    ASSERT_EQ(height, height_ref);
+    const double downsample = openslide_get_level_downsample(b.osr, level);
+    std::vector<std::uint32_t> pixels(static_cast<std::size_t>(w * height)), pixels_ref(pixels.size());
+    openslide_read_region(b.osr, pixels.data(), 0, 0, level, w, height);
+    openslide_read_region(a.osr, pixels_ref.data(), 0, 0, level, w, height);
+    EXPECT_TRUE(pixels == pixels_ref) << "level " << level << " (downsample " << downsample << ")";
+  }
+  EXPECT_EQ(openslide_get_error(b.osr), nullptr);
+  // The slide's own size at level 0.
+  std::int64_t w = 0, height = 0;
+  openslide_get_level0_dimensions(b.osr, &w, &height);
+  EXPECT_EQ(w, h.slide_width);
+  EXPECT_EQ(height, h.slide_height);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Maps, HeatmapTiffSharedTiles,
+    ::testing::Values(
+        // Overlapping tiles and an offset grid; odd sizes: edge tiles padded on both sides at every level.
+        SharedTileCase{"overlapping_offset_colour", 14, 19, 160, 80, 24, 8, 1733, 1291, 256,
+                       HeatmapTiffOptions::Encoding::colour},
+        SharedTileCase{"overlapping_offset_grey", 14, 19, 160, 80, 24, 8, 1733, 1291, 256,
+                       HeatmapTiffOptions::Encoding::grey},
+        // Footprints not aligned with TIFF tiles (step 384, tiles of 256), as infer's default grid at 0.25 um/px;
+        // several levels (down to 512 px).
+        SharedTileCase{"step_384", 5, 7, 384, 384, 0, 0, 2601, 1859, 256, HeatmapTiffOptions::Encoding::colour},
+        // Footprints narrower than a pixel of the lower levels, odd step, small TIFF tiles.
+        SharedTileCase{"odd_step_small_tiles", 31, 27, 21, 7, 3, 5, 250, 300, 32,
+                       HeatmapTiffOptions::Encoding::colour},
+        // A grid larger than the slide on one side, smaller on the other.
+        SharedTileCase{"grid_past_the_edge", 12, 5, 256, 256, 0, 0, 2100, 2600, 128,
+                       HeatmapTiffOptions::Encoding::grey}),
+    [](const ::testing::TestParamInfo<SharedTileCase>& param) { return std::string(param.param.name); });
 
 TEST(HeatmapTiffErrors, NeedsTheSlideResolution) {
   testing::TempDir dir;
