@@ -39,7 +39,8 @@ bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "
 // The index as text: one line per slide, the ones that cannot be shown with their error.
 int print_index(const viewer::ViewerJob& job) {
   int failed = 0;
-  std::cout << fmt::format("{} ({} slides)\n", job.title, job.slides.size());
+  std::cout << (job.infer ? fmt::format("{}: {} slides\n", job.title, job.slides.size())
+                          : fmt::format("{} slides\n", job.slides.size()));
   for (const auto& s : job.slides) {
     if (!s.error.empty()) {
       ++failed;

@@ -8,7 +8,6 @@
 #include <regex>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include "core/error.h"
@@ -286,11 +285,7 @@ ViewerJob open_job(const std::vector<std::string>& inputs, const JobOptions& opt
     }
     return open_infer_folder(inputs.front(), options);
   }
-  auto job = open_slides(inputs, options);
-  for (const auto& s : job.slides) {
-    if (!s.error.empty()) spdlog::warn("{}: {}", s.id, s.error);
-  }
-  return job;
+  return open_slides(inputs, options);
 }
 
 }  // namespace tessera::viewer

@@ -146,6 +146,9 @@ async function showSlide(id) {
     showNavigator: true,
     maxZoomPixelRatio: 2,
     crossOriginPolicy: false,
+    // The 2D canvas drawer: it composites the heatmap's transparent PNG tiles over the slide as the browser does
+    // any image (source-over); OpenSeadragon 5's default WebGL drawer brightens them.
+    drawer: 'canvas',
   });
   tessera.viewer = viewer;
   viewer.addHandler('open', () => {
@@ -169,7 +172,7 @@ function showRegions(s) {
   list.replaceChildren();
   if (s.regions.length === 0) list.append(text('li', s.heatmap ? 'none above the threshold' : '—'));
   for (const r of s.regions) {
-    const item = text('li', `${r.id}. ${r.size_class.replaceAll('_', ' ')}: ${r.area_mm2.toFixed(4)} mm², ` +
+    const item = text('li', `Region ${r.id}: ${r.size_class.replaceAll('_', ' ')}: ${r.area_mm2.toFixed(4)} mm², ` +
                              `${r.longest_diameter_um.toFixed(0)} µm, max P ${fmtProb(r.max_prob)}`);
     item.dataset.id = r.id;
     item.addEventListener('click', () => zoomToRegion(r));
