@@ -136,11 +136,12 @@ ViewChild start_view(const std::string& folder, const ViewBenchOptions& o, const
   return child;
 }
 
-long peak_rss_kb(pid_t pid) {
+// A memory figure of the process from /proc/<pid>/status ("VmHWM", the peak RSS; "VmRSS", now), in kB.
+long status_kb(pid_t pid, const std::string& field) {
   std::ifstream status(fmt::format("/proc/{}/status", pid));
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+    if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
   }
   return 0;
 }
@@ -149,6 +150,7 @@ struct Phase {
   std::string name;
   std::size_t requested = 0, done = 0, failed = 0;
   double seconds = 0.0, p50_ms = 0.0, p99_ms = 0.0, mb = 0.0;
+  double server_peak_mb = 0.0;  // the server's VmHWM after the phase
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -183,6 +185,7 @@ Phase run_phase(const std::string& name, const std::vector<std::string>& urls, i
     clients.emplace_back([&] {
       httplib::Client client("127.0.0.1", port);
       client.set_keep_alive(true);
+      client.set_tcp_nodelay(true);  // as a browser does
       std::vector<double> mine;
       for (std::size_t i = next++; i < urls.size() && core::seconds_since(start) < o.seconds; i = next++) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -231,34 +234,40 @@ int run_bench_view(const ViewBenchOptions& o) {
       for (std::size_t i = urls.size(); i > 1; --i) std::swap(urls[i - 1], urls[random.next() % i]);
       return urls;
     };
-    phases.push_back(run_phase("slide, cold", slide_urls, child.port, o));
-    phases.push_back(run_phase("slide, warm", reshuffled(slide_urls, 3), child.port, o));
-    phases.push_back(run_phase("heatmap, cold", heat_urls, child.port, o));
-    phases.push_back(run_phase("heatmap, warm", reshuffled(heat_urls, 4), child.port, o));
+    auto phase = [&](const std::string& name, const std::vector<std::string>& urls) {
+      phases.push_back(run_phase(name, urls, child.port, o));
+      phases.back().server_peak_mb = static_cast<double>(status_kb(child.pid, "VmHWM")) / 1024.0;
+    };
+    phase("slide, cold", slide_urls);
+    phase("slide, warm", reshuffled(slide_urls, 3));
+    phase("heatmap, cold", heat_urls);
+    phase("heatmap, warm", reshuffled(heat_urls, 4));
   } catch (...) {
     kill(child.pid, SIGTERM);
     waitpid(child.pid, nullptr, 0);
     throw;
   }
-  const long rss_kb = peak_rss_kb(child.pid);
+  const long rss_kb = status_kb(child.pid, "VmHWM");
+  const long idle_kb = status_kb(child.pid, "VmRSS");
   kill(child.pid, SIGTERM);
   int status = 0;
   waitpid(child.pid, &status, 0);
 
-  std::cout << fmt::format("{:<16} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}\n", "phase", "tiles", "of", "failed",
-                           "tiles/s", "p50 ms", "p99 ms", "MB");
+  std::cout << fmt::format("{:<16} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9} {:>12}\n", "phase", "tiles", "of",
+                           "failed", "tiles/s", "p50 ms", "p99 ms", "MB", "server peak");
   nlohmann::json json_phases = nlohmann::json::array();
   for (const auto& p : phases) {
     const double rate = p.seconds > 0 ? static_cast<double>(p.done) / p.seconds : 0.0;
-    std::cout << fmt::format("{:<16} {:>8} {:>8} {:>8} {:>10.0f} {:>9.2f} {:>9.2f} {:>9.1f}\n", p.name, p.done,
-                             p.requested, p.failed, rate, p.p50_ms, p.p99_ms, p.mb);
+    std::cout << fmt::format("{:<16} {:>8} {:>8} {:>8} {:>10.0f} {:>9.2f} {:>9.2f} {:>9.1f} {:>9.0f} MB\n", p.name,
+                             p.done, p.requested, p.failed, rate, p.p50_ms, p.p99_ms, p.mb, p.server_peak_mb);
     json_phases.push_back({{"phase", p.name}, {"tiles", p.done}, {"requested", p.requested}, {"failed", p.failed},
                            {"seconds", p.seconds}, {"tiles_per_second", rate}, {"p50_ms", p.p50_ms},
-                           {"p99_ms", p.p99_ms}, {"mb", p.mb}});
+                           {"p99_ms", p.p99_ms}, {"mb", p.mb}, {"server_peak_mb", p.server_peak_mb}});
   }
   const double rss_mb = static_cast<double>(rss_kb) / 1024.0;
-  std::cout << fmt::format("server peak RSS {:.0f} MB after serving every tile (cache {} MB; cache + 200 MB = {} MB)\n",
-                           rss_mb, o.cache_mb, o.cache_mb + 200);
+  std::cout << fmt::format(
+      "server peak RSS {:.0f} MB after serving every tile (cache {} MB; cache + 200 MB = {} MB); {:.0f} MB at the end\n",
+      rss_mb, o.cache_mb, o.cache_mb + 200, static_cast<double>(idle_kb) / 1024.0);
   if (!o.json_file.empty()) {
     std::ofstream(o.json_file) << nlohmann::json({{"size", o.size}, {"clients", o.clients}, {"cache_mb", o.cache_mb},
                                                   {"cpu", cpu_name()}, {"phases", json_phases},
