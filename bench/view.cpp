@@ -249,6 +249,10 @@ int run_bench_view(const ViewBenchOptions& o) {
   }
   const long rss_kb = status_kb(child.pid, "VmHWM");
   const long idle_kb = status_kb(child.pid, "VmRSS");
+  // Of the resident memory, the anonymous part is the server's own (tiles, caches, buffers); the file part is
+  // mapped files: the program's libraries and the slide, which libtiff maps once per concurrent reader handle.
+  const long anon_kb = status_kb(child.pid, "RssAnon");
+  const long file_kb = status_kb(child.pid, "RssFile");
   kill(child.pid, SIGTERM);
   int status = 0;
   waitpid(child.pid, &status, 0);
@@ -266,12 +270,16 @@ int run_bench_view(const ViewBenchOptions& o) {
   }
   const double rss_mb = static_cast<double>(rss_kb) / 1024.0;
   std::cout << fmt::format(
-      "server peak RSS {:.0f} MB after serving every tile (cache {} MB; cache + 200 MB = {} MB); {:.0f} MB at the end\n",
-      rss_mb, o.cache_mb, o.cache_mb + 200, static_cast<double>(idle_kb) / 1024.0);
+      "server peak RSS {:.0f} MB after serving every tile (cache {} MB; cache + 200 MB = {} MB); at the end {:.0f} MB: "
+      "{:.0f} MB anonymous, {:.0f} MB mapped files\n",
+      rss_mb, o.cache_mb, o.cache_mb + 200, static_cast<double>(idle_kb) / 1024.0,
+      static_cast<double>(anon_kb) / 1024.0, static_cast<double>(file_kb) / 1024.0);
   if (!o.json_file.empty()) {
     std::ofstream(o.json_file) << nlohmann::json({{"size", o.size}, {"clients", o.clients}, {"cache_mb", o.cache_mb},
                                                   {"cpu", cpu_name()}, {"phases", json_phases},
-                                                  {"server_peak_rss_mb", rss_mb}})
+                                                  {"server_peak_rss_mb", rss_mb},
+                                                  {"server_end_anonymous_mb", static_cast<double>(anon_kb) / 1024.0},
+                                                  {"server_end_file_mb", static_cast<double>(file_kb) / 1024.0}})
                                       .dump(2)
                                << "\n";
   }
