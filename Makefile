@@ -14,7 +14,7 @@ REPEAT ?= 10
 EXTENDED_FUZZ_SECONDS ?= 600
 ASAN_EXTENDED := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' tests/asan-extended.txt 2>/dev/null | paste -sd'|')
 
-.PHONY: all deps configure build test test-network test-torch test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
+.PHONY: all deps configure build test test-network test-browser test-torch test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
 	bench format lint clean
 
 all: build
@@ -29,11 +29,20 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Random order: a test that needs another to run first, or leaves something behind for the next, fails here.
-# The `network` label (test hosts in network namespaces, one at a time) runs after the rest, timed against its budget.
+# The `browser` label (tessera view in headless Chromium; skipped without it: scripts/install-deps.sh --browser) and
+# the `network` label (test hosts in network namespaces, one at a time) run after the rest, each timed against its
+# budget.
 NETWORK_BUDGET ?= 300
+BROWSER_BUDGET ?= 120
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|torch'
+	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|browser|torch'
+	@$(MAKE) --no-print-directory test-browser
 	@$(MAKE) --no-print-directory test-network
+
+test-browser: build
+	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L browser || status=$$?; \
+	  echo "label browser: $$(( $$(date +%s) - t0 )) s (budget $(BROWSER_BUDGET) s; screenshots in $(BUILD)/tests/browser-artifacts)"; \
+	  exit $$status
 
 test-network: build
 	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L network || status=$$?; \

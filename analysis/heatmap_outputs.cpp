@@ -147,7 +147,7 @@ void paint_map(cv::Mat& image, const io::Heatmap& h, const OutputOptions& option
       const float p = h.at(i, j);
       if (std::isnan(p)) continue;
       const cv::Vec3b colour = io::colormap_rgb(p, o.colormap);
-      const double alpha = o.min_alpha + (o.max_alpha - o.min_alpha) * static_cast<double>(p);
+      const double alpha = overlay_alpha(p, o);
       for (int c = 0; c < 3; ++c) {
         pixel[x][c] = cv::saturate_cast<std::uint8_t>((1.0 - alpha) * pixel[x][c] + alpha * colour[c]);
       }
@@ -384,6 +384,33 @@ OverlayLayout overlay_layout(cv::Size thumbnail, bool caution) {
   layout.image =
       cv::Rect((width - thumbnail.width) / 2, m.title_height + caution_height, thumbnail.width, thumbnail.height);
   return layout;
+}
+
+double overlay_alpha(double p, const OverlayOptions& overlay) {
+  const double clamped = std::clamp(p, 0.0, 1.0);
+  return overlay.min_alpha + (overlay.max_alpha - overlay.min_alpha) * clamped;
+}
+
+cv::Mat render_map_rgba(const io::Heatmap& h, double x0, double y0, double scale, cv::Size size,
+                        const OverlayOptions& overlay, double min_prob) {
+  cv::Mat image(size, CV_8UC4, cv::Scalar::all(0));
+  const std::vector<int> rows = io::cell_rows(h, size.height, scale, y0);
+  const std::vector<int> cols = io::cell_columns(h, size.width, scale, x0);
+  for (int y = 0; y < size.height; ++y) {
+    const int i = rows[static_cast<std::size_t>(y)];
+    if (i < 0) continue;
+    auto* pixel = image.ptr<cv::Vec4b>(y);
+    for (int x = 0; x < size.width; ++x) {
+      const int j = cols[static_cast<std::size_t>(x)];
+      if (j < 0) continue;
+      const float p = h.at(i, j);
+      if (std::isnan(p) || p < min_prob) continue;
+      const cv::Vec3b colour = io::colormap_rgb(p, overlay.colormap);
+      const double alpha = overlay_alpha(p, overlay);
+      pixel[x] = cv::Vec4b(colour[0], colour[1], colour[2], cv::saturate_cast<std::uint8_t>(255.0 * alpha));
+    }
+  }
+  return image;
 }
 
 cv::Mat render_overlay(const io::Heatmap& h, const std::vector<Region>& regions, const cv::Mat& thumbnail,

@@ -104,6 +104,18 @@ struct OverlayLayout {
 };
 OverlayLayout overlay_layout(cv::Size thumbnail, bool caution = false);
 
+// The opacity of probability p's colour over the slide: min_alpha at p = 0 growing linearly to max_alpha at p = 1
+// (OverlayOptions). overlay.png blends with it; the viewer's heatmap tiles carry it as their alpha.
+double overlay_alpha(double p, const OverlayOptions& overlay);
+
+// The map as an RGBA picture (CV_8UC4, R-G-B-A order) of `size` pixels, pixel (x, y) covering the level-0 square
+// [x0 + x·scale, +scale) × [y0 + y·scale, +scale): each pixel takes the cell whose footprint holds its centre
+// (io::cell_columns, as heatmap.tif and overlay.png), coloured by overlay.colormap with alpha
+// round(255·overlay_alpha(p)). Unscored cells, cells with p < min_prob and pixels outside the grid are fully
+// transparent. The viewer's heatmap tiles (viewer/tiles.h).
+cv::Mat render_map_rgba(const io::Heatmap& heatmap, double x0, double y0, double scale, cv::Size size,
+                        const OverlayOptions& overlay, double min_prob = 0.0);
+
 // `thumbnail`: RGB CV_8UC3 of the whole slide (any size; its pixels are slide_width / cols level-0 pixels wide).
 cv::Mat render_overlay(const io::Heatmap& heatmap, const std::vector<Region>& regions, const cv::Mat& thumbnail,
                        const OutputOptions& options, const std::string& caution = "");

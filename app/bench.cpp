@@ -266,8 +266,27 @@ Action setup_bench(CLI::App& command) {
                  "First simulate this machine and compare with a measured 2-rank run")
       ->capture_default_str();
 
+  auto view = std::make_shared<bench::ViewBenchOptions>();
+  CLI::App* view_cmd = command.add_subcommand(
+      "view", "tessera view's tiles on loopback: tiles/s, p50/p99 latency cold and warm, the server's peak memory");
+  view_cmd->add_option("--size", view->size, "Level-0 side of the synthetic slide")
+      ->check(CLI::Range(1024, 200000))
+      ->capture_default_str();
+  view_cmd->add_option("--clients", view->clients, "Concurrent client threads")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  view_cmd->add_option("--cache-mb", view->cache_mb, "The server's tile cache in MB")
+      ->check(CLI::Range(16, 65536))
+      ->capture_default_str();
+  view_cmd->add_option("--seconds", view->seconds, "Time bound of each phase")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  view_cmd->add_option("--workdir", view->workdir, "Folder for the slide, its outputs and the log")
+      ->capture_default_str();
+  view_cmd->add_option("--json", view->json_file, "Also write the figures as JSON to this file");
+
   return [peak, peak_cmd, tile, tile_cmd, import, import_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
-          scale_cmd]() -> int {
+          scale_cmd, view, view_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
     if (comm_cmd->parsed() && !comm->worker.empty()) return bench::run_bench_comm_worker(*comm);
     if (!core::Comm::world().is_root()) return core::exit_ok;
@@ -276,6 +295,7 @@ Action setup_bench(CLI::App& command) {
     if (peak_cmd->parsed()) return run_peak(*peak);
     if (tile_cmd->parsed()) return bench::run_bench_tile(*tile);
     if (import_cmd->parsed()) return bench::run_bench_import(*import);
+    if (view_cmd->parsed()) return bench::run_bench_view(*view);
     if (slide_cmd->parsed()) return bench::run_bench_infer_slide(*slide);
     if (train_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::train, *train);
     if (infer_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::infer, *infer);

@@ -22,6 +22,7 @@ const std::vector<Verb>& verbs() {
        setup_infer},
       {"evaluate", "Score detections and predictions against the ground truth: CAMELYON16 FROC, slide and patch AUC",
        setup_evaluate},
+      {"view", "Show slides with their heatmaps and regions in a web browser (a local web server)", setup_view},
       {"info", "Show a slide's vendor, pyramid levels, resolution and associated images", setup_info},
       {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
   };

@@ -81,5 +81,6 @@ Action setup_predict(CLI::App& command);
 Action setup_infer(CLI::App& command);
 Action setup_evaluate(CLI::App& command);
 Action setup_bench(CLI::App& command);
+Action setup_view(CLI::App& command);
 
 }  // namespace tessera::app

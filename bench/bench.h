@@ -170,4 +170,17 @@ int run_bench_scale(const ScaleBenchOptions& options);
 // The child's side, on every rank of its mpirun job.
 int run_bench_comm_worker(const CommBenchOptions& options);
 
+// `tessera bench view` (view.cpp): the viewer's tiles over loopback, every tile of a synthetic slide and of its
+// heatmap on a cold then a warm cache (tiles/s, p50 and p99 latency), and `tessera view`'s peak memory.
+struct ViewBenchOptions {
+  int size = 16384;                        // level-0 side of the synthetic slide
+  int clients = 4;                         // client threads, one keep-alive connection each
+  int cache_mb = 256;                      // the server's tile cache
+  double seconds = 120.0;                  // time bound of each phase
+  std::string workdir = "data/bench-view";
+  std::string json_file;                   // also write the figures as JSON here
+};
+
+int run_bench_view(const ViewBenchOptions& options);
+
 }  // namespace tessera::bench

@@ -24,6 +24,8 @@ find_package(pugixml REQUIRED)
 find_package(TIFF REQUIRED)
 find_package(JPEG REQUIRED)
 pkg_check_modules(OPENSLIDE REQUIRED IMPORTED_TARGET openslide)
+# cpp-httplib (tessera view's server): Debian builds it as a library; its flags (TLS, compression) come with it.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 # Debian splits OpenCV into per-module -dev packages; the CMake config only ships with the
 # full meta package, so the three modules Tessera uses are located directly.

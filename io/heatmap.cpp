@@ -58,11 +58,11 @@ double footprint_start(std::int64_t origin, const Heatmap& h) {
   return static_cast<double>(origin) + 0.5 * static_cast<double>(h.tile - h.step);
 }
 
-std::vector<int> cell_indices(double start, double step, int cells, int n, double scale) {
+std::vector<int> cell_indices(double start, double step, int cells, int n, double scale, double first) {
   std::vector<int> index(static_cast<std::size_t>(std::max(n, 0)), -1);
   if (step <= 0.0) return index;
   for (int k = 0; k < n; ++k) {
-    const double centre = (k + 0.5) * scale;
+    const double centre = first + (k + 0.5) * scale;
     const double cell = std::floor((centre - start) / step);
     if (cell >= 0.0 && cell < cells) index[static_cast<std::size_t>(k)] = static_cast<int>(cell);
   }
@@ -96,12 +96,12 @@ cv::Point2d cell_centre(const Heatmap& h, int row, int col) {
   return {static_cast<double>(h.origin_x + col * h.step) + half, static_cast<double>(h.origin_y + row * h.step) + half};
 }
 
-std::vector<int> cell_columns(const Heatmap& h, int n, double scale) {
-  return cell_indices(footprint_start(h.origin_x, h), static_cast<double>(h.step), h.cols, n, scale);
+std::vector<int> cell_columns(const Heatmap& h, int n, double scale, double start) {
+  return cell_indices(footprint_start(h.origin_x, h), static_cast<double>(h.step), h.cols, n, scale, start);
 }
 
-std::vector<int> cell_rows(const Heatmap& h, int n, double scale) {
-  return cell_indices(footprint_start(h.origin_y, h), static_cast<double>(h.step), h.rows, n, scale);
+std::vector<int> cell_rows(const Heatmap& h, int n, double scale, double start) {
+  return cell_indices(footprint_start(h.origin_y, h), static_cast<double>(h.step), h.rows, n, scale, start);
 }
 
 std::string heatmap_problem(const Heatmap& h) {

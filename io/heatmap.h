@@ -48,10 +48,11 @@ cv::Rect2d cell_footprint(const Heatmap& heatmap, int row, int col);
 cv::Point2d cell_centre(const Heatmap& heatmap, int row, int col);
 
 // For `n` output pixels along x (or y) that are `scale` level-0 pixels wide each (pixel k covers level-0
-// [k·scale, (k+1)·scale)), the column (row) of the cell whose footprint holds the pixel's centre, or -1 when
-// none does. Used to paint the map at any resolution: every pixel takes exactly one cell's value.
-std::vector<int> cell_columns(const Heatmap& heatmap, int n, double scale);
-std::vector<int> cell_rows(const Heatmap& heatmap, int n, double scale);
+// [start + k·scale, start + (k+1)·scale)), the column (row) of the cell whose footprint holds the pixel's centre,
+// or -1 when none does. Used to paint the map at any resolution and over any window (the viewer's tiles): every
+// pixel takes exactly one cell's value.
+std::vector<int> cell_columns(const Heatmap& heatmap, int n, double scale, double start = 0.0);
+std::vector<int> cell_rows(const Heatmap& heatmap, int n, double scale, double start = 0.0);
 
 // Checks the invariants every writer and reader relies on: positive slide size, step and tile; rows, cols >= 0;
 // prob.size() == rows·cols; every value NaN or in [0, 1] (give or take 1e-4: a float softmax can return

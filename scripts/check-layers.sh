@@ -13,8 +13,9 @@ declare -A ALLOWED=(
   [synth]="core io preprocessing synth"
   [engine]="core io preprocessing engine"
   [analysis]="core io analysis"
-  [bench]="core io preprocessing synth engine analysis bench"
-  [app]="core io preprocessing synth engine analysis bench app"
+  [viewer]="core io analysis viewer"
+  [bench]="core io preprocessing synth engine analysis viewer bench"
+  [app]="core io preprocessing synth engine analysis viewer bench app"
   [sim]="core io preprocessing engine sim"
   [fuzz]="core io engine analysis fuzz"
 )

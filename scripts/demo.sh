@@ -44,3 +44,6 @@ echo "  heatmaps of the held-out slides:                 data/demo/infer/<slide>
 echo "                                                   .heatmap.tif (OpenSlide, QuPath), .geojson (QuPath),"
 echo "                                                   .xml (ASAP), .detections.csv, .report.json"
 echo "  scores, FROC and ROC curves:                     data/demo/evaluation/ (evaluation.json, froc.png, roc.png)"
+echo
+echo "To look at the slides, their heatmaps and regions in a web browser (a local server; Ctrl-C stops it):"
+echo "  $tessera view data/demo/infer"
