@@ -91,8 +91,15 @@ std::string text(DcmItem* item, const DcmTagKey& tag, unsigned long pos = 0) {
 }
 
 std::optional<double> number(DcmItem* item, const DcmTagKey& tag, unsigned long pos = 0) {
+  if (item == nullptr) return std::nullopt;
   Float64 value = 0.0;
-  if (item == nullptr || item->findAndGetFloat64(tag, value, pos).bad() || !std::isfinite(value)) return std::nullopt;
+  Float32 single = 0.0F;
+  if (item->findAndGetFloat64(tag, value, pos).bad()) {
+    // FL attributes (Imaged Volume Width) are single precision.
+    if (item->findAndGetFloat32(tag, single, pos).bad()) return std::nullopt;
+    value = single;
+  }
+  if (!std::isfinite(value)) return std::nullopt;
   return value;
 }
 
@@ -657,7 +664,7 @@ cv::Mat decode_frame(const Instance& in, std::int64_t frame) {
     OFCondition status;
     {
       const std::lock_guard lock(in.mutex);
-      Uint32 start = span.first - 1;  // DCMTK counts fragments without the offset table
+      Uint32 start = span.first;  // an item index, the offset table being item 0, as DCMTK counts them
       status = in.pixel_data->getUncompressedFrame(in.dataset, static_cast<Uint32>(frame), start, bytes.data(),
                                                    static_cast<Uint32>(size), colour, &in.cache);
     }
