@@ -704,6 +704,24 @@ Role role_of(DcmItem* ds, std::string& name) {
 
 }  // namespace
 
+// The name of a folder, also when written with a trailing separator ("a/b/" is "b").
+std::string folder_name(const fs::path& folder) {
+  fs::path p = fs::absolute(folder).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+std::string dicom_slide_id(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return folder_name(path);
+  try {
+    return DicomSlide::open(path)->id();
+  } catch (const core::Error&) {
+    // The slide fails to open later with the reason; its id meanwhile is its folder's name.
+    return folder_name(fs::path(path).parent_path());
+  }
+}
+
 bool looks_like_dicom(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) return true;
@@ -834,8 +852,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   }
   const std::size_t other = parsed.size() - series_count[chosen_series];
   if (other > 0) notes.push_back(fmt::format("{} files of other series in the folder ignored", other));
-  impl->id = series_count.size() > 1 ? chosen_series : fs::absolute(folder).filename().string();
-  if (impl->id.empty() || impl->id == ".") impl->id = fs::absolute(folder).lexically_normal().filename().string();
+  impl->id = series_count.size() > 1 ? chosen_series : folder_name(folder.empty() ? fs::path(".") : folder);
 
   // Sort the series' instances into levels and associated images.
   std::vector<std::unique_ptr<Instance>> volumes;

@@ -50,6 +50,10 @@ namespace tessera::io {
 // Whether Slide::open should read `path` as DICOM: a folder, or a file with the DICOM preamble ("DICM" at byte 128).
 bool looks_like_dicom(const std::string& path);
 
+// The slide id of a DICOM series given as `path` (a folder or one file): the folder's name, or the Series Instance UID
+// when the folder holds several series. Never throws: a series that cannot be read gets its folder's name.
+std::string dicom_slide_id(const std::string& path);
+
 class DicomSlide {
  public:
   struct Level {

@@ -384,5 +384,88 @@ TEST(Dicom, AFolderWithoutSlidesSaysSo) {
   EXPECT_TRUE(contains(error, "no DICOM file in the folder")) << error;
 }
 
+// ---- the shared real data (../shared/data/real-slides/dicom, described in its README) ----
+
+fs::path real_file(const std::string& name) { return testing::shared_data_dir() / "real-slides" / name; }
+std::string skip_message(const fs::path& path) {
+  return "no real data at " + path.string() + " (../shared/data is absent)";
+}
+
+// The CMU-1-Small-Region scan converted to DICOM by another project's converter is the SVS: its size and µm/px, and
+// level 0 within JPEG re-encoding (mean absolute difference per channel ≤ 5 grey levels). A reader that took the
+// RGB Photometric Interpretation at its word over the JFIF (YCbCr) frames would be off by tens of grey levels.
+TEST(DicomReal, CmuSeriesIsTheSvs) {
+  const fs::path series = real_file("dicom/cmu-1-small-region-dicom");
+  const fs::path svs = real_file("cmu-1-small-region.svs");
+  if (!fs::exists(series) || !fs::exists(svs)) GTEST_SKIP() << skip_message(series);
+  const Slide dicom = Slide::open(series.string());
+  const Slide aperio = Slide::open(svs.string());
+  EXPECT_EQ(dicom.id(), "cmu-1-small-region-dicom");
+  EXPECT_EQ(dicom.level_count(), 12);
+  EXPECT_EQ(dicom.width(), aperio.width());
+  EXPECT_EQ(dicom.height(), aperio.height());
+  EXPECT_NEAR(dicom.mpp(), aperio.mpp(), 1e-3);
+  EXPECT_EQ(dicom.property("dicom.level[0].frame-map"), "one fragment per frame");
+  const auto noted = [&](const std::string& part) {
+    return std::any_of(dicom.notes().begin(), dicom.notes().end(), [&](const auto& n) { return contains(n, part); });
+  };
+  EXPECT_TRUE(noted("12 different Frame of Reference UIDs"));
+  EXPECT_TRUE(noted("no Optical Path Sequence"));
+  EXPECT_TRUE(noted("no Total Pixel Matrix Origin Sequence"));
+  cv::Mat diff;
+  cv::absdiff(dicom.read_region(0, 0, 0, dicom.width(), dicom.height()),
+              aperio.read_region(0, 0, 0, aperio.width(), aperio.height()), diff);
+  const cv::Scalar mad = cv::mean(diff);
+  std::printf("CMU-1 DICOM vs SVS, level 0, mean absolute difference R %.2f G %.2f B %.2f\n", mad[0], mad[1], mad[2]);
+  for (int c = 0; c < 3; ++c) EXPECT_LE(mad[c], 5.0) << "channel " << c;
+}
+
+// The uncompressed highdicom file decodes to exactly the values pydicom (Debian python3-pydicom) reads.
+TEST(DicomReal, HighdicomUncompressedIsWhatPydicomReads) {
+  const fs::path file = real_file("dicom/highdicom/sm_image.dcm");
+  if (!fs::exists(file)) GTEST_SKIP() << skip_message(file);
+  const Slide slide = Slide::open(file.string());
+  ASSERT_EQ(slide.width(), 50);
+  ASSERT_EQ(slide.height(), 50);
+  // pydicom's frames, tiled by row and column as TILED_FULL lays them out, as raw RGB bytes in hex.
+  const std::string script =
+      "import pydicom,sys\n"
+      "d=pydicom.dcmread(sys.argv[1]);a=d.pixel_array;W=d.TotalPixelMatrixColumns;H=d.TotalPixelMatrixRows\n"
+      "r,c=d.Rows,d.Columns;n=(W+c-1)//c;out=bytearray(W*H*3)\n"
+      "for f in range(a.shape[0]):\n"
+      " y0,x0=f//n*r,f%n*c\n"
+      " for y in range(min(r,H-y0)):\n"
+      "  for x in range(min(c,W-x0)):\n"
+      "   i=((y0+y)*W+x0+x)*3;out[i:i+3]=bytes(int(v) for v in a[f,y,x])\n"
+      "print(out.hex())\n";
+  const testing::TempDir dir;
+  std::ofstream(dir.file("dump.py")) << script;
+  std::string output;
+  ASSERT_EQ(run("/usr/bin/python3 " + dir.file("dump.py") + " " + file.string(), &output), 0)
+      << "pydicom (Debian python3-pydicom): " << output;
+  const cv::Mat pixels = slide.read_region(0, 0, 0, 50, 50);
+  std::string hex;
+  static constexpr char kDigits[] = "0123456789abcdef";
+  for (int r = 0; r < pixels.rows; ++r) {
+    for (int c = 0; c < pixels.cols * 3; ++c) {
+      const unsigned char v = pixels.ptr<unsigned char>(r)[c];
+      hex += kDigits[v >> 4];
+      hex += kDigits[v & 15];
+    }
+  }
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  EXPECT_EQ(hex, output);
+}
+
+TEST(DicomReal, NonSlideFilesAreNamedAsSuch) {
+  const fs::path dx = real_file("dicom/highdicom/dx_image.dcm");
+  const fs::path seg = real_file("dicom/highdicom/seg_image_sm_control.dcm");
+  if (!fs::exists(dx) || !fs::exists(seg)) GTEST_SKIP() << skip_message(dx.parent_path());
+  EXPECT_TRUE(contains(error_of(dx.string()), "DICOM file, but not a whole-slide image (modality DX)"))
+      << error_of(dx.string());
+  EXPECT_TRUE(contains(error_of(seg.string()), "DICOM file, but not a whole-slide image (modality SEG)"))
+      << error_of(seg.string());
+}
+
 }  // namespace
 }  // namespace tessera::io
