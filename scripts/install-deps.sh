@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
   libtiff-dev libjpeg-dev
+  libdcmtk-dev dcmtk libopenjp2-7-dev libgdcm-tools dicom3tools python3-pydicom
   libsimgrid-dev
   ccache stress-ng iproute2 util-linux
 )
