@@ -330,6 +330,12 @@ std::size_t raw_frame_bytes(int rows, int cols, int samples, const std::string& 
   return pixels * static_cast<std::size_t>(samples);
 }
 
+// Appends `item` to a `separator`-separated list.
+void append(std::string& list, const char* separator, const std::string& item) {
+  if (!list.empty()) list += separator;
+  list += item;
+}
+
 // ---- instances ----
 
 enum class Role { volume, label, overview, thumbnail, other };
@@ -881,7 +887,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   }
   if (!skipped_paths.empty()) {
     std::string list;
-    for (const auto& p : skipped_paths) list += (list.empty() ? "" : ", ") + p;
+    for (const auto& p : skipped_paths) append(list, ", ", p);
     notes.push_back(fmt::format("optical path '{}' is read; instances of optical paths {} are not", optical_path, list));
   }
   const Instance& base = *levels.front();
@@ -941,7 +947,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   if (base.optical_paths.empty()) notes.push_back("no Optical Path Sequence");
   if (base.optical_paths.size() > 1) {
     std::string list;
-    for (const auto& p : base.optical_paths) list += (list.empty() ? "" : ", ") + p;
+    for (const auto& p : base.optical_paths) append(list, ", ", p);
     notes.push_back(fmt::format("{} optical paths ({}); '{}' is read", base.optical_paths.size(), list, optical_path));
   }
   if (base.focal_planes > 1) {
@@ -989,7 +995,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
     impl->associated.push_back({name, o->total_cols, o->total_rows, o->path});
     impl->instances.push_back(std::move(o));
   }
-  for (std::size_t i = 0; i < encodings.size(); ++i) impl->description += (i == 0 ? "" : ", ") + encodings[i];
+  for (const auto& e : encodings) append(impl->description, ", ", e);
   impl->description += " frames";
 
   auto& props = impl->properties;
@@ -999,9 +1005,10 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   props["dicom.sop-instance-uids"] = "";
   for (std::size_t i = 0; i < impl->levels.size(); ++i) {
     const Instance& l = *impl->instances[i];
-    props["dicom.sop-instance-uids"] += (i == 0 ? "" : "\\") + text(l.dataset, DCM_SOPInstanceUID);
+    append(props["dicom.sop-instance-uids"], "\\", text(l.dataset, DCM_SOPInstanceUID));
     const std::string prefix = fmt::format("dicom.level[{}].", i);
     props[prefix + "file"] = fs::path(l.path).filename().string();
+    props[prefix + "path"] = l.path;
     props[prefix + "transfer-syntax"] = l.syntax_uid;
     props[prefix + "organization"] = l.sparse ? "TILED_SPARSE" : "TILED_FULL";
     props[prefix + "frame-map"] = l.frame_map;
@@ -1013,7 +1020,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   for (unsigned long k = 0; k < 6; ++k) {
     const std::string v = text(base.dataset, DCM_ImageOrientationSlide, k);
     if (v.empty()) break;
-    props["dicom.image-orientation-slide"] += (k == 0 ? "" : "\\") + v;
+    append(props["dicom.image-orientation-slide"], "\\", v);
   }
   DcmItem* origin = sequence_item(base.dataset, DCM_TotalPixelMatrixOriginSequence);
   if (origin != nullptr) {
@@ -1021,7 +1028,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
     props["dicom.origin-y-mm"] = text(origin, DCM_YOffsetInSlideCoordinateSystem);
   }
   std::string paths;
-  for (const auto& p : base.optical_paths) paths += (paths.empty() ? "" : "\\") + p;
+  for (const auto& p : base.optical_paths) append(paths, "\\", p);
   props["dicom.optical-paths"] = paths;
   props["dicom.focal-planes"] = std::to_string(base.focal_planes);
   props["dicom.icc-profile-bytes"] = std::to_string(base.icc_bytes);
