@@ -14,6 +14,10 @@
 #include <set>
 #include <utility>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <dcmtk/config/osconfig.h>  // first of DCMTK's headers
 #include <dcmtk/dcmdata/dcdeftag.h>
 #include <dcmtk/dcmdata/dcfcache.h>
@@ -384,6 +388,17 @@ struct Instance {
   std::size_t frame_bytes = 0;  // uncompressed
   mutable std::mutex mutex;     // DCMTK reads (the file cache, lazily loaded values)
   mutable DcmFileCache cache;
+  // Where the pixel data's values lie in the file, when located and checked at open (see locate_pixel_data): then
+  // frames are read with pread(2) on `fd`, by any thread at once, without DCMTK. Empty: DCMTK fetches them.
+  int fd = -1;
+  std::vector<std::uint64_t> value_offset;  // encapsulated: per item; uncompressed: one, the value's start
+  std::vector<std::uint32_t> item_length;   // encapsulated: per item (no DCMTK call on the lock-free path)
+  Instance() = default;
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+  ~Instance() {
+    if (fd >= 0) ::close(fd);
+  }
 
   core::InputError error(const std::string& message) const { return core::InputError(message, path); }
 };
@@ -427,6 +442,79 @@ void read_value(const Instance& instance, DcmElement* element, std::uint32_t off
                 std::uint8_t* out) {
   const OFCondition status = element->getPartialValue(out, offset, count, &instance.cache);
   if (status.bad()) throw core::InputError(fmt::format("cannot read pixel data: {}", status.text()), instance.path);
+}
+
+// Reads exactly `count` bytes at `offset` of `fd`; false on a short read or an error.
+bool read_at(int fd, std::uint64_t offset, std::size_t count, std::uint8_t* out) {
+  std::size_t done = 0;
+  while (done < count) {
+    const ssize_t n = ::pread(fd, out + done, count - done, static_cast<off_t>(offset + done));
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+std::uint32_t little32(const std::uint8_t* p) {
+  return static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
+         static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24;
+}
+
+// Finds where the pixel data's values are in the file, for reads that bypass DCMTK. The Pixel Data element ends the
+// data set in nearly every file; its position is then the file size less its encoded length, and every header
+// on the way (the element's tag, each item's tag and length as DCMTK parsed them, the sequence delimiter) is checked
+// against the bytes there. Anything unexpected (trailing padding, an odd layout) leaves value_offset empty, and
+// frames are fetched through DCMTK instead: slower, same bytes.
+void locate_pixel_data(Instance& in, const std::vector<std::uint32_t>& item_lengths) {
+  const int fd = ::open(in.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) {
+    ::close(fd);
+    return;
+  }
+  const auto size = static_cast<std::uint64_t>(info.st_size);
+  constexpr std::uint64_t kItemHeader = 8;
+  std::array<std::uint8_t, 12> head{};
+  std::vector<std::uint64_t> offsets;
+  bool ok = false;
+  if (item_lengths.empty()) {
+    // Uncompressed: the value (of even length) ends the file; explicit VR has a 12-byte header, implicit 8.
+    const std::uint64_t length = in.pixel_data->getLength() + (in.pixel_data->getLength() % 2);
+    if (length + 12 <= size && read_at(fd, size - length - 12, 12, head.data())) {
+      const bool explicit_vr = head[0] == 0xe0 && head[1] == 0x7f && head[2] == 0x10 && head[3] == 0x00 &&
+                               head[4] == 'O' && (head[5] == 'B' || head[5] == 'W') && little32(&head[8]) == length;
+      const bool implicit_vr = head[4] == 0xe0 && head[5] == 0x7f && head[6] == 0x10 && head[7] == 0x00 &&
+                               little32(&head[8]) == length;
+      ok = explicit_vr || implicit_vr;
+      offsets.push_back(size - length);
+    }
+  } else {
+    std::uint64_t total = kItemHeader;  // the sequence delimiter
+    for (const std::uint32_t l : item_lengths) total += kItemHeader + l;
+    if (total + 12 <= size && read_at(fd, size - total - 12, 12, head.data())) {
+      ok = head[0] == 0xe0 && head[1] == 0x7f && head[2] == 0x10 && head[3] == 0x00 && head[4] == 'O' &&
+           (head[5] == 'B' || head[5] == 'W') && little32(&head[8]) == 0xffffffffU;
+      std::uint64_t position = size - total;
+      for (std::size_t i = 0; ok && i < item_lengths.size(); ++i) {
+        std::array<std::uint8_t, kItemHeader> item{};
+        ok = read_at(fd, position, item.size(), item.data()) && item[0] == 0xfe && item[1] == 0xff &&
+             item[2] == 0x00 && item[3] == 0xe0 && little32(&item[4]) == item_lengths[i];
+        offsets.push_back(position + kItemHeader);
+        position += kItemHeader + item_lengths[i];
+      }
+      std::array<std::uint8_t, kItemHeader> end{};
+      ok = ok && read_at(fd, position, end.size(), end.data()) && end[0] == 0xfe && end[1] == 0xff &&
+           end[2] == 0xdd && end[3] == 0xe0;
+    }
+  }
+  if (!ok) {
+    ::close(fd);
+    return;
+  }
+  in.fd = fd;
+  in.value_offset = std::move(offsets);
+  in.item_length = item_lengths;
 }
 
 // Describes the pixels and finds every frame of a slide instance; throws for what cannot be read.
@@ -561,6 +649,7 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
                                  in.pixel_data->getLength(), needed));
     }
     in.frame_map = "uncompressed";
+    locate_pixel_data(in, {});
     return;
   }
   DcmPixelSequence* sequence = nullptr;
@@ -642,6 +731,10 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     if (end <= starts[f]) throw in.error("the offset table is not in increasing order");
     in.spans.push_back({starts[f], end - starts[f]});
   }
+  DcmPixelItem* first = nullptr;
+  sequence->getItem(first, 0);
+  length[0] = first != nullptr ? first->getLength() : 0;
+  locate_pixel_data(in, length);
 }
 
 // Decodes frame `frame` of `in` into an RGB tile (frame-sized). Damage throws CorruptTileError.
@@ -653,10 +746,13 @@ cv::Mat decode_frame(const Instance& in, std::int64_t frame) {
   std::vector<std::uint8_t> bytes;
   if (in.syntax.codec == Codec::raw) {
     bytes.resize(in.frame_bytes);
-    {
+    const std::uint64_t at = static_cast<std::uint64_t>(frame) * in.frame_bytes;
+    if (!in.value_offset.empty()) {
+      if (!read_at(in.fd, in.value_offset.front() + at, in.frame_bytes, bytes.data())) throw fail("cannot read it");
+    } else {
       const std::lock_guard lock(in.mutex);
-      read_value(in, in.pixel_data, static_cast<std::uint32_t>(frame * in.frame_bytes),
-                 static_cast<std::uint32_t>(in.frame_bytes), bytes.data());
+      read_value(in, in.pixel_data, static_cast<std::uint32_t>(at), static_cast<std::uint32_t>(in.frame_bytes),
+                 bytes.data());
     }
     convert_raw(bytes.data(), in.photometric, in.samples, in.planar, tile);
     return tile;
@@ -678,7 +774,23 @@ cv::Mat decode_frame(const Instance& in, std::int64_t frame) {
     convert_raw(bytes.data(), in.samples == 1 ? "MONOCHROME2" : "RGB", in.samples, in.planar, tile);
     return tile;
   }
-  {
+  if (!in.value_offset.empty()) {
+    // One read for the frame's fragments, then their item headers taken out.
+    const std::uint64_t begin = in.value_offset[span.first];
+    const std::uint32_t last = span.first + span.count - 1;
+    const std::uint64_t end = in.value_offset[last] + in.item_length[last];
+    bytes.resize(static_cast<std::size_t>(end - begin));
+    if (!read_at(in.fd, begin, bytes.size(), bytes.data())) throw fail("cannot read its fragments");
+    if (span.count > 1) {
+      std::vector<std::uint8_t> joined;
+      joined.reserve(bytes.size());
+      for (std::uint32_t i = span.first; i <= last; ++i) {
+        const auto from = bytes.begin() + static_cast<std::ptrdiff_t>(in.value_offset[i] - begin);
+        joined.insert(joined.end(), from, from + in.item_length[i]);
+      }
+      bytes = std::move(joined);
+    }
+  } else {
     const std::lock_guard lock(in.mutex);
     for (std::uint32_t i = span.first; i < span.first + span.count; ++i) {
       DcmPixelItem* item = nullptr;
@@ -1012,6 +1124,7 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
     props[prefix + "transfer-syntax"] = l.syntax_uid;
     props[prefix + "organization"] = l.sparse ? "TILED_SPARSE" : "TILED_FULL";
     props[prefix + "frame-map"] = l.frame_map;
+    props[prefix + "frame-reads"] = l.value_offset.empty() ? "DCMTK" : "positional";
   }
   props["dicom.photometric-interpretation"] = base.photometric;
   props["dicom.manufacturer"] = text(base.dataset, DCM_Manufacturer);
