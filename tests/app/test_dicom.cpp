@@ -170,5 +170,162 @@ TEST(DicomVerbs, InferHeatmapsOfTheDicomSeriesAndTheSvsAgree) {
   EXPECT_LE(largest, 0.05);
 }
 
+// ---- dicom-seg ----
+
+// Runs a shell command; its exit status and output (stdout and stderr).
+int shell(const std::string& command, std::string& output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  output.clear();
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) output.append(buffer, n);
+  return pclose(pipe);
+}
+
+// dciodvfy's error lines for a file.
+std::vector<std::string> dciodvfy_errors(const std::string& path) {
+  std::string output;
+  shell("dciodvfy " + path, output);
+  std::vector<std::string> errors;
+  std::size_t start = 0;
+  while (start < output.size()) {
+    const std::size_t end = std::min(output.find('\n', start), output.size());
+    const std::string line = output.substr(start, end - start);
+    if (line.rfind("Error", 0) == 0) errors.push_back(line);
+    start = end + 1;
+  }
+  return errors;
+}
+
+// Every dciodvfy error of `path` is one it also reports for the reference segmentation in ../shared/data.
+void expect_no_new_dciodvfy_errors(const std::string& path) {
+  const fs::path reference = real_file("dicom/highdicom/seg_image_sm_control.dcm");
+  std::string version;
+  ASSERT_NE(shell("dciodvfy -version", version), 127) << "dciodvfy (Debian dicom3tools) is missing";
+  const auto allowed = dciodvfy_errors(reference.string());
+  for (const auto& error : dciodvfy_errors(path)) {
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), error), allowed.end()) << path << ": " << error;
+  }
+}
+
+// pydicom's view of a segmentation: attributes as JSON, then the total pixel matrix (frames placed by their Plane
+// Position (Slide)) as hex bytes.
+json pydicom_seg(const std::string& path) {
+  const testing::TempDir dir;
+  std::ofstream(dir.file("seg.py"))
+      << "import json,sys,pydicom\n"
+         "d=pydicom.dcmread(sys.argv[1]);a=d.pixel_array\n"
+         "if a.ndim==2: a=a[None]\n"
+         "W,H=d.TotalPixelMatrixColumns,d.TotalPixelMatrixRows;m=bytearray(W*H)\n"
+         "for f,g in zip(a,d.PerFrameFunctionalGroupsSequence):\n"
+         " p=g.PlanePositionSlideSequence[0];x0=p.ColumnPositionInTotalImagePixelMatrix-1;"
+         "y0=p.RowPositionInTotalImagePixelMatrix-1\n"
+         " for y in range(min(d.Rows,H-y0)):\n"
+         "  for x in range(min(d.Columns,W-x0)): m[(y0+y)*W+x0+x]=int(f[y,x])\n"
+         "s=d.SegmentSequence[0];o=d.TotalPixelMatrixOriginSequence[0]\n"
+         "print(json.dumps({'modality':d.Modality,'type':d.SegmentationType,'fractional':d.SegmentationFractionalType,"
+         "'max':int(d.MaximumFractionalValue),'label':s.SegmentLabel,"
+         "'category':s.SegmentedPropertyCategoryCodeSequence[0].CodeValue,"
+         "'property':s.SegmentedPropertyTypeCodeSequence[0].CodeValue,"
+         "'series':d.ReferencedSeriesSequence[0].SeriesInstanceUID,"
+         "'instances':[i.ReferencedSOPInstanceUID for i in d.ReferencedSeriesSequence[0].ReferencedInstanceSequence],"
+         "'study':d.StudyInstanceUID,'frame_of_reference':d.FrameOfReferenceUID,'columns':W,'rows':H,"
+         "'spacing':[float(v) for v in d.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].PixelSpacing],"
+         "'origin':[float(o.XOffsetInSlideCoordinateSystem),float(o.YOffsetInSlideCoordinateSystem)],"
+         "'orientation':[float(v) for v in d.ImageOrientationSlide]}))\n"
+         "print(m.hex())\n";
+  std::string output;
+  EXPECT_EQ(shell("/usr/bin/python3 " + dir.file("seg.py") + " " + path, output), 0)
+      << "pydicom (Debian python3-pydicom): " << output;
+  const auto newline = output.find('\n');
+  json j = json::parse(output.substr(0, newline));
+  std::string hex = output.substr(newline + 1);
+  while (!hex.empty() && hex.back() == '\n') hex.pop_back();
+  j["pixels"] = hex;
+  return j;
+}
+
+// The segmentation's pixels are the heatmap's cells × 255 (0 where no tissue was scored), in the heatmap's grid.
+void expect_seg_is_the_heatmap(const json& seg, const io::Heatmap& map) {
+  ASSERT_EQ(seg["columns"], map.cols);
+  ASSERT_EQ(seg["rows"], map.rows);
+  std::string expected;
+  static constexpr char kDigits[] = "0123456789abcdef";
+  for (const float p : map.prob) {
+    const int v = std::isnan(p) ? 0 : static_cast<int>(std::lround(std::clamp(static_cast<double>(p), 0.0, 1.0) * 255));
+    expected += kDigits[v >> 4];
+    expected += kDigits[v & 15];
+  }
+  EXPECT_EQ(seg["pixels"].get<std::string>(), expected);
+}
+
+TEST(DicomVerbs, DicomSegOfASyntheticSeries) {
+  const testing::TempDir dir;
+  auto r = run("synth --out " + dir.file("synth") + " --slides 1 --size 1024 --seed 5 --format dicom" +
+               " --set preview.enabled=false --set slides.tumour_fraction=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string series = dir.file("synth/slides/tumor_001");
+  r = run("infer --checkpoint " + checkpoint() + " --slides " + series + " --out " + dir.file("infer") +
+          " --threads 1 --set infer.stride=16 --set outputs=[heatmap.h5] --dicom-seg" +
+          " --set dicom_seg.segment_label=metastasis");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string seg_path = dir.file("infer/tumor_001.seg.dcm");
+  ASSERT_TRUE(fs::exists(seg_path));
+  const io::Heatmap map = io::read_heatmap(dir.file("infer/tumor_001.heatmap.h5"));
+  const io::Slide slide = io::Slide::open(series);
+  const json seg = pydicom_seg(seg_path);
+  EXPECT_EQ(seg["modality"], "SEG");
+  EXPECT_EQ(seg["type"], "FRACTIONAL");
+  EXPECT_EQ(seg["fractional"], "PROBABILITY");
+  EXPECT_EQ(seg["max"], 255);
+  EXPECT_EQ(seg["label"], "metastasis");
+  EXPECT_EQ(seg["category"], "49755003");
+  EXPECT_EQ(seg["property"], "14799000");
+  EXPECT_EQ(seg["series"], slide.property("dicom.series-uid").value());
+  EXPECT_EQ(seg["study"], slide.property("dicom.study-uid").value());
+  EXPECT_EQ(seg["frame_of_reference"], slide.property("dicom.frame-of-reference-uid").value());
+  EXPECT_EQ(seg["instances"].size(), static_cast<std::size_t>(slide.level_count()));
+  expect_seg_is_the_heatmap(seg, map);
+  // SEG pixel (i, j) covers heatmap cell (i, j)'s footprint: spacing = the step, origin = cell (0, 0)'s footprint
+  // corner in slide coordinates (the synthetic series: origin (0, 0), orientation 0\-1\0\-1\0\0).
+  const double mm = slide.mpp() / 1000.0;
+  EXPECT_NEAR(seg["spacing"][0].get<double>(), static_cast<double>(map.step) * mm, 1e-9);
+  EXPECT_NEAR(seg["spacing"][1].get<double>(), static_cast<double>(map.step) * mm, 1e-9);
+  const cv::Rect2d first = io::cell_footprint(map, 0, 0);
+  EXPECT_NEAR(seg["origin"][0].get<double>(), -first.y * mm, 1e-6);
+  EXPECT_NEAR(seg["origin"][1].get<double>(), -first.x * mm, 1e-6);
+  if (!fs::exists(real_file("dicom/highdicom/seg_image_sm_control.dcm"))) {
+    GTEST_SKIP() << "dciodvfy comparison: " << skip_message(real_file("dicom/highdicom"));
+  }
+  expect_no_new_dciodvfy_errors(seg_path);
+}
+
+TEST(DicomVerbs, DicomSegOfTheCmuSeries) {
+  const fs::path series = real_file("dicom/cmu-1-small-region-dicom");
+  if (!fs::exists(series)) GTEST_SKIP() << skip_message(series);
+  const testing::TempDir dir;
+  const auto r = run("infer --checkpoint " + checkpoint() + " --slides " + series.string() + " --out " +
+                     dir.file("infer") + " --threads 2 --set infer.stride=32 --set outputs=[dicom-seg,heatmap.h5]");
+  ASSERT_EQ(r.code, 0) << r.err;
+  // The converter wrote no origin: the default is said.
+  EXPECT_TRUE(contains(r.err + r.out, "no Total Pixel Matrix Origin: (0, 0) mm assumed")) << r.err;
+  const std::string seg_path = dir.file("infer/cmu-1-small-region-dicom.seg.dcm");
+  expect_seg_is_the_heatmap(pydicom_seg(seg_path), io::read_heatmap(dir.file("infer/cmu-1-small-region-dicom.heatmap.h5")));
+  expect_no_new_dciodvfy_errors(seg_path);
+}
+
+// A Segmentation must reference DICOM source images: asked of a TIFF slide, the slide fails saying why.
+TEST(DicomVerbs, DicomSegIsRefusedForASlideThatIsNotDicom) {
+  const testing::TempDir dir;
+  auto r = run("synth --out " + dir.file("synth") + " --slides 1 --size 1024 --seed 5 --set preview.enabled=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("infer --checkpoint " + checkpoint() + " --slides " + dir.file("synth/slides/tumor_001.svs") + " --out " +
+          dir.file("infer") + " --threads 1 --set infer.stride=32 --dicom-seg");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "a DICOM Segmentation must reference DICOM source images, and this slide is not DICOM"))
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir.path() / "infer/tumor_001.seg.dcm"));
+}
+
 }  // namespace
 }  // namespace tessera
