@@ -161,23 +161,36 @@ void jpeg_message(j_common_ptr cinfo, int level) {
   if (level < 0 && errors->warning[0] == '\0') (*cinfo->err->format_message)(cinfo, errors->warning);
 }
 
+// One decompressor per thread, reused frame after frame (as libtiff keeps one per directory): creating and destroying
+// libjpeg's memory pools for every frame is measurable at thousands of frames per second.
+struct JpegDecoder {
+  jpeg_decompress_struct cinfo{};
+  JpegErrors errors{};
+  JpegDecoder() {
+    cinfo.err = jpeg_std_error(&errors.manager);
+    errors.manager.error_exit = jpeg_fail;
+    errors.manager.emit_message = jpeg_message;
+    jpeg_create_decompress(&cinfo);
+  }
+  JpegDecoder(const JpegDecoder&) = delete;
+  JpegDecoder& operator=(const JpegDecoder&) = delete;
+  ~JpegDecoder() { jpeg_destroy_decompress(&cinfo); }
+};
+
 // Decodes a JPEG stream into `out` (rows × cols RGB). `ycbcr`: the frame is known to be YCbCr-coded (Photometric
 // Interpretation YBR_*), whatever its markers say; otherwise libjpeg decides from the markers, as it does for
 // TIFF tiles. Returns an empty string on success, else the decoder's message. No C++ object with a destructor
 // lives between setjmp and longjmp.
 std::string decode_jpeg(const std::vector<std::uint8_t>& data, bool ycbcr, cv::Mat& out) {
-  jpeg_decompress_struct cinfo;
-  JpegErrors errors;
+  static thread_local JpegDecoder decoder;
+  jpeg_decompress_struct& cinfo = decoder.cinfo;
+  JpegErrors& errors = decoder.errors;
   errors.message[0] = '\0';
   errors.warning[0] = '\0';
-  cinfo.err = jpeg_std_error(&errors.manager);
-  errors.manager.error_exit = jpeg_fail;
-  errors.manager.emit_message = jpeg_message;
   if (setjmp(errors.jump) != 0) {
-    jpeg_destroy_decompress(&cinfo);
+    jpeg_abort_decompress(&cinfo);  // ready for the next frame
     return errors.message;
   }
-  jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data.data(), static_cast<unsigned long>(data.size()));
   jpeg_read_header(&cinfo, TRUE);
   if (ycbcr && cinfo.num_components == kChannels) cinfo.jpeg_color_space = JCS_YCbCr;
@@ -187,15 +200,18 @@ std::string decode_jpeg(const std::vector<std::uint8_t>& data, bool ycbcr, cv::M
       cinfo.output_components != kChannels) {
     std::snprintf(errors.message, sizeof(errors.message), "a %ux%u JPEG with %d components in a %dx%d frame",
                   cinfo.output_width, cinfo.output_height, cinfo.output_components, out.cols, out.rows);
-    jpeg_destroy_decompress(&cinfo);
+    jpeg_abort_decompress(&cinfo);
     return errors.message;
   }
+  constexpr int kRowsPerCall = 16;
+  std::array<JSAMPROW, kRowsPerCall> rows{};
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out.ptr<unsigned char>(static_cast<int>(cinfo.output_scanline));
-    jpeg_read_scanlines(&cinfo, &row, 1);
+    const int first = static_cast<int>(cinfo.output_scanline);
+    const int n = std::min(kRowsPerCall, out.rows - first);
+    for (int r = 0; r < n; ++r) rows[static_cast<std::size_t>(r)] = out.ptr<unsigned char>(first + r);
+    jpeg_read_scanlines(&cinfo, rows.data(), static_cast<JDIMENSION>(n));
   }
   jpeg_finish_decompress(&cinfo);
-  jpeg_destroy_decompress(&cinfo);
   if (errors.warning[0] != '\0') return errors.warning;
   return {};
 }
