@@ -10,10 +10,12 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "io/annotations.h"
+#include "io/slide.h"
 #include "io/image.h"
 
 namespace tessera::analysis {
@@ -348,6 +350,16 @@ void write_overlay_output(const std::string& path, const SlideResult& r, const O
 void write_tiff_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
   io::write_heatmap_tiff(path, r.heatmap, o.tiff);
 }
+// A DICOM Segmentation must reference DICOM source images: the slide is opened again for its UIDs and geometry, and
+// one that is not DICOM fails with the reason (io/dicom_seg.h).
+void write_dicom_seg_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
+  io::SlideOpenOptions open_options;
+  open_options.assume_mpp = r.heatmap.slide_mpp;
+  const io::Slide slide = io::Slide::open(r.heatmap.slide_path, open_options);
+  for (const auto& note : io::write_dicom_seg(path, r.heatmap, slide, o.seg)) {
+    spdlog::warn("{}: dicom-seg: {}", r.heatmap.slide_id, note);
+  }
+}
 void write_geojson_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
   write_regions_geojson(path, r.heatmap, r.regions, o);
 }
@@ -591,6 +603,7 @@ const std::vector<OutputWriter>& output_writers() {
       {"xml", "xml", write_xml_output},
       {"detections.csv", "detections.csv", write_csv_output},
       {"report.json", "report.json", write_report_output},
+      {"dicom-seg", "seg.dcm", write_dicom_seg_output, true},
   };
   return writers;
 }
@@ -619,8 +632,9 @@ std::vector<std::string> write_slide_outputs(const std::string& directory, const
   // Registry order, whatever the order asked.
   std::vector<const OutputWriter*> selected;
   for (const auto& w : output_writers()) {
-    if (options.outputs.empty() ||
-        std::find(options.outputs.begin(), options.outputs.end(), w.name) != options.outputs.end()) {
+    const bool asked = std::find(options.outputs.begin(), options.outputs.end(), w.name) != options.outputs.end() ||
+                       (options.dicom_seg && std::string(w.name) == "dicom-seg");
+    if (asked || (options.outputs.empty() && !w.only_when_asked)) {
       selected.push_back(&w);
     }
   }
@@ -648,8 +662,13 @@ std::vector<std::string> write_slide_outputs(const std::string& directory, const
 core::Schema& declare_output_keys(core::Schema& schema) {
   return schema
       .string_list("outputs", {},
-                   "Outputs per slide (empty = all): heatmap.h5, overlay.png, heatmap.tif, geojson, xml, "
-                   "detections.csv, report.json")
+                   "Outputs per slide (empty = all but dicom-seg): heatmap.h5, overlay.png, heatmap.tif, geojson, "
+                   "xml, detections.csv, report.json, dicom-seg (a DICOM Segmentation, for slides read from DICOM)")
+      .boolean("dicom_seg.enabled", false, "Also write dicom-seg (<slide>.seg.dcm) whatever `outputs` says")
+      .string("dicom_seg.segment_label", "tumour", "Label of the segment")
+      .string("dicom_seg.type_code", "14799000", "Segmented property type: code value (SNOMED CT by default)")
+      .string("dicom_seg.type_scheme", "SCT", "Segmented property type: coding scheme designator")
+      .string("dicom_seg.type_meaning", "Neoplasm, metastatic", "Segmented property type: code meaning")
       .string("overlay.colormap", "inferno", "Colour map of overlay.png and heatmap.tif", {"inferno", "viridis"})
       .integer("overlay.max_side", 2048, "Longer side of the slide thumbnail under the overlay, in pixels", 128, 16384)
       .boolean("geojson.tiles", true, "Every scored tile as a QuPath detection with a tumor_prob measurement")
@@ -668,6 +687,11 @@ OutputOptions read_output_options(const core::Config& config, double threshold, 
   options.tiff.colormap = options.overlay.colormap;
   options.geojson.tiles = config.get_bool("geojson.tiles");
   options.outputs = config.get_string_list("outputs");
+  options.dicom_seg = config.get_bool("dicom_seg.enabled");
+  options.seg.segment_label = config.get_string("dicom_seg.segment_label");
+  options.seg.type_code = config.get_string("dicom_seg.type_code");
+  options.seg.type_scheme = config.get_string("dicom_seg.type_scheme");
+  options.seg.type_meaning = config.get_string("dicom_seg.type_meaning");
   for (const auto& name : options.outputs) {
     if (find_output_writer(name) == nullptr) {
       throw core::ConfigError(fmt::format("unknown output '{}' (known: {})", name, output_writer_names()),

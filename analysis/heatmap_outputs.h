@@ -32,6 +32,7 @@
 
 #include "analysis/regions.h"
 #include "core/config.h"
+#include "io/dicom_seg.h"
 #include "io/heatmap.h"
 #include "io/provenance.h"
 
@@ -59,7 +60,10 @@ struct OutputOptions {
   OverlayOptions overlay;
   io::HeatmapTiffOptions tiff;
   GeojsonOptions geojson;
-  std::vector<std::string> outputs;  // registry names to write; empty = all
+  std::vector<std::string> outputs;  // registry names to write; empty = all but those written only when asked
+  // `dicom-seg` (io/dicom_seg.h) is written only when asked: in `outputs`, or with `dicom_seg` (infer --dicom-seg).
+  bool dicom_seg = false;
+  io::DicomSegOptions seg;
 };
 
 // The output settings (outputs, overlay.*, geojson.*, detections.*), declared once for every job that writes these
@@ -155,6 +159,7 @@ struct OutputWriter {
   const char* name;    // as in OutputOptions::outputs
   const char* suffix;  // file name is "<slide id>.<suffix>"
   void (*write)(const std::string& path, const SlideResult& result, const OutputOptions& options);
+  bool only_when_asked = false;  // not part of "every output" (an empty `outputs`)
 };
 
 // Every writer, in the order write_slide_outputs() runs them.

@@ -115,6 +115,24 @@ Action setup_bench(CLI::App& command) {
       ->capture_default_str();
   import_cmd->add_option("--workdir", import->workdir, "Folder for the patches, shards and the log")
       ->capture_default_str();
+  auto dicom = std::make_shared<bench::DicomBenchOptions>();
+  CLI::App* dicom_cmd = command.add_subcommand(
+      "dicom", "DICOM reading vs the direct TIFF path: the same regions of one slide with the same JPEG tiles");
+  dicom_cmd->add_option("--size", dicom->size, "Level-0 side of the synthetic slide in pixels")
+      ->check(CLI::Range(1024, 100000))
+      ->capture_default_str();
+  dicom_cmd->add_option("--tile", dicom->tile_size, "Tile (and frame, and region) side in pixels")
+      ->check(CLI::Range(64, 1024))
+      ->capture_default_str();
+  dicom_cmd->add_option("--regions", dicom->regions, "Regions read per round")
+      ->check(CLI::Range(1, 10000000))
+      ->capture_default_str();
+  dicom_cmd->add_option("--rounds", dicom->rounds, "Alternated rounds (best of each)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  dicom_cmd->add_option("--workdir", dicom->workdir, "Folder for the slide and its DICOM series (kept)")
+      ->capture_default_str();
+  dicom_cmd->add_option("--json", dicom->json_file, "Also write the figures as JSON to this file");
 
   auto slide = std::make_shared<bench::InferSlideBenchOptions>();
   CLI::App* slide_cmd = command.add_subcommand(
@@ -285,7 +303,7 @@ Action setup_bench(CLI::App& command) {
       ->capture_default_str();
   view_cmd->add_option("--json", view->json_file, "Also write the figures as JSON to this file");
 
-  return [peak, peak_cmd, tile, tile_cmd, import, import_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
+  return [peak, peak_cmd, tile, tile_cmd, import, import_cmd, dicom, dicom_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
           scale_cmd, view, view_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
     if (comm_cmd->parsed() && !comm->worker.empty()) return bench::run_bench_comm_worker(*comm);
@@ -296,6 +314,7 @@ Action setup_bench(CLI::App& command) {
     if (tile_cmd->parsed()) return bench::run_bench_tile(*tile);
     if (import_cmd->parsed()) return bench::run_bench_import(*import);
     if (view_cmd->parsed()) return bench::run_bench_view(*view);
+    if (dicom_cmd->parsed()) return bench::run_bench_dicom(*dicom);
     if (slide_cmd->parsed()) return bench::run_bench_infer_slide(*slide);
     if (train_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::train, *train);
     if (infer_cmd->parsed()) return bench::run_bench_model(bench::ModelBenchKind::infer, *infer);

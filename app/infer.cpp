@@ -279,6 +279,9 @@ Action setup_infer(CLI::App& command) {
   add_key_flag(command, options->job, "--tta", {"infer.tta"}, "Test-time augmentation: none, flips, d8 (infer.tta)");
   add_key_flag(command, options->job, "--threshold", {"infer.threshold"},
                "P(tumour) that counts as tumour (infer.threshold)");
+  add_key_flag(command, options->job, "--dicom-seg", {"dicom_seg.enabled"},
+               "Also write <slide>.seg.dcm, a DICOM Segmentation (slides read from DICOM only; dicom_seg.enabled)",
+               FlagForm::on);
   add_key_flag(command, options->job, "--threads", {"infer.threads"},
                "OpenMP threads per rank, 0 = all cores (infer.threads)");
   command.add_flag("--force", options->force,

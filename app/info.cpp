@@ -37,6 +37,8 @@ std::string mpp_source_text(const io::Slide& slide) {
       return "from openslide.mpp-x";
     case io::MppSource::tiff_resolution:
       return "from the TIFF resolution tags";
+    case io::MppSource::dicom:
+      return "from the " + slide.property("dicom.mpp-origin").value_or("DICOM attributes");
     case io::MppSource::assumed:
       return "assumed (--assume-mpp), not in the slide";
     case io::MppSource::unknown:
@@ -88,6 +90,15 @@ std::string describe(const io::Slide& slide) {
     }
     out << fmt::format("  associated   {}\n", list);
   }
+  if (slide.is_dicom()) {
+    const auto paths = slide.property("dicom.optical-paths").value_or("");
+    out << fmt::format("  optical      {}\n", paths.empty() ? std::string("no optical path recorded")
+                                                           : "paths " + paths + " (the first is read)");
+    const auto icc = slide.property("dicom.icc-profile-bytes").value_or("0");
+    out << fmt::format("  icc profile  {}\n", icc == "0" ? std::string("none") : icc + " bytes (kept, not applied)");
+    out << fmt::format("  series       {}\n", slide.property("dicom.series-uid").value_or(""));
+  }
+  for (const auto& note : slide.notes()) out << fmt::format("  note         {}\n", note);
   return out.str();
 }
 
@@ -97,6 +108,8 @@ const char* mpp_source_id(io::MppSource source) {
       return "openslide_property";
     case io::MppSource::tiff_resolution:
       return "tiff_resolution";
+    case io::MppSource::dicom:
+      return "dicom";
     case io::MppSource::assumed:
       return "assumed";
     case io::MppSource::unknown:
@@ -138,7 +151,8 @@ nlohmann::json to_json(const io::Slide& slide) {
                         {"mpp_source", mpp_source_id(slide.mpp_source())},
                         {"objective_power", power ? nlohmann::json(*power) : nlohmann::json(nullptr)},
                         {"levels", levels},
-                        {"associated_images", associated}};
+                        {"associated_images", associated},
+                        {"notes", slide.notes()}};
   if (!slide.has_mpp()) out["mpp_problem"] = slide.mpp_problem() + "; set assume_mpp";
   return out;
 }

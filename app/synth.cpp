@@ -3,6 +3,7 @@
 //
 // Output folder:
 //   slides/<id>.svs|.tif       the slides (Aperio-style .svs or generic pyramidal .tif)
+//   slides/<id>/level-<i>.dcm  with --format dicom: each slide as a DICOM series (io/dicom_writer.h)
 //   slides/<id>.xml            ASAP annotations (group _0 tumour, _2 exclusion), level-0 px
 //   slides/<id>.geojson        the same as a QuPath FeatureCollection (class Tumor)
 //   previews/<id>.png          thumbnail with the ground truth outlined and a scale bar
@@ -28,6 +29,7 @@
 #include "core/progress.h"
 #include "core/random.h"
 #include "io/annotations.h"
+#include "io/dicom_writer.h"
 #include "io/image.h"
 #include "io/slide.h"
 #include "preprocessing/overlay.h"
@@ -53,6 +55,14 @@ const core::Schema& synth_schema() {
           .string("slides.compression", "jpeg", "Tile compression", {"jpeg", "deflate"})
           .integer("slides.jpeg_quality", 85, "JPEG quality of the tiles", 30, 100)
           .integer("slides.tile_size", 256, "TIFF tile size in pixels", 64, 1024)
+          .string("slides.format", "tiff", "File format: pyramidal TIFF, or a DICOM series per slide (a folder)",
+                  {"tiff", "dicom"})
+          .string("slides.dicom.transfer_syntax", "jpeg-baseline",
+                  "DICOM frames: the TIFF's JPEG tiles as they are, or uncompressed (explicit or implicit VR)",
+                  {"jpeg-baseline", "explicit-little", "implicit-little"})
+          .string("slides.dicom.organization", "tiled-full",
+                  "DICOM tiles: implicit positions (TILED_FULL) or per-frame positions (TILED_SPARSE)",
+                  {"tiled-full", "tiled-sparse"})
           .integer("tumour.max_regions", 6, "Tumour slides get 1..max regions of widely varied size", 1, 64)
           .boolean("tumour.exclusion_regions", true, "Add ASAP _2 (non-tumour) regions inside some large tumours")
           .boolean("artefacts.blur", true, "Out-of-focus patches")
@@ -71,6 +81,9 @@ struct PlannedSlide {
   std::string split;
   synth::SynthSlideOptions options;
   std::string extension;
+  // --format dicom: the TIFF is converted into the folder slides/<id> and removed.
+  bool dicom = false;
+  io::DicomWriterOptions dicom_options;
 };
 
 // A per-slide seed that does not depend on the rank count or on the standard library: the (index + 1)-th output
@@ -133,6 +146,21 @@ std::vector<PlannedSlide> plan(const core::Config& config) {
     o.tiff.jpeg_quality = static_cast<int>(config.get_int("slides.jpeg_quality"));
     o.tiff.tile_size = static_cast<int>(config.get_int("slides.tile_size"));
     s.extension = aperio ? ".svs" : ".tif";
+    if (config.get_string("slides.format") == "dicom") {
+      if (o.tiff.compression != io::TiffCompression::jpeg &&
+          config.get_string("slides.dicom.transfer_syntax") == "jpeg-baseline") {
+        throw core::ConfigError("slides.format dicom with JPEG Baseline frames needs slides.compression jpeg",
+                                config.source(), 0, "slides.compression");
+      }
+      s.dicom = true;
+      s.extension.clear();
+      const std::string syntax = config.get_string("slides.dicom.transfer_syntax");
+      s.dicom_options.syntax = syntax == "jpeg-baseline"     ? io::DicomTransferSyntax::jpeg_baseline
+                               : syntax == "explicit-little" ? io::DicomTransferSyntax::explicit_little
+                                                             : io::DicomTransferSyntax::implicit_little;
+      s.dicom_options.sparse = config.get_string("slides.dicom.organization") == "tiled-sparse";
+      s.dicom_options.uid_seed = fmt::format("tessera synth {} {}", o.seed, s.id);
+    }
     slides.push_back(std::move(s));
   }
   return slides;
@@ -161,7 +189,17 @@ void write_preview(const fs::path& slide_path, const synth::SynthGroundTruth& tr
 std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, const fs::path& previews_dir,
                          int preview_size) {
   const auto slide_path = slides_dir / (s.id + s.extension);
-  const auto truth = synth::write_synthetic_slide(slide_path.string(), s.options);
+  synth::SynthGroundTruth truth;
+  if (s.dicom) {
+    // The TIFF first (same pixels, same JPEG tiles), then its DICOM series; the TIFF goes.
+    const auto tiff = slides_dir / (s.id + ".source.tif");
+    truth = synth::write_synthetic_slide(tiff.string(), s.options);
+    io::write_dicom_series(tiff.string(), slide_path.string(), s.dicom_options);
+    std::error_code ec;
+    fs::remove(tiff, ec);
+  } else {
+    truth = synth::write_synthetic_slide(slide_path.string(), s.options);
+  }
 
   std::vector<io::Annotation> annotations = truth.tumour;
   annotations.insert(annotations.end(), truth.exclusion.begin(), truth.exclusion.end());
@@ -249,6 +287,7 @@ Action setup_synth(CLI::App& command) {
   add_key_flag(command, *job, "--size", {"slides.width", "slides.height"},
                "Level-0 width and height in pixels (slides.width/height)");
   add_key_flag(command, *job, "--seed", {"seed"}, "Seed (seed)");
+  add_key_flag(command, *job, "--format", {"slides.format"}, "tiff or dicom (slides.format)");
   return [job] { return run_synth(*job); };
 }
 

@@ -43,6 +43,19 @@ struct ImportBenchOptions {
 
 int run_bench_import(const ImportBenchOptions& options);
 
+// `tessera bench dicom` (dicom.cpp): level-0 regions read from one synthetic slide as a tiled TIFF and as a DICOM
+// series with the same JPEG tiles, in alternated rounds; regions/s of each and their ratio.
+struct DicomBenchOptions {
+  int size = 16384;      // level-0 side of the synthetic slide
+  int tile_size = 256;   // TIFF tile = DICOM frame = region side, in px
+  int regions = 4000;    // regions read per round
+  int rounds = 5;        // alternated rounds (best of each)
+  std::string workdir = "data/bench-dicom";
+  std::string json_file;  // also write the figures as JSON here
+};
+
+int run_bench_dicom(const DicomBenchOptions& options);
+
 // `tessera bench infer-slide` (bench_infer_slide.cpp): `tessera infer` end to end (every output) on a generated
 // slide in child runs with 1 rank and with `mpirun -n ranks`, tiles/s by wall and CPU time in alternated rounds,
 // and one rank's peak memory on that slide and on one with four times its area.

@@ -23,6 +23,9 @@ find_package(nlohmann_json REQUIRED)
 find_package(pugixml REQUIRED)
 find_package(TIFF REQUIRED)
 find_package(JPEG REQUIRED)
+# DICOM slides (io/dicom_slide.h): DCMTK parses and decodes JPEG-LS, OpenJPEG decodes JPEG 2000.
+find_package(DCMTK REQUIRED CONFIG)
+pkg_check_modules(OPENJPEG REQUIRED IMPORTED_TARGET libopenjp2)
 pkg_check_modules(OPENSLIDE REQUIRED IMPORTED_TARGET openslide)
 # cpp-httplib (tessera view's server): Debian builds it as a library; its flags (TLS, compression) come with it.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)

@@ -23,7 +23,8 @@ using Target = int (*)(const std::uint8_t*, std::size_t);
   X(dataset_csv)                \
   X(detections_csv)             \
   X(manifest)                   \
-  X(tiff)
+  X(tiff)                       \
+  X(dicom)
 
 #define TESSERA_DECLARE(name) extern "C" int tessera_fuzz_##name(const std::uint8_t*, std::size_t);
 TESSERA_FUZZ_TARGETS(TESSERA_DECLARE)

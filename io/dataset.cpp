@@ -12,6 +12,7 @@
 #include "core/config.h"
 #include "core/csv.h"
 #include "core/error.h"
+#include "io/slide_list.h"
 
 namespace tessera::io {
 namespace {
@@ -113,7 +114,7 @@ Dataset read_dataset_csv(const std::string& path, const DatasetNeeds& needs) {
     row.slide = resolve(field("slide"));
     if (needs.slide && row.slide.empty()) throw bad("slide", "empty (every row needs its slide file)");
     row.id = field("slide_id");
-    if (row.id.empty()) row.id = fs::path(row.slide).stem().string();
+    if (row.id.empty()) row.id = slide_id_of(row.slide);
     if (row.id.empty()) throw bad(column.contains("slide_id") ? "slide_id" : "slide", "empty (no slide id)");
 
     const std::string label = field("label");

@@ -25,6 +25,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "io/dicom_slide.h"
 #include "io/provenance.h"
 #include "io/tiff_reader.h"
 
@@ -198,6 +199,8 @@ const char* to_string(MppSource source) {
       return "openslide property";
     case MppSource::tiff_resolution:
       return "TIFF resolution";
+    case MppSource::dicom:
+      return "DICOM";
     case MppSource::assumed:
       return "assumed";
     case MppSource::unknown:
@@ -210,6 +213,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   check_readable(path);
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw core::FileNotFoundError(path);
+  if (looks_like_dicom(path)) return open_dicom(path, options);
   if (!std::filesystem::is_regular_file(path, ec)) throw core::InputError("not a regular file", path);
 
   const char* vendor = openslide_detect_vendor(path.c_str());
@@ -324,6 +328,40 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   return slide;
 }
 
+Slide Slide::open_dicom(const std::string& path, const SlideOpenOptions& options) {
+  Slide slide;
+  slide.path_ = path;
+  slide.vendor_ = "dicom";
+  slide.dicom_ = DicomSlide::open(path);
+  const DicomSlide& dicom = *slide.dicom_;
+  slide.reader_ = "DICOM (" + dicom.description() + ")";
+  for (const auto& l : dicom.levels()) {
+    slide.levels_.push_back({l.width, l.height, l.downsample, l.tile_width, l.tile_height});
+    if (l.missing_tiles > 0) {
+      slide.notes_.push_back(fmt::format("level {}: TILED_SPARSE, {} tiles without a frame read as background",
+                                         slide.levels_.size() - 1, l.missing_tiles));
+    }
+  }
+  for (const auto& a : dicom.associated()) slide.associated_.push_back({a.name, a.width, a.height});
+  slide.properties_ = dicom.properties();
+  slide.notes_.insert(slide.notes_.begin(), dicom.notes().begin(), dicom.notes().end());
+  if (dicom.mpp_x() && dicom.mpp_y()) {
+    slide.mpp_x_ = *dicom.mpp_x();
+    slide.mpp_y_ = *dicom.mpp_y();
+    slide.mpp_source_ = MppSource::dicom;
+    slide.properties_["dicom.mpp-origin"] = dicom.mpp_origin();
+  } else if (options.assume_mpp > 0.0) {
+    slide.mpp_x_ = options.assume_mpp;
+    slide.mpp_y_ = options.assume_mpp;
+    slide.mpp_source_ = MppSource::assumed;
+  } else {
+    slide.mpp_source_ = MppSource::unknown;
+    slide.mpp_problem_ = "no resolution (Pixel Spacing or Imaged Volume) in the DICOM series";
+    if (options.require_mpp) slide.throw_unknown_mpp();
+  }
+  return slide;
+}
+
 Slide::Slide() = default;
 Slide::Slide(Slide&&) noexcept = default;
 Slide& Slide::operator=(Slide&&) noexcept = default;
@@ -333,7 +371,10 @@ void Slide::throw_unknown_mpp() const {
   throw core::InputError(fmt::format("{}; set assume_mpp in the job", mpp_problem_), path_);
 }
 
-std::string Slide::id() const { return std::filesystem::path(path_).stem().string(); }
+std::string Slide::id() const {
+  if (dicom_ != nullptr) return dicom_->id();
+  return std::filesystem::path(path_).stem().string();
+}
 
 const SlideLevel& Slide::level(int i) const {
   if (i < 0 || i >= level_count()) {
@@ -368,6 +409,14 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
     throw core::InputError(
         "no associated image '" + name + "' (the slide has: " + (known.empty() ? "none" : known) + ")", path_);
   }
+  if (dicom_ != nullptr) {
+    try {
+      return dicom_->read_associated(name);
+    } catch (core::Error& e) {
+      e.add_context("associated image", name);
+      throw;
+    }
+  }
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
   if (const auto error = osr_->run(
           path_, [&](openslide_t* osr) { openslide_read_associated_image(osr, name.c_str(), argb.data()); })) {
@@ -391,7 +440,7 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
       width * height > static_cast<std::int64_t>(INT32_MAX)) {
     throw fail("invalid region size");
   }
-  if (tiff_ != nullptr) {
+  if (tiff_ != nullptr || dicom_ != nullptr) {
     // The level pixel nearest to (x, y): read_level_window() asks for llround(lx·downsample), which maps back
     // to lx exactly for any downsample ≥ 1.
     const double ds = levels_[static_cast<std::size_t>(level_index)].downsample;
@@ -399,6 +448,10 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
       return std::llround(std::clamp(static_cast<double>(v) / ds, -kMaxLevelCoordinate, kMaxLevelCoordinate));
     };
     try {
+      if (dicom_ != nullptr) {
+        return dicom_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
+                            static_cast<int>(height));
+      }
       return tiff_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
                          static_cast<int>(height));
     } catch (core::Error& e) {

@@ -14,6 +14,10 @@
 // resamples with area averaging; pyramid downsamples are used as OpenSlide reports them (they need not be
 // powers of two).
 //
+// DICOM: a folder holding a DICOM whole-slide image series, or one file of it, is read by io::DicomSlide (vendor
+// "dicom"; µm/px from Pixel Spacing or Imaged Volume, MppSource::dicom), with the same region semantics as the
+// direct TIFF path below.
+//
 // Direct TIFF path: for the vendors whose levels are plain tiled TIFF directories (`generic-tiff`, `aperio`),
 // read_region() decodes the touched tiles with libtiff (TiffTileReader: JPEG, deflate, LZW or uncompressed RGB
 // tiles, with a 64 MB cache of decoded tiles) instead of going through OpenSlide's cairo compositing, which is
@@ -55,6 +59,7 @@ typedef struct _openslide openslide_t;
 namespace tessera::io {
 
 class TiffTileReader;
+class DicomSlide;
 
 struct SlideLevel {
   std::int64_t width = 0;
@@ -64,7 +69,7 @@ struct SlideLevel {
   std::int64_t tile_height = 0;
 };
 
-enum class MppSource { openslide_property, tiff_resolution, assumed, unknown };
+enum class MppSource { openslide_property, tiff_resolution, dicom, assumed, unknown };
 const char* to_string(MppSource source);
 
 struct SlideOpenOptions {
@@ -90,12 +95,17 @@ class Slide {
   ~Slide();
 
   const std::string& path() const { return path_; }
-  std::string id() const;  // file name without directory and extension
+  // The file name without directory and extension; for a DICOM series its folder's name (io/dicom_slide.h).
+  std::string id() const;
   const std::string& vendor() const { return vendor_; }
   // Which path read_region() takes: "direct TIFF (JPEG tiles)", "OpenSlide", or "OpenSlide (direct TIFF not
   // used: <reason>)" for a generic-tiff or aperio slide the direct path declined.
   const std::string& reader() const { return reader_; }
   bool reads_tiff_directly() const { return tiff_ != nullptr; }
+  bool is_dicom() const { return dicom_ != nullptr; }
+  // What a reader of the slide should know that is not an error (DICOM: imperfections tolerated, files ignored,
+  // optical paths not used, tiles of a sparse level missing); empty for most slides.
+  const std::vector<std::string>& notes() const { return notes_; }
   int level_count() const { return static_cast<int>(levels_.size()); }
   const SlideLevel& level(int i) const;
   const std::vector<SlideLevel>& levels() const { return levels_; }
@@ -162,11 +172,14 @@ class Slide {
   cv::Mat read_level_window(const LevelRead& r) const;
   struct OpenSlideHandle;
   Slide();
+  static Slide open_dicom(const std::string& path, const SlideOpenOptions& options);
   [[noreturn]] void throw_unknown_mpp() const;
   std::string path_;
   std::string vendor_;
   std::unique_ptr<OpenSlideHandle> osr_;
   std::unique_ptr<TiffTileReader> tiff_;  // the direct path; null = OpenSlide
+  std::unique_ptr<DicomSlide> dicom_;     // a DICOM series (then osr_ and tiff_ are null)
+  std::vector<std::string> notes_;
   std::string reader_ = "OpenSlide";
   std::vector<SlideLevel> levels_;
   std::map<std::string, std::string> properties_;

@@ -11,11 +11,15 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "io/dicom_slide.h"
 #include "io/dataset.h"
 
 namespace tessera::io {
 
-std::string slide_id_of(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+std::string slide_id_of(const std::string& path) {
+  if (looks_like_dicom(path)) return dicom_slide_id(path);
+  return std::filesystem::path(path).stem().string();
+}
 
 std::vector<std::string> expand_slide_patterns(const std::vector<std::string>& patterns, const std::string& source,
                                                const std::string& key) {

@@ -24,7 +24,8 @@ core::Schema& declare_input_keys(core::Schema& schema, bool files = true);
 // when the job names slide files. ConfigError naming input.slides when both input.slides and input.csv are given.
 std::string input_csv(const core::Config& config);
 
-// "data/slides/tumor_001.tif" → "tumor_001".
+// "data/slides/tumor_001.tif" → "tumor_001"; a DICOM series (a folder, or one file of it) → its folder's name, or its
+// Series Instance UID when the folder holds several series (io/dicom_slide.h).
 std::string slide_id_of(const std::string& path);
 
 // Files and globs → slide paths, in the order given (each glob's matches sorted). `source` and `key` name the

@@ -6,15 +6,14 @@
 #include <array>
 #include <cstdarg>
 #include <cstdio>
-#include <list>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <utility>
 
 #include <tiffio.h>
 
 #include "core/error.h"
+#include "io/tile_cache.h"
 
 namespace tessera::io {
 namespace {
@@ -96,55 +95,6 @@ std::string compression_name(std::uint16_t compression) {
   }
 }
 
-// Key of a decoded tile in the cache: level and tile index.
-std::uint64_t tile_key(int level, std::uint32_t tile) {
-  return (static_cast<std::uint64_t>(level) << 32) | static_cast<std::uint64_t>(tile);
-}
-
-// Decoded tiles, least recently used first out once their bytes pass the capacity. cv::Mat shares its pixels by
-// reference count, so a tile handed out stays valid after eviction.
-class TileCache {
- public:
-  explicit TileCache(std::size_t capacity) : capacity_(capacity) {}
-
-  std::size_t bytes() {
-    const std::lock_guard lock(mutex_);
-    return bytes_;
-  }
-
-  std::optional<cv::Mat> find(std::uint64_t key) {
-    const std::lock_guard lock(mutex_);
-    auto it = index_.find(key);
-    if (it == index_.end()) return std::nullopt;
-    entries_.splice(entries_.begin(), entries_, it->second);
-    return it->second->second;
-  }
-
-  void insert(std::uint64_t key, const cv::Mat& tile) {
-    const std::size_t bytes = tile.total() * tile.elemSize();
-    if (bytes > capacity_) return;
-    const std::lock_guard lock(mutex_);
-    if (index_.count(key) != 0) return;  // another thread decoded it meanwhile
-    entries_.emplace_front(key, tile);
-    index_[key] = entries_.begin();
-    bytes_ += bytes;
-    while (bytes_ > capacity_) {
-      const auto& [old_key, old_tile] = entries_.back();
-      bytes_ -= old_tile.total() * old_tile.elemSize();
-      index_.erase(old_key);
-      entries_.pop_back();
-    }
-  }
-
- private:
-  using Entries = std::list<std::pair<std::uint64_t, cv::Mat>>;
-  std::mutex mutex_;
-  std::size_t capacity_;
-  std::size_t bytes_ = 0;
-  Entries entries_;
-  std::unordered_map<std::uint64_t, Entries::iterator> index_;
-};
-
 }  // namespace
 
 struct TiffTileReader::Impl {
@@ -223,7 +173,7 @@ struct TiffTileReader::Impl {
   cv::Mat tile(int level_index, std::uint32_t column, std::uint32_t row) {
     const Level& level = levels[static_cast<std::size_t>(level_index)];
     const std::uint32_t index = row * level.tiles_across + column;
-    const std::uint64_t key = tile_key(level_index, index);
+    const std::uint64_t key = TileCache::key(static_cast<std::uint32_t>(level_index), index);
     if (auto cached = cache.find(key)) return *cached;
 
     cv::Mat pixels(static_cast<int>(level.tile_height), static_cast<int>(level.tile_width), CV_8UC3);

@@ -18,18 +18,18 @@ set -euo pipefail
 build=$(cd "${1:?usage: scripts/fuzz.sh <build-fuzz>}" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${FUZZ_SECONDS:-60}
-targets=(${FUZZ_TARGETS:-config asap_xml geojson dataset_csv detections_csv manifest tiff})
+targets=(${FUZZ_TARGETS:-config asap_xml geojson dataset_csv detections_csv manifest tiff dicom})
 work=$build/fuzz-work
 
 # Executions per second of each target on this project's machine (2 cores, measured with FUZZ_CALIBRATE=1; dataset_csv
 # was lowered from 15,000 when the target moved to the dataset.csv reader: 900,000 runs of it took 235 s on a loaded
 # machine, 3,800/s), the dictionary of tokens libFuzzer inserts (fuzz/dict/), and the largest input it makes.
 declare -A RATE=([config]=250 [asap_xml]=8000 [geojson]=6000 [dataset_csv]=5000 [detections_csv]=10000
-                 [manifest]=6000 [tiff]=2000)
+                 [manifest]=6000 [tiff]=2000 [dicom]=1000)
 declare -A DICT=([config]=yaml [asap_xml]=xml [geojson]=json [dataset_csv]=csv [detections_csv]=csv [manifest]=json
-                 [tiff]=tiff)
+                 [tiff]=tiff [dicom]=dicom)
 declare -A MAX_LEN=([config]=8192 [asap_xml]=16384 [geojson]=16384 [dataset_csv]=4096 [detections_csv]=4096
-                    [manifest]=8192 [tiff]=65536)
+                    [manifest]=8192 [tiff]=65536 [dicom]=65536)
 
 # Copies files into a corpus folder under names that cannot collide (<prefix>-<case>-<file>).
 add_seeds() {

@@ -14,6 +14,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
   libtiff-dev libjpeg-dev
   libcpp-httplib-dev
+  libdcmtk-dev dcmtk libopenjp2-7-dev libgdcm-tools dicom3tools python3-pydicom
   libsimgrid-dev
   ccache stress-ng iproute2 util-linux
 )

@@ -1,0 +1,498 @@
+// DICOM whole-slide series (io/dicom_slide.h) against the TIFF they were made from (io/dicom_writer.h): every
+// transfer syntax (JPEG Baseline, explicit and implicit VR little endian, JPEG-LS by DCMTK's dcmcjpls, JPEG 2000 by
+// GDCM's gdcmconv) and organisation (TILED_FULL, TILED_SPARSE with missing tiles, one instance per level, offset
+// table filled or empty, several fragments per frame), YBR_FULL_422, the Imaged Volume resolution fallback, and bad
+// input (not a slide, truncated, frame count off, damaged frame, unsupported syntax, two instances for one level,
+// levels of two images, other series in the folder).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <opencv2/core.hpp>
+
+#include <dcmtk/config/osconfig.h>
+#include <dcmtk/dcmdata/dcdeftag.h>
+#include <dcmtk/dcmdata/dcfilefo.h>
+#include <dcmtk/dcmdata/dcuid.h>
+
+#include "core/error.h"
+#include "io/dicom_slide.h"
+#include "io/dicom_writer.h"
+#include "io/slide.h"
+#include "tests/testing/testing.h"
+
+namespace tessera::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::int64_t kWidth = 1000;
+constexpr std::int64_t kHeight = 777;
+
+// A small pattern slide as a generic JPEG TIFF (3 levels, 256-px tiles) and the same slide as a DICOM series.
+struct Pair {
+  testing::TempDir dir;
+  std::string tiff;
+  std::string series;
+  explicit Pair(const DicomWriterOptions& options, TiffFlavor flavor = TiffFlavor::generic,
+                std::int64_t height = kHeight) {
+    TiffWriterOptions tiff_options;
+    tiff_options.flavor = flavor;
+    tiff_options.jpeg_quality = 90;
+    tiff_options.mpp = 0.25;
+    tiff = dir.file("slide.tif");
+    series = dir.file("series");
+    testing::write_pattern_slide(tiff, kWidth, height, tiff_options);
+    write_dicom_series(tiff, series, options);
+  }
+};
+
+// Largest absolute difference of two RGB images of one size.
+int max_difference(const cv::Mat& a, const cv::Mat& b) {
+  EXPECT_EQ(a.size(), b.size());
+  cv::Mat diff;
+  cv::absdiff(a, b, diff);
+  double largest = 0.0;
+  cv::minMaxLoc(diff.reshape(1), nullptr, &largest);
+  return static_cast<int>(largest);
+}
+
+// Every level of `dicom`, read whole and in an unaligned window, against `tiff`; returns the largest difference.
+int compare_levels(const Slide& dicom, const Slide& tiff) {
+  EXPECT_EQ(dicom.level_count(), tiff.level_count());
+  int largest = 0;
+  for (int l = 0; l < std::min(dicom.level_count(), tiff.level_count()); ++l) {
+    const SlideLevel& a = dicom.level(l);
+    const SlideLevel& b = tiff.level(l);
+    EXPECT_EQ(a.width, b.width);
+    EXPECT_EQ(a.height, b.height);
+    EXPECT_DOUBLE_EQ(a.downsample, b.downsample);
+    const auto ds = static_cast<std::int64_t>(a.downsample);
+    largest = std::max(largest, max_difference(dicom.read_region(0, 0, l, a.width, a.height),
+                                               tiff.read_region(0, 0, l, b.width, b.height)));
+    // A window crossing tile borders and the slide's edge.
+    largest = std::max(largest, max_difference(dicom.read_region(123 * ds, 201 * ds, l, 300, 700),
+                                                tiff.read_region(123 * ds, 201 * ds, l, 300, 700)));
+  }
+  return largest;
+}
+
+// Runs a shell command; its exit status, and its output in `output`.
+int run(const std::string& command, std::string* output = nullptr) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::string text;
+  std::array<char, 4096> buffer{};
+  for (std::size_t n; (n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0;) text.append(buffer.data(), n);
+  if (output != nullptr) *output = text;
+  return pclose(pipe);
+}
+
+std::string error_of(const std::string& path) {
+  try {
+    Slide::open(path);
+  } catch (const core::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Dicom, JpegFramesAreTheTiffTilesPixelForPixel) {
+  const Pair pair({});
+  const Slide dicom = Slide::open(pair.series);
+  const Slide tiff = Slide::open(pair.tiff);
+  EXPECT_EQ(dicom.vendor(), "dicom");
+  EXPECT_EQ(dicom.reader(), "DICOM (JPEG Baseline frames)");
+  EXPECT_EQ(dicom.id(), "series");
+  EXPECT_EQ(dicom.mpp_source(), MppSource::dicom);
+  EXPECT_DOUBLE_EQ(dicom.mpp(), 0.25);
+  EXPECT_DOUBLE_EQ(dicom.mpp_y(), 0.25);
+  EXPECT_EQ(dicom.level(0).tile_width, 256);
+  EXPECT_EQ(dicom.property("dicom.level[0].frame-map"), "one fragment per frame");
+  // The same JPEG streams through the same libjpeg: identical pixels.
+  EXPECT_EQ(compare_levels(dicom, tiff), 0);
+}
+
+TEST(Dicom, RgbOverYcbcrFramesDecodeAsTheirHeadersSay) {
+  // Photometric Interpretation RGB over YCbCr-coded frames, as some converters write: decoded as YCbCr.
+  DicomWriterOptions options;
+  options.jpeg_photometric = "RGB";
+  const Pair pair(options);
+  EXPECT_EQ(compare_levels(Slide::open(pair.series), Slide::open(pair.tiff)), 0);
+}
+
+struct Organisation {
+  const char* name;
+  DicomWriterOptions options;
+  const char* frame_map;  // level 0's
+};
+
+class DicomOrganisation : public ::testing::TestWithParam<Organisation> {};
+
+TEST_P(DicomOrganisation, ReadsAsTheTiff) {
+  const Pair pair(GetParam().options);
+  const Slide dicom = Slide::open(pair.series);
+  EXPECT_EQ(dicom.property("dicom.level[0].frame-map"), GetParam().frame_map);
+  EXPECT_EQ(compare_levels(dicom, Slide::open(pair.tiff)), 0);
+}
+
+DicomWriterOptions with(void (*change)(DicomWriterOptions&)) {
+  DicomWriterOptions o;
+  change(o);
+  return o;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Syntaxes, DicomOrganisation,
+    ::testing::Values(
+        Organisation{"offset_table", with([](DicomWriterOptions& o) { o.offset_table = true; }), "basic offset table"},
+        Organisation{"fragments", with([](DicomWriterOptions& o) { o.fragments_per_frame = 3; }), "fragment walk"},
+        Organisation{"fragments_offset_table", with([](DicomWriterOptions& o) {
+                       o.fragments_per_frame = 2;
+                       o.offset_table = true;
+                     }),
+                     "basic offset table"},
+        Organisation{"sparse_jpeg", with([](DicomWriterOptions& o) { o.sparse = true; }), "one fragment per frame"},
+        Organisation{"explicit", with([](DicomWriterOptions& o) { o.syntax = DicomTransferSyntax::explicit_little; }),
+                     "uncompressed"},
+        Organisation{"implicit", with([](DicomWriterOptions& o) { o.syntax = DicomTransferSyntax::implicit_little; }),
+                     "uncompressed"},
+        Organisation{"sparse_explicit", with([](DicomWriterOptions& o) {
+                       o.syntax = DicomTransferSyntax::explicit_little;
+                       o.sparse = true;
+                     }),
+                     "uncompressed"}),
+    [](const auto& param_info) { return std::string(param_info.param.name); });
+
+// Frames are read at their file positions when the pixel data ends the file (checked at open), and through DCMTK
+// otherwise: here data set trailing padding after the pixel data. Same pixels either way.
+TEST(Dicom, FramesAreReadThroughDcmtkWhenThePixelDataIsNotLast) {
+  for (const auto syntax : {DicomTransferSyntax::jpeg_baseline, DicomTransferSyntax::explicit_little}) {
+    DicomWriterOptions options;
+    options.syntax = syntax;
+    options.fragments_per_frame = 2;
+    const Pair pair(options);
+    EXPECT_EQ(Slide::open(pair.series).property("dicom.level[0].frame-reads"), "positional");
+    for (const auto& entry : fs::directory_iterator(pair.series)) {
+      DcmFileFormat file;
+      ASSERT_TRUE(file.loadFile(entry.path().c_str()).good());
+      file.loadAllDataIntoMemory();  // saved over the file it was lazily read from
+      const Uint8 padding[8] = {};
+      file.getDataset()->putAndInsertUint8Array(DCM_DataSetTrailingPadding, padding, sizeof(padding));
+      ASSERT_TRUE(file.saveFile(entry.path().c_str(), file.getDataset()->getOriginalXfer()).good());
+    }
+    const Slide dicom = Slide::open(pair.series);
+    EXPECT_EQ(dicom.property("dicom.level[0].frame-reads"), "DCMTK");
+    EXPECT_EQ(compare_levels(dicom, Slide::open(pair.tiff)), 0);
+  }
+}
+
+TEST(Dicom, SparseTilesWithoutFramesAreBackgroundAndCounted) {
+  DicomWriterOptions options;
+  options.sparse = true;
+  options.omit_tiles = {{0, 0}, {0, 5}};  // level 0: 4 tiles across; tiles (0, 0) and (1, 1)
+  const Pair pair(options);
+  const Slide dicom = Slide::open(pair.series);
+  const Slide tiff = Slide::open(pair.tiff);
+  EXPECT_EQ(dicom.property("dicom.level[0].organization"), "TILED_SPARSE");
+  ASSERT_FALSE(dicom.notes().empty());
+  EXPECT_TRUE(contains(dicom.notes().back(), "level 0: TILED_SPARSE, 2 tiles without a frame")) << dicom.notes().back();
+  const cv::Mat missing = dicom.read_region(256, 256, 0, 256, 256);
+  EXPECT_EQ(cv::countNonZero(missing.reshape(1) != 255), 0);
+  EXPECT_EQ(max_difference(dicom.read_region(512, 0, 0, 488, 777), tiff.read_region(512, 0, 0, 488, 777)), 0);
+  EXPECT_GT(max_difference(dicom.read_region(0, 0, 0, 256, 256), tiff.read_region(0, 0, 0, 256, 256)), 0);
+}
+
+TEST(Dicom, YbrFull422UncompressedIsConverted) {
+  DicomWriterOptions options;
+  options.syntax = DicomTransferSyntax::explicit_little;
+  options.ybr_full_422 = true;
+  const Pair pair(options);
+  const Slide dicom = Slide::open(pair.series);
+  EXPECT_EQ(dicom.property("dicom.photometric-interpretation"), "YBR_FULL_422");
+  const cv::Mat a = dicom.read_region(0, 0, 0, kWidth, kHeight);
+  const cv::Mat b = Slide::open(pair.tiff).read_region(0, 0, 0, kWidth, kHeight);
+  // Chroma is shared by pixel pairs: close, not equal; a naive reader taking Y Y Cb Cr for RGB is far off.
+  cv::Mat diff;
+  cv::absdiff(a, b, diff);
+  const cv::Scalar mean = cv::mean(diff);
+  for (int c = 0; c < 3; ++c) EXPECT_LT(mean[c], 3.0) << "channel " << c;
+}
+
+// A lossless re-encoding by another toolkit of the explicit-VR series decodes to the very same pixels.
+void check_reencoded(const std::string& tool, const std::string& expected_reader) {
+  DicomWriterOptions options;
+  options.syntax = DicomTransferSyntax::explicit_little;
+  const Pair pair(options);
+  const fs::path recoded = pair.dir.path() / "recoded";
+  fs::create_directories(recoded);
+  for (const auto& entry : fs::directory_iterator(pair.series)) {
+    const std::string from = entry.path().string();
+    const std::string to = (recoded / entry.path().filename()).string();
+    std::string output;
+    ASSERT_EQ(run(tool + " " + from + " " + to, &output), 0)
+        << tool << " failed (Debian packages dcmtk, libgdcm-tools): " << output;
+  }
+  const Slide dicom = Slide::open(recoded.string());
+  EXPECT_EQ(dicom.reader(), expected_reader);
+  EXPECT_EQ(compare_levels(dicom, Slide::open(pair.series)), 0);
+}
+
+TEST(Dicom, JpegLsByDcmcjplsDecodesExactly) { check_reencoded("dcmcjpls", "DICOM (JPEG-LS Lossless frames)"); }
+
+TEST(Dicom, Jpeg2000ByGdcmconvDecodesExactly) {
+  check_reencoded("gdcmconv --j2k", "DICOM (JPEG 2000 (Lossless only) frames)");
+}
+
+TEST(Dicom, OneFileOfTheSeriesOpensTheSeries) {
+  const Pair pair({}, TiffFlavor::aperio);
+  const Slide folder = Slide::open(pair.series);
+  const Slide file = Slide::open((fs::path(pair.series) / "level-1.dcm").string());
+  EXPECT_EQ(file.id(), "series");
+  EXPECT_EQ(file.level_count(), folder.level_count());
+  EXPECT_EQ(max_difference(file.read_region(0, 0, 0, kWidth, kHeight), folder.read_region(0, 0, 0, kWidth, kHeight)), 0);
+  // Associated images: the TIFF's, as uncompressed instances.
+  const Slide tiff = Slide::open(pair.tiff);
+  ASSERT_EQ(folder.associated_images().size(), tiff.associated_images().size());
+  for (const auto& a : tiff.associated_images()) {
+    EXPECT_EQ(max_difference(folder.read_associated_image(a.name), tiff.read_associated_image(a.name)), 0) << a.name;
+  }
+}
+
+TEST(Dicom, OtherSeriesInTheFolderAreIgnoredWhenAFileIsNamed) {
+  const Pair pair({});
+  DicomWriterOptions other;
+  other.uid_seed = "another slide";
+  write_dicom_series(pair.tiff, pair.dir.file("other"), other);
+  fs::copy_file(pair.dir.path() / "other" / "level-0.dcm", fs::path(pair.series) / "other-level-0.dcm");
+  // The folder alone is ambiguous.
+  EXPECT_TRUE(contains(error_of(pair.series), "the folder holds 2 slide series")) << error_of(pair.series);
+  const Slide slide = Slide::open((fs::path(pair.series) / "level-0.dcm").string());
+  EXPECT_EQ(slide.level_count(), Slide::open(pair.tiff).level_count());
+  EXPECT_EQ(slide.id(), derived_uid("tessera", "series"));  // the Series Instance UID names it
+  EXPECT_TRUE(std::any_of(slide.notes().begin(), slide.notes().end(),
+                          [](const std::string& n) { return contains(n, "1 files of other series in the folder ignored"); }));
+}
+
+TEST(Dicom, ImagedVolumeGivesTheResolutionWhenPixelSpacingIsAbsent) {
+  DicomWriterOptions options;
+  options.pixel_spacing = false;
+  const Pair pair(options);
+  const Slide slide = Slide::open(pair.series);
+  EXPECT_EQ(slide.property("dicom.mpp-origin"), "DICOM Imaged Volume Width/Height");
+  EXPECT_NEAR(slide.mpp(), 0.25, 1e-6);  // written as 32-bit floats
+  EXPECT_TRUE(std::any_of(slide.notes().begin(), slide.notes().end(),
+                          [](const std::string& n) { return contains(n, "no Pixel Spacing"); }));
+}
+
+// ---- bad input ----
+
+TEST(Dicom, ANonSlideDicomFileIsNamedAsSuch) {
+  const testing::TempDir dir;
+  const std::string path = dir.file("ct.dcm");
+  DcmFileFormat file;
+  file.getDataset()->putAndInsertString(DCM_SOPClassUID, UID_CTImageStorage);
+  file.getDataset()->putAndInsertString(DCM_SOPInstanceUID, derived_uid("test", "ct").c_str());
+  file.getDataset()->putAndInsertString(DCM_Modality, "CT");
+  ASSERT_TRUE(file.saveFile(path.c_str(), EXS_LittleEndianExplicit).good());
+  const std::string error = error_of(path);
+  EXPECT_TRUE(contains(error, "DICOM file, but not a whole-slide image (modality CT)")) << error;
+  EXPECT_TRUE(contains(error, "ct.dcm")) << error;
+}
+
+TEST(Dicom, ATruncatedFileIsAnErrorNamingIt) {
+  const Pair pair({});
+  const fs::path level = fs::path(pair.series) / "level-0.dcm";
+  fs::resize_file(level, fs::file_size(level) / 2);
+  const std::string error = error_of(pair.series);
+  EXPECT_TRUE(contains(error, "corrupt DICOM file")) << error;
+  EXPECT_TRUE(contains(error, "level-0.dcm")) << error;
+}
+
+TEST(Dicom, AFrameCountThatDisagreesWithThePixelDataIsAnError) {
+  for (const auto syntax : {DicomTransferSyntax::jpeg_baseline, DicomTransferSyntax::explicit_little}) {
+    DicomWriterOptions options;
+    options.syntax = syntax;
+    const Pair pair(options);
+    const std::string path = (fs::path(pair.series) / "level-0.dcm").string();
+    DcmFileFormat file;
+    ASSERT_TRUE(file.loadFile(path.c_str()).good());
+    file.loadAllDataIntoMemory();  // saved over the file it was lazily read from
+    file.getDataset()->putAndInsertString(DCM_NumberOfFrames, "17");  // 16 tiles at level 0
+    ASSERT_TRUE(file.saveFile(path.c_str(), file.getDataset()->getOriginalXfer()).good());
+    const std::string error = error_of(pair.series);
+    EXPECT_TRUE(contains(error, syntax == DicomTransferSyntax::jpeg_baseline
+                                    ? "frame count 17 disagrees with the pixel data (16 frames found by fragment walk)"
+                                    : "frame count 17 disagrees with the pixel data (3145728 bytes, 3342336 needed)"))
+        << error;
+    EXPECT_TRUE(contains(error, "level-0.dcm")) << error;
+  }
+}
+
+TEST(Dicom, AMissingLevelFileIsNotFound) {
+  const Pair pair({});
+  const std::string missing = (fs::path(pair.series) / "level-7.dcm").string();
+  EXPECT_THROW(Slide::open(missing), core::FileNotFoundError);
+}
+
+TEST(Dicom, ADamagedFrameIsAnErrorNeverPixels) {
+  const Pair pair({});
+  const fs::path level = fs::path(pair.series) / "level-0.dcm";
+  std::string bytes;
+  {
+    std::ifstream in(level, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // Scramble entropy-coded data of the first frame: 300 bytes past its start of scan.
+  const std::size_t sos = bytes.find("\xff\xda");
+  ASSERT_NE(sos, std::string::npos);
+  for (std::size_t i = sos + 300; i < sos + 340; ++i) bytes[i] = static_cast<char>(0x5a ^ i);
+  {
+    std::ofstream out(level, std::ios::binary);
+    out << bytes;
+  }
+  const Slide slide = Slide::open(pair.series);
+  try {
+    slide.read_region(0, 0, 0, 256, 256);
+    ADD_FAILURE() << "a damaged frame was read";
+  } catch (const core::CorruptTileError& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot decode frame 1")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "level-0.dcm")) << e.what();
+  }
+  // The other frames still read.
+  EXPECT_NO_THROW(slide.read_region(512, 512, 0, 256, 256));
+}
+
+TEST(Dicom, AnUnsupportedTransferSyntaxIsNamed) {
+  DicomWriterOptions options;
+  options.syntax = DicomTransferSyntax::explicit_little;
+  const Pair pair(options);
+  const std::string level = (fs::path(pair.series) / "level-0.dcm").string();
+  ASSERT_EQ(run("dcmconv +tb " + level + " " + level + ".big && mv " + level + ".big " + level), 0);
+  const std::string error = error_of(pair.series);
+  EXPECT_TRUE(contains(error, "unsupported transfer syntax Big Endian Explicit (1.2.840.10008.1.2.2)")) << error;
+}
+
+TEST(Dicom, TwoInstancesForOneLevelAreAnError) {
+  const Pair pair({});
+  fs::copy_file(fs::path(pair.series) / "level-1.dcm", fs::path(pair.series) / "level-1-copy.dcm");
+  const std::string error = error_of(pair.series);
+  EXPECT_TRUE(contains(error, "two instances for one 500x389 level")) << error;
+  EXPECT_TRUE(contains(error, "level-1-copy.dcm")) << error;
+}
+
+TEST(Dicom, LevelsOfTwoImagesAreNotAPyramid) {
+  const Pair pair({});
+  // The same series UIDs over a slide of another shape.
+  const Pair other({}, TiffFlavor::generic, 300);
+  fs::copy_file(fs::path(other.series) / "level-1.dcm", fs::path(pair.series) / "stray.dcm");
+  fs::remove(fs::path(pair.series) / "level-1.dcm");
+  const std::string error = error_of(pair.series);
+  EXPECT_TRUE(contains(error, "levels do not form a pyramid of one image")) << error;
+  EXPECT_TRUE(contains(error, "stray.dcm")) << error;
+}
+
+TEST(Dicom, AFolderWithoutSlidesSaysSo) {
+  const testing::TempDir dir;
+  std::ofstream(dir.file("notes.txt")) << "not a slide";
+  const std::string error = error_of(dir.path().string());
+  EXPECT_TRUE(contains(error, "no DICOM file in the folder")) << error;
+}
+
+// ---- the shared real data (../shared/data/real-slides/dicom, described in its README) ----
+
+fs::path real_file(const std::string& name) { return testing::shared_data_dir() / "real-slides" / name; }
+std::string skip_message(const fs::path& path) {
+  return "no real data at " + path.string() + " (../shared/data is absent)";
+}
+
+// The CMU-1-Small-Region scan converted to DICOM by another project's converter is the SVS: its size and µm/px, and
+// level 0 within JPEG re-encoding (mean absolute difference per channel ≤ 5 grey levels). A reader that took the
+// RGB Photometric Interpretation at its word over the JFIF (YCbCr) frames would be off by tens of grey levels.
+TEST(DicomReal, CmuSeriesIsTheSvs) {
+  const fs::path series = real_file("dicom/cmu-1-small-region-dicom");
+  const fs::path svs = real_file("cmu-1-small-region.svs");
+  if (!fs::exists(series) || !fs::exists(svs)) GTEST_SKIP() << skip_message(series);
+  const Slide dicom = Slide::open(series.string());
+  const Slide aperio = Slide::open(svs.string());
+  EXPECT_EQ(dicom.id(), "cmu-1-small-region-dicom");
+  EXPECT_EQ(dicom.level_count(), 12);
+  EXPECT_EQ(dicom.width(), aperio.width());
+  EXPECT_EQ(dicom.height(), aperio.height());
+  EXPECT_NEAR(dicom.mpp(), aperio.mpp(), 1e-3);
+  EXPECT_EQ(dicom.property("dicom.level[0].frame-map"), "one fragment per frame");
+  const auto noted = [&](const std::string& part) {
+    return std::any_of(dicom.notes().begin(), dicom.notes().end(), [&](const auto& n) { return contains(n, part); });
+  };
+  EXPECT_TRUE(noted("12 different Frame of Reference UIDs"));
+  EXPECT_TRUE(noted("no Optical Path Sequence"));
+  EXPECT_TRUE(noted("no Total Pixel Matrix Origin Sequence"));
+  cv::Mat diff;
+  cv::absdiff(dicom.read_region(0, 0, 0, dicom.width(), dicom.height()),
+              aperio.read_region(0, 0, 0, aperio.width(), aperio.height()), diff);
+  const cv::Scalar mad = cv::mean(diff);
+  std::printf("CMU-1 DICOM vs SVS, level 0, mean absolute difference R %.2f G %.2f B %.2f\n", mad[0], mad[1], mad[2]);
+  for (int c = 0; c < 3; ++c) EXPECT_LE(mad[c], 5.0) << "channel " << c;
+}
+
+// The uncompressed highdicom file decodes to exactly the values pydicom (Debian python3-pydicom) reads.
+TEST(DicomReal, HighdicomUncompressedIsWhatPydicomReads) {
+  const fs::path file = real_file("dicom/highdicom/sm_image.dcm");
+  if (!fs::exists(file)) GTEST_SKIP() << skip_message(file);
+  const Slide slide = Slide::open(file.string());
+  ASSERT_EQ(slide.width(), 50);
+  ASSERT_EQ(slide.height(), 50);
+  // pydicom's frames, tiled by row and column as TILED_FULL lays them out, as raw RGB bytes in hex.
+  const std::string script =
+      "import pydicom,sys\n"
+      "d=pydicom.dcmread(sys.argv[1]);a=d.pixel_array;W=d.TotalPixelMatrixColumns;H=d.TotalPixelMatrixRows\n"
+      "r,c=d.Rows,d.Columns;n=(W+c-1)//c;out=bytearray(W*H*3)\n"
+      "for f in range(a.shape[0]):\n"
+      " y0,x0=f//n*r,f%n*c\n"
+      " for y in range(min(r,H-y0)):\n"
+      "  for x in range(min(c,W-x0)):\n"
+      "   i=((y0+y)*W+x0+x)*3;out[i:i+3]=bytes(int(v) for v in a[f,y,x])\n"
+      "print(out.hex())\n";
+  const testing::TempDir dir;
+  std::ofstream(dir.file("dump.py")) << script;
+  std::string output;
+  ASSERT_EQ(run("/usr/bin/python3 " + dir.file("dump.py") + " " + file.string(), &output), 0)
+      << "pydicom (Debian python3-pydicom): " << output;
+  const cv::Mat pixels = slide.read_region(0, 0, 0, 50, 50);
+  std::string hex;
+  static constexpr char kDigits[] = "0123456789abcdef";
+  for (int r = 0; r < pixels.rows; ++r) {
+    for (int c = 0; c < pixels.cols * 3; ++c) {
+      const unsigned char v = pixels.ptr<unsigned char>(r)[c];
+      hex += kDigits[v >> 4];
+      hex += kDigits[v & 15];
+    }
+  }
+  while (!output.empty() && output.back() == '\n') output.pop_back();
+  EXPECT_EQ(hex, output);
+}
+
+TEST(DicomReal, NonSlideFilesAreNamedAsSuch) {
+  const fs::path dx = real_file("dicom/highdicom/dx_image.dcm");
+  const fs::path seg = real_file("dicom/highdicom/seg_image_sm_control.dcm");
+  if (!fs::exists(dx) || !fs::exists(seg)) GTEST_SKIP() << skip_message(dx.parent_path());
+  EXPECT_TRUE(contains(error_of(dx.string()), "DICOM file, but not a whole-slide image (modality DX)"))
+      << error_of(dx.string());
+  EXPECT_TRUE(contains(error_of(seg.string()), "DICOM file, but not a whole-slide image (modality SEG)"))
+      << error_of(seg.string());
+}
+
+}  // namespace
+}  // namespace tessera::io
