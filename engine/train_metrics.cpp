@@ -112,7 +112,8 @@ void MetricsLog::slurm(std::int64_t step, const io::SlurmJob& job) const {
                                    {"array_task_id", job.array_task_id},
                                    {"nodelist", job.nodelist},
                                    {"ntasks", job.ntasks},
-                                   {"restarts", job.restarts}});
+                                   {"restarts", job.restarts}}
+                          .dump());
 }
 
 void MetricsLog::train(std::int64_t epoch, std::int64_t step, double lr, double loss, double images_per_second) const {

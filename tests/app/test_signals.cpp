@@ -284,6 +284,44 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   }
 }
 
+// Under Slurm (its variables in the environment) the job is traced: metrics.jsonl's "slurm" line, the checkpoint's
+// /meta, infer.json's "slurm"; outside Slurm none of them.
+TEST_F(Signals, TheSlurmJobIsRecordedWhereTheResultsAre) {
+  const std::string slurm =
+      "SLURM_JOB_ID=4242 SLURM_ARRAY_JOB_ID=4240 SLURM_ARRAY_TASK_ID=2 SLURM_JOB_NODELIST='t[1-2]' SLURM_NTASKS=4 "
+      "SLURM_RESTART_COUNT=1 ";
+  const fs::path out = dir_->file("traced");
+  auto r = run_script(slurm + "$TESSERA train " + train_job() + " --epochs 1 --out " + out.string() + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "Slurm job 4242 (array 4240 task 2), 4 task(s) on t[1-2], requeued 1 time(s)")) << r.out;
+  const auto lines = testing::read_jsonl(out / "metrics.jsonl", "slurm");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["job_id"], "4242");
+  EXPECT_EQ(lines[0]["array_task_id"], "2");
+  EXPECT_EQ(lines[0]["nodelist"], "t[1-2]");
+  EXPECT_EQ(lines[0]["ntasks"], 4);
+  EXPECT_EQ(lines[0]["restarts"], 1);
+  const io::Checkpoint checkpoint = io::read_checkpoint((out / "checkpoint.h5").string());
+  ASSERT_TRUE(checkpoint.meta.slurm.has_value());
+  EXPECT_EQ(checkpoint.meta.slurm->job_id, "4242");
+  EXPECT_EQ(checkpoint.meta.slurm->array_job_id, "4240");
+  EXPECT_EQ(checkpoint.meta.slurm->nodelist, "t[1-2]");
+  EXPECT_EQ(checkpoint.meta.slurm->ntasks, 4);
+
+  r = run_script(slurm + "$TESSERA " + infer_args("traced-infer") + " 2>&1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream in(dir_->file("traced-infer/infer.json"));
+  const json summary = json::parse(in);
+  EXPECT_EQ(summary["slurm"]["job_id"], "4242");
+  EXPECT_EQ(summary["slurm"]["array_job_id"], "4240");
+  EXPECT_EQ(summary["slurm"]["array_task_id"], "2");
+  EXPECT_EQ(summary["slurm"]["ntasks"], 4);
+
+  // Outside Slurm: nothing claimed.
+  EXPECT_FALSE(io::read_checkpoint(dir_->file("model/checkpoint.h5")).meta.slurm.has_value());
+  EXPECT_TRUE(testing::read_jsonl(dir_->file("model/metrics.jsonl"), "slurm").empty());
+}
+
 // A malformed action is refused naming the known ones.
 TEST_F(Signals, TheFaultActionsIncludeTheSignals) {
   const auto r = run_script("TESSERA_FAULT='train.step do=hup' $TESSERA train --help >/dev/null 2>&1; echo $?\n"
