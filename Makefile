@@ -14,7 +14,7 @@ REPEAT ?= 10
 EXTENDED_FUZZ_SECONDS ?= 600
 ASAN_EXTENDED := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' tests/asan-extended.txt 2>/dev/null | paste -sd'|')
 
-.PHONY: all deps configure build test test-network test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
+.PHONY: all deps configure build test test-network test-slurm test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
 	bench format lint clean
 
 all: build
@@ -29,15 +29,22 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Random order: a test that needs another to run first, or leaves something behind for the next, fails here.
-# The `network` label (test hosts in network namespaces, one at a time) runs after the rest, timed against its budget.
+# The `network` label (test hosts in network namespaces, one at a time) runs after the rest, timed against its budget;
+# then the `slurm` label (a Slurm cluster on the same test hosts, one test at a time), against its own.
 NETWORK_BUDGET ?= 300
+SLURM_BUDGET ?= 420
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE network
+	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|slurm'
 	@$(MAKE) --no-print-directory test-network
+	@$(MAKE) --no-print-directory test-slurm
 
 test-network: build
 	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L network || status=$$?; \
 	  echo "label network: $$(( $$(date +%s) - t0 )) s (budget $(NETWORK_BUDGET) s)"; exit $$status
+
+test-slurm: build
+	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L slurm || status=$$?; \
+	  echo "label slurm: $$(( $$(date +%s) - t0 )) s (budget $(SLURM_BUDGET) s)"; exit $$status
 
 # The unit tests again while stress-ng keeps every core busy: a test that depends on timing fails here.
 test-load: build
@@ -61,12 +68,12 @@ demo: configure
 	@scripts/demo.sh $(BUILD)/app/tessera
 
 # The tests under AddressSanitizer + UndefinedBehaviorSanitizer with -Werror (CI runs this after `make test`),
-# except the slowest sanitizer cases listed in tests/asan-extended.txt and the `network` label (the same code as
-# the mpi and app labels, across test hosts), which `make test-asan-all` adds.
+# except the slowest sanitizer cases listed in tests/asan-extended.txt and the `network` and `slurm` labels (the same
+# code as the mpi and app labels, across test hosts), which `make test-asan-all` adds.
 test-asan: asan-build
 	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS) \
-	  -LE network $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
+	  -LE 'network|slurm' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
 
 test-asan-all: asan-build
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS)

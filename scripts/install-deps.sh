@@ -15,6 +15,7 @@ packages=(
   libtiff-dev libjpeg-dev
   libsimgrid-dev
   ccache stress-ng iproute2 util-linux
+  slurm-wlm slurm-client munge libpmix-dev jq
 )
 
 # `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
