@@ -32,7 +32,7 @@ build: configure
 # The `network` label (test hosts in network namespaces, one at a time) runs after the rest, timed against its budget;
 # then the `slurm` label (a Slurm cluster on the same test hosts, one test at a time), against its own.
 NETWORK_BUDGET ?= 300
-SLURM_BUDGET ?= 420
+SLURM_BUDGET ?= 300
 test: build
 	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|slurm'
 	@$(MAKE) --no-print-directory test-network
