@@ -16,5 +16,5 @@ mkdir -p "$out"
 array=$(sbatch --parsable "$@" --array="0-$((tasks - 1))" --output="$out/infer-%A_%a.out" \
   "$here/infer-array.sbatch" "$list" "$checkpoint" "$out")
 summary=$(sbatch --parsable "$@" --dependency="afterok:$array" --kill-on-invalid-dep=yes \
-  --output="$out/summary-%j.out" "$here/infer-summary.sbatch" "$out" $dataset)
+  --output="$out/summary-%j.out" "$here/infer-summary.sbatch" "$out" ${dataset:+"$dataset"})
 echo "$array $summary"
