@@ -14,7 +14,7 @@ REPEAT ?= 10
 EXTENDED_FUZZ_SECONDS ?= 600
 ASAN_EXTENDED := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' tests/asan-extended.txt 2>/dev/null | paste -sd'|')
 
-.PHONY: all deps configure build test test-network test-browser test-torch test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
+.PHONY: all deps configure build test test-network test-browser test-slurm test-torch test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
 	bench format lint clean
 
 all: build
@@ -29,15 +29,17 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # Random order: a test that needs another to run first, or leaves something behind for the next, fails here.
-# The `browser` label (tessera view in headless Chromium; skipped without it: scripts/install-deps.sh --browser) and
-# the `network` label (test hosts in network namespaces, one at a time) run after the rest, each timed against its
-# budget.
+# The `browser` label (tessera view in headless Chromium; skipped without it: scripts/install-deps.sh --browser), the
+# `network` label (test hosts in network namespaces, one at a time) and then the `slurm` label (a Slurm cluster on the
+# same test hosts, one test at a time) run after the rest, each timed against its budget.
 NETWORK_BUDGET ?= 300
 BROWSER_BUDGET ?= 120
+SLURM_BUDGET ?= 300
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|browser|torch'
+	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|browser|slurm|torch'
 	@$(MAKE) --no-print-directory test-browser
 	@$(MAKE) --no-print-directory test-network
+	@$(MAKE) --no-print-directory test-slurm
 
 test-browser: build
 	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L browser || status=$$?; \
@@ -53,6 +55,10 @@ test-network: build
 test-torch: build
 	@scripts/install-deps.sh --bench
 	@ctest --test-dir $(BUILD) --output-on-failure -L torch
+
+test-slurm: build
+	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L slurm || status=$$?; \
+	  echo "label slurm: $$(( $$(date +%s) - t0 )) s (budget $(SLURM_BUDGET) s)"; exit $$status
 
 # The unit tests again while stress-ng keeps every core busy: a test that depends on timing fails here.
 test-load: build
@@ -76,12 +82,13 @@ demo: configure
 	@scripts/demo.sh $(BUILD)/app/tessera
 
 # The tests under AddressSanitizer + UndefinedBehaviorSanitizer with -Werror (CI runs this after `make test`),
-# except the slowest sanitizer cases listed in tests/asan-extended.txt, the `network` label (the same code as
-# the mpi and app labels, across test hosts), which `make test-asan-all` adds, and the `torch` label (PyTorch's side).
+# except the slowest sanitizer cases listed in tests/asan-extended.txt, the `network` and `slurm` labels (the same
+# code as the mpi and app labels, across test hosts), which `make test-asan-all` adds, and the `torch` label
+# (PyTorch's side).
 test-asan: asan-build
 	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS) \
-	  -LE 'network|torch' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
+	  -LE 'network|slurm|torch' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
 
 test-asan-all: asan-build
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS)

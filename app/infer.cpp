@@ -34,7 +34,9 @@
 #include "core/atomic_file.h"
 #include "core/comm.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/output_dir.h"
+#include "core/signals.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/slide_inference.h"
@@ -74,6 +76,14 @@ const core::Schema& infer_schema() {
   return instance;
 }
 
+// The Slurm job of this run for infer.json (io/provenance.h); null outside Slurm.
+json slurm_record() {
+  const auto job = io::slurm_job();
+  if (!job) return nullptr;
+  return {{"job_id", job->job_id},     {"array_job_id", job->array_job_id}, {"array_task_id", job->array_task_id},
+          {"nodelist", job->nodelist}, {"ntasks", job->ntasks},             {"restarts", job->restarts}};
+}
+
 struct InferOptions {
   JobOptions job;
   bool force = false;
@@ -94,6 +104,7 @@ int run_infer(const InferOptions& options) {
   const auto& world = core::Comm::world();
   // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
   const core::OutputLock lock = core::lock_output_folder(world, out.string(), "infer");
+  core::install_stop_handlers();  // SIGUSR1: finish the slide in hand; SIGTERM: stop now (core/signals.h)
   engine::Context::get().set_threads(static_cast<int>(config.get_int("infer.threads")));
 
   engine::SlideInferenceOptions inference_options;
@@ -182,6 +193,15 @@ int run_infer(const InferOptions& options) {
   };
   for (std::size_t s = 0; s < inputs.size(); ++s) {
     const auto& input = inputs[s];
+    // Between slides every rank agrees whether to stop (SIGUSR1: the slide in hand is finished; core/signals.h).
+    if (const auto stop = core::agree_stop(world); stop != core::StopRequest::none) {
+      collect();  // the last slide's outputs and record are complete before the job ends
+      if (world.is_root()) {
+        spdlog::warn("{}: stopped before slide {}/{} {}; the slides done are recorded, run the job again for the rest",
+                     core::signal_name(stop), s + 1, inputs.size(), input.id);
+      }
+      return core::exit_interrupted;
+    }
     if (skip[s]) {
       if (!world.is_root()) continue;
       collect();  // the summary stays in slide order
@@ -203,6 +223,7 @@ int run_infer(const InferOptions& options) {
       continue;
     }
     total_tiles += stats.tiles;
+    core::fault::at("infer.slide-scored");
     if (!world.is_root()) continue;
     collect();
     const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
@@ -240,7 +261,8 @@ int run_infer(const InferOptions& options) {
                         {"seconds", seconds},
                         {"tiles_per_second", static_cast<double>(total_tiles) / std::max(seconds, 1e-9)},
                         {"slides", slides},
-                        {"failures", failures}};
+                        {"failures", failures},
+                        {"slurm", slurm_record()}};
   core::write_file_atomic((out / "infer.json").string(), summary.dump(2) + "\n");
 
   const std::string where = fs::absolute(out).lexically_normal().string();

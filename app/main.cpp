@@ -55,7 +55,8 @@ int run(int argc, char** argv) {
   cli.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
   cli.footer(
       "Exit codes: 0 success, 1 internal failure, 2 usage or configuration error, 3 bad input data\n"
-      "(also: a batch job in which some items failed). Run under mpirun/srun for many processes.");
+      "(also: a batch job in which some items failed), 75 interrupted by SIGUSR1 or SIGTERM with its work so far\n"
+      "recorded (train, tile, infer: run it again to go on). Run under mpirun/srun for many processes.");
 
   std::vector<std::pair<CLI::App*, app::Action>> actions;
   for (const auto& verb : app::verbs()) {

@@ -8,6 +8,7 @@
 #include "app/cli.h"
 #include "core/comm.h"
 #include "core/error.h"
+#include "core/signals.h"
 #include "preprocessing/tile_job.h"
 
 namespace tessera::app {
@@ -22,8 +23,10 @@ struct TileOptions {
 int run_tile(const TileOptions& options) {
   const auto config = load_job(prep::tile_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
+  core::install_stop_handlers();  // SIGUSR1: finish the shard in hand; SIGTERM: stop now (core/signals.h)
   const auto result =
       prep::run_tile_job(config, {.force = options.force, .preview_only = options.preview->on}, core::Comm::world());
+  if (result.stopped != core::StopRequest::none) return core::exit_interrupted;
   return result.slides_failed ? core::exit_input : core::exit_ok;
 }
 

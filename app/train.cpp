@@ -10,6 +10,7 @@
 #include "core/comm.h"
 #include "core/error.h"
 #include "core/output_dir.h"
+#include "core/signals.h"
 #include "engine/models/registry.h"
 #include "engine/trainer.h"
 
@@ -26,7 +27,9 @@ int run_train(const TrainOptions& options) {
   const auto& world = core::Comm::world();
   // Held to the end of the job: no other job writes this folder meanwhile (core/output_dir.h).
   const core::OutputLock lock = core::lock_output_folder(world, config.get_string("output"), "train");
+  core::install_stop_handlers();  // SIGUSR1, SIGTERM: checkpoint at the next step and exit 75 (core/signals.h)
   const auto result = engine::train(config, world);
+  if (result.stopped != core::StopRequest::none) return core::exit_interrupted;
   if (world.is_root() && result.steps_this_run == 0) {
     spdlog::info("nothing left to train: {} is at step {} ({} epochs) of this job", result.checkpoint, result.steps,
                  result.epochs);

@@ -15,6 +15,8 @@ const char* to_string(ErrorKind kind) {
       return "input error";
     case ErrorKind::internal:
       return "internal error";
+    case ErrorKind::interrupted:
+      return "interrupted";
   }
   return "error";
 }
@@ -28,6 +30,8 @@ int exit_code_for(ErrorKind kind) {
       return exit_input;
     case ErrorKind::internal:
       return exit_internal;
+    case ErrorKind::interrupted:
+      return exit_interrupted;
   }
   return exit_internal;
 }

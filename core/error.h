@@ -23,6 +23,7 @@ enum class ErrorKind {
   config,    // bad YAML job or --set override
   input,     // bad input data: missing/corrupt slide, broken annotation, truncated shard
   internal,  // a bug or a failing system library: not the user's fault
+  interrupted,  // stopped on a signal (core/signals.h): nothing is wrong, the rerun goes on from where it stopped
 };
 
 const char* to_string(ErrorKind kind);
@@ -33,6 +34,9 @@ enum ExitCode : int {
   exit_internal = 1,  // internal failure
   exit_usage = 2,     // usage or configuration error
   exit_input = 3,     // bad input data (also: a batch job in which some items failed)
+  // Stopped on SIGUSR1 or SIGTERM with everything done so far recorded: resumable, "requeue me" (core/signals.h).
+  // 75 is sysexits.h's EX_TEMPFAIL ("temporary failure; the user is invited to retry").
+  exit_interrupted = 75,
 };
 
 int exit_code_for(ErrorKind kind);
@@ -109,6 +113,12 @@ class CorruptTileError : public InputError {
 class InternalError : public Error {
  public:
   explicit InternalError(std::string message) : Error(ErrorKind::internal, std::move(message)) {}
+};
+
+// Stopped on a signal before the work was done (core/signals.h); exit code exit_interrupted.
+class InterruptedError : public Error {
+ public:
+  explicit InterruptedError(std::string message) : Error(ErrorKind::interrupted, std::move(message)) {}
 };
 
 // Throws InternalError("<what>: <strerror(errno)>") when `ok` is false.

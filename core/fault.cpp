@@ -14,7 +14,7 @@
 namespace tessera::core::fault {
 namespace {
 
-enum class Action { kill, stop, fail };
+enum class Action { kill, stop, signal, fail };
 
 struct Spec {
   std::string point;
@@ -22,12 +22,13 @@ struct Spec {
   std::optional<int> rank;
   Action action = Action::kill;
   int error = 0;  // for Action::fail
+  int signal = 0;  // for Action::signal
 };
 
 [[noreturn]] void malformed(const std::string& value, const std::string& why) {
   std::fprintf(
       stderr,
-      "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ do=kill|stop|enospc|eio]\")\n",
+      "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ do=kill|stop|usr1|term|enospc|eio]\")\n",
       value.c_str(), why.c_str());
   std::_Exit(2);
 }
@@ -66,6 +67,12 @@ std::optional<Spec> parse(const char* env) {
         spec.action = Action::kill;
       } else if (v == "stop") {
         spec.action = Action::stop;
+      } else if (v == "usr1") {
+        spec.action = Action::signal;
+        spec.signal = SIGUSR1;
+      } else if (v == "term") {
+        spec.action = Action::signal;
+        spec.signal = SIGTERM;
       } else if (v == "enospc") {
         spec.action = Action::fail;
         spec.error = ENOSPC;
@@ -102,7 +109,7 @@ State& state() {
 }
 
 // Counts a hit of `point`; true when the configured fault fires on this hit.
-bool fires(std::string_view point, Action* action, int* error) {
+bool fires(std::string_view point, Action* action, int* error, int* signal) {
   State& s = state();
   if (!s.spec || s.spec->point != point) return false;
   if (s.spec->rank && *s.spec->rank != launcher_rank()) return false;
@@ -110,6 +117,7 @@ bool fires(std::string_view point, Action* action, int* error) {
   if (++s.hits != s.spec->after) return false;
   *action = s.spec->action;
   *error = s.spec->error;
+  *signal = s.spec->signal;
   return true;
 }
 
@@ -130,10 +138,21 @@ void stop_self(std::string_view point) {
   std::raise(SIGSTOP);
 }
 
-// The action of a fault that fired at a point: kill or stop here; `fail` is the caller's to report.
-void act(std::string_view point, Action action) {
+// Sends `signal` to this process, as a batch system's warning (SIGUSR1) or time limit (SIGTERM) would, at an exact
+// place. raise() runs the handler (core/signals.h) before it returns, so the request is recorded when the call site
+// goes on.
+void signal_self(std::string_view point, int signal) {
+  std::fprintf(stderr, "tessera: fault injected at %.*s: raising %s in process %d\n", static_cast<int>(point.size()),
+               point.data(), signal == SIGTERM ? "SIGTERM" : "SIGUSR1", static_cast<int>(getpid()));
+  std::fflush(stderr);
+  std::raise(signal);
+}
+
+// The action of a fault that fired at a point: kill, stop or signal here; `fail` is the caller's to report.
+void act(std::string_view point, Action action, int signal) {
   if (action == Action::kill) kill_self(point);
   if (action == Action::stop) stop_self(point);
+  if (action == Action::signal) signal_self(point, signal);
 }
 
 }  // namespace
@@ -142,15 +161,15 @@ bool enabled() { return state().spec.has_value(); }
 
 void at(std::string_view point) {
   Action action{};
-  int error = 0;
-  if (fires(point, &action, &error)) act(point, action);
+  int error = 0, signal = 0;
+  if (fires(point, &action, &error, &signal)) act(point, action, signal);
 }
 
 int error_at(std::string_view point) {
   Action action{};
-  int error = 0;
-  if (!fires(point, &action, &error)) return 0;
-  act(point, action);
+  int error = 0, signal = 0;
+  if (!fires(point, &action, &error, &signal)) return 0;
+  act(point, action, signal);
   return action == Action::fail ? error : 0;
 }
 

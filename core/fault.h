@@ -14,6 +14,8 @@
 //           stop   — SIGSTOP this process at the point; it goes on from there when sent SIGCONT. A test holds a rank
 //                    still at an exact place (e.g. while it brings the rank's host's link down), polls for the
 //                    stopped state ('T' in /proc/PID/stat), acts, and continues it
+//           usr1   — raise SIGUSR1 in this process at the point (a batch system's warning before a time limit;
+//                    core/signals.h records it and the verb stops at its next boundary); term likewise SIGTERM
 //           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
 //
 // The points (each documented where it is called):
@@ -28,6 +30,10 @@
 //   import.shard-finished      after a shard and its resume record are complete  (preprocessing/import_job.cpp)
 //   infer.slide-finished       rank 0, after a slide's outputs and its record are complete
 //                                                                                    (analysis/infer_outputs.cpp)
+//   infer.slide-scored         every rank, after a slide's heatmap is scored and gathered, before it is written
+//                                                                                    (app/infer.cpp)
+//   infer.batch                every rank, after each batch of a slide's tiles is scored (engine/slide_inference.cpp)
+//   tile.tile                  each tile read into a shard                          (preprocessing/tile_job.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)
 //   checkpoint.write           each tensor written to a checkpoint (enospc, eio)           (io/checkpoint.cpp)
 //   heatmap.write              each dataset written to a heatmap file (enospc, eio)        (io/heatmap.cpp)
@@ -40,7 +46,7 @@
 
 namespace tessera::core::fault {
 
-// A point where the process may be killed (do=kill) or stopped (do=stop). Counts the hit; returns normally unless a
+// A point where the process may be killed (do=kill), stopped (do=stop) or signalled (do=usr1|term). Counts the hit; returns normally unless a
 // kill fires (a stop returns once the process is continued).
 void at(std::string_view point);
 

@@ -17,9 +17,11 @@
 #include <opencv2/core.hpp>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/measure.h"
 #include "core/partition.h"
 #include "core/progress.h"
+#include "core/signals.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
 
@@ -342,6 +344,9 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
           const std::size_t offset = static_cast<std::size_t>(b * batch_size - first_cell);
           for (std::size_t i = 0; i < n; ++i) mine[offset + i] = static_cast<float>(sum[i] / views);
           if (progress) progress->advance(batch.size);
+          core::fault::at("infer.batch");
+          // SIGTERM: this slide is left to the rerun (core/signals.h); the reader's batch in flight is waited for.
+          core::throw_if_terminated("slide '" + slide_id + "'");
         }
       }
     } catch (const core::Error& e) {

@@ -104,6 +104,18 @@ MetricsLog::MetricsLog(fs::path folder, std::int64_t step)
   });
 }
 
+void MetricsLog::slurm(std::int64_t step, const io::SlurmJob& job) const {
+  append_line(jsonl_, ordered_json{{"kind", "slurm"},
+                                   {"step", step},
+                                   {"job_id", job.job_id},
+                                   {"array_job_id", job.array_job_id},
+                                   {"array_task_id", job.array_task_id},
+                                   {"nodelist", job.nodelist},
+                                   {"ntasks", job.ntasks},
+                                   {"restarts", job.restarts}}
+                          .dump());
+}
+
 void MetricsLog::train(std::int64_t epoch, std::int64_t step, double lr, double loss, double images_per_second) const {
   append_line(jsonl_, ordered_json{{"kind", "train"},
                                    {"epoch", epoch},

@@ -8,6 +8,8 @@
 //           ranks, per step, with the payload bytes a rank sent; means over the ranks, and every rank's own figures
 //           under "ranks" (index = rank)
 //   val     per epoch: loss, accuracy, patch-level ROC AUC, tiles
+//   slurm   at the start of a run under Slurm (a requeued run adds its own): step, job_id, array_job_id,
+//           array_task_id, nodelist, ntasks, restarts (io/provenance.h)
 // Figures carry 6 significant digits, as metrics.csv, and are null when not finite (an AUC of one class).
 #pragma once
 
@@ -18,6 +20,7 @@
 
 #include "core/comm.h"
 #include "engine/strategy.h"
+#include "io/provenance.h"
 
 namespace tessera::engine {
 
@@ -62,6 +65,8 @@ class MetricsLog {
 
   void train(std::int64_t epoch, std::int64_t step, double lr, double loss, double images_per_second) const;
   void epoch(const StepTiming& timing, const EpochMetrics& m) const;
+  // The Slurm job of the run that starts at `step`.
+  void slurm(std::int64_t step, const io::SlurmJob& job) const;
 
  private:
   std::filesystem::path jsonl_;

@@ -19,6 +19,7 @@
 #include "core/fault.h"
 #include "core/metrics.h"
 #include "core/progress.h"
+#include "core/signals.h"
 #include "core/random.h"
 #include "engine/context.h"
 #include "engine/inference.h"
@@ -266,6 +267,8 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   meta.tissue = manifest.tissue;
   meta.provenance = training_provenance(manifest, train_options.slides, shards);
   meta.config_yaml = config.to_yaml();
+  const auto slurm = io::slurm_job();  // the job this run is, traced into the checkpoint and metrics.jsonl
+  meta.slurm = slurm;
   const TrainState state{.params = params,
                          .buffers = buffers,
                          .optimizer = *optimizer,
@@ -317,6 +320,10 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     fs::create_directories(out);
     config.save((out / "train.config.yaml").string());
     metrics.emplace(out, at.step);
+    if (slurm) {
+      metrics->slurm(at.step, *slurm);
+      spdlog::info("Slurm {}", io::describe(*slurm));
+    }
     spdlog::info(
         "{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {}{} = "
         "global batch {}; {} steps per epoch; strategy {}",
@@ -381,7 +388,24 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   auto t_window = clock_type::now();
   model->set_mode(Mode::train);
 
-  while (at.epoch < epochs && at.step < total_steps) {
+  // A stop request (SIGUSR1 or SIGTERM, core/signals.h) is honoured at the next step boundary, agreed by every rank:
+  // the checkpoint is written there and the run ends; `--resume auto` continues from that step.
+  core::StopRequest stop = core::StopRequest::none;
+  auto stop_here = [&](bool checkpoint_written) {
+    stop = core::agree_stop(comm);
+    if (stop == core::StopRequest::none) return false;
+    const auto t_checkpoint = clock_type::now();
+    if (!checkpoint_written) write_train_checkpoint((out / "checkpoint.h5").string(), meta, at, state, comm);
+    if (comm.is_root()) {
+      spdlog::warn("{}: stopped at step {} (epoch {}, batch {} of it); checkpoint {} written in {:.2f} s; "
+                   "'--resume auto' goes on from here",
+                   core::signal_name(stop), at.step, at.epoch + 1, at.batch_in_epoch, (out / "checkpoint.h5").string(),
+                   std::chrono::duration<double>(clock_type::now() - t_checkpoint).count());
+    }
+    return true;
+  };
+
+  while (at.epoch < epochs && at.step < total_steps && stop == core::StopRequest::none) {
     train_data.start_epoch(at.epoch);
     // A resumed run skips the batches the checkpointed run had already taken in this epoch.
     for (std::int64_t b = 0; b < at.batch_in_epoch; ++b) {
@@ -416,7 +440,10 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         write_train_checkpoint((out / "checkpoint.h5").string(), meta, at, state, comm);
       }
       core::fault::at("train.step");  // after the step's metrics line and checkpoint
+      // After the last step the run ends anyway (its validation and checkpoint follow): nothing to stop.
+      if (at.step < total_steps && stop_here(checkpoint_every > 0 && at.step % checkpoint_every == 0)) break;
     }
+    if (stop != core::StopRequest::none) break;  // the epoch's end is the resumed run's
     const StepTiming timing =
         step_timing(comm, clock_type::now() - t_steps, epoch_steps, strategy->stats() - comm_before);
     const bool epoch_done = at.batch_in_epoch + accumulation > steps_per_epoch * accumulation;
@@ -464,8 +491,11 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
       write_train_checkpoint((out / fmt::format("checkpoint-epoch-{:03d}.h5", at.epoch)).string(), meta, at, state,
                              comm);
     }
+    // An epoch's end is a step boundary too (its checkpoint is written); when the run is over anyway, it just ends.
+    if (at.epoch < epochs && at.step < total_steps && stop_here(true)) break;
   }
   progress.finish();
+  result.stopped = stop;
 
   result.steps = at.step;
   result.steps_this_run = at.step - first_step;

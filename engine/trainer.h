@@ -25,6 +25,7 @@
 
 #include "core/comm.h"
 #include "core/config.h"
+#include "core/signals.h"
 
 namespace tessera::engine {
 
@@ -43,6 +44,9 @@ struct TrainResult {
   double seconds = 0.0;            // this run's wall time
   double images_per_second = 0.0;  // training images per second over all ranks (this run)
   std::string checkpoint;          // the last checkpoint written
+  // Not none: the run stopped early on this request (core/signals.h), at a step boundary every rank agreed on,
+  // with `checkpoint` written there; a run with `train.resume: auto` goes on from it.
+  core::StopRequest stopped = core::StopRequest::none;
 };
 
 // Runs the job. Collective: every rank calls it with the same config. Throws core::Error (InputError for bad

@@ -271,6 +271,14 @@ class CheckpointWriter {
       write_int(g, "training_unknown_slides", p->unknown_slides);
       write_string(g, "training_shards", p->shards);
     }
+    if (const auto& job = meta.slurm) {
+      write_string(g, "slurm_job_id", job->job_id);
+      write_string(g, "slurm_array_job_id", job->array_job_id);
+      write_string(g, "slurm_array_task_id", job->array_task_id);
+      write_string(g, "slurm_nodelist", job->nodelist);
+      write_int(g, "slurm_ntasks", job->ntasks);
+      write_int(g, "slurm_restarts", job->restarts);
+    }
     h5_.close(group, "cannot close group '/meta'");
   }
 
@@ -619,6 +627,17 @@ class CheckpointReader {
              std::to_string(p.unknown_slides) + " unknown) make it '" + to_string(p.data()) + "'");
       }
       m.provenance = p;
+    }
+    // The Slurm job that wrote it: all six or none (written outside Slurm, or before it was recorded).
+    if (has_attribute("slurm_job_id")) {
+      SlurmJob job;
+      job.job_id = read_string("slurm_job_id");
+      job.array_job_id = read_string("slurm_array_job_id");
+      job.array_task_id = read_string("slurm_array_task_id");
+      job.nodelist = read_string("slurm_nodelist");
+      job.ntasks = read_int("slurm_ntasks");
+      job.restarts = read_int("slurm_restarts");
+      m.slurm = job;
     }
     return m;
   }

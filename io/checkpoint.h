@@ -13,7 +13,10 @@
 //                                      "real", "mixed" or "unknown"; derived from the counts, for readers of
 //                                      the file), training_synthetic_slides, training_real_slides,
 //                                      training_unknown_slides (int64), training_shards: all five or none (none:
-//                                      written before provenance was recorded, or converted; "unknown")
+//                                      written before provenance was recorded, or converted; "unknown");
+//                                      the Slurm job that wrote it (io/provenance.h SlurmJob): slurm_job_id,
+//                                      slurm_array_job_id, slurm_array_task_id, slurm_nodelist (strings),
+//                                      slurm_ntasks, slurm_restarts (int64): all six or none (outside Slurm)
 //   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
 //                                      parameter; attributes name, step
 //   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
@@ -108,6 +111,8 @@ struct CheckpointMeta {
   // What the model was trained on (the training slides' origins, the shards); nullopt in checkpoints written before
   // it was recorded, or converted from elsewhere: unknown, and inference claims nothing about it.
   std::optional<TrainingProvenance> provenance;
+  // The Slurm job that wrote the checkpoint (io/provenance.h); nullopt when it ran outside Slurm.
+  std::optional<SlurmJob> slurm;
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::string created;                               // ISO 8601 UTC; the writer fills in the current time when empty

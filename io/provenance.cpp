@@ -1,5 +1,7 @@
 #include "io/provenance.h"
 
+#include <cstdlib>
+
 #include <fmt/format.h>
 
 namespace tessera::io {
@@ -79,6 +81,44 @@ std::string describe(const std::optional<TrainingProvenance>& provenance) {
 std::string model_caution(const std::optional<TrainingProvenance>& provenance, bool slide_is_synthetic) {
   if (training_data(provenance) == TrainingData::synthetic && !slide_is_synthetic) return kSyntheticModelCaution;
   return "";
+}
+
+namespace {
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+// A count Slurm set; 0 when unset or not a number.
+std::int64_t environment_count(const char* name) {
+  const std::string text = environment(name);
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  return !text.empty() && end != nullptr && *end == '\0' && value > 0 ? value : 0;
+}
+
+}  // namespace
+
+std::optional<SlurmJob> slurm_job() {
+  SlurmJob job;
+  job.job_id = environment("SLURM_JOB_ID");
+  if (job.job_id.empty()) return std::nullopt;
+  job.array_job_id = environment("SLURM_ARRAY_JOB_ID");
+  job.array_task_id = environment("SLURM_ARRAY_TASK_ID");
+  job.nodelist = environment("SLURM_JOB_NODELIST");
+  job.ntasks = environment_count("SLURM_NTASKS");
+  job.restarts = environment_count("SLURM_RESTART_COUNT");
+  return job;
+}
+
+std::string describe(const SlurmJob& job) {
+  std::string text = "job " + job.job_id;
+  if (!job.array_job_id.empty()) text += fmt::format(" (array {} task {})", job.array_job_id, job.array_task_id);
+  if (job.ntasks > 0) text += fmt::format(", {} task(s)", job.ntasks);
+  if (!job.nodelist.empty()) text += " on " + job.nodelist;
+  if (job.restarts > 0) text += fmt::format(", requeued {} time(s)", job.restarts);
+  return text;
 }
 
 }  // namespace tessera::io

@@ -70,4 +70,25 @@ inline constexpr const char* kSyntheticModelCaution = "model trained on syntheti
 // kSyntheticModelCaution when a model with `provenance` scoring a slide (synthetic or not) calls for it, else "".
 std::string model_caution(const std::optional<TrainingProvenance>& provenance, bool slide_is_synthetic);
 
+// The Slurm job a process runs in, so that a result can be traced to its job: what Slurm puts in the environment of
+// every task it starts (sbatch's batch shell, srun's tasks). `infer` writes it into infer.json ("slurm"), `train` into
+// metrics.jsonl (a line of kind "slurm" at the start of each run, resumed runs too) and the checkpoint's /meta
+// (slurm_job_id, ...: all or none).
+struct SlurmJob {
+  std::string job_id;         // SLURM_JOB_ID (an array task's own job id)
+  std::string array_job_id;   // SLURM_ARRAY_JOB_ID; "" outside an array
+  std::string array_task_id;  // SLURM_ARRAY_TASK_ID; "" outside an array
+  std::string nodelist;       // SLURM_JOB_NODELIST, e.g. "t[1-2]"
+  std::int64_t ntasks = 0;    // SLURM_NTASKS; 0 when Slurm set none
+  std::int64_t restarts = 0;  // SLURM_RESTART_COUNT: how often the job was requeued before this run
+
+  bool operator==(const SlurmJob&) const = default;
+};
+
+// The job of this process's environment; nullopt outside Slurm (no SLURM_JOB_ID).
+std::optional<SlurmJob> slurm_job();
+
+// "job 123 (array 120 task 3), 4 task(s) on t[1-2]" for logs.
+std::string describe(const SlurmJob& job);
+
 }  // namespace tessera::io

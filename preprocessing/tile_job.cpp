@@ -23,6 +23,7 @@
 
 #include "core/atomic_file.h"
 #include "core/comm.h"
+#include "core/signals.h"
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/hash.h"
@@ -330,6 +331,9 @@ class Extractor {
       const auto& t = tiles[k];
       const auto& plan = plans_[t.slide];
       const auto& planned = plan.tiles[t.tile];
+      // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
+      core::fault::at("tile.tile");
+      core::throw_if_terminated(std::filesystem::path(path).filename().string());
       records.push_back({planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide]});
       images.resize(images.size() + tile_bytes, 255);
       if (!failed.contains(plan.input.id)) {
@@ -650,10 +654,16 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
     core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
     for (std::size_t i = static_cast<std::size_t>(world.rank()); i < inputs.size();
          i += static_cast<std::size_t>(world.size())) {
+      if (core::stop_requested() == core::StopRequest::now) break;  // SIGTERM: the plans are not kept anyway
       append_record(mine, serialize(plan_one(inputs[i], settings)));
       progress.advance();
     }
     progress.finish();
+  }
+  // Nothing of the plans is recorded: a stop now leaves them all to the rerun.
+  if (const auto stop = core::agree_stop(world); stop != core::StopRequest::none) {
+    if (world.is_root()) spdlog::warn("{}: stopped after planning; nothing extracted yet", core::signal_name(stop));
+    return {.up_to_date = false, .slides_failed = false, .stopped = stop};
   }
   std::vector<PlanResult> plans;
   for (const auto& part : world.allgather_bytes(mine)) {
@@ -703,6 +713,8 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   {
     core::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
+      // SIGUSR1: the shard in hand was finished and recorded; no new one is begun.
+      if (core::stop_requested() != core::StopRequest::none) break;
       const fs::path final_path = out / shard_name(span.index);
       const std::string unchecked = final_path.string() + ".unchecked";
       const std::vector<JobTile> tiles(job.begin() + span.first, job.begin() + span.first + span.count);
@@ -746,6 +758,16 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       written.push_back(span);
     }
     progress.finish();
+  }
+  // Every rank's finished shards are recorded (the rerun keeps them); the manifest is the rerun's to write.
+  if (const auto stop = core::agree_stop(world); stop != core::StopRequest::none) {
+    const auto done = static_cast<std::int64_t>(written.size());
+    const std::int64_t all = world.allreduce_value(done, core::ReduceOp::sum);
+    if (world.is_root()) {
+      spdlog::warn("{}: stopped with {} shard(s) finished and recorded; run the job again to extract the rest",
+                   core::signal_name(stop), all);
+    }
+    return {.up_to_date = false, .slides_failed = false, .stopped = stop};
   }
   for (const auto& [id, corrupt] : extractor.corrupt()) {
     spdlog::warn("slide {}: skipped {} damaged tile(s) (tile.on_corrupt_tile: skip); the first: {}", id, corrupt.count,

@@ -22,6 +22,7 @@
 
 #include "core/comm.h"
 #include "core/config.h"
+#include "core/signals.h"
 
 namespace tessera::prep {
 
@@ -66,6 +67,10 @@ struct TileJobOptions {
 struct TileJobResult {
   bool up_to_date = false;     // the output was already this job's; nothing was done
   bool slides_failed = false;  // some slides failed and were left out (listed in the manifest and on stderr)
+  // Not none: the job stopped on this request (core/signals.h) with the shards finished so far recorded and no
+  // manifest; a rerun of the job extracts only the rest. SIGUSR1 lets each rank finish the shard in hand; under
+  // SIGTERM a rank stops at its next tile (InterruptedError, which ends the job) and the shard is redone.
+  core::StopRequest stopped = core::StopRequest::none;
 };
 
 // Runs the job of `config` (validated against tile_schema()) on every rank of `world`. Locks the output folder

@@ -17,6 +17,7 @@ packages=(
   libdcmtk-dev dcmtk libopenjp2-7-dev libgdcm-tools dicom3tools python3-pydicom
   libsimgrid-dev
   ccache stress-ng iproute2 util-linux
+  slurm-wlm slurm-client munge libpmix-dev jq
 )
 
 # `tessera view`'s page takes OpenSeadragon from the npm registry (viewer/web/package-lock.json), installed by

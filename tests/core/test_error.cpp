@@ -36,6 +36,7 @@ TEST(Error, KindsMapToDocumentedExitCodes) {
   EXPECT_EQ(exit_code_for(ErrorKind::config), 2);
   EXPECT_EQ(exit_code_for(ErrorKind::input), 3);
   EXPECT_EQ(exit_code_for(ErrorKind::internal), 1);
+  EXPECT_EQ(exit_code_for(ErrorKind::interrupted), 75);
   EXPECT_EQ(FileNotFoundError("x.tif").kind(), ErrorKind::input);
   EXPECT_STREQ(FileNotFoundError("x.tif").what(), "file 'x.tif': file not found");
 }
