@@ -82,11 +82,27 @@ json polygons_json(const std::vector<io::Annotation>& annotations, bool with_cla
   return out;
 }
 
-// The report's regions with their outlines from the GeoJSON ("Region <id>: <size class>" annotations).
-json regions_json(const json& report, const std::string& geojson_path) {
+// One region of report.json for the page, with its outline when the GeoJSON has it.
+json region_json(const json& r, const std::map<int, json>& outlines) {
+  json item = {{"id", r.value("id", 0)},
+               {"size_class", r.value("size_class", "")},
+               {"area_mm2", r.value("area_mm2", 0.0)},
+               {"longest_diameter_um", r.value("longest_diameter_um", 0.0)},
+               {"max_prob", r.value("max_prob", 0.0)},
+               {"bounds", r.value("bounds", json::array())},
+               {"outline", nullptr}};
+  if (const auto it = outlines.find(item["id"].get<int>()); it != outlines.end()) {
+    item["outline"] = {{"outer", it->second.at("outer")}, {"holes", it->second.at("holes")}};
+  }
+  return item;
+}
+
+// The report's regions with their outlines from the GeoJSON ("Region <id>: <size class>" annotations). InputError
+// naming the report when its regions are not what infer writes.
+json regions_json(const json& report, const std::string& report_path, const std::string& geojson_path) {
   std::map<int, json> outlines;
   if (!geojson_path.empty()) {
-    static const std::regex name_rule(R"(^Region (\d+):)");
+    static const std::regex name_rule(R"(^Region (\d{1,9}):)");
     for (auto& polygon : polygons_json(io::read_geojson(geojson_path), false)) {
       std::smatch m;
       const std::string name = polygon["name"];
@@ -95,18 +111,10 @@ json regions_json(const json& report, const std::string& geojson_path) {
   }
   json regions = json::array();
   if (!report.is_object() || !report.contains("regions")) return regions;
-  for (const auto& r : report["regions"]) {
-    json item = {{"id", r.value("id", 0)},
-                 {"size_class", r.value("size_class", "")},
-                 {"area_mm2", r.value("area_mm2", 0.0)},
-                 {"longest_diameter_um", r.value("longest_diameter_um", 0.0)},
-                 {"max_prob", r.value("max_prob", 0.0)},
-                 {"bounds", r.value("bounds", json::array())},
-                 {"outline", nullptr}};
-    if (const auto it = outlines.find(item["id"].get<int>()); it != outlines.end()) {
-      item["outline"] = {{"outer", it->second["outer"]}, {"holes", it->second["holes"]}};
-    }
-    regions.push_back(std::move(item));
+  try {
+    for (const auto& r : report.at("regions")) regions.push_back(region_json(r, outlines));
+  } catch (const json::exception& e) {
+    throw core::InputError(std::string("regions unlike tessera infer's: ") + e.what(), report_path);
   }
   return regions;
 }
@@ -233,8 +241,9 @@ ViewerJob open_infer_folder(const fs::path& folder, const JobOptions& options) {
       s.slide_path = resolve_recorded(from, folder);
       if (s.slide_path.empty()) s.error = "slide file not found: " + (from.empty() ? id : from);
       if (!s.heatmap) s.error = "no heatmap: " + (folder / (id + ".heatmap.h5")).string() + " is missing";
-      if (const auto path = output_file(folder, id + ".report.json"); !path.empty()) s.report = read_json_file(path);
-      s.regions = regions_json(s.report, output_file(folder, id + ".geojson"));
+      const auto report_path = output_file(folder, id + ".report.json");
+      if (!report_path.empty()) s.report = read_json_file(report_path);
+      s.regions = regions_json(s.report, report_path, output_file(folder, id + ".geojson"));
       if (s.error.empty()) open_slide(s, assume_mpp);
     });
     if (const auto it = annotations.find(id); it != annotations.end()) load_ground_truth(s, it->second);

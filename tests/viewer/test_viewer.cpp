@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -384,6 +385,19 @@ TEST(ViewerJob, AnOutputThatIsASymlinkOutOfTheFolderIsNotServed) {
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(s->slide, nullptr);
   EXPECT_NE(s->error.find("leads out of the job's folder"), std::string::npos) << s->error;
+}
+
+TEST(ViewerJob, AReportUnlikeInfersIsTheSlidesErrorNamingIt) {
+  const testing::TempDir tmp;
+  const auto f = testing::make_view_fixture(tmp.file("job"));
+  const fs::path report = fs::path(f.infer_dir) / (std::string(kViewSlideId) + ".report.json");
+  std::ofstream(report) << R"({"regions": [{"id": "one"}]})";
+  const ViewerJob job = open_job({f.infer_dir}, {});
+  const ViewerSlide* s = job.find(kViewSlideId);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->slide, nullptr);
+  EXPECT_NE(s->error.find(report.string()), std::string::npos) << s->error;
+  EXPECT_NE(s->error.find("regions unlike tessera infer's"), std::string::npos) << s->error;
 }
 
 TEST(ViewerJob, AFolderWithoutInferOutputsIsAnInputErrorNamingIt) {

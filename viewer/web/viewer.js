@@ -119,6 +119,7 @@ async function showSlide(id) {
   $('index-page').hidden = true;
   $('slide-page').hidden = false;
   destroyViewer();
+  if (!$('title').textContent) $('title').textContent = (await getJson('/api/job')).title;  // opened at #slide=
   const s = await getJson(`/api/slides/${encodeURIComponent(id)}`);
   tessera.slide = s;
   $('slide-name').textContent = s.id;
