@@ -83,12 +83,12 @@ demo: configure
 
 # The tests under AddressSanitizer + UndefinedBehaviorSanitizer with -Werror (CI runs this after `make test`),
 # except the slowest sanitizer cases listed in tests/asan-extended.txt, the `network` and `slurm` labels (the same
-# code as the mpi and app labels, across test hosts), which `make test-asan-all` adds, and the `torch` label
-# (PyTorch's side).
+# code as the mpi and app labels, across test hosts) and the `browser` label (the viewer's server is tested in-process
+# by the `unit` label), which `make test-asan-all` adds, and the `torch` label (PyTorch's side).
 test-asan: asan-build
 	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS) \
-	  -LE 'network|slurm|torch' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
+	  -LE 'network|slurm|browser|torch' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
 
 test-asan-all: asan-build
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS)
