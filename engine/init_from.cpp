@@ -10,7 +10,8 @@ namespace tessera::engine {
 
 InitFrom init_from_checkpoint(const std::string& path, const std::string& architecture,
                               const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
-  const io::Checkpoint source = io::read_checkpoint(path);
+  // The model alone: the replicas of an EASGD-type run (one per rank that wrote it) are not needed.
+  const io::Checkpoint source = io::read_checkpoint(path, io::ReplicaRead::skip);
   if (source.meta.architecture != architecture) {
     throw core::InputError(fmt::format("holds a {} model, and the job trains a {} (model.architecture); give a "
                                        "checkpoint of the same architecture to model.init_from",

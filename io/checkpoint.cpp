@@ -1213,7 +1213,7 @@ void write_checkpoint(const std::string& path, const Checkpoint& checkpoint) {
   }
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
+Checkpoint read_checkpoint(const std::string& path, ReplicaRead replicas) {
   QuietHdf5 quiet;
   const CheckpointReader r(path);
   if (r.truncated()) r.diagnose_truncation(nullptr);
@@ -1223,10 +1223,12 @@ Checkpoint read_checkpoint(const std::string& path) {
   c.buffers = r.read_all_tensors(r.file(), buffers_group, buffers_group);
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, nullptr);
   c.easgd_center = r.read_easgd(nullptr);
-  c.replicas = r.read_replicas(nullptr);
+  if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(nullptr);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();
-  if (!c.replica_files.empty()) c.replicas = read_replica_files(path, c.replica_files, nullptr);
+  if (replicas == ReplicaRead::all && !c.replica_files.empty()) {
+    c.replicas = read_replica_files(path, c.replica_files, nullptr);
+  }
   return c;
 }
 

@@ -202,14 +202,16 @@ std::int64_t write_replica_file(const std::string& path, const std::string& set,
                                 const Replica& replica);
 void remove_other_replica_sets(const std::string& path, const std::string& keep);
 
+// Whether a read loads the replicas (a truncated file is refused either way).
+enum class ReplicaRead { all, skip };
+
 // Free-form read: everything in the file, after checking the format, the meta attributes, and that every
 // tensor is float32 and fully readable (and that the replicas are ranks 0..n-1); replicas in files of their own
 // are read from them, each checked against the index. core::InputError naming the file
 // (and the first bad tensor) otherwise; core::FileNotFoundError when there is no file.
-Checkpoint read_checkpoint(const std::string& path);
-
-// Whether a checked read loads /replicas (a truncated file is refused either way).
-enum class ReplicaRead { all, skip };
+// With ReplicaRead::skip the replicas are left out (in the file or in files of their own): the model alone, e.g. for
+// model.init_from, whatever the rank count that wrote it.
+Checkpoint read_checkpoint(const std::string& path, ReplicaRead replicas = ReplicaRead::all);
 
 // Checked read against the model: the params and buffers must be exactly `expected` (same names, same shapes;
 // a missing or extra tensor is an error), optimizer state and the EASGD centre, when present, must name
