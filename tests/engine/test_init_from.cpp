@@ -60,6 +60,26 @@ TEST(InitFrom, TakesEveryTensorOfTheSameModel) {
   }
 }
 
+// The model alone is read: the replica files an EASGD run's checkpoint names (one per rank) are not opened — here
+// they are not even there, as when the checkpoint alone was copied to another machine.
+TEST(InitFrom, ReadsTheModelWithoutTheReplicaFiles) {
+  tessera::testing::TempDir dir;
+  auto source = build("tiny_cnn", 2, 7);
+  io::Checkpoint c;
+  c.meta.architecture = "tiny_cnn";
+  c.meta.input_size = 32;
+  c.meta.num_classes = 2;
+  store_checkpoint_tensors(source.params, source.buffers, c);
+  c.replica_files.set = "model.replicas/step-1-0123456789abcdef";
+  c.replica_files.bytes = {1000, 1000};
+  io::write_checkpoint(dir.file("model.h5"), c);
+  EXPECT_THROW(io::read_checkpoint(dir.file("model.h5")), core::InputError) << "the full read needs the files";
+  auto target = build("tiny_cnn", 2, 8);
+  const auto result = init_from_checkpoint(dir.file("model.h5"), "tiny_cnn", target.params, target.buffers);
+  EXPECT_EQ(result.tensors, static_cast<int>(target.params.size() + target.buffers.size()));
+  EXPECT_EQ(target.params[0]->value, source.params[0]->value);
+}
+
 TEST(InitFrom, AnotherClassCountReplacesOnlyTheHead) {
   tessera::testing::TempDir dir;
   auto source = build("resnet18", 5, 7);
