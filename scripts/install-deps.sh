@@ -17,12 +17,13 @@ packages=(
   ccache stress-ng iproute2 util-linux
 )
 
-# `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
+# `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today), and GNU
+# time (scripts/bench-checkpoint.sh reads peak memory with it).
 # `install-deps.sh --fuzz` adds what `make fuzz` builds with: clang, its libFuzzer/sanitizer runtimes and its
 # OpenMP (the engine, which the detections and config targets link, uses OpenMP).
 for option in "$@"; do
   case "$option" in
-    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch) ;;
+    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch time) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     *) echo "install-deps.sh: unknown option '$option' (--bench, --fuzz)" >&2; exit 2 ;;
   esac

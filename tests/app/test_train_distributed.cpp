@@ -338,7 +338,8 @@ std::vector<std::string> replica_sets(const fs::path& out, const std::string& st
   std::vector<std::string> sets;
   const fs::path folder = out / (stem + ".replicas");
   if (!fs::exists(folder)) return sets;
-  for (const auto& entry : fs::directory_iterator(folder)) sets.push_back(stem + ".replicas/" + entry.path().filename().string());
+  for (const auto& entry : fs::directory_iterator(folder))
+    sets.push_back(stem + ".replicas/" + entry.path().filename().string());
   std::sort(sets.begin(), sets.end());
   return sets;
 }
@@ -395,8 +396,8 @@ TEST_F(DistributedJob, ReplicaFilesArePublishedAsASetAtEveryCrashPoint) {
   EXPECT_TRUE(last.params == expected.params) << "the same centre, bit for bit";
   EXPECT_TRUE(last.easgd_center == expected.easgd_center);
   EXPECT_TRUE(last.replicas == expected.replicas) << "the same replicas and momenta";
-  EXPECT_EQ(replica_sets(out), std::vector<std::string>{io::read_checkpoint((out / "checkpoint.h5").string())
-                                                            .replica_files.set});
+  EXPECT_EQ(replica_sets(out),
+            std::vector<std::string>{io::read_checkpoint((out / "checkpoint.h5").string()).replica_files.set});
   EXPECT_EQ(logged_steps(out), logged_steps(straight));
 
   // Inference needs the checkpoint alone.
@@ -457,7 +458,8 @@ TEST_F(DistributedJob, AsyncEasgdValidatesAndSavesTheCentreTakenOnce) {
       " 2>&1 &\n"
       "job=$!\n"
       "setsid sh -c 'sleep 600 && touch \"$0\" && kill -9 -- \"-$1\"' " +
-      out.string() + ".hung $job >/dev/null 2>&1 &\n"
+      out.string() +
+      ".hung $job >/dev/null 2>&1 &\n"
       "watchdog=$!\n"
       "pid=''\n"
       "until [ -n \"$pid\" ] && [ \"$(awk '{print $3}' /proc/$pid/stat 2>/dev/null)\" = T ]; do\n"
