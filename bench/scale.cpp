@@ -596,14 +596,14 @@ int run_bench_scale(const ScaleBenchOptions& o) {
           const auto& r = s.result;
           // The checkpoint, written in parallel (each rank its replica) and gathered (rank 0 all of them): seconds,
           // and the MB the busiest rank writes each way (none for the parameter-server baseline).
-          const std::string ckpt_seconds =
-              r.contains("ckpt_parallel_s") ? fmt::format("{:.3f}/{:.3f}", r.at("ckpt_parallel_s").get<double>(),
-                                                          r.at("ckpt_gathered_s").get<double>())
-                                            : "-";
-          const std::string ckpt_mb =
-              r.contains("ckpt_rank_mb") ? fmt::format("{:.1f}/{:.1f}", r.at("ckpt_rank_mb").get<double>(),
-                                                       r.at("ckpt_root_mb_gathered").get<double>())
-                                         : "-";
+          const std::string ckpt_seconds = r.contains("ckpt_parallel_s")
+                                               ? fmt::format("{:.3f}/{:.3f}", r.at("ckpt_parallel_s").get<double>(),
+                                                             r.at("ckpt_gathered_s").get<double>())
+                                               : "-";
+          const std::string ckpt_mb = r.contains("ckpt_rank_mb")
+                                          ? fmt::format("{:.1f}/{:.1f}", r.at("ckpt_rank_mb").get<double>(),
+                                                        r.at("ckpt_root_mb_gathered").get<double>())
+                                          : "-";
           std::cout << fmt::format("{:<28} {:>6} {:>10.2f} {:>10.3f} {:>8} {:>8} {:>10.2f} {:>8.0f} {:>22} {:>22}\n",
                                    label, p, r.at("step_s").get<double>() * 1e3, r.at("efficiency").get<double>(),
                                    percent(r.at("comm_fraction").get<double>()),

@@ -42,7 +42,7 @@
 //               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
 //               centre's parameters (docs/ARCHITECTURE.md). The checkpoint also carries every rank's replica and
 //               momentum
-//               (/replicas/<rank>, replicas_differ()): a run resumed on as many ranks continues bit for bit; on
+//               (a replica file per rank, replicas_differ()): a run resumed on as many ranks continues bit for bit; on
 //               another rank count every replica starts again from the centre, with rank 0's momentum.
 //
 // Every strategy starts from identical replicas (rank 0's parameters and buffers broadcast). Every rank must call
@@ -133,8 +133,9 @@ class Strategy {
   virtual void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                             std::int64_t step) = 0;
 
-  // Called on every rank at the end of every epoch, before validation and the checkpoint (collective): a strategy
-  // whose ranks run apart (async-easgd) completes every exchange in flight, so that all ranks see one centre.
+  // Called on every rank at the end of every epoch, before validation, and at the start of every checkpoint
+  // (collective): a strategy whose ranks run apart (async-easgd) completes every exchange in flight and takes the
+  // centre once, so that all ranks validate and save one centre. Cheap when nothing moved since the last call.
   virtual void settle(const std::vector<Param*>& /*params*/, const std::vector<Buffer*>& /*buffers*/) {}
 
   // Runs `fn` while the parameters and buffers hold the model to validate and save (the replica for allreduce,

@@ -26,7 +26,7 @@
 //               every rank takes part in) and checkpoints use the centre on any rank without a collective.
 //               Evaluated and saved: the centre, exactly as easgd (/easgd/center in checkpoints); on resume
 //               the leaders take the checkpoint's centre and hand it to their groups in initialize(), and on
-//               as many ranks every rank gets its own saved replica back (/replicas/<rank>, replicas_differ()).
+//               as many ranks every rank gets its own saved replica back (its replica file, replicas_differ()).
 //               Optimizer momentum stays per rank (identical inside a group, since its gradients are).
 //
 // Memory model (MPI-3 unified shared memory): every phase runs inside a passive-target epoch (MPI_Win_lock_all);

@@ -40,9 +40,9 @@ void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& m
     {
       io::Checkpoint own;
       store_checkpoint_tensors(state.params, state.buffers, own);
-      const io::Replica replica{std::move(own.params), std::move(own.buffers),
-                                to_checkpoint_state(state.optimizer.name(), at.step, state.optimizer.state(),
-                                                    state.params)};
+      const io::Replica replica{
+          std::move(own.params), std::move(own.buffers),
+          to_checkpoint_state(state.optimizer.name(), at.step, state.optimizer.state(), state.params)};
       bytes = io::write_replica_file(path, files.set, comm.rank(), stamped, replica);
     }
     // Fault point "train.replica-written" (core/fault.h): every rank, once its replica file is in place and before
@@ -81,11 +81,12 @@ void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& m
   getrusage(RUSAGE_SELF, &usage);
   constexpr double kMB = 1024.0 * 1024.0;
   const double replica_mb = files.bytes.empty() ? 0.0 : static_cast<double>(files.bytes.front()) / kMB;
-  spdlog::debug("checkpoint {} written in {:.3f} s: {:.1f} MB, {} replica file(s) of {:.1f} MB (rank 0's), one per "
-                "rank; rank 0's peak memory {:.0f} MB",
-                path, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(),
-                static_cast<double>(std::filesystem::file_size(path)) / kMB, files.bytes.size(), replica_mb,
-                static_cast<double>(usage.ru_maxrss) * 1024.0 / kMB);
+  spdlog::debug(
+      "checkpoint {} written in {:.3f} s: {:.1f} MB, {} replica file(s) of {:.1f} MB (rank 0's), one per "
+      "rank; rank 0's peak memory {:.0f} MB",
+      path, std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(),
+      static_cast<double>(std::filesystem::file_size(path)) / kMB, files.bytes.size(), replica_mb,
+      static_cast<double>(usage.ru_maxrss) * 1024.0 / kMB);
 }
 
 Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMeta& job, const std::string& shards,

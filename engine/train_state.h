@@ -2,9 +2,9 @@
 //
 // A checkpoint (io/checkpoint.h; docs/ARCHITECTURE.md has the layout) holds the evaluation model's tensors, the
 // job's description (meta: architecture, tile size, µm/px, tiling settings, the effective config), the optimizer
-// and strategy state, every rank's own replica when the strategy keeps replicas apart (easgd), and the run's
-// position under /state: the micro-batches each rank had taken of the current epoch, the tiles they make, the rank
-// count, the seed. From these a resumed run continues exactly where the checkpointed one was (on the same rank
+// and strategy state, the index of every rank's own replica file when the strategy keeps replicas apart (easgd), and
+// the run's position under /state: the micro-batches each rank had taken of the current epoch, the tiles they make, the
+// rank count, the seed. From these a resumed run continues exactly where the checkpointed one was (on the same rank
 // count, bit for bit), or, on another rank count, after as many of the epoch's tiles.
 #pragma once
 
@@ -41,8 +41,11 @@ struct TrainState {
   std::uint64_t seed = 0;
 };
 
-// Writes `path` atomically. Collective: rank 0 writes the evaluation model (the same on every rank) and `meta`
-// (its step and epoch set from `at`), with every rank's replica gathered when the strategy keeps them apart.
+// Writes `path` atomically: the one way a checkpoint is written (the epoch's end, train.checkpoint_every). Collective:
+// the strategy settles (every rank then sees one evaluation model), every rank writes its own replica file when the
+// strategy keeps replicas apart (in parallel, into a new set: io/checkpoint.h "Replica files"), and once all are in
+// place rank 0 writes the evaluation model and `meta` (its step and epoch set from `at`) naming the set, then
+// removes the sets it replaced. No rank holds more than its own replica (rank 0: and the model).
 void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& meta, const TrainPosition& at,
                             const TrainState& state, const core::Comm& comm);
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1106,7 +1105,8 @@ Replica read_replica_file(const std::string& path, const ReplicaFiles& files, st
                                        rank, bytes, path, files.bytes[rank]),
                            file);
   }
-  const Checkpoint c = expected != nullptr ? read_checkpoint(file, *expected, ReplicaRead::skip) : read_checkpoint(file);
+  const Checkpoint c =
+      expected != nullptr ? read_checkpoint(file, *expected, ReplicaRead::skip) : read_checkpoint(file);
   const auto rank_it = c.state.find(replica_rank_key);
   const auto set_it = c.state.find(replica_set_key);
   const auto* own_rank = rank_it == c.state.end() ? nullptr : std::get_if<std::int64_t>(&rank_it->second);

@@ -224,9 +224,9 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
                            ReplicaRead replicas = ReplicaRead::all);
 
 // One rank's replica, checked like the replicas of a checked read, without reading the other ranks' tensors
-// (only the names under /replicas, to check that the ranks are 0..n-1; or only its own replica file). The format and /meta are checked
-// too. core::InputError naming the file when the file has no /replicas or no replica for `rank`; core::InternalError
-// for a negative rank.
+// (only the names under /replicas, to check that the ranks are 0..n-1; or only its own replica file). The format and
+// /meta are checked too. core::InputError naming the file when the file has no /replicas or no replica for `rank`;
+// core::InternalError for a negative rank.
 Replica read_checkpoint_replica(const std::string& path, int rank, const CheckpointLayout& expected);
 
 // Only the /meta attributes (format checked): enough to build the model before reading its weights. A

@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     *) echo "bench-checkpoint.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-[ -x /usr/bin/time ] || { echo "bench-checkpoint.sh: needs GNU time (/usr/bin/time; Debian package 'time')" >&2; exit 2; }
+[ -x /usr/bin/time ] || { echo "bench-checkpoint.sh: needs GNU time (/usr/bin/time: scripts/install-deps.sh --bench)" >&2; exit 2; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$work"
 work=$(cd "$work" && pwd)

@@ -28,12 +28,13 @@ if ! command -v npm >/dev/null 2>&1; then
 fi
 
 # `install-deps.sh --browser` adds the headless browser of the `browser` test label (CI installs it, timed).
-# `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today).
+# `install-deps.sh --bench` adds what the benchmarks compare against (the Python tools people use today), and GNU
+# time (scripts/bench-checkpoint.sh reads peak memory with it).
 # `install-deps.sh --fuzz` adds what `make fuzz` builds with: clang, its libFuzzer/sanitizer runtimes and its
 # OpenMP (the engine, which the detections and config targets link, uses OpenMP).
 for option in "$@"; do
   case "$option" in
-    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch python3-torchvision) ;;
+    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch python3-torchvision time) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     --browser) packages+=(chromium chromium-driver python3-selenium) ;;
     *) echo "install-deps.sh: unknown option '$option' (--bench, --fuzz, --browser)" >&2; exit 2 ;;

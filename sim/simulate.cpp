@@ -74,7 +74,7 @@ struct Options {
   std::string layout;          // file: "param N" / "buffer N" per line
   double payload_scale = 1.0;  // every tensor's element count divided by this (≥ 1)
   int steps = 16;
-  double compute = 0.1;  // simulated seconds of forward + backward per step
+  double compute = 0.1;       // simulated seconds of forward + backward per step
   double disk_mbps = 1000.0;  // checkpoint: each rank's write bandwidth to storage, MB/s
   double fs_gbps = 0.0;       // checkpoint: the storage's aggregate bandwidth, GB/s, shared by ranks writing at once
                               // (0 = no aggregate limit)
@@ -253,16 +253,16 @@ CheckpointCost checkpoint(const tessera::core::Comm& world, const Model& model, 
   const double buffers = static_cast<double>(model.full_elements - model.full_params);
   const double replica = 4.0 * (params * (1.0 + slots) + buffers);
   // The checkpoint rank 0 writes: the centre (or the model), its optimizer slots, and under easgd the centre again.
-  const double main = 4.0 * (params * (1.0 + slots + (replicas ? 1.0 : 0.0)) + buffers);
+  const double index_bytes = 4.0 * (params * (1.0 + slots + (replicas ? 1.0 : 0.0)) + buffers);
   const int p = world.size();
   CheckpointCost cost;
   if (!replicas) {
     world.barrier();
     const double t0 = MPI_Wtime();
-    if (world.rank() == 0) write_delay(main, 1, o);
+    if (world.rank() == 0) write_delay(index_bytes, 1, o);
     world.barrier();
     cost.parallel_s = cost.gathered_s = MPI_Wtime() - t0;
-    cost.rank_bytes = cost.root_bytes_gathered = cost.total_bytes = main;
+    cost.rank_bytes = cost.root_bytes_gathered = cost.total_bytes = index_bytes;
     return cost;
   }
   // Parallel: every rank its replica, the sizes to rank 0, then the checkpoint naming them.
@@ -272,7 +272,7 @@ CheckpointCost checkpoint(const tessera::core::Comm& world, const Model& model, 
   long long size = std::llround(replica);
   std::vector<long long> sizes(world.rank() == 0 ? static_cast<std::size_t>(p) : 0);
   TESSERA_MPI_CHECK(MPI_Gather(&size, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, 0, world.handle()));
-  if (world.rank() == 0) write_delay(main, 1, o);
+  if (world.rank() == 0) write_delay(index_bytes, 1, o);
   world.barrier();
   cost.parallel_s = MPI_Wtime() - t0;
   // Gathered: every replica (the shrunk payload) to rank 0, which writes them and the checkpoint.
@@ -283,14 +283,14 @@ CheckpointCost checkpoint(const tessera::core::Comm& world, const Model& model, 
   std::vector<float> all(world.rank() == 0 ? n * static_cast<std::size_t>(p) : 0);
   world.barrier();
   t0 = MPI_Wtime();
-  TESSERA_MPI_CHECK(MPI_Gather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n),
-                               MPI_FLOAT, 0, world.handle()));
-  if (world.rank() == 0) write_delay(replica * p + main, 1, o);
+  TESSERA_MPI_CHECK(MPI_Gather(mine.data(), static_cast<int>(n), MPI_FLOAT, all.data(), static_cast<int>(n), MPI_FLOAT,
+                               0, world.handle()));
+  if (world.rank() == 0) write_delay(replica * p + index_bytes, 1, o);
   world.barrier();
   cost.gathered_s = MPI_Wtime() - t0;
-  cost.rank_bytes = replica + main;
-  cost.root_bytes_gathered = replica * p + main;
-  cost.total_bytes = replica * p + main;
+  cost.rank_bytes = replica + index_bytes;
+  cost.root_bytes_gathered = replica * p + index_bytes;
+  cost.total_bytes = replica * p + index_bytes;
   return cost;
 }
 

@@ -139,23 +139,25 @@ TEST(Simulator, ACheckpointWrittenInParallelCostsEachRankOneReplica) {
   // 4 · (2 · 500,000 + 1,000) bytes and the checkpoint rank 0 writes beside it 4 · (3 · 500,000 + 1,000) (the
   // centre twice, its momentum, the buffers); storage at 100 MB/s per rank.
   const double replica = 4.0 * (2 * 500000 + 1000);
-  const double main = 4.0 * (3 * 500000 + 1000);
+  const double index_bytes = 4.0 * (3 * 500000 + 1000);
   const double disk = 100e6;
   testing::TempDir dir;
   json results[2];
   const int ranks[2] = {4, 8};
   for (int i = 0; i < 2; ++i) {
-    const Sim s = simulate(dir, ranks[i], data("star.xml"), "--strategy easgd --tau 1 --steps 1 --compute 0 --disk-mbps 100");
+    const Sim s =
+        simulate(dir, ranks[i], data("star.xml"), "--strategy easgd --tau 1 --steps 1 --compute 0 --disk-mbps 100");
     ASSERT_EQ(s.run.code, 0) << s.run.out << s.run.err;
     results[i] = s.result;
     const double p = ranks[i];
     // In parallel: every rank its replica at once, then rank 0 the checkpoint (and a gather of 8 bytes a rank).
-    EXPECT_NEAR(s.result["ckpt_parallel_s"].get<double>(), (replica + main) / disk, 0.01 * (replica + main) / disk);
-    EXPECT_NEAR(s.result["ckpt_rank_mb"].get<double>(), (replica + main) / 1e6, 1e-6);
+    EXPECT_NEAR(s.result["ckpt_parallel_s"].get<double>(), (replica + index_bytes) / disk,
+                0.01 * (replica + index_bytes) / disk);
+    EXPECT_NEAR(s.result["ckpt_rank_mb"].get<double>(), (replica + index_bytes) / 1e6, 1e-6);
     // Gathered: the other ranks' replicas over rank 0's link (1 GB/s), then rank 0 writes them all.
-    const double gathered = (p - 1) * replica / kLinkBandwidth + (p * replica + main) / disk;
+    const double gathered = (p - 1) * replica / kLinkBandwidth + (p * replica + index_bytes) / disk;
     EXPECT_NEAR(s.result["ckpt_gathered_s"].get<double>(), gathered, 0.03 * gathered);
-    EXPECT_NEAR(s.result["ckpt_root_mb_gathered"].get<double>(), (p * replica + main) / 1e6, 1e-6);
+    EXPECT_NEAR(s.result["ckpt_root_mb_gathered"].get<double>(), (p * replica + index_bytes) / 1e6, 1e-6);
   }
   // Flat in the rank count written in parallel, growing with it gathered.
   EXPECT_EQ(results[0]["ckpt_rank_mb"], results[1]["ckpt_rank_mb"]);
@@ -163,14 +165,15 @@ TEST(Simulator, ACheckpointWrittenInParallelCostsEachRankOneReplica) {
   EXPECT_GT(results[1]["ckpt_gathered_s"].get<double>(), 1.9 * results[0]["ckpt_gathered_s"].get<double>() - 0.1);
 
   // A shared file system of 0.2 GB/s in all: 8 ranks writing at once get 25 MB/s each.
-  const Sim shared =
-      simulate(dir, 8, data("star.xml"), "--strategy easgd --tau 1 --steps 1 --compute 0 --disk-mbps 100 --fs-gbps 0.2");
+  const Sim shared = simulate(dir, 8, data("star.xml"),
+                              "--strategy easgd --tau 1 --steps 1 --compute 0 --disk-mbps 100 --fs-gbps 0.2");
   ASSERT_EQ(shared.run.code, 0) << shared.run.err;
-  const double by_hand = replica / 25e6 + main / disk;
+  const double by_hand = replica / 25e6 + index_bytes / disk;
   EXPECT_NEAR(shared.result["ckpt_parallel_s"].get<double>(), by_hand, 0.01 * by_hand);
 
   // allreduce keeps no replicas: both ways, rank 0 writes the model and its momentum.
-  const Sim allreduce = simulate(dir, 4, data("star.xml"), "--strategy allreduce --steps 1 --compute 0 --disk-mbps 100");
+  const Sim allreduce =
+      simulate(dir, 4, data("star.xml"), "--strategy allreduce --steps 1 --compute 0 --disk-mbps 100");
   ASSERT_EQ(allreduce.run.code, 0) << allreduce.run.err;
   EXPECT_EQ(allreduce.result["ckpt_parallel_s"], allreduce.result["ckpt_gathered_s"]);
   EXPECT_NEAR(allreduce.result["ckpt_rank_mb"].get<double>(), replica / 1e6, 1e-6);

@@ -3,8 +3,10 @@
 // the step time into computation and communication (also for every rank), a resumed run takes the centre back from
 // the checkpoint and, on as many ranks, continues bit for bit. allreduce, async-easgd and two-level (inter easgd, two
 // groups) train on two ranks into a checkpoint that `tessera predict` scores as validation did. A job killed with
-// SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd); ranks
-// whose shares of the tiles differ finish; a rank that dies takes the job down.
+// SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd); every
+// rank's replica file is published as a set whatever point a job is killed at, and a checkpoint of the earlier
+// layout (replicas inside) still resumes; async-easgd validates and saves one centre, taken once; ranks whose
+// shares of the tiles differ (3 and 8 ranks) finish; a rank that dies takes the job down.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -338,7 +340,8 @@ std::vector<std::string> replica_sets(const fs::path& out, const std::string& st
   std::vector<std::string> sets;
   const fs::path folder = out / (stem + ".replicas");
   if (!fs::exists(folder)) return sets;
-  for (const auto& entry : fs::directory_iterator(folder)) sets.push_back(stem + ".replicas/" + entry.path().filename().string());
+  for (const auto& entry : fs::directory_iterator(folder))
+    sets.push_back(stem + ".replicas/" + entry.path().filename().string());
   std::sort(sets.begin(), sets.end());
   return sets;
 }
@@ -395,8 +398,8 @@ TEST_F(DistributedJob, ReplicaFilesArePublishedAsASetAtEveryCrashPoint) {
   EXPECT_TRUE(last.params == expected.params) << "the same centre, bit for bit";
   EXPECT_TRUE(last.easgd_center == expected.easgd_center);
   EXPECT_TRUE(last.replicas == expected.replicas) << "the same replicas and momenta";
-  EXPECT_EQ(replica_sets(out), std::vector<std::string>{io::read_checkpoint((out / "checkpoint.h5").string())
-                                                            .replica_files.set});
+  EXPECT_EQ(replica_sets(out),
+            std::vector<std::string>{io::read_checkpoint((out / "checkpoint.h5").string()).replica_files.set});
   EXPECT_EQ(logged_steps(out), logged_steps(straight));
 
   // Inference needs the checkpoint alone.
@@ -411,6 +414,32 @@ TEST_F(DistributedJob, ReplicaFilesArePublishedAsASetAtEveryCrashPoint) {
   EXPECT_EQ(r.code, 3) << r.err;
   EXPECT_TRUE(contains(r.err, "the replica of rank ")) << r.err;
   EXPECT_TRUE(contains(r.err, "cannot be read")) << r.err;
+}
+
+// A checkpoint of the earlier layout, every replica inside the file under /replicas/<rank>, still resumes on as many
+// ranks bit for bit (here made from a new one: the same tensors, the replicas moved into the file).
+TEST_F(DistributedJob, ACheckpointWithItsReplicasInsideResumesAsBefore) {
+  const std::string args = job() + " --epochs 2 --set train.log_every=1";
+  const fs::path straight = dir_->file("inside-straight");
+  auto r = run_mpi(2, "train " + args + " --out " + straight.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path out = dir_->file("inside");
+  r = run_mpi(2, "train " + args + " --out " + out.string() + " --set train.max_steps=2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  io::Checkpoint c = io::read_checkpoint((out / "checkpoint.h5").string());
+  ASSERT_EQ(c.replicas.size(), 2u);
+  c.replica_files = {};
+  io::write_checkpoint((out / "checkpoint.h5").string(), c);
+  fs::remove_all(out / "checkpoint.replicas");
+  ASSERT_TRUE(io::read_checkpoint((out / "checkpoint.h5").string()).replica_files.empty());
+
+  r = run_mpi(2, "train " + args + " --out " + out.string() + " --resume auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint a = io::read_checkpoint((straight / "checkpoint-epoch-002.h5").string());
+  const io::Checkpoint b = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
+  EXPECT_TRUE(b.params == a.params) << "the same centre, bit for bit";
+  EXPECT_TRUE(b.replicas == a.replicas) << "the same replicas and momenta";
+  EXPECT_FALSE(b.replica_files.empty()) << "written in the new layout";
 }
 
 // A replica that cannot be written (a full disk on rank 1) ends the job naming its file; the previous checkpoint
@@ -457,7 +486,8 @@ TEST_F(DistributedJob, AsyncEasgdValidatesAndSavesTheCentreTakenOnce) {
       " 2>&1 &\n"
       "job=$!\n"
       "setsid sh -c 'sleep 600 && touch \"$0\" && kill -9 -- \"-$1\"' " +
-      out.string() + ".hung $job >/dev/null 2>&1 &\n"
+      out.string() +
+      ".hung $job >/dev/null 2>&1 &\n"
       "watchdog=$!\n"
       "pid=''\n"
       "until [ -n \"$pid\" ] && [ \"$(awk '{print $3}' /proc/$pid/stat 2>/dev/null)\" = T ]; do\n"
@@ -601,41 +631,54 @@ INSTANTIATE_TEST_SUITE_P(Strategies, KilledJob,
                                   "_to_" + std::to_string(instance.param.resume_ranks);
                          });
 
-// Three ranks on tiles that do not divide by three. Training: every rank takes the same number of steps (an equal
-// part of the shuffled tiles each, the remainder left out of the epoch). Validation, where every tile counts: the
-// parts differ by a tile and, at a batch size that divides the smallest part, by a batch. The job must finish (a
+// Three and eight ranks on tiles that divide by neither. Training: every rank takes the same number of steps (an
+// equal part of the shuffled tiles each, the remainder left out of the epoch; at 8 ranks one batch each). Validation,
+// where every tile counts: the parts differ by a tile and, at a batch size that divides the smallest part, by a
+// batch (at 8 ranks some ranks score one batch, others two, one of them a single tile). The job must finish (a
 // watchdog ends it otherwise) and score every validation tile once.
-class UnequalShares : public DistributedJob, public ::testing::WithParamInterface<std::string> {};
+struct Uneven {
+  std::string strategy;
+  int ranks = 3;
+};
 
-TEST_P(UnequalShares, ThreeRanksFinishAndValidateEveryTileOnce) {
-  const std::string strategy = GetParam();
-  constexpr int kRanks = 3;
+void PrintTo(const Uneven& uneven, std::ostream* os) { *os << uneven.strategy << " on " << uneven.ranks << " ranks"; }
+
+class UnequalShares : public DistributedJob, public ::testing::WithParamInterface<Uneven> {};
+
+TEST_P(UnequalShares, RanksFinishAndValidateEveryTileOnce) {
+  const auto [strategy, ranks] = GetParam();
   const std::int64_t train_tiles = tiles_in("train");
   const std::int64_t val_tiles = tiles_in("val");
-  ASSERT_NE(train_tiles % kRanks, 0) << "the fixture's tiles must not divide evenly";
-  ASSERT_NE(val_tiles % kRanks, 0);
-  // Validation part r is [r·n/3, (r+1)·n/3): the smallest has n/3 tiles, the largest one more.
-  const std::int64_t smallest = val_tiles / kRanks;
+  ASSERT_NE(train_tiles % ranks, 0) << "the fixture's tiles must not divide evenly";
+  ASSERT_NE(val_tiles % ranks, 0);
+  // Validation part r is [r·n/p, (r+1)·n/p): the smallest has n/p tiles, the largest one more.
+  const std::int64_t smallest = val_tiles / ranks;
   std::int64_t batch = 4;
   while (batch < 16 && smallest % batch != 0) ++batch;
   ASSERT_EQ(smallest % batch, 0) << "no batch size between 4 and 16 divides " << smallest;
-  ASSERT_GE(train_tiles / kRanks / batch, 1) << "a step per epoch";
+  ASSERT_GE(train_tiles / ranks / batch, 1) << "a step per epoch";
 
-  const fs::path out = dir_->file("unequal-" + strategy);
-  const auto r = run_script("timeout 900 $MPIEXEC -n " + std::to_string(kRanks) + " $TESSERA train " + job() +
+  const fs::path out = dir_->file("unequal-" + strategy + "-" + std::to_string(ranks));
+  const auto r = run_script("timeout 900 $MPIEXEC -n " + std::to_string(ranks) + " $TESSERA train " + job() +
                             strategy_settings(strategy) + " --out " + out.string() + " --epochs 2" +
                             " --set train.batch_size=" + std::to_string(batch) + " 2>&1\necho \"exit $?\"\n");
   ASSERT_EQ(r.code, 0) << r.err;
   ASSERT_TRUE(contains(r.out, "exit 0\n")) << "exit 124: the job hung\n" << r.out;
   const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
-  EXPECT_EQ(last.meta.step, 2 * (train_tiles / kRanks / batch)) << "every rank took as many steps";
+  EXPECT_EQ(last.meta.step, 2 * (train_tiles / ranks / batch)) << "every rank took as many steps";
+  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy, ranks) ? static_cast<std::size_t>(ranks) : 0u);
   const auto val = read_jsonl(out / "metrics.jsonl", "val");
   ASSERT_EQ(val.size(), 2u);
   for (const auto& line : val) expect_sane_validation(line, val_tiles);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, UnequalShares, ::testing::Values("allreduce", "easgd", "async-easgd", "two-level"),
-                         [](const auto& instance) { return test_name(instance.param); });
+INSTANTIATE_TEST_SUITE_P(Strategies, UnequalShares,
+                         ::testing::Values(Uneven{"allreduce", 3}, Uneven{"easgd", 3}, Uneven{"async-easgd", 3},
+                                           Uneven{"two-level", 3}, Uneven{"allreduce", 8}, Uneven{"easgd", 8},
+                                           Uneven{"async-easgd", 8}, Uneven{"two-level", 8}),
+                         [](const auto& instance) {
+                           return test_name(instance.param.strategy) + "_" + std::to_string(instance.param.ranks);
+                         });
 
 TEST_F(DistributedJob, ARankThatDiesTakesTheJobDownNamingIt) {
   // Rank 1 is killed (SIGKILL, by the fault-injection hook) after its third step; the job must end by itself (no

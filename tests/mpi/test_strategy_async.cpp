@@ -185,7 +185,8 @@ TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
   } else {
     EXPECT_EQ(again, taken) << "validated and saved: the centre taken, not the one that moved since";
   }
-  EXPECT_EQ(saved_params, std::vector<float>(again.begin(), again.begin() + static_cast<std::ptrdiff_t>(saved_params.size())));
+  EXPECT_EQ(saved_params,
+            std::vector<float>(again.begin(), again.begin() + static_cast<std::ptrdiff_t>(saved_params.size())));
   strategy.settle(t.params, t.buffers);
   EXPECT_EQ(strategy.fetch_center(), now);
 }
