@@ -138,9 +138,10 @@ Action setup_bench(CLI::App& command) {
   CLI::App* slide_cmd = command.add_subcommand(
       "infer-slide",
       "Whole-slide inference end to end (read, decode, normalize, CNN, every output): tiles/s with 1 "
-      "and 2 ranks (child runs), peak memory for a slide and a 4x larger one");
+      "and 2 ranks (child runs) against a Python pipeline (OpenSlide + PyTorch), the output phase's share, peak "
+      "memory for a slide and a 4x larger one");
   slide_cmd->add_option("--size", slide->size, "Level-0 side of the slide in pixels (the second slide: twice it)")
-      ->check(CLI::Range(512, 100000))
+      ->check(CLI::Range(512, 131072))
       ->capture_default_str();
   slide_cmd->add_option("--tile", slide->tile_size, "The model's input in pixels")
       ->check(CLI::Range(16, 1024))
@@ -169,6 +170,8 @@ Action setup_bench(CLI::App& command) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   slide_cmd->add_option("--json", slide->json_file, "Also write the figures as JSON to this file");
+  slide_cmd->add_flag("--no-python{false}", slide->python,
+                      "Do not run the Python pipeline (scripts/bench_infer_slide.py)");
 
   auto train = std::make_shared<bench::ModelBenchOptions>();
   CLI::App* train_cmd = add_model_bench(

@@ -57,10 +57,12 @@ struct DicomBenchOptions {
 int run_bench_dicom(const DicomBenchOptions& options);
 
 // `tessera bench infer-slide` (bench_infer_slide.cpp): `tessera infer` end to end (every output) on a generated
-// slide in child runs with 1 rank and with `mpirun -n ranks`, tiles/s by wall and CPU time in alternated rounds,
-// and one rank's peak memory on that slide and on one with four times its area.
+// slide in child runs with 1 rank and with `mpirun -n ranks`, and the Python pipeline a user would otherwise run
+// (scripts/bench_infer_slide.py: OpenSlide reads + PyTorch, the same model shape and tiles), tiles/s by wall and
+// CPU time in alternated rounds, the output phase as a fraction of the run, and one rank's peak memory on that
+// slide and on one with four times its area.
 struct InferSlideBenchOptions {
-  int size = 8192;     // level-0 side of the slide (tessera synth: 0.25 um/px); the memory run's second has twice it
+  int size = 16384;    // level-0 side of the slide (tessera synth: 0.25 um/px); the memory run's second has twice it
   int tile_size = 96;  // the model's input in px
   double mpp = 1.0;    // the model's um/px
   std::string model = "compact";
@@ -71,6 +73,7 @@ struct InferSlideBenchOptions {
   std::string workdir = "data/bench-infer-slide";
   double timeout = 3600.0;  // seconds a child run may take before it is stopped and reported as hung
   std::string json_file;    // also write the figures as JSON here
+  bool python = true;       // also run the Python pipeline (scripts/bench_infer_slide.py)
 };
 
 int run_bench_infer_slide(const InferSlideBenchOptions& options);

@@ -14,11 +14,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 
@@ -147,6 +152,24 @@ std::string cpu_name() {
     }
   }
   return "an unknown CPU";
+}
+
+std::string cpu_isa() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::set<std::string> flags{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
+    static const std::pair<const char*, const char*> kKnown[] = {
+        {"avx2", "AVX2"},         {"avx512f", "AVX-512"}, {"avx512_vnni", "AVX-512-VNNI"},
+        {"avx512_bf16", "AVX-512-BF16"}, {"amx_tile", "AMX"}};
+    std::vector<std::string> found;
+    for (const auto& [flag, name] : kKnown) {
+      if (flags.count(flag) != 0) found.emplace_back(name);
+    }
+    return found.empty() ? std::string("no AVX2") : fmt::format("{}", fmt::join(found, " "));
+  }
+  return "unknown";
 }
 
 std::string load_average() {

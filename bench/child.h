@@ -40,6 +40,10 @@ std::optional<std::string> find_in_path(const std::string& program);
 // The CPU's model name from /proc/cpuinfo, or "an unknown CPU".
 std::string cpu_name();
 
+// The vector instruction sets of the CPU that oneDNN's kernels use, from /proc/cpuinfo's flags, e.g. "AVX2 AVX-512
+// AVX-512-VNNI AVX-512-BF16 AMX", or "unknown".
+std::string cpu_isa();
+
 // "0.52 0.71 0.80" (1, 5 and 15 minutes), or "unknown".
 std::string load_average();
 

@@ -1,21 +1,28 @@
 // tessera bench infer-slide — whole-slide inference end to end, as a user runs it: `tessera infer` (read + decode
 // + stain-normalize + CNN + every output) on a generated slide, in child processes with 1 rank and with
-// `mpirun -n R`, and the peak memory of one rank on that slide and on one with four times its area.
+// `mpirun -n R`, against the Python pipeline a user would otherwise run, and the peak memory of one rank on that
+// slide and on one with four times its area.
 //   The slides come from `tessera synth` (made once per size in the work folder), the checkpoint is the model's
 //   initialized weights written through the checkpoint code with /meta as training writes it (architecture,
 //   tile size, µm/px, stain normalization, tissue settings): untrained weights cost the same to run as trained
 //   ones; only the regions and detections the outputs draw differ.
+//   Python: scripts/bench_infer_slide.py in a child process (/usr/bin/python3): OpenSlide read_region + PIL resize
+//   for the same tiles (the cells the memory run scored, from its heatmap.h5), the same model shape in PyTorch
+//   (bench_torch.py's definitions) with the same batch and threads, the grid saved with numpy. Its side does no
+//   tissue detection, stain normalization or viewer outputs, so the comparison leaves that work to Tessera alone.
 //   Tiles/s: the tiles `infer` scored (its infer.json) over the child's wall time from spawn to exit (start-up,
 //   model load and MPI included), and over the scoring of the slide alone (plan, read, CNN, gather: infer.json's
-//   per-slide seconds). The machine may be shared: the 1-rank and R-rank runs alternate in rounds (reversed
-//   every other round), each row is its best round, CPU times (which other processes hardly change) are printed
-//   beside wall times, and the load average is printed.
+//   per-slide seconds). The output phase (infer.json's output_seconds, by output) is given as a fraction of the
+//   1-rank run and of its scoring. The machine may be shared: the runs alternate in rounds (reversed every other
+//   round), each row is its best round, CPU times (which other processes hardly change) are printed beside wall
+//   times, and the load average is printed.
 //   Memory: ru_maxrss of the 1-rank child. Measured first, before this process holds anything: a child's
 //   ru_maxrss includes this process's own peak at the spawn (exec keeps the peak of the address space the
 //   vfork-style spawn shared with it), which is printed as the floor.
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -47,6 +54,9 @@ constexpr int kClasses = 2;
 constexpr std::uint64_t kModelSeed = 1;
 constexpr std::uint64_t kSlideSeed = 5;
 constexpr double kMB = 1024.0;  // ru_maxrss is in KB; MB here are MiB, as bench tile prints them
+constexpr int kInferDefaultBatch = 32;  // infer.batch_size's default (app/infer.cpp), for the Python side
+constexpr const char* kPythonResult = "bench-infer-slide-python: ";
+constexpr const char* kPython = "/usr/bin/python3";  // Debian's, where install-deps.sh --bench puts torch
 
 // What one `tessera infer` child did: its measurement and the figures of its infer.json.
 struct InferRun {
@@ -60,6 +70,13 @@ struct InferRun {
   double plan_seconds = 0.0;
   double read_wait_seconds = 0.0;  // rank 0's model waiting for its reader
   double output_seconds = 0.0;
+  json output_seconds_by_output;  // name → seconds (infer.json), {} from a Tessera that does not record them
+};
+
+// What one run of the Python pipeline did: its measurement and its result line.
+struct PythonRun {
+  ChildResult child;
+  json result;
 };
 
 json read_json(const fs::path& path) {
@@ -95,6 +112,7 @@ InferRun run_infer(const std::vector<std::string>& command, const fs::path& out,
   run.plan_seconds = slide.at("plan_seconds").get<double>();
   run.read_wait_seconds = slide.at("read_wait_seconds").get<double>();
   run.output_seconds = slide.at("output_seconds").get<double>();
+  run.output_seconds_by_output = slide.value("output_seconds_by_output", json::object());
   if (run.tiles <= 0) {
     throw core::InternalError(
         fmt::format("{} scored no tiles (no tissue found?); see {}", what, summary_file.string()));
@@ -108,6 +126,17 @@ struct Best {
   double cpu_seconds = 0.0;
   int rounds = 0;
   void add(InferRun r) {
+    cpu_seconds = rounds == 0 ? r.child.cpu_seconds : std::min(cpu_seconds, r.child.cpu_seconds);
+    if (rounds == 0 || r.child.seconds < run.child.seconds) run = std::move(r);
+    ++rounds;
+  }
+};
+
+struct BestPython {
+  PythonRun run;
+  double cpu_seconds = 0.0;
+  int rounds = 0;
+  void add(PythonRun r) {
     cpu_seconds = rounds == 0 ? r.child.cpu_seconds : std::min(cpu_seconds, r.child.cpu_seconds);
     if (rounds == 0 || r.child.seconds < run.child.seconds) run = std::move(r);
     ++rounds;
@@ -237,18 +266,66 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
                                fmt::format("tessera infer (memory, {}x{} slide)", sides[k], sides[k]), o.timeout));
   }
 
-  // Alternated rounds: 1 rank then R ranks, reversed every other round.
+  // The Python pipeline scores the tiles the memory run scored on the same slide, with its batch and threads.
+  const json& scored_slide = memory[0].summary.at("slides").at(0);
+  const std::string scored_id = scored_slide.at("id").get<std::string>();
+  const fs::path scored_map = work / fmt::format("memory-{}", sides[0]) / (scored_id + ".heatmap.h5");
+  const std::string script = (fs::path(TESSERA_SOURCE_DIR) / "scripts" / "bench_infer_slide.py").string();
+  std::string python_missing;
+  if (!o.python) {
+    python_missing = "not measured (--no-python)";
+  } else if (!fs::exists(script)) {
+    python_missing = fmt::format("not measured: {} is missing", script);
+  } else if (!fs::exists(kPython)) {
+    python_missing = fmt::format("not measured: {} is missing (scripts/install-deps.sh --bench installs it)", kPython);
+  }
+  const std::vector<std::string> python_command = {
+      kPython,         script,
+      "--slide",       scored_slide.at("slide").get<std::string>(),
+      "--heatmap",     scored_map.string(),
+      "--model",       o.model,
+      "--size",        std::to_string(o.tile_size),
+      "--batch",       std::to_string(o.batch > 0 ? o.batch : kInferDefaultBatch),
+      "--threads",     std::to_string(memory[0].threads_per_rank),
+      "--out",         (work / "python-grid.npy").string()};
+  auto run_python = [&]() -> std::optional<PythonRun> {
+    PythonRun r;
+    r.child = run_child(python_command, log, o.timeout);
+    require_ok(r.child, "the Python pipeline (scripts/bench_infer_slide.py)", log);
+    const std::vector<json> lines = result_lines(log, kPythonResult);
+    if (lines.empty()) {
+      throw core::InternalError(fmt::format("the Python pipeline printed no result line; see {}", log));
+    }
+    r.result = lines.back();
+    if (!r.result.value("available", false)) {
+      python_missing = fmt::format(
+          "not measured: {} cannot import what scripts/bench_infer_slide.py needs ({}); scripts/install-deps.sh "
+          "--bench installs python3-torch, python3-openslide, python3-h5py, python3-numpy, python3-pil",
+          kPython, r.result.value("error", std::string("?")));
+      return std::nullopt;
+    }
+    if (r.result.at("tiles").get<std::int64_t>() != memory[0].tiles) {
+      throw core::InternalError(fmt::format("the Python pipeline scored {} tiles, tessera infer {}; see {}",
+                                            r.result.at("tiles").get<std::int64_t>(), memory[0].tiles, log));
+    }
+    return r;
+  };
+
+  // Alternated rounds: 1 rank, R ranks, Python; reversed every other round.
   const fs::path one_out = work / "infer-1rank";
   const fs::path many_out = work / fmt::format("infer-{}ranks", o.ranks);
   Best one, many;
+  BestPython python;
   for (int round = 0; round < o.rounds; ++round) {
-    for (int k = 0; k < 2; ++k) {
-      const bool single = (k == 0) == (round % 2 == 0);
-      if (single) {
+    for (int k = 0; k < 3; ++k) {
+      const int which = round % 2 == 0 ? k : 2 - k;
+      if (which == 0) {
         one.add(run_infer(infer_command(datasets[0], one_out, 1), one_out, log, "tessera infer (1 rank)", o.timeout));
-      } else {
+      } else if (which == 1) {
         many.add(run_infer(infer_command(datasets[0], many_out, o.ranks), many_out, log,
                            fmt::format("mpirun -n {} tessera infer", o.ranks), o.timeout));
+      } else if (python_missing.empty()) {
+        if (auto r = run_python()) python.add(std::move(*r));
       }
     }
   }
@@ -276,8 +353,8 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
       "\n{} tiles of the {}x{} px slide at {:g} um/px ({}x{} cells, stride {} px at {:g} um/px); {} outputs: {}\n",
       tiles, slide.width(), slide.height(), slide.mpp(), slide_entry.at("rows").get<std::int64_t>(),
       slide_entry.at("cols").get<std::int64_t>(), stride, o.mpp, outputs.size(), fmt::join(outputs, ", "));
-  std::cout << fmt::format("machine: {} cores; load average (1, 5, 15 min) {} at the start, {} at the end\n\n",
-                           std::thread::hardware_concurrency(), load_before, load_after);
+  std::cout << fmt::format("machine: {} cores, {} ({}); load average (1, 5, 15 min) {} at the start, {} at the end\n\n",
+                           std::thread::hardware_concurrency(), cpu_name(), cpu_isa(), load_before, load_after);
   std::cout << fmt::format("{:<58} {:>7} {:>8} {:>7} {:>8}  {:>9}\n",
                            fmt::format("tessera infer (best of {} alternated rounds)", o.rounds), "wall s", "tiles/s",
                            "CPU s", "/CPU s", "vs 1 rank");
@@ -295,9 +372,40 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
         "and exit {:.2f} s\n",
         r.plan_seconds, r.read_wait_seconds, r.output_seconds, r.child.seconds - r.job_seconds);
   }
+  const double python_rate =
+      python.rounds > 0 ? static_cast<double>(tiles) / python.run.child.seconds : 0.0;
+  if (python.rounds > 0) {
+    const json& p = python.run.result;
+    const json& phases = p.at("seconds");
+    std::cout << row(fmt::format("Python: OpenSlide + PyTorch {}, {} thread{}", p.value("torch", std::string("?")),
+                                 p.value("threads", 0), p.value("threads", 0) > 1 ? "s" : ""),
+                     python.run.child.seconds, tiles, python.cpu_seconds,
+                     fmt::format("{:.2f}x", python_rate / one_rate));
+    std::cout << fmt::format(
+        "    (imports {:.2f} s; model and slide set-up {:.2f} s; read_region + resize {:.2f} s; model {:.2f} s; "
+        "saving the grid {:.2f} s)\n",
+        phases.value("imports", 0.0), phases.value("setup", 0.0), phases.value("read", 0.0),
+        phases.value("model", 0.0), phases.value("write", 0.0));
+  } else {
+    std::cout << fmt::format("{:<58} {}\n", "Python: OpenSlide + PyTorch", python_missing);
+  }
   std::cout << "  end to end: the child process from spawn to exit (CPU: user + system of it and its ranks); "
                "scoring:\n  infer.json's seconds of the slide. Untrained weights: the same work as a trained model's, "
-               "other\n  regions and detections in the outputs.\n";
+               "other\n  regions and detections in the outputs. Python: the same tiles and model shape, no tissue "
+               "detection,\n  stain normalization or viewer outputs.\n";
+  if (python.rounds > 0) {
+    std::cout << fmt::format("\ntessera infer (1 rank) end to end: {:.2f}x the Python pipeline's tiles/s\n",
+                             one_rate / python_rate);
+  }
+  const double output_of_run = one.run.output_seconds / one.run.child.seconds;
+  const double output_of_scoring = one.run.output_seconds / one.run.scoring_seconds;
+  std::vector<std::string> by_output;
+  for (const auto& [name, seconds] : one.run.output_seconds_by_output.items()) {
+    by_output.push_back(fmt::format("{} {:.2f} s", name, seconds.get<double>()));
+  }
+  std::cout << fmt::format(
+      "output phase (1 rank): {:.2f} s = {:.1f}% of the end-to-end run, {:.1f}% of the scoring\n  ({})\n",
+      one.run.output_seconds, 100.0 * output_of_run, 100.0 * output_of_scoring, fmt::join(by_output, ", "));
   const double small_mb = static_cast<double>(memory[0].child.max_rss_kb) / kMB;
   const double large_mb = static_cast<double>(memory[1].child.max_rss_kb) / kMB;
   std::cout << fmt::format(
@@ -326,6 +434,25 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
         {"outputs", outputs},
         {"rounds", o.rounds},
         {"cores", std::thread::hardware_concurrency()},
+        {"cpu", cpu_name()},
+        {"isa", cpu_isa()},
+        {"python",
+         python.rounds > 0
+             ? json{{"available", true},
+                    {"torch", python.run.result.value("torch", std::string())},
+                    {"threads", python.run.result.value("threads", 0)},
+                    {"tiles", python.run.result.at("tiles")},
+                    {"seconds", python.run.child.seconds},
+                    {"tiles_per_s", python_rate},
+                    {"cpu_seconds", python.cpu_seconds},
+                    {"phases", python.run.result.at("seconds")},
+                    {"tessera_one_rank_vs_python", one_rate / python_rate}}
+             : json{{"available", false}, {"reason", python_missing}}},
+        {"outputs_phase",
+         {{"seconds", one.run.output_seconds},
+          {"of_run", output_of_run},
+          {"of_scoring", output_of_scoring},
+          {"by_output", one.run.output_seconds_by_output}}},
         {"load_average", {{"start", load_before}, {"end", load_after}}},
         {"runs", {run_json(one, one_rate), run_json(many, one_rate)}},
         {"memory",

@@ -1,6 +1,7 @@
 // `tessera bench infer-slide` on a tiny slide: it runs `tessera infer` end to end with 1 and 2 ranks and for
-// memory on a slide and one four times larger, and its report agrees with what those runs wrote (their
-// infer.json and outputs). No timing is checked, only that each figure was measured and fits the runs.
+// memory on a slide and one four times larger, and the Python pipeline on the same tiles where /usr/bin/python3 has
+// torch and openslide (else it says why not), and its report agrees with what those runs wrote (their infer.json
+// and outputs). No timing is checked, only that each figure was measured and fits the runs.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -86,6 +87,43 @@ TEST(BenchInferSlide, MeasuresInferEndToEndAndAgreesWithItsRuns) {
     EXPECT_LE(run_figures["scoring_seconds"].get<double>() + run_figures["output_seconds"].get<double>(), seconds);
   }
   EXPECT_DOUBLE_EQ(j["runs"][0]["vs_one_rank"].get<double>(), 1.0);
+
+  // The Python pipeline scored the same tiles, or the report says why it did not run.
+  const json& python = j["python"];
+  if (python["available"].get<bool>()) {
+    EXPECT_EQ(python["tiles"], tiles);
+    for (const char* key : {"seconds", "tiles_per_s", "cpu_seconds", "tessera_one_rank_vs_python"}) {
+      EXPECT_TRUE(measured(python[key])) << key;
+    }
+    for (const char* phase : {"imports", "setup", "read", "model", "write"}) {
+      EXPECT_TRUE(measured(python["phases"][phase])) << phase;
+    }
+    EXPECT_NEAR(python["tessera_one_rank_vs_python"].get<double>(),
+                j["runs"][0]["tiles_per_s"].get<double>() / python["tiles_per_s"].get<double>(), 1e-9);
+    EXPECT_TRUE(contains(r.out, "Python: OpenSlide + PyTorch")) << r.out;
+    EXPECT_TRUE(contains(r.out, "the Python pipeline's tiles/s")) << r.out;
+    EXPECT_TRUE(fs::exists(work / "python-grid.npy"));
+  } else {
+    const std::string reason = python["reason"];
+    EXPECT_TRUE(contains(reason, "not measured")) << reason;
+    EXPECT_TRUE(contains(r.out, reason)) << r.out;
+  }
+
+  // The output phase of the 1-rank run: its seconds, as a fraction of the run and of the scoring, by output.
+  const json& phase = j["outputs_phase"];
+  const json& one_run = j["runs"][0];
+  EXPECT_EQ(phase["seconds"], one_run["output_seconds"]);
+  EXPECT_NEAR(phase["of_run"].get<double>(), one_run["output_seconds"].get<double>() / one_run["seconds"].get<double>(),
+              1e-12);
+  EXPECT_NEAR(phase["of_scoring"].get<double>(),
+              one_run["output_seconds"].get<double>() / one_run["scoring_seconds"].get<double>(), 1e-12);
+  ASSERT_EQ(phase["by_output"].size(), 8u) << phase.dump();  // the analysis and thumbnail, and each output
+  for (const char* name : {"analysis and thumbnail", "heatmap.tif", "overlay.png", "geojson", "heatmap.h5", "xml",
+                           "detections.csv", "report.json"}) {
+    EXPECT_TRUE(measured(phase["by_output"][name])) << name;
+  }
+  EXPECT_TRUE(contains(r.out, "output phase (1 rank): ")) << r.out;
+  EXPECT_TRUE(contains(r.out, j["isa"].get<std::string>())) << r.out;
 
   // Memory: the slide and one with twice its side, one rank each; the larger has more tissue cells.
   const json& memory = j["memory"]["slides"];
