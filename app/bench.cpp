@@ -306,8 +306,8 @@ Action setup_bench(CLI::App& command) {
       ->capture_default_str();
   view_cmd->add_option("--json", view->json_file, "Also write the figures as JSON to this file");
 
-  return [peak, peak_cmd, tile, tile_cmd, import, import_cmd, dicom, dicom_cmd, slide, slide_cmd, train, train_cmd, infer, infer_cmd, comm, comm_cmd, scale,
-          scale_cmd, view, view_cmd]() -> int {
+  return [peak, peak_cmd, tile, tile_cmd, import, import_cmd, dicom, dicom_cmd, slide, slide_cmd, train, train_cmd,
+          infer, infer_cmd, comm, comm_cmd, scale, scale_cmd, view, view_cmd]() -> int {
     // A `bench comm` child runs on every rank of its job; every other bench runs on rank 0 alone.
     if (comm_cmd->parsed() && !comm->worker.empty()) return bench::run_bench_comm_worker(*comm);
     if (!core::Comm::world().is_root()) return core::exit_ok;
