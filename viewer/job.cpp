@@ -1,11 +1,11 @@
 #include "viewer/job.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -102,11 +102,17 @@ json region_json(const json& r, const std::map<int, json>& outlines) {
 json regions_json(const json& report, const std::string& report_path, const std::string& geojson_path) {
   std::map<int, json> outlines;
   if (!geojson_path.empty()) {
-    static const std::regex name_rule(R"(^Region (\d{1,9}):)");
     for (auto& polygon : polygons_json(io::read_geojson(geojson_path), false)) {
-      std::smatch m;
+      // "Region <1 to 9 digits>:" at the start of the name.
       const std::string name = polygon["name"];
-      if (std::regex_search(name, m, name_rule)) outlines[std::stoi(m[1].str())] = polygon;
+      constexpr std::string_view prefix = "Region ";
+      if (!name.starts_with(prefix)) continue;
+      std::size_t end = prefix.size();
+      while (end < name.size() && end - prefix.size() < 10 && std::isdigit(static_cast<unsigned char>(name[end])))
+        ++end;
+      const std::size_t digits = end - prefix.size();
+      if (digits == 0 || digits > 9 || end >= name.size() || name[end] != ':') continue;
+      outlines[std::stoi(name.substr(prefix.size(), digits))] = polygon;
     }
   }
   json regions = json::array();
