@@ -8,15 +8,15 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 #include <opencv2/imgproc.hpp>
-#include <spdlog/spdlog.h>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
 #include "io/annotations.h"
-#include "io/slide.h"
 #include "io/image.h"
+#include "io/slide.h"
 
 namespace tessera::analysis {
 namespace {
@@ -652,8 +652,7 @@ std::vector<std::string> write_slide_outputs(const std::string& directory, const
     }
     written.push_back(path);
     if (seconds != nullptr) {
-      seconds->emplace_back(w->name,
-                            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      seconds->emplace_back(w->name, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
   return written;

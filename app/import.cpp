@@ -30,8 +30,8 @@ Action setup_import(CLI::App& command) {
   auto options = std::make_shared<ImportOptions>();
   add_job_options(command, options->job);
   add_key_flag(command, options->job, "-o,--out", {"output"}, "Output folder (output)");
-  add_key_flag(command, options->job, "--csv", {"input.csv"}, "CSV of the patches: path,label[,group][,split] (input.csv)",
-               FlagForm::value, {"input.folder"});
+  add_key_flag(command, options->job, "--csv", {"input.csv"},
+               "CSV of the patches: path,label[,group][,split] (input.csv)", FlagForm::value, {"input.folder"});
   add_key_flag(command, options->job, "--folder", {"input.folder"},
                "Folder of patches by class (input.folder; its organisation: input.layout)", FlagForm::value,
                {"input.csv"});

@@ -80,8 +80,12 @@ const core::Schema& infer_schema() {
 json slurm_record() {
   const auto job = io::slurm_job();
   if (!job) return nullptr;
-  return {{"job_id", job->job_id},     {"array_job_id", job->array_job_id}, {"array_task_id", job->array_task_id},
-          {"nodelist", job->nodelist}, {"ntasks", job->ntasks},             {"restarts", job->restarts}};
+  return {{"job_id", job->job_id},
+          {"array_job_id", job->array_job_id},
+          {"array_task_id", job->array_task_id},
+          {"nodelist", job->nodelist},
+          {"ntasks", job->ntasks},
+          {"restarts", job->restarts}};
 }
 
 struct InferOptions {

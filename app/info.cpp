@@ -93,7 +93,7 @@ std::string describe(const io::Slide& slide) {
   if (slide.is_dicom()) {
     const auto paths = slide.property("dicom.optical-paths").value_or("");
     out << fmt::format("  optical      {}\n", paths.empty() ? std::string("no optical path recorded")
-                                                           : "paths " + paths + " (the first is read)");
+                                                            : "paths " + paths + " (the first is read)");
     const auto icc = slide.property("dicom.icc-profile-bytes").value_or("0");
     out << fmt::format("  icc profile  {}\n", icc == "0" ? std::string("none") : icc + " bytes (kept, not applied)");
     out << fmt::format("  series       {}\n", slide.property("dicom.series-uid").value_or(""));

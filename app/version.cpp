@@ -3,10 +3,10 @@
 #include <mpi.h>
 
 #include <H5public.h>
-#include <openslide/openslide.h>
 #include <oneapi/dnnl/dnnl.h>
-#include <opencv2/core/version.hpp>
+#include <openslide/openslide.h>
 #include <tiffvers.h>
+#include <opencv2/core/version.hpp>
 
 #include <string>
 
@@ -21,16 +21,17 @@ std::string version_text() {
   MPI_Get_library_version(mpi_library, &length);
   std::string mpi_text(mpi_library, static_cast<std::size_t>(length));
   if (auto comma = mpi_text.find(','); comma != std::string::npos) mpi_text.resize(comma);
-  return "tessera " TESSERA_VERSION "\n"
-         "  OpenSlide " + std::string(openslide_get_version()) + "\n" +
-         "  oneDNN " + std::to_string(dnnl->major) + "." + std::to_string(dnnl->minor) + "." +
-         std::to_string(dnnl->patch) + "\n" +
-         "  OpenCV " CV_VERSION "\n"
-         "  HDF5 " + std::to_string(H5_VERS_MAJOR) + "." + std::to_string(H5_VERS_MINOR) + "." +
-         std::to_string(H5_VERS_RELEASE) + "\n" +
-         "  " + mpi_text + "\n" +
-         "  libtiff " + std::to_string(TIFFLIB_MAJOR_VERSION) + "." + std::to_string(TIFFLIB_MINOR_VERSION) + "." +
-         std::to_string(TIFFLIB_MICRO_VERSION) + "\n" +
+  return "tessera " TESSERA_VERSION
+         "\n"
+         "  OpenSlide " +
+         std::string(openslide_get_version()) + "\n" + "  oneDNN " + std::to_string(dnnl->major) + "." +
+         std::to_string(dnnl->minor) + "." + std::to_string(dnnl->patch) + "\n" +
+         "  OpenCV " CV_VERSION
+         "\n"
+         "  HDF5 " +
+         std::to_string(H5_VERS_MAJOR) + "." + std::to_string(H5_VERS_MINOR) + "." + std::to_string(H5_VERS_RELEASE) +
+         "\n" + "  " + mpi_text + "\n" + "  libtiff " + std::to_string(TIFFLIB_MAJOR_VERSION) + "." +
+         std::to_string(TIFFLIB_MINOR_VERSION) + "." + std::to_string(TIFFLIB_MICRO_VERSION) + "\n" +
          "  yaml-cpp, spdlog, CLI11, nlohmann-json, pugixml (Debian 12)";
 }
 

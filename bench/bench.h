@@ -34,9 +34,9 @@ int run_bench_tile(const TileBenchOptions& options);
 // `tessera bench import` (bench/import.cpp): the whole `tessera import` process against a Python PIL + h5py loop on
 // the same patches (a CSV, or generated PNG patches), alternated rounds, best of each.
 struct ImportBenchOptions {
-  std::string csv;      // path,label[,group] of the patches; "" = generate `patches` PNG patches
-  int patches = 8000;   // generated patches
-  int tile_size = 50;   // the patches' side and the tiles'
+  std::string csv;     // path,label[,group] of the patches; "" = generate `patches` PNG patches
+  int patches = 8000;  // generated patches
+  int tile_size = 50;  // the patches' side and the tiles'
   int rounds = 3;
   std::string workdir = "data/bench-import";
 };
@@ -46,10 +46,10 @@ int run_bench_import(const ImportBenchOptions& options);
 // `tessera bench dicom` (dicom.cpp): level-0 regions read from one synthetic slide as a tiled TIFF and as a DICOM
 // series with the same JPEG tiles, in alternated rounds; regions/s of each and their ratio.
 struct DicomBenchOptions {
-  int size = 16384;      // level-0 side of the synthetic slide
-  int tile_size = 256;   // TIFF tile = DICOM frame = region side, in px
-  int regions = 4000;    // regions read per round
-  int rounds = 5;        // alternated rounds (best of each)
+  int size = 16384;     // level-0 side of the synthetic slide
+  int tile_size = 256;  // TIFF tile = DICOM frame = region side, in px
+  int regions = 4000;   // regions read per round
+  int rounds = 5;       // alternated rounds (best of each)
   std::string workdir = "data/bench-dicom";
   std::string json_file;  // also write the figures as JSON here
 };
@@ -189,12 +189,12 @@ int run_bench_comm_worker(const CommBenchOptions& options);
 // `tessera bench view` (view.cpp): the viewer's tiles over loopback, every tile of a synthetic slide and of its
 // heatmap on a cold then a warm cache (tiles/s, p50 and p99 latency), and `tessera view`'s peak memory.
 struct ViewBenchOptions {
-  int size = 16384;                        // level-0 side of the synthetic slide
-  int clients = 4;                         // client threads, one keep-alive connection each
-  int cache_mb = 256;                      // the server's tile cache
-  double seconds = 120.0;                  // time bound of each phase
+  int size = 16384;        // level-0 side of the synthetic slide
+  int clients = 4;         // client threads, one keep-alive connection each
+  int cache_mb = 256;      // the server's tile cache
+  double seconds = 120.0;  // time bound of each phase
   std::string workdir = "data/bench-view";
-  std::string json_file;                   // also write the figures as JSON here
+  std::string json_file;  // also write the figures as JSON here
 };
 
 int run_bench_view(const ViewBenchOptions& options);

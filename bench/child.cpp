@@ -160,9 +160,11 @@ std::string cpu_isa() {
     if (line.rfind("flags", 0) != 0) continue;
     std::istringstream words(line.substr(line.find(':') + 1));
     std::set<std::string> flags{std::istream_iterator<std::string>(words), std::istream_iterator<std::string>()};
-    static const std::pair<const char*, const char*> kKnown[] = {
-        {"avx2", "AVX2"},         {"avx512f", "AVX-512"}, {"avx512_vnni", "AVX-512-VNNI"},
-        {"avx512_bf16", "AVX-512-BF16"}, {"amx_tile", "AMX"}};
+    static const std::pair<const char*, const char*> kKnown[] = {{"avx2", "AVX2"},
+                                                                 {"avx512f", "AVX-512"},
+                                                                 {"avx512_vnni", "AVX-512-VNNI"},
+                                                                 {"avx512_bf16", "AVX-512-BF16"},
+                                                                 {"amx_tile", "AMX"}};
     std::vector<std::string> found;
     for (const auto& [flag, name] : kKnown) {
       if (flags.count(flag) != 0) found.emplace_back(name);

@@ -129,8 +129,8 @@ int run_bench_dicom(const DicomBenchOptions& options) {
     // TIFF first in even rounds, DICOM first in odd ones.
     for (int k = 0; k < 2; ++k) {
       const bool dicom = (round + k) % 2 == 1;
-      const Timing t = read_all(dicom ? series.string() : tiff.string(), regions, options.tile_size,
-                                dicom ? sum_dicom : sum_tiff);
+      const Timing t =
+          read_all(dicom ? series.string() : tiff.string(), regions, options.tile_size, dicom ? sum_dicom : sum_tiff);
       Timing& best = dicom ? best_dicom : best_tiff;
       best.wall = std::min(best.wall, t.wall);
       best.cpu = std::min(best.cpu, t.cpu);
@@ -146,12 +146,11 @@ int run_bench_dicom(const DicomBenchOptions& options) {
       "pixels of the first {} regions identical on both paths: {}\n\n",
       regions.size(), options.tile_size, options.tile_size, options.size, options.size, options.tile_size,
       options.rounds, load_before, load_after, checked, identical ? "yes" : "NO");
-  std::cout << fmt::format("{:<34} {:>9} {:>11} {:>9} {:>11}\n", "reader", "wall s", "regions/s", "CPU s",
-                           "regions/s");
+  std::cout << fmt::format("{:<34} {:>9} {:>11} {:>9} {:>11}\n", "reader", "wall s", "regions/s", "CPU s", "regions/s");
   std::cout << fmt::format("{:<34} {:>9.3f} {:>11.0f} {:>9.3f} {:>11.0f}\n", "direct TIFF (libtiff + libjpeg)",
                            best_tiff.wall, n / best_tiff.wall, best_tiff.cpu, n / best_tiff.cpu);
-  std::cout << fmt::format("{:<34} {:>9.3f} {:>11.0f} {:>9.3f} {:>11.0f}\n", "DICOM (DCMTK + libjpeg)",
-                           best_dicom.wall, n / best_dicom.wall, best_dicom.cpu, n / best_dicom.cpu);
+  std::cout << fmt::format("{:<34} {:>9.3f} {:>11.0f} {:>9.3f} {:>11.0f}\n", "DICOM (DCMTK + libjpeg)", best_dicom.wall,
+                           n / best_dicom.wall, best_dicom.cpu, n / best_dicom.cpu);
   std::cout << fmt::format("DICOM / TIFF speed: {:.3f} by wall time, {:.3f} by CPU time\n", ratio_wall, ratio_cpu);
   if (sum_tiff != sum_dicom) std::cout << "warning: the two readers' checksums differ\n";
   if (!options.json_file.empty()) {

@@ -79,18 +79,31 @@ int run_bench_import(const ImportBenchOptions& o) {
   const std::string tessera = self_path();
   const std::string script = (fs::path(TESSERA_SOURCE_DIR) / "scripts" / "bench_import_python.py").string();
   // Debian's Python, where `install-deps.sh --bench` puts PIL and h5py (a python3 earlier in PATH may lack them).
-  const auto python = fs::exists("/usr/bin/python3") ? std::optional<std::string>("/usr/bin/python3")
-                                                      : find_in_path("python3");
+  const auto python =
+      fs::exists("/usr/bin/python3") ? std::optional<std::string>("/usr/bin/python3") : find_in_path("python3");
   const std::string load_before = load_average();
   std::cout << fmt::format("tessera bench import: {} patches of {} ({}), {} px tiles, {} on {}\n", patches, csv,
-                           o.csv.empty() ? "generated PNG" : "given", o.tile_size, o.rounds == 1 ? "1 round" :
-                           fmt::format("best of {} alternated rounds", o.rounds), cpu_name());
+                           o.csv.empty() ? "generated PNG" : "given", o.tile_size,
+                           o.rounds == 1 ? "1 round" : fmt::format("best of {} alternated rounds", o.rounds),
+                           cpu_name());
   std::cout.flush();
 
   auto import_args = [&](int threads) {
-    return std::vector<std::string>{tessera, "import", "--csv", csv, "--mpp", "4", "--tile-size",
-                                    std::to_string(o.tile_size), "--out", (work / "shards").string(), "--force",
-                                    "--set", fmt::format("import.threads={}", threads), "--log-level", "warn"};
+    return std::vector<std::string>{tessera,
+                                    "import",
+                                    "--csv",
+                                    csv,
+                                    "--mpp",
+                                    "4",
+                                    "--tile-size",
+                                    std::to_string(o.tile_size),
+                                    "--out",
+                                    (work / "shards").string(),
+                                    "--force",
+                                    "--set",
+                                    fmt::format("import.threads={}", threads),
+                                    "--log-level",
+                                    "warn"};
   };
   Best all_cores, one_thread, python_process;
   double python_loop = 0.0, python_loop_cpu = 0.0;
@@ -104,8 +117,8 @@ int run_bench_import(const ImportBenchOptions& o) {
     if (!python_ok) continue;
     const std::string result = (work / "python-result.txt").string();
     fs::remove(result);
-    const auto r = run_child({*python, script, csv, std::to_string(o.tile_size), (work / "python.h5").string(), result},
-                             log);
+    const auto r =
+        run_child({*python, script, csv, std::to_string(o.tile_size), (work / "python.h5").string(), result}, log);
     double rate = 0.0, cpu_rate = 0.0;
     if (r.code == 0 && fs::exists(result)) std::ifstream(result) >> rate >> cpu_rate;
     python_ok = rate > 0.0;
@@ -124,15 +137,16 @@ int run_bench_import(const ImportBenchOptions& o) {
   const double python_rate = python_ok ? n / python_process.seconds : 0.0;
   std::cout << fmt::format("machine: {} cores; load average (1, 5, 15 min) {} at the start, {} at the end\n\n",
                            std::thread::hardware_concurrency(), load_before, load_average());
-  std::cout << fmt::format("{:<52} {:>8} {:>10} {:>8} {:>10} {:>9}\n", "whole process", "wall s", "patches/s",
-                           "CPU s", "/CPU s", "vs Python");
+  std::cout << fmt::format("{:<52} {:>8} {:>10} {:>8} {:>10} {:>9}\n", "whole process", "wall s", "patches/s", "CPU s",
+                           "/CPU s", "vs Python");
   std::cout << row(fmt::format("tessera import, 1 rank, {} threads", std::thread::hardware_concurrency()), all_cores,
                    python_rate);
   std::cout << row("tessera import, 1 rank, 1 thread", one_thread, python_rate);
   if (python_ok) {
     std::cout << row("python: PIL + one h5py write per patch", python_process, python_rate);
-    std::cout << fmt::format("{:<52} {:>8} {:>10.0f} {:>8} {:>10.0f}\n", "python: the loop alone (imports, opening excluded)",
-                             "", python_loop, "", python_loop_cpu);
+    std::cout << fmt::format("{:<52} {:>8} {:>10.0f} {:>8} {:>10.0f}\n",
+                             "python: the loop alone (imports, opening excluded)", "", python_loop, "",
+                             python_loop_cpu);
   } else {
     std::cout << "python: not measured (needs /usr/bin/python3 with PIL and h5py: scripts/install-deps.sh --bench); "
               << "see " << log << "\n";

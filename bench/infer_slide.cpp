@@ -22,10 +22,10 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,7 +53,7 @@ using nlohmann::json;
 constexpr int kClasses = 2;
 constexpr std::uint64_t kModelSeed = 1;
 constexpr std::uint64_t kSlideSeed = 5;
-constexpr double kMB = 1024.0;  // ru_maxrss is in KB; MB here are MiB, as bench tile prints them
+constexpr double kMB = 1024.0;          // ru_maxrss is in KB; MB here are MiB, as bench tile prints them
 constexpr int kInferDefaultBatch = 32;  // infer.batch_size's default (app/infer.cpp), for the Python side
 constexpr const char* kPythonResult = "bench-infer-slide-python: ";
 constexpr const char* kPython = "/usr/bin/python3";  // Debian's, where install-deps.sh --bench puts torch
@@ -280,14 +280,14 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
     python_missing = fmt::format("not measured: {} is missing (scripts/install-deps.sh --bench installs it)", kPython);
   }
   const std::vector<std::string> python_command = {
-      kPython,         script,
-      "--slide",       scored_slide.at("slide").get<std::string>(),
-      "--heatmap",     scored_map.string(),
-      "--model",       o.model,
-      "--size",        std::to_string(o.tile_size),
-      "--batch",       std::to_string(o.batch > 0 ? o.batch : kInferDefaultBatch),
-      "--threads",     std::to_string(memory[0].threads_per_rank),
-      "--out",         (work / "python-grid.npy").string()};
+      kPython,     script,
+      "--slide",   scored_slide.at("slide").get<std::string>(),
+      "--heatmap", scored_map.string(),
+      "--model",   o.model,
+      "--size",    std::to_string(o.tile_size),
+      "--batch",   std::to_string(o.batch > 0 ? o.batch : kInferDefaultBatch),
+      "--threads", std::to_string(memory[0].threads_per_rank),
+      "--out",     (work / "python-grid.npy").string()};
   auto run_python = [&]() -> std::optional<PythonRun> {
     PythonRun r;
     r.child = run_child(python_command, log, o.timeout);
@@ -372,8 +372,7 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
         "and exit {:.2f} s\n",
         r.plan_seconds, r.read_wait_seconds, r.output_seconds, r.child.seconds - r.job_seconds);
   }
-  const double python_rate =
-      python.rounds > 0 ? static_cast<double>(tiles) / python.run.child.seconds : 0.0;
+  const double python_rate = python.rounds > 0 ? static_cast<double>(tiles) / python.run.child.seconds : 0.0;
   if (python.rounds > 0) {
     const json& p = python.run.result;
     const json& phases = p.at("seconds");
@@ -384,8 +383,8 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
     std::cout << fmt::format(
         "    (imports {:.2f} s; model and slide set-up {:.2f} s; read_region + resize {:.2f} s; model {:.2f} s; "
         "saving the grid {:.2f} s)\n",
-        phases.value("imports", 0.0), phases.value("setup", 0.0), phases.value("read", 0.0),
-        phases.value("model", 0.0), phases.value("write", 0.0));
+        phases.value("imports", 0.0), phases.value("setup", 0.0), phases.value("read", 0.0), phases.value("model", 0.0),
+        phases.value("write", 0.0));
   } else {
     std::cout << fmt::format("{:<58} {}\n", "Python: OpenSlide + PyTorch", python_missing);
   }
@@ -436,18 +435,16 @@ int run_bench_infer_slide(const InferSlideBenchOptions& o) {
         {"cores", std::thread::hardware_concurrency()},
         {"cpu", cpu_name()},
         {"isa", cpu_isa()},
-        {"python",
-         python.rounds > 0
-             ? json{{"available", true},
-                    {"torch", python.run.result.value("torch", std::string())},
-                    {"threads", python.run.result.value("threads", 0)},
-                    {"tiles", python.run.result.at("tiles")},
-                    {"seconds", python.run.child.seconds},
-                    {"tiles_per_s", python_rate},
-                    {"cpu_seconds", python.cpu_seconds},
-                    {"phases", python.run.result.at("seconds")},
-                    {"tessera_one_rank_vs_python", one_rate / python_rate}}
-             : json{{"available", false}, {"reason", python_missing}}},
+        {"python", python.rounds > 0 ? json{{"available", true},
+                                            {"torch", python.run.result.value("torch", std::string())},
+                                            {"threads", python.run.result.value("threads", 0)},
+                                            {"tiles", python.run.result.at("tiles")},
+                                            {"seconds", python.run.child.seconds},
+                                            {"tiles_per_s", python_rate},
+                                            {"cpu_seconds", python.cpu_seconds},
+                                            {"phases", python.run.result.at("seconds")},
+                                            {"tessera_one_rank_vs_python", one_rate / python_rate}}
+                                     : json{{"available", false}, {"reason", python_missing}}},
         {"outputs_phase",
          {{"seconds", one.run.output_seconds},
           {"of_run", output_of_run},

@@ -104,8 +104,8 @@ ViewChild start_view(const std::string& folder, const ViewBenchOptions& o, const
   posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&actions, out[0]);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  const std::vector<std::string> args = {self_path(), "view", folder, "--port", "0", "--cache-mb",
-                                         std::to_string(o.cache_mb)};
+  const std::vector<std::string> args = {
+      self_path(), "view", folder, "--port", "0", "--cache-mb", std::to_string(o.cache_mb)};
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -165,7 +165,8 @@ std::vector<std::string> tile_urls(const std::string& base, const viewer::DeepZo
   std::vector<std::string> urls;
   for (int level = 0; level <= dz.max_level(); ++level) {
     for (std::int64_t r = 0; r < dz.rows(level); ++r) {
-      for (std::int64_t c = 0; c < dz.columns(level); ++c) urls.push_back(fmt::format("{}/{}/{}_{}.{}", base, level, c, r, ext));
+      for (std::int64_t c = 0; c < dz.columns(level); ++c)
+        urls.push_back(fmt::format("{}/{}/{}_{}.{}", base, level, c, r, ext));
     }
   }
   core::SplitMix64 random(seed);
@@ -216,9 +217,10 @@ Phase run_phase(const std::string& name, const std::vector<std::string>& urls, i
 int run_bench_view(const ViewBenchOptions& o) {
   fs::create_directories(o.workdir);
   const std::string log = (fs::absolute(o.workdir) / "bench-view.log").string();
-  std::cout << fmt::format("tessera bench view: a {}² synthetic slide and its heatmap, {} client threads, cache {} MB; "
-                           "{}, load {}\n",
-                           o.size, o.clients, o.cache_mb, cpu_name(), load_average())
+  std::cout << fmt::format(
+                   "tessera bench view: a {}² synthetic slide and its heatmap, {} client threads, cache {} MB; "
+                   "{}, load {}\n",
+                   o.size, o.clients, o.cache_mb, cpu_name(), load_average())
             << std::flush;
   const std::string folder = prepare(o);
   const ViewChild child = start_view(folder, o, log);
@@ -264,9 +266,16 @@ int run_bench_view(const ViewBenchOptions& o) {
     const double rate = p.seconds > 0 ? static_cast<double>(p.done) / p.seconds : 0.0;
     std::cout << fmt::format("{:<16} {:>8} {:>8} {:>8} {:>10.0f} {:>9.2f} {:>9.2f} {:>9.1f} {:>9.0f} MB\n", p.name,
                              p.done, p.requested, p.failed, rate, p.p50_ms, p.p99_ms, p.mb, p.server_peak_mb);
-    json_phases.push_back({{"phase", p.name}, {"tiles", p.done}, {"requested", p.requested}, {"failed", p.failed},
-                           {"seconds", p.seconds}, {"tiles_per_second", rate}, {"p50_ms", p.p50_ms},
-                           {"p99_ms", p.p99_ms}, {"mb", p.mb}, {"server_peak_mb", p.server_peak_mb}});
+    json_phases.push_back({{"phase", p.name},
+                           {"tiles", p.done},
+                           {"requested", p.requested},
+                           {"failed", p.failed},
+                           {"seconds", p.seconds},
+                           {"tiles_per_second", rate},
+                           {"p50_ms", p.p50_ms},
+                           {"p99_ms", p.p99_ms},
+                           {"mb", p.mb},
+                           {"server_peak_mb", p.server_peak_mb}});
   }
   const double rss_mb = static_cast<double>(rss_kb) / 1024.0;
   std::cout << fmt::format(
@@ -275,8 +284,11 @@ int run_bench_view(const ViewBenchOptions& o) {
       rss_mb, o.cache_mb, o.cache_mb + 200, static_cast<double>(idle_kb) / 1024.0,
       static_cast<double>(anon_kb) / 1024.0, static_cast<double>(file_kb) / 1024.0);
   if (!o.json_file.empty()) {
-    std::ofstream(o.json_file) << nlohmann::json({{"size", o.size}, {"clients", o.clients}, {"cache_mb", o.cache_mb},
-                                                  {"cpu", cpu_name()}, {"phases", json_phases},
+    std::ofstream(o.json_file) << nlohmann::json({{"size", o.size},
+                                                  {"clients", o.clients},
+                                                  {"cache_mb", o.cache_mb},
+                                                  {"cpu", cpu_name()},
+                                                  {"phases", json_phases},
                                                   {"server_peak_rss_mb", rss_mb},
                                                   {"server_end_anonymous_mb", static_cast<double>(anon_kb) / 1024.0},
                                                   {"server_end_file_mb", static_cast<double>(file_kb) / 1024.0}})

@@ -19,10 +19,10 @@ namespace tessera::core {
 
 // What went wrong, from the user's point of view. app/ maps each kind to an exit code.
 enum class ErrorKind {
-  usage,     // bad command line
-  config,    // bad YAML job or --set override
-  input,     // bad input data: missing/corrupt slide, broken annotation, truncated shard
-  internal,  // a bug or a failing system library: not the user's fault
+  usage,        // bad command line
+  config,       // bad YAML job or --set override
+  input,        // bad input data: missing/corrupt slide, broken annotation, truncated shard
+  internal,     // a bug or a failing system library: not the user's fault
   interrupted,  // stopped on a signal (core/signals.h): nothing is wrong, the rerun goes on from where it stopped
 };
 

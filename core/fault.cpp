@@ -21,15 +21,15 @@ struct Spec {
   std::int64_t after = 1;
   std::optional<int> rank;
   Action action = Action::kill;
-  int error = 0;  // for Action::fail
+  int error = 0;   // for Action::fail
   int signal = 0;  // for Action::signal
 };
 
 [[noreturn]] void malformed(const std::string& value, const std::string& why) {
-  std::fprintf(
-      stderr,
-      "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ do=kill|stop|usr1|term|enospc|eio]\")\n",
-      value.c_str(), why.c_str());
+  std::fprintf(stderr,
+               "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ "
+               "do=kill|stop|usr1|term|enospc|eio]\")\n",
+               value.c_str(), why.c_str());
   std::_Exit(2);
 }
 

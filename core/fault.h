@@ -46,8 +46,8 @@
 
 namespace tessera::core::fault {
 
-// A point where the process may be killed (do=kill), stopped (do=stop) or signalled (do=usr1|term). Counts the hit; returns normally unless a
-// kill fires (a stop returns once the process is continued).
+// A point where the process may be killed (do=kill), stopped (do=stop) or signalled (do=usr1|term). Counts the hit;
+// returns normally unless a kill fires (a stop returns once the process is continued).
 void at(std::string_view point);
 
 // A point where an operation may fail (do=enospc|eio). Counts the hit; returns the errno to simulate when the

@@ -51,12 +51,11 @@ InitFrom init_from_checkpoint(const std::string& path, const std::string& archit
   for (const Buffer* b : buffers) {
     const auto it = source.buffers.find(b->name);
     if (it == source.buffers.end() || it->second.shape != b->shape) {
-      throw core::InputError(
-          it == source.buffers.end()
-              ? fmt::format("has no buffer '{}' of the job's {} model", b->name, architecture)
-              : fmt::format("buffer '{}' is {} there and {} in the job's model", b->name,
-                            io::describe_shape(it->second.shape), io::describe_shape(b->shape)),
-          path);
+      throw core::InputError(it == source.buffers.end()
+                                 ? fmt::format("has no buffer '{}' of the job's {} model", b->name, architecture)
+                                 : fmt::format("buffer '{}' is {} there and {} in the job's model", b->name,
+                                               io::describe_shape(it->second.shape), io::describe_shape(b->shape)),
+                             path);
     }
     chosen.buffers.emplace(b->name, it->second);
     ++result.tensors;

@@ -18,8 +18,8 @@
 namespace tessera::engine {
 
 struct InitFrom {
-  std::string architecture;          // the checkpoint's
-  int tensors = 0;                   // parameters and buffers taken from it
+  std::string architecture;           // the checkpoint's
+  int tensors = 0;                    // parameters and buffers taken from it
   std::vector<std::string> replaced;  // the head's tensors kept as initialised ("fc.weight [2, 512] vs [5, 512]")
 };
 

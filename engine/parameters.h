@@ -25,7 +25,7 @@ enum class ParamKind {
 };
 
 struct Param {
-  std::string name;                 // full PyTorch name, e.g. "layer1.0.conv1.weight"
+  std::string name;  // full PyTorch name, e.g. "layer1.0.conv1.weight"
   ParamKind kind = ParamKind::conv_weight;
   std::vector<std::int64_t> shape;  // PyTorch shape
   std::vector<float> value;         // size = product of shape

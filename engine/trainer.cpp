@@ -19,8 +19,8 @@
 #include "core/fault.h"
 #include "core/metrics.h"
 #include "core/progress.h"
-#include "core/signals.h"
 #include "core/random.h"
+#include "core/signals.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/init_from.h"
@@ -304,10 +304,9 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
       const auto loaded = init_from_checkpoint(init_from, model_options.architecture, params, buffers);
       if (comm.is_root()) {
         spdlog::info("initial weights from {}: {} tensors{}", init_from, loaded.tensors,
-                     loaded.replaced.empty()
-                         ? std::string()
-                         : fmt::format("; classifier head replaced (seeded initialisation): {}",
-                                       fmt::join(loaded.replaced, ", ")));
+                     loaded.replaced.empty() ? std::string()
+                                             : fmt::format("; classifier head replaced (seeded initialisation): {}",
+                                                           fmt::join(loaded.replaced, ", ")));
       }
     }
   }
@@ -397,10 +396,11 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     const auto t_checkpoint = clock_type::now();
     if (!checkpoint_written) write_train_checkpoint((out / "checkpoint.h5").string(), meta, at, state, comm);
     if (comm.is_root()) {
-      spdlog::warn("{}: stopped at step {} (epoch {}, batch {} of it); checkpoint {} written in {:.2f} s; "
-                   "'--resume auto' goes on from here",
-                   core::signal_name(stop), at.step, at.epoch + 1, at.batch_in_epoch, (out / "checkpoint.h5").string(),
-                   std::chrono::duration<double>(clock_type::now() - t_checkpoint).count());
+      spdlog::warn(
+          "{}: stopped at step {} (epoch {}, batch {} of it); checkpoint {} written in {:.2f} s; "
+          "'--resume auto' goes on from here",
+          core::signal_name(stop), at.step, at.epoch + 1, at.batch_in_epoch, (out / "checkpoint.h5").string(),
+          std::chrono::duration<double>(clock_type::now() - t_checkpoint).count());
     }
     return true;
   };

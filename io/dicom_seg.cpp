@@ -29,8 +29,8 @@ constexpr int kFractionalMax = 255;
 
 void check(const OFCondition& status, const std::string& what, const std::string& path) {
   if (status.bad()) {
-    throw core::InternalError(fmt::format("cannot write the DICOM Segmentation ({}): {}; file '{}'", what,
-                                          status.text(), path));
+    throw core::InternalError(
+        fmt::format("cannot write the DICOM Segmentation ({}): {}; file '{}'", what, status.text(), path));
   }
 }
 
@@ -101,8 +101,8 @@ std::vector<std::string> write_dicom_seg(const std::string& path, const Heatmap&
     copy(tag);
   }
   const std::string series_uid = property("dicom.series-uid");
-  const std::string map_hash = fmt::format(
-      "{:016x}", core::fnv1a(heatmap.prob.data(), heatmap.prob.size() * sizeof(float)));
+  const std::string map_hash =
+      fmt::format("{:016x}", core::fnv1a(heatmap.prob.data(), heatmap.prob.size() * sizeof(float)));
   const std::string seed = series_uid + "|" + heatmap.checkpoint + "|" + map_hash;
   const auto put = [&](const DcmTagKey& tag, const std::string& value) {
     check(seg->putAndInsertString(tag, value.c_str()), "attribute", path);
@@ -163,7 +163,8 @@ std::vector<std::string> write_dicom_seg(const std::string& path, const Heatmap&
       seg->insertEmptyElement(tag);
     }
   }
-  if (specimen_made) notes.push_back("the source has no complete Specimen module: the slide id stands for the container and specimen");
+  if (specimen_made)
+    notes.push_back("the source has no complete Specimen module: the slide id stands for the container and specimen");
 
   // The segment.
   DcmItem* segment = nullptr;
@@ -222,8 +223,12 @@ std::vector<std::string> write_dicom_seg(const std::string& path, const Heatmap&
   const double mx = slide.mpp() * kMillimetresPerMicron;
   const double my = slide.mpp_y() * kMillimetresPerMicron;
   // Slide coordinates (mm) of level-0 position (px, py).
-  const auto slide_x = [&](double px, double py) { return origin_x + px * mx * orientation[0] + py * my * orientation[3]; };
-  const auto slide_y = [&](double px, double py) { return origin_y + px * mx * orientation[1] + py * my * orientation[4]; };
+  const auto slide_x = [&](double px, double py) {
+    return origin_x + px * mx * orientation[0] + py * my * orientation[3];
+  };
+  const auto slide_y = [&](double px, double py) {
+    return origin_y + px * mx * orientation[1] + py * my * orientation[4];
+  };
   const cv::Rect2d first = cell_footprint(heatmap, 0, 0);
   const double step = static_cast<double>(heatmap.step);
   std::string orientation_text;

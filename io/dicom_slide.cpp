@@ -235,8 +235,8 @@ OPJ_SIZE_T stream_read(void* buffer, OPJ_SIZE_T bytes, void* user) {
 
 OPJ_OFF_T stream_skip(OPJ_OFF_T bytes, void* user) {
   auto* s = static_cast<MemoryStream*>(user);
-  const auto target = std::clamp<OPJ_OFF_T>(static_cast<OPJ_OFF_T>(s->position) + bytes, 0,
-                                            static_cast<OPJ_OFF_T>(s->data->size()));
+  const auto target =
+      std::clamp<OPJ_OFF_T>(static_cast<OPJ_OFF_T>(s->position) + bytes, 0, static_cast<OPJ_OFF_T>(s->data->size()));
   const OPJ_OFF_T moved = target - static_cast<OPJ_OFF_T>(s->position);
   s->position = static_cast<std::size_t>(target);
   return moved;
@@ -260,7 +260,8 @@ void keep_opj_error(const char* message, void* user) {
 void ignore_opj_message(const char*, void*) {}
 
 bool is_jp2(const std::vector<std::uint8_t>& data) {
-  static constexpr std::array<std::uint8_t, 12> kSignature = {0, 0, 0, 0x0c, 'j', 'P', ' ', ' ', 0x0d, 0x0a, 0x87, 0x0a};
+  static constexpr std::array<std::uint8_t, 12> kSignature = {0,   0,   0,    0x0c, 'j',  'P',
+                                                              ' ', ' ', 0x0d, 0x0a, 0x87, 0x0a};
   return data.size() >= kSignature.size() && std::equal(kSignature.begin(), kSignature.end(), data.begin());
 }
 
@@ -383,7 +384,7 @@ struct Instance {
   std::int64_t total_rows = 0;
   std::int64_t frames = 0;
   bool sparse = false;
-  std::string optical_path;               // of the frames used
+  std::string optical_path;                // of the frames used
   std::vector<std::string> optical_paths;  // in the Optical Path Sequence
   std::int64_t focal_planes = 1;
   std::size_t icc_bytes = 0;
@@ -500,8 +501,8 @@ void locate_pixel_data(Instance& in, const std::vector<std::uint32_t>& item_leng
     if (length + 12 <= size && read_at(fd, size - length - 12, 12, head.data())) {
       const bool explicit_vr = head[0] == 0xe0 && head[1] == 0x7f && head[2] == 0x10 && head[3] == 0x00 &&
                                head[4] == 'O' && (head[5] == 'B' || head[5] == 'W') && little32(&head[8]) == length;
-      const bool implicit_vr = head[4] == 0xe0 && head[5] == 0x7f && head[6] == 0x10 && head[7] == 0x00 &&
-                               little32(&head[8]) == length;
+      const bool implicit_vr =
+          head[4] == 0xe0 && head[5] == 0x7f && head[6] == 0x10 && head[7] == 0x00 && little32(&head[8]) == length;
       ok = explicit_vr || implicit_vr;
       offsets.push_back(size - length);
     }
@@ -514,14 +515,14 @@ void locate_pixel_data(Instance& in, const std::vector<std::uint32_t>& item_leng
       std::uint64_t position = size - total;
       for (std::size_t i = 0; ok && i < item_lengths.size(); ++i) {
         std::array<std::uint8_t, kItemHeader> item{};
-        ok = read_at(fd, position, item.size(), item.data()) && item[0] == 0xfe && item[1] == 0xff &&
-             item[2] == 0x00 && item[3] == 0xe0 && little32(&item[4]) == item_lengths[i];
+        ok = read_at(fd, position, item.size(), item.data()) && item[0] == 0xfe && item[1] == 0xff && item[2] == 0x00 &&
+             item[3] == 0xe0 && little32(&item[4]) == item_lengths[i];
         offsets.push_back(position + kItemHeader);
         position += kItemHeader + item_lengths[i];
       }
       std::array<std::uint8_t, kItemHeader> end{};
-      ok = ok && read_at(fd, position, end.size(), end.data()) && end[0] == 0xfe && end[1] == 0xff &&
-           end[2] == 0xdd && end[3] == 0xe0;
+      ok = ok && read_at(fd, position, end.size(), end.data()) && end[0] == 0xfe && end[1] == 0xff && end[2] == 0xdd &&
+           end[3] == 0xe0;
     }
   }
   if (!ok) {
@@ -540,9 +541,10 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
   const auto syntax = supported_syntax(xfer);
   const DcmXfer x(xfer);
   if (!syntax) {
-    throw in.error(fmt::format("unsupported transfer syntax {} ({}); Tessera reads uncompressed little endian, JPEG "
-                               "baseline, JPEG 2000 and JPEG-LS",
-                               x.getXferName(), x.getXferID()));
+    throw in.error(
+        fmt::format("unsupported transfer syntax {} ({}); Tessera reads uncompressed little endian, JPEG "
+                    "baseline, JPEG 2000 and JPEG-LS",
+                    x.getXferName(), x.getXferID()));
   }
   in.syntax = *syntax;
   in.syntax_uid = x.getXferID();
@@ -562,8 +564,8 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     throw in.error(fmt::format("{} bits allocated, {} samples per pixel: Tessera reads 8-bit RGB or grey slides",
                                bits.value_or(0), in.samples));
   }
-  static const std::set<std::string> kPhotometric = {"RGB",         "YBR_FULL",   "YBR_FULL_422", "YBR_ICT",
-                                                     "YBR_RCT",     "MONOCHROME2", "MONOCHROME1"};
+  static const std::set<std::string> kPhotometric = {"RGB",     "YBR_FULL",    "YBR_FULL_422", "YBR_ICT",
+                                                     "YBR_RCT", "MONOCHROME2", "MONOCHROME1"};
   if (kPhotometric.count(in.photometric) == 0) {
     throw in.error(fmt::format("unsupported Photometric Interpretation '{}'", in.photometric));
   }
@@ -598,9 +600,8 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
   const std::string organisation = text(ds, DCM_DimensionOrganizationType);
   DcmItem* shared = sequence_item(ds, DCM_SharedFunctionalGroupsSequence);
   const std::size_t per_frame = sequence_size(ds, DCM_PerFrameFunctionalGroupsSequence);
-  const bool positions = per_frame > 0 &&
-                         sequence_item(sequence_item(ds, DCM_PerFrameFunctionalGroupsSequence),
-                                       DCM_PlanePositionSlideSequence) != nullptr;
+  const bool positions = per_frame > 0 && sequence_item(sequence_item(ds, DCM_PerFrameFunctionalGroupsSequence),
+                                                        DCM_PlanePositionSlideSequence) != nullptr;
   in.sparse = organisation == "TILED_SPARSE" || (organisation != "TILED_FULL" && positions && in.frames > 1);
   if (!in.sparse) {
     if (in.frames < tiles) {
@@ -611,8 +612,8 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     in.unused_frames = in.frames - tiles;
   } else {
     if (static_cast<std::int64_t>(per_frame) != in.frames) {
-      throw in.error(fmt::format("TILED_SPARSE with {} per-frame functional groups for {} frames", per_frame,
-                                 in.frames));
+      throw in.error(
+          fmt::format("TILED_SPARSE with {} per-frame functional groups for {} frames", per_frame, in.frames));
     }
     std::optional<std::string> z_used;
     for (std::int64_t f = 0; f < in.frames; ++f) {
@@ -634,8 +635,7 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
       // Positions are 1-based pixels of the total matrix; frames sit on the tile grid.
       const std::int64_t x0 = *column - 1;
       const std::int64_t y0 = *row - 1;
-      if (x0 < 0 || y0 < 0 || x0 % in.cols != 0 || y0 % in.rows != 0 || x0 >= in.total_cols ||
-          y0 >= in.total_rows) {
+      if (x0 < 0 || y0 < 0 || x0 % in.cols != 0 || y0 % in.rows != 0 || x0 >= in.total_cols || y0 >= in.total_rows) {
         throw in.error(fmt::format("frame {} at column {}, row {} is not on the {}x{} tile grid of the {}x{} matrix",
                                    f + 1, *column, *row, in.cols, in.rows, in.total_cols, in.total_rows));
       }
@@ -646,10 +646,11 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     in.missing_tiles = std::count(in.tile_frame.begin(), in.tile_frame.end(), std::int64_t{-1});
   }
   if (in.unused_frames > 0) {
-    notes.push_back(fmt::format("{}: {} frames of other optical paths or focal planes not used (the first optical "
-                                "path{} and focal plane are read)",
-                                fs::path(in.path).filename().string(), in.unused_frames,
-                                in.optical_path.empty() ? "" : " '" + in.optical_path + "'"));
+    notes.push_back(
+        fmt::format("{}: {} frames of other optical paths or focal planes not used (the first optical "
+                    "path{} and focal plane are read)",
+                    fs::path(in.path).filename().string(), in.unused_frames,
+                    in.optical_path.empty() ? "" : " '" + in.optical_path + "'"));
   }
 
   // Where each frame's bytes are.
@@ -962,25 +963,26 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
     parsed.push_back(std::move(instance));
   }
   if (parsed.empty()) {
-    throw core::InputError(not_slides.empty()
-                               ? std::string("no DICOM file in the folder")
-                               : fmt::format("no whole-slide image in the folder ({} DICOM files of other kinds)",
-                                             not_slides.size()),
-                           path);
+    throw core::InputError(
+        not_slides.empty()
+            ? std::string("no DICOM file in the folder")
+            : fmt::format("no whole-slide image in the folder ({} DICOM files of other kinds)", not_slides.size()),
+        path);
   }
   if (not_dicom > 0) notes.push_back(fmt::format("{} files that are not DICOM ignored", not_dicom));
-  if (!not_slides.empty()) notes.push_back(fmt::format("{} DICOM files that are not slides ignored", not_slides.size()));
+  if (!not_slides.empty())
+    notes.push_back(fmt::format("{} DICOM files that are not slides ignored", not_slides.size()));
 
   std::map<std::string, std::size_t> series_count;
   for (const auto& p : parsed) ++series_count[p->series_uid];
   if (chosen_series.empty()) {
     if (series_count.size() > 1) {
       std::string list;
-      for (const auto& [uid, n] : series_count) list += fmt::format("{}{} ({} files)", list.empty() ? "" : ", ", uid, n);
-      throw core::InputError(
-          fmt::format("the folder holds {} slide series: {}; name one file of the series to read", series_count.size(),
-                      list),
-          path);
+      for (const auto& [uid, n] : series_count)
+        list += fmt::format("{}{} ({} files)", list.empty() ? "" : ", ", uid, n);
+      throw core::InputError(fmt::format("the folder holds {} slide series: {}; name one file of the series to read",
+                                         series_count.size(), list),
+                             path);
     }
     chosen_series = parsed.front()->series_uid;
   }
@@ -1016,16 +1018,17 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   if (!skipped_paths.empty()) {
     std::string list;
     for (const auto& p : skipped_paths) append(list, ", ", p);
-    notes.push_back(fmt::format("optical path '{}' is read; instances of optical paths {} are not", optical_path, list));
+    notes.push_back(
+        fmt::format("optical path '{}' is read; instances of optical paths {} are not", optical_path, list));
   }
   const Instance& base = *levels.front();
   for (std::size_t i = 1; i < levels.size(); ++i) {
     const Instance& a = *levels[i - 1];
     const Instance& b = *levels[i];
     if (a.total_cols == b.total_cols && a.total_rows == b.total_rows) {
-      throw core::InputError(fmt::format("two instances for one {}x{} level: {} and {}", b.total_cols, b.total_rows,
-                                         a.path, b.path),
-                             path);
+      throw core::InputError(
+          fmt::format("two instances for one {}x{} level: {} and {}", b.total_cols, b.total_rows, a.path, b.path),
+          path);
     }
     const double ds = static_cast<double>(base.total_cols) / static_cast<double>(b.total_cols);
     const double expected_rows = static_cast<double>(base.total_rows) / ds;
@@ -1044,8 +1047,8 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   DcmItem* shared = sequence_item(base.dataset, DCM_SharedFunctionalGroupsSequence);
   DcmItem* measures = sequence_item(shared, DCM_PixelMeasuresSequence);
   if (measures == nullptr) {
-    measures = sequence_item(sequence_item(base.dataset, DCM_PerFrameFunctionalGroupsSequence),
-                             DCM_PixelMeasuresSequence);
+    measures =
+        sequence_item(sequence_item(base.dataset, DCM_PerFrameFunctionalGroupsSequence), DCM_PixelMeasuresSequence);
   }
   const auto row_spacing = number(measures, DCM_PixelSpacing, 0);
   const auto column_spacing = number(measures, DCM_PixelSpacing, 1);
@@ -1060,8 +1063,8 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
       impl->mpp_x = *width_mm * kMicronsPerMillimetre / static_cast<double>(base.total_cols);
       impl->mpp_y = *height_mm * kMicronsPerMillimetre / static_cast<double>(base.total_rows);
       impl->mpp_origin = "DICOM Imaged Volume Width/Height";
-      notes.push_back(fmt::format("no Pixel Spacing: resolution {:.4f} um/px from Imaged Volume Width/Height",
-                                  *impl->mpp_x));
+      notes.push_back(
+          fmt::format("no Pixel Spacing: resolution {:.4f} um/px from Imaged Volume Width/Height", *impl->mpp_x));
     }
   }
 
@@ -1069,8 +1072,8 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   std::set<std::string> frames_of_reference;
   for (const auto& l : levels) frames_of_reference.insert(l->frame_of_reference);
   if (frames_of_reference.size() > 1) {
-    notes.push_back(fmt::format("the levels have {} different Frame of Reference UIDs (one expected)",
-                                frames_of_reference.size()));
+    notes.push_back(
+        fmt::format("the levels have {} different Frame of Reference UIDs (one expected)", frames_of_reference.size()));
   }
   if (base.optical_paths.empty()) notes.push_back("no Optical Path Sequence");
   if (base.optical_paths.size() > 1) {
@@ -1179,7 +1182,8 @@ std::size_t DicomSlide::cached_bytes() const { return impl_->cache.bytes(); }
 
 cv::Mat DicomSlide::read(int level, std::int64_t lx, std::int64_t ly, int width, int height) const {
   if (level < 0 || level >= static_cast<int>(impl_->levels.size()) || width <= 0 || height <= 0) {
-    throw core::InternalError(fmt::format("DICOM read of level {}, {}x{} pixels: invalid request", level, width, height));
+    throw core::InternalError(
+        fmt::format("DICOM read of level {}, {}x{} pixels: invalid request", level, width, height));
   }
   return impl_->read(static_cast<std::size_t>(level), lx, ly, width, height);
 }

@@ -63,8 +63,8 @@ class DicomSlide {
     int tile_width = 0;
     int tile_height = 0;
     std::string file;
-    std::string transfer_syntax;    // e.g. "JPEG Baseline"
-    std::int64_t frames = 0;        // frames of the first optical path and focal plane
+    std::string transfer_syntax;     // e.g. "JPEG Baseline"
+    std::int64_t frames = 0;         // frames of the first optical path and focal plane
     std::int64_t missing_tiles = 0;  // TILED_SPARSE: tiles no frame covers (read as background)
     bool sparse = false;
   };

@@ -35,7 +35,8 @@ constexpr double kMillimetresPerMicron = 0.001;
 constexpr int kChannels = 3;
 
 void check(const OFCondition& status, const std::string& what, const std::string& path) {
-  if (status.bad()) throw core::InternalError(fmt::format("cannot write DICOM ({}): {}; file '{}'", what, status.text(), path));
+  if (status.bad())
+    throw core::InternalError(fmt::format("cannot write DICOM ({}): {}; file '{}'", what, status.text(), path));
 }
 
 int ignore_tiff_message(TIFF*, void*, const char*, const char*, va_list) { return 1; }
@@ -138,8 +139,9 @@ void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, con
   put(DCM_ContainerIdentifier, c.series);
   put(DCM_NumberOfOpticalPaths, "1");
   put(DCM_TotalPixelMatrixFocalPlanes, "1");
-  check(ds->putAndInsertFloat32(DCM_ImagedVolumeWidth, static_cast<Float32>(c.width0 * c.mpp_x * kMillimetresPerMicron)),
-        "attribute", path);
+  check(
+      ds->putAndInsertFloat32(DCM_ImagedVolumeWidth, static_cast<Float32>(c.width0 * c.mpp_x * kMillimetresPerMicron)),
+      "attribute", path);
   check(ds->putAndInsertFloat32(DCM_ImagedVolumeHeight,
                                 static_cast<Float32>(c.height0 * c.mpp_y * kMillimetresPerMicron)),
         "attribute", path);
@@ -226,9 +228,9 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
   const auto tiles = TiffTileReader::open(tiff_path, sizes, false, why_not);
   if (tiles == nullptr) throw core::InputError("cannot convert to DICOM: " + why_not, tiff_path);
   const bool jpeg = options.syntax == DicomTransferSyntax::jpeg_baseline;
-  const E_TransferSyntax xfer = jpeg                                                      ? EXS_JPEGProcess1
+  const E_TransferSyntax xfer = jpeg                                                     ? EXS_JPEGProcess1
                                 : options.syntax == DicomTransferSyntax::explicit_little ? EXS_LittleEndianExplicit
-                                                                                          : EXS_LittleEndianImplicit;
+                                                                                         : EXS_LittleEndianImplicit;
   if (options.fragments_per_frame < 1) throw core::InternalError("DICOM writer: fragments_per_frame < 1");
 
   Common common;
@@ -341,8 +343,8 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
       } else {
         std::vector<std::uint8_t> bytes;
         for (const std::int64_t t : order) {
-          const cv::Mat rgb = tiles->read(level, t % across * tw, t / across * th, static_cast<int>(tw),
-                                          static_cast<int>(th));
+          const cv::Mat rgb =
+              tiles->read(level, t % across * tw, t / across * th, static_cast<int>(tw), static_cast<int>(th));
           if (options.ybr_full_422) {
             append_ybr_422(rgb, bytes);
           } else {
@@ -370,13 +372,16 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
       put_image(ds, rgb.rows, rgb.cols, 1, rgb.cols, rgb.rows, "RGB", false, common.mpp_x, common.mpp_y, false,
                 file.string());
       ds->putAndInsertString(DCM_DimensionOrganizationType, "TILED_FULL");
-      check(ds->putAndInsertUint8Array(DCM_PixelData, rgb.data, static_cast<unsigned long>(rgb.total() * rgb.elemSize())),
-            "pixel data", file.string());
+      check(
+          ds->putAndInsertUint8Array(DCM_PixelData, rgb.data, static_cast<unsigned long>(rgb.total() * rgb.elemSize())),
+          "pixel data", file.string());
       save(dicom, EXS_LittleEndianExplicit, file);
     }
     fs::remove_all(target, ec);
     fs::rename(temporary, target, ec);
-    if (ec) throw core::InternalError(fmt::format("cannot rename '{}' to '{}': {}", temporary.string(), folder, ec.message()));
+    if (ec)
+      throw core::InternalError(
+          fmt::format("cannot rename '{}' to '{}': {}", temporary.string(), folder, ec.message()));
     core::sync_folder_of(folder);
   } catch (...) {
     std::error_code ignored;

@@ -325,7 +325,8 @@ class CellColours {
     if (row < 0 || col < 0) return background_;
     const float p = h_.at(row, col);
     if (std::isnan(p)) return background_;
-    return grey_ ? cv::Vec3b::all(static_cast<std::uint8_t>(std::lround(p * 255.0f))) : colormap_rgb(p, options_.colormap);
+    return grey_ ? cv::Vec3b::all(static_cast<std::uint8_t>(std::lround(p * 255.0f)))
+                 : colormap_rgb(p, options_.colormap);
   }
 
  private:

@@ -201,7 +201,8 @@ cv::Mat read_rgb_image(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::InputError("cannot be read", path);
   const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF) return read_jpeg_strict(path, bytes);
+  if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF)
+    return read_jpeg_strict(path, bytes);
   // Other formats through OpenCV, whose PNG decoder already fails (empty image) on a truncated file or a bad CRC.
   cv::Mat bgr = cv::imdecode(bytes, cv::IMREAD_COLOR);
   if (bgr.empty()) throw core::InputError("cannot decode image", path);

@@ -11,8 +11,8 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
-#include "io/dicom_slide.h"
 #include "io/dataset.h"
+#include "io/dicom_slide.h"
 
 namespace tessera::io {
 

@@ -291,9 +291,9 @@ std::string TiffWriter::Impl::level_description(std::size_t k) const {
   // openslide.objective-power).
   // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) about a chain of operator+ here.
   std::string text(kAperioPrefix);
-  for (const std::string& piece : {std::string("\r\n"), dims(base.width, base.height), std::string(" [0,0 "),
-                                   dims(base.width, base.height), std::string("] ("),
-                                   dims(base.tile_width, base.tile_height), std::string(")")}) {
+  for (const std::string& piece :
+       {std::string("\r\n"), dims(base.width, base.height), std::string(" [0,0 "), dims(base.width, base.height),
+        std::string("] ("), dims(base.tile_width, base.tile_height), std::string(")")}) {
     text += piece;
   }
   if (k > 0) {
@@ -707,7 +707,9 @@ void TiffWriter::finish() {
 
 int TiffWriter::level_count() const { return static_cast<int>(impl_->levels.size()); }
 
-std::int64_t TiffWriter::level_width(int level) const { return impl_->levels.at(static_cast<std::size_t>(level))->width; }
+std::int64_t TiffWriter::level_width(int level) const {
+  return impl_->levels.at(static_cast<std::size_t>(level))->width;
+}
 
 std::int64_t TiffWriter::level_height(int level) const {
   return impl_->levels.at(static_cast<std::size_t>(level))->height;

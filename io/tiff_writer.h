@@ -59,8 +59,7 @@ class TileSource {
   // Bytes that identify the pixels of the `width`×`height` tile whose top-left is (x0, y0) at level `level`: two tiles
   // (of any levels) with equal keys must have equal pixels; equal pixels may have different keys (then they are
   // simply stored twice).
-  virtual void describe_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height,
-                             std::string& key) = 0;
+  virtual void describe_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, std::string& key) = 0;
   // That tile's pixels into `tile` (RGB CV_8UC3, height×width): the image's pixels, and past its right or bottom
   // edge its last column or row repeated, as write_strip() pads edge tiles.
   virtual void render_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, cv::Mat& tile) = 0;

@@ -88,8 +88,8 @@ std::vector<PatchInput> read_csv_patches(const std::string& csv, const core::Con
   const int group_col = column({"group", "patient", "slide_id", "slide"});
   const int split_col = column({"split"});
   if (path_col < 0 || label_col < 0) {
-    throw core::InputError(fmt::format("the header '{}' has no '{}' column (expected path,label[,group][,split])",
-                                       line, path_col < 0 ? "path" : "label"),
+    throw core::InputError(fmt::format("the header '{}' has no '{}' column (expected path,label[,group][,split])", line,
+                                       path_col < 0 ? "path" : "label"),
                            csv);
   }
   const fs::path base = fs::path(csv).parent_path();
@@ -108,10 +108,10 @@ std::vector<PatchInput> read_csv_patches(const std::string& csv, const core::Con
     const std::string label = field(label_col);
     const auto cls = class_of(label, config);
     if (!cls) {
-      throw core::InputError(fmt::format("line {}, column '{}': '{}' is neither a normal nor a tumour label ({})",
-                                         number, header[static_cast<std::size_t>(label_col)], label,
-                                         label_lists(config)),
-                             csv);
+      throw core::InputError(
+          fmt::format("line {}, column '{}': '{}' is neither a normal nor a tumour label ({})", number,
+                      header[static_cast<std::size_t>(label_col)], label, label_lists(config)),
+          csv);
     }
     p.label = *cls;
     p.group = field(group_col);
@@ -153,8 +153,9 @@ std::vector<PatchInput> read_folder_patches(const std::string& folder, const cor
     const std::size_t needed = layout == "class" ? 1 : 2;
     if (parts.size() < needed) {
       throw core::InputError(fmt::format("is not inside a {} folder (input.layout: {})",
-                                         layout == "class" ? "<class>" : layout == "class/group" ? "<class>/<group>"
-                                                                                                 : "<group>/<class>",
+                                         layout == "class"         ? "<class>"
+                                         : layout == "class/group" ? "<class>/<group>"
+                                                                   : "<group>/<class>",
                                          layout),
                              file.string());
     }
@@ -228,7 +229,8 @@ void assign_splits(std::vector<PatchInput>& patches, const core::Config& config)
     given += counts[s];
     remainders.emplace_back(share - static_cast<double>(counts[s]), s);
   }
-  std::stable_sort(remainders.begin(), remainders.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::stable_sort(remainders.begin(), remainders.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
   for (std::size_t k = 0; given < groups.size(); ++k, ++given) ++counts[remainders[k % remainders.size()].second];
   std::map<std::string, std::string> split_of;
   std::size_t next = 0;
@@ -244,8 +246,8 @@ std::string job_hash(const core::Config& config, const std::vector<PatchInput>& 
   for (const auto& p : patches) {
     struct stat st {};
     const bool ok = ::stat(p.path.c_str(), &st) == 0;
-    const std::string text = fmt::format("\n{}|{}|{}|{}|{}|{}", p.path, p.label, p.group, p.split,
-                                         ok ? st.st_size : -1, ok ? st.st_mtim.tv_sec : 0);
+    const std::string text = fmt::format("\n{}|{}|{}|{}|{}|{}", p.path, p.label, p.group, p.split, ok ? st.st_size : -1,
+                                         ok ? st.st_mtim.tv_sec : 0);
     hash = core::fnv1a(text.data(), text.size(), hash);
   }
   return fmt::format("{:016x}", hash);
@@ -321,8 +323,8 @@ ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& 
     }
     good.push_back(k);
     // A patch has no place on a slide: its x is its number in the job (the row of patches.csv), y is 0.
-    records.push_back({p.label, static_cast<float>(p.label), span.first + static_cast<std::int64_t>(k), 0,
-                       group_index.at(p.group)});
+    records.push_back(
+        {p.label, static_cast<float>(p.label), span.first + static_cast<std::int64_t>(k), 0, group_index.at(p.group)});
   }
   result.tiles = static_cast<std::int64_t>(good.size());
   if (good.empty()) return result;
@@ -370,7 +372,8 @@ const core::Schema& import_schema() {
   static const core::Schema instance = [] {
     core::Schema schema;
     schema.string("input.csv", "", "CSV of the patches: path,label[,group][,split] (a 'patient' column is the group)")
-        .string("input.folder", "", "Folder of patches by class: <class>/..., <class>/<group>/... or <group>/<class>/...")
+        .string("input.folder", "",
+                "Folder of patches by class: <class>/..., <class>/<group>/... or <group>/<class>/...")
         .string("input.layout", "class/group",
                 "How input.folder is organised: class (<class>/<file>), class/group (<class>/<group>/<file>) or "
                 "group/class (<group>/<class>/<file>)",
@@ -409,8 +412,9 @@ std::vector<PatchInput> resolve_import_inputs(const core::Config& config) {
   auto patches = csv.empty() ? read_folder_patches(folder, config) : read_csv_patches(csv, config);
   const bool grouped = std::any_of(patches.begin(), patches.end(), [](const auto& p) { return !p.group.empty(); });
   if (!grouped) {
-    spdlog::warn("the patches name no group (patient): each patch is its own group, so patches of one patient may "
-                 "straddle the splits; give a group column (CSV) or input.layout class/group or group/class");
+    spdlog::warn(
+        "the patches name no group (patient): each patch is its own group, so patches of one patient may "
+        "straddle the splits; give a group column (CSV) or input.layout class/group or group/class");
     for (auto& p : patches) p.group = fs::path(p.path).stem().string();
   } else {
     for (const auto& p : patches) {
@@ -534,8 +538,8 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
 
   const auto total = static_cast<std::int64_t>(patches.size());
   const std::int64_t tile_bytes = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size * 3;
-  const std::int64_t per_shard =
-      std::max<std::int64_t>(1, std::min(config.get_int("shards.tiles_per_shard"), (std::int64_t{512} << 20) / tile_bytes));
+  const std::int64_t per_shard = std::max<std::int64_t>(
+      1, std::min(config.get_int("shards.tiles_per_shard"), (std::int64_t{512} << 20) / tile_bytes));
   const auto spans = assign_shards(total, world.size(), per_shard);
   std::map<std::string, std::string> failed;
   {
@@ -563,8 +567,8 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       fs::remove(unchecked);
       const auto shard = write_shard(unchecked, patches, span, groups, group_index, attributes, fit, threads);
       failed.insert(shard.failed.begin(), shard.failed.end());
-      write_shard_record(out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum,
-                               shard.failed});
+      write_shard_record(
+          out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum, shard.failed});
       // Fault point "import.shard-finished" (core/fault.h): after a shard and its record are complete.
       core::fault::at("import.shard-finished");
       progress.advance(span.count);
@@ -609,8 +613,8 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     for (const auto& p : patches) {
       auto& slide = slides[p.group];
       slide.id = p.group;
-      slide.path = config.get_string("input.csv").empty() ? config.get_string("input.folder")
-                                                          : config.get_string("input.csv");
+      slide.path =
+          config.get_string("input.csv").empty() ? config.get_string("input.folder") : config.get_string("input.csv");
       slide.split = p.split;
       slide.origin = io::slide_origin(false);
       if (p.label == 1) slide.label = "tumor";
@@ -659,10 +663,12 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     for (const auto& s : manifest.shards) tumour += s.tumour;
     for (const auto& s : manifest.slides) per_split[s.split] += 1;
     std::string split_text;
-    for (const auto& [split, n] : per_split) split_text += fmt::format("{}{} {}", split_text.empty() ? "" : ", ", n, split);
-    spdlog::info("{} patches ({} tumour, {} normal) of {} groups ({}) in {} shards of {} px at {:.3g} um/px; manifest {}",
-                 result.patches, tumour, result.patches - tumour, manifest.slides.size(), split_text,
-                 manifest.shards.size(), fit.tile_size, attributes.mpp, manifest_path.string());
+    for (const auto& [split, n] : per_split)
+      split_text += fmt::format("{}{} {}", split_text.empty() ? "" : ", ", n, split);
+    spdlog::info(
+        "{} patches ({} tumour, {} normal) of {} groups ({}) in {} shards of {} px at {:.3g} um/px; manifest {}",
+        result.patches, tumour, result.patches - tumour, manifest.slides.size(), split_text, manifest.shards.size(),
+        fit.tile_size, attributes.mpp, manifest_path.string());
     if (!failed.empty()) {
       std::fprintf(stderr, "tessera import: %zu of %zu patches could not be read and were left out:\n", failed.size(),
                    patches.size());

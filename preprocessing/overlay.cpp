@@ -50,8 +50,7 @@ void draw_scale_bar(cv::Mat& thumbnail, double um_per_pixel) {
   // A white box behind bar and label keeps them readable on tissue.
   const cv::Rect box(origin.x - 4, origin.y - bar_h - text.height - 12, std::max(length_px, text.width) + 8,
                      bar_h + text.height + 16);
-  cv::rectangle(thumbnail, box & cv::Rect(0, 0, thumbnail.cols, thumbnail.rows), cv::Scalar(255, 255, 255),
-                cv::FILLED);
+  cv::rectangle(thumbnail, box & cv::Rect(0, 0, thumbnail.cols, thumbnail.rows), cv::Scalar(255, 255, 255), cv::FILLED);
   cv::rectangle(thumbnail, cv::Rect(origin.x, origin.y - bar_h, length_px, bar_h), cv::Scalar(0, 0, 0), cv::FILLED);
   cv::putText(thumbnail, label, cv::Point(origin.x, origin.y - bar_h - 6), cv::FONT_HERSHEY_SIMPLEX, font_scale,
               cv::Scalar(0, 0, 0), 1, cv::LINE_AA);

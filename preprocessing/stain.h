@@ -74,10 +74,10 @@ cv::Mat he_concentrations(const cv::Mat& rgb, const StainVectors& stains);
 
 // How much stains vary between slides (different labs, batches, staining times, scanners).
 struct StainVariation {
-  double max_angle = 0.10;     // radians: each vector is tilted by up to this much, in a random direction
-  double h_scale_min = 0.80;   // haematoxylin intensity multiplier range
+  double max_angle = 0.10;    // radians: each vector is tilted by up to this much, in a random direction
+  double h_scale_min = 0.80;  // haematoxylin intensity multiplier range
   double h_scale_max = 1.20;
-  double e_scale_min = 0.75;   // eosin intensity multiplier range
+  double e_scale_min = 0.75;  // eosin intensity multiplier range
   double e_scale_max = 1.25;
 };
 

@@ -33,18 +33,18 @@ struct JobOptions {
 
 struct ViewerSlide {
   std::string id;
-  std::string slide_path;       // "" when not known
-  std::string error;            // why it cannot be shown; "" = it can
-  std::shared_ptr<const io::Slide> slide;            // null when it cannot be shown
-  std::shared_ptr<const io::Heatmap> heatmap;        // null = no heatmap layer
-  nlohmann::json report;        // <id>.report.json (null when absent)
+  std::string slide_path;                      // "" when not known
+  std::string error;                           // why it cannot be shown; "" = it can
+  std::shared_ptr<const io::Slide> slide;      // null when it cannot be shown
+  std::shared_ptr<const io::Heatmap> heatmap;  // null = no heatmap layer
+  nlohmann::json report;                       // <id>.report.json (null when absent)
   nlohmann::json regions;       // [{id, size_class, area_mm2, longest_diameter_um, max_prob, bounds, outline}]
   nlohmann::json ground_truth;  // [{group, tumour, outer, holes}] (null when the job names none)
   std::string ground_truth_error;
 };
 
 struct ViewerJob {
-  std::string title;  // the folder, or "<n> slides"
+  std::string title;   // the folder, or "<n> slides"
   bool infer = false;  // a folder of infer outputs
   std::vector<ViewerSlide> slides;
   analysis::OverlayOptions overlay;  // the job's colour map (infer.config.yaml's overlay.colormap)

@@ -10,8 +10,8 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
-#include <opencv2/core.hpp>
 #include <spdlog/spdlog.h>
+#include <opencv2/core.hpp>
 
 #include "core/error.h"
 #include "viewer/deepzoom.h"
@@ -33,10 +33,12 @@ struct Asset {
 };
 
 std::string content_type(const std::string& name) {
-  static const std::map<std::string, std::string> types = {
-      {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
-      {".css", "text/css; charset=utf-8"},   {".png", "image/png"},
-      {".svg", "image/svg+xml"},             {".json", "application/json"}};
+  static const std::map<std::string, std::string> types = {{".html", "text/html; charset=utf-8"},
+                                                           {".js", "text/javascript; charset=utf-8"},
+                                                           {".css", "text/css; charset=utf-8"},
+                                                           {".png", "image/png"},
+                                                           {".svg", "image/svg+xml"},
+                                                           {".json", "application/json"}};
   const auto it = types.find(fs::path(name).extension().string());
   return it == types.end() ? "application/octet-stream" : it->second;
 }
@@ -363,20 +365,21 @@ Server::Server(ViewerJob job, ServerOptions options)
   impl_->load_assets();
   json slides = json::array();
   for (const auto& s : impl_->job.slides) slides.push_back(slide_summary(s));
-  impl_->job_json =
-      json({{"title", impl_->job.title}, {"infer", impl_->job.infer}, {"threshold", impl_->job.threshold},
-            {"slides", slides}})
-          .dump();
+  impl_->job_json = json({{"title", impl_->job.title},
+                          {"infer", impl_->job.infer},
+                          {"threshold", impl_->job.threshold},
+                          {"slides", slides}})
+                        .dump();
   impl_->routes();
 }
 
 Server::~Server() = default;
 
 int Server::bind() {
-  const int port = impl_->options.port == 0 ? impl_->http.bind_to_any_port(impl_->options.host)
-                                            : (impl_->http.bind_to_port(impl_->options.host, impl_->options.port)
-                                                   ? impl_->options.port
-                                                   : -1);
+  const int port =
+      impl_->options.port == 0
+          ? impl_->http.bind_to_any_port(impl_->options.host)
+          : (impl_->http.bind_to_port(impl_->options.host, impl_->options.port) ? impl_->options.port : -1);
   if (port < 0) {
     throw core::InternalError(fmt::format("cannot listen on {}:{} (in use, or not an address of this machine)",
                                           impl_->options.host, impl_->options.port));

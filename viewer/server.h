@@ -32,9 +32,9 @@ namespace tessera::viewer {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                           // 0 = any free port (tests, benchmarks)
-  std::size_t cache_bytes = 256ull << 20;    // encoded tiles kept in memory
-  std::string web_dir;                       // the page and OpenSeadragon (default_web_dir())
+  int port = 8000;                         // 0 = any free port (tests, benchmarks)
+  std::size_t cache_bytes = 256ull << 20;  // encoded tiles kept in memory
+  std::string web_dir;                     // the page and OpenSeadragon (default_web_dir())
   int jpeg_quality = 85;
 };
 

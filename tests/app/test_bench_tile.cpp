@@ -85,9 +85,9 @@ TEST(BenchTile, MeasuresEveryStageOfATinyJob) {
   // Every row has its fields, each a number >= 0 or "-" (not measurable: a time below the clock's resolution). No
   // figure is required to be positive or large: that is the machine's business, not the report's. Where a rate and
   // its time are both given, they agree with the job's tile count up to the printed rounding.
-  for (const std::string label : {"tessera tile, 1 rank: end to end", "tessera tile, 2 ranks: end to end (vs 1 rank)",
-                                  "tessera tile, 2 ranks: extract phase (vs 1 rank)",
-                                  "tessera tile, 1 rank: extract phase"}) {
+  for (const std::string label :
+       {"tessera tile, 1 rank: end to end", "tessera tile, 2 ranks: end to end (vs 1 rank)",
+        "tessera tile, 2 ranks: extract phase (vs 1 rank)", "tessera tile, 1 rank: extract phase"}) {
     const auto values = numbers_after(line_starting(r.out, label), label);
     ASSERT_EQ(values.size(), label.find("2 ranks") != std::string::npos ? 5u : 4u) << label << "\n" << r.out;
     for (std::size_t k = 0; k < values.size(); ++k) expect_figure(values[k], label + " field " + std::to_string(k));

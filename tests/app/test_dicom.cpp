@@ -93,7 +93,9 @@ TEST(DicomVerbs, TileOfTheDicomSeriesIsTheSvs) {
   const fs::path svs = real_file("cmu-1-small-region.svs");
   if (!fs::exists(series) || !fs::exists(svs)) GTEST_SKIP() << skip_message(series);
   const testing::TempDir dir;
-  std::ofstream(dir.file("dataset.csv")) << "slide,label\n" << series.string() << "/,normal\n" << svs.string() << ",normal\n";
+  std::ofstream(dir.file("dataset.csv")) << "slide,label\n"
+                                         << series.string() << "/,normal\n"
+                                         << svs.string() << ",normal\n";
   const auto r = run("tile --csv " + dir.file("dataset.csv") + " -o " + dir.file("shards") +
                      " --set tile.size=64 --set tile.mpp=0.5 --set tissue.mask_mpp=2");
   ASSERT_EQ(r.code, 0) << r.err;
@@ -129,10 +131,10 @@ TEST(DicomVerbs, TileOfTheDicomSeriesIsTheSvs) {
   const double fraction = static_cast<double>(shared) / static_cast<double>(std::max(tiles[0].size(), tiles[1].size()));
   const cv::Scalar mad = total / static_cast<double>(std::max<std::size_t>(shared, 1));
   const cv::Scalar mean = signed_total / static_cast<double>(std::max<std::size_t>(shared, 1));
-  std::printf("tile: %zu DICOM tiles, %zu SVS tiles, %zu shared (%.1f%%); shared tiles' mean difference R %.2f G %.2f "
-              "B %.2f, mean absolute difference R %.2f G %.2f B %.2f\n",
-              tiles[0].size(), tiles[1].size(), shared, 100.0 * fraction, mean[0], mean[1], mean[2], mad[0], mad[1],
-              mad[2]);
+  std::printf(
+      "tile: %zu DICOM tiles, %zu SVS tiles, %zu shared (%.1f%%); shared tiles' mean difference R %.2f G %.2f "
+      "B %.2f, mean absolute difference R %.2f G %.2f B %.2f\n",
+      tiles[0].size(), tiles[1].size(), shared, 100.0 * fraction, mean[0], mean[1], mean[2], mad[0], mad[1], mad[2]);
   EXPECT_GE(fraction, 0.95);
   for (int c = 0; c < 3; ++c) {
     EXPECT_LE(std::abs(mean[c]), 5.0) << "channel " << c;
@@ -147,9 +149,9 @@ TEST(DicomVerbs, InferHeatmapsOfTheDicomSeriesAndTheSvsAgree) {
   const fs::path svs = real_file("cmu-1-small-region.svs");
   if (!fs::exists(series) || !fs::exists(svs)) GTEST_SKIP() << skip_message(series);
   const testing::TempDir dir;
-  const auto r = run("infer --checkpoint " + checkpoint() + " --set 'input.slides=[" + series.string() + "," +
-                     svs.string() + "]' --out " + dir.file("infer") +
-                     " --threads 2 --set infer.stride=16 --set outputs=[heatmap.h5]");
+  const auto r =
+      run("infer --checkpoint " + checkpoint() + " --set 'input.slides=[" + series.string() + "," + svs.string() +
+          "]' --out " + dir.file("infer") + " --threads 2 --set infer.stride=16 --set outputs=[heatmap.h5]");
   ASSERT_EQ(r.code, 0) << r.err;
   const io::Heatmap a = io::read_heatmap(dir.file("infer/cmu-1-small-region-dicom.heatmap.h5"));
   const io::Heatmap b = io::read_heatmap(dir.file("infer/cmu-1-small-region.heatmap.h5"));
@@ -310,7 +312,8 @@ TEST(DicomVerbs, DicomSegOfTheCmuSeries) {
   // The converter wrote no origin: the default is said.
   EXPECT_TRUE(contains(r.err + r.out, "no Total Pixel Matrix Origin: (0, 0) mm assumed")) << r.err;
   const std::string seg_path = dir.file("infer/cmu-1-small-region-dicom.seg.dcm");
-  expect_seg_is_the_heatmap(pydicom_seg(seg_path), io::read_heatmap(dir.file("infer/cmu-1-small-region-dicom.heatmap.h5")));
+  expect_seg_is_the_heatmap(pydicom_seg(seg_path),
+                            io::read_heatmap(dir.file("infer/cmu-1-small-region-dicom.heatmap.h5")));
   expect_no_new_dciodvfy_errors(seg_path);
 }
 

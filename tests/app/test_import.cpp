@@ -27,7 +27,8 @@ using testing::run;
 cv::Mat patch(int number, int w = 20, int h = 20) {
   cv::Mat bgr(h, w, CV_8UC3);
   for (int y = 0; y < h; ++y) {
-    for (int x = 0; x < w; ++x) bgr.at<cv::Vec3b>(y, x) = cv::Vec3b(number * 7 % 256, (x * 11 + number) % 256, y * 9 % 256);
+    for (int x = 0; x < w; ++x)
+      bgr.at<cv::Vec3b>(y, x) = cv::Vec3b(number * 7 % 256, (x * 11 + number) % 256, y * 9 % 256);
   }
   return bgr;
 }
@@ -54,8 +55,8 @@ TEST(Import, CsvPatchesBecomeShardsSplitByPatient) {
   testing::TempDir dir;
   const PatchSet set(dir.path());
   const std::string out = dir.file("shards");
-  const auto r = run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out +
-                     " --set shards.tiles_per_shard=7");
+  const auto r =
+      run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out + " --set shards.tiles_per_shard=7");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto manifest = io::read_manifest(out + "/manifest.json");
   EXPECT_EQ(manifest.total_tiles(), 30);
@@ -109,8 +110,8 @@ TEST(Import, CsvPatchesBecomeShardsSplitByPatient) {
   EXPECT_EQ(checked, 30);
 
   // The same job again: up to date; another seed: other patients in each split, still whole patients.
-  const auto again = run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out +
-                         " --set shards.tiles_per_shard=7");
+  const auto again =
+      run("import --csv " + dir.file("labels.csv") + " --mpp 4 --out " + out + " --set shards.tiles_per_shard=7");
   ASSERT_EQ(again.code, 0) << again.err;
   EXPECT_TRUE(contains(again.err + again.out, "up to date")) << again.err;
 }
@@ -184,7 +185,8 @@ TEST(Import, MistakesNameTheFileAndLine) {
   EXPECT_EQ(r.code, 3);
   EXPECT_TRUE(contains(r.err, "labels.csv") && contains(r.err, "line 32") && contains(r.err, "'maybe'")) << r.err;
 
-  std::ofstream(dir.file("split.csv")) << "path,label,group,split\npatches/p0_0.png,0,a,train\npatches/p0_1.png,0,a,test\n";
+  std::ofstream(dir.file("split.csv"))
+      << "path,label,group,split\npatches/p0_0.png,0,a,train\npatches/p0_1.png,0,a,test\n";
   r = run("import --csv " + dir.file("split.csv") + " --mpp 4 --out " + dir.file("o2"));
   EXPECT_EQ(r.code, 3);
   EXPECT_TRUE(contains(r.err, "line 3") && contains(r.err, "group 'a'") && contains(r.err, "one split")) << r.err;

@@ -79,13 +79,14 @@ TEST(InitFrom, TrainingStartsFromGivenWeightsAndReplacesAnotherHead) {
   io::write_checkpoint(dir.file("five.h5"), c);
   const auto headed = run("train " + job(dir, "headed", dir.file("five.h5")));
   ASSERT_EQ(headed.code, 0) << headed.err;
-  EXPECT_TRUE(contains(headed.err, "5 tensors; classifier head replaced (seeded initialisation): fc.weight [2, 4] "
-                                   "(the checkpoint's [5, 4]), fc.bias [2] (the checkpoint's [5])"))
+  EXPECT_TRUE(contains(headed.err,
+                       "5 tensors; classifier head replaced (seeded initialisation): fc.weight [2, 4] "
+                       "(the checkpoint's [5, 4]), fc.bias [2] (the checkpoint's [5])"))
       << headed.err;
 
   // Another architecture: one error naming the file, before any training.
-  const auto refused = run("train " + job(dir, "other", dir.file("base/checkpoint.h5")) +
-                           " --set model.architecture=compact");
+  const auto refused =
+      run("train " + job(dir, "other", dir.file("base/checkpoint.h5")) + " --set model.architecture=compact");
   EXPECT_EQ(refused.code, 3) << refused.err;
   EXPECT_TRUE(contains(refused.err, dir.file("base/checkpoint.h5")) &&
               contains(refused.err, "holds a tiny_cnn model, and the job trains a compact"))

@@ -150,7 +150,8 @@ TEST_F(Integrity, SkipLeavesTheDamagedTilesOutAndCountsThem) {
     for (const auto& s : manifest.slides) {
       EXPECT_EQ(s.corrupt_tiles, s.id == "tumor_001" ? damaged : 0) << s.id;
     }
-    EXPECT_EQ(testing::shard_tiles(dir_->file(out)), expected);  // no damaged tile, every intact one as from the intact file
+    EXPECT_EQ(testing::shard_tiles(dir_->file(out)),
+              expected);  // no damaged tile, every intact one as from the intact file
     for (const auto& e : fs::directory_iterator(dir_->file(out))) {
       EXPECT_FALSE(contains(e.path().string(), ".unchecked")) << e.path();
     }

@@ -267,7 +267,8 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   EXPECT_EQ(occurrences(rerun.err, ": up to date"), 2) << rerun.err;
   EXPECT_EQ(slide_ids(dir_->file("infer-usr1/infer.json")), ids);
   for (const auto& id : ids) {
-    EXPECT_TRUE(same_map(dir_->file("infer-whole/" + id + ".heatmap.h5"), dir_->file("infer-usr1/" + id + ".heatmap.h5")))
+    EXPECT_TRUE(
+        same_map(dir_->file("infer-whole/" + id + ".heatmap.h5"), dir_->file("infer-usr1/" + id + ".heatmap.h5")))
         << id;
   }
 
@@ -279,7 +280,8 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   ASSERT_EQ(rerun_term.code, 0) << rerun_term.err;
   EXPECT_FALSE(contains(rerun_term.err, ": up to date")) << rerun_term.err;
   for (const auto& id : ids) {
-    EXPECT_TRUE(same_map(dir_->file("infer-whole/" + id + ".heatmap.h5"), dir_->file("infer-term/" + id + ".heatmap.h5")))
+    EXPECT_TRUE(
+        same_map(dir_->file("infer-whole/" + id + ".heatmap.h5"), dir_->file("infer-term/" + id + ".heatmap.h5")))
         << id;
   }
 }
@@ -324,8 +326,9 @@ TEST_F(Signals, TheSlurmJobIsRecordedWhereTheResultsAre) {
 
 // A malformed action is refused naming the known ones.
 TEST_F(Signals, TheFaultActionsIncludeTheSignals) {
-  const auto r = run_script("TESSERA_FAULT='train.step do=hup' $TESSERA train --help >/dev/null 2>&1; echo $?\n"
-                            "TESSERA_FAULT='train.step do=hup' $TESSERA train --help 2>&1 >/dev/null | head -1\n");
+  const auto r = run_script(
+      "TESSERA_FAULT='train.step do=hup' $TESSERA train --help >/dev/null 2>&1; echo $?\n"
+      "TESSERA_FAULT='train.step do=hup' $TESSERA train --help 2>&1 >/dev/null | head -1\n");
   EXPECT_TRUE(contains(r.out, "2\n")) << r.out;
   EXPECT_TRUE(contains(r.out, "do=kill|stop|usr1|term|enospc|eio")) << r.out;
 }

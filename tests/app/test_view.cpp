@@ -19,8 +19,8 @@ TEST(View, RealSlidesAloneAreListedAndTheCorruptOnesWithTheirErrors) {
   if (!fs::exists(real / "cmu-1-small-region.svs")) {
     GTEST_SKIP() << "no real data at " << real << " (../shared/data is absent)";
   }
-  const auto r = run("view --list '" + real.string() + "/*.svs' '" + real.string() + "/*.tiff' '" + real.string() +
-                     "/*.ndpi'");
+  const auto r =
+      run("view --list '" + real.string() + "/*.svs' '" + real.string() + "/*.tiff' '" + real.string() + "/*.ndpi'");
   EXPECT_EQ(r.code, 3) << r.out << r.err;  // some slides cannot be shown
   EXPECT_TRUE(contains(r.out, "7 slides")) << r.out;
   EXPECT_TRUE(contains(r.out, "cmu-1-small-region       2220x2967 px, slide only")) << r.out;

@@ -38,9 +38,9 @@ namespace tessera::engine {
 namespace {
 
 using testing::all_near;
-using testing::make_tensor;
 using testing::fixture_input;
 using testing::load_model;
+using testing::make_tensor;
 
 using Shape = std::vector<std::int64_t>;
 struct Entry {

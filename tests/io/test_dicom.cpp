@@ -82,7 +82,7 @@ int compare_levels(const Slide& dicom, const Slide& tiff) {
                                                tiff.read_region(0, 0, l, b.width, b.height)));
     // A window crossing tile borders and the slide's edge.
     largest = std::max(largest, max_difference(dicom.read_region(123 * ds, 201 * ds, l, 300, 700),
-                                                tiff.read_region(123 * ds, 201 * ds, l, 300, 700)));
+                                               tiff.read_region(123 * ds, 201 * ds, l, 300, 700)));
   }
   return largest;
 }
@@ -262,7 +262,8 @@ TEST(Dicom, OneFileOfTheSeriesOpensTheSeries) {
   const Slide file = Slide::open((fs::path(pair.series) / "level-1.dcm").string());
   EXPECT_EQ(file.id(), "series");
   EXPECT_EQ(file.level_count(), folder.level_count());
-  EXPECT_EQ(max_difference(file.read_region(0, 0, 0, kWidth, kHeight), folder.read_region(0, 0, 0, kWidth, kHeight)), 0);
+  EXPECT_EQ(max_difference(file.read_region(0, 0, 0, kWidth, kHeight), folder.read_region(0, 0, 0, kWidth, kHeight)),
+            0);
   // Associated images: the TIFF's, as uncompressed instances.
   const Slide tiff = Slide::open(pair.tiff);
   ASSERT_EQ(folder.associated_images().size(), tiff.associated_images().size());
@@ -282,8 +283,9 @@ TEST(Dicom, OtherSeriesInTheFolderAreIgnoredWhenAFileIsNamed) {
   const Slide slide = Slide::open((fs::path(pair.series) / "level-0.dcm").string());
   EXPECT_EQ(slide.level_count(), Slide::open(pair.tiff).level_count());
   EXPECT_EQ(slide.id(), derived_uid("tessera", "series"));  // the Series Instance UID names it
-  EXPECT_TRUE(std::any_of(slide.notes().begin(), slide.notes().end(),
-                          [](const std::string& n) { return contains(n, "1 files of other series in the folder ignored"); }));
+  EXPECT_TRUE(std::any_of(slide.notes().begin(), slide.notes().end(), [](const std::string& n) {
+    return contains(n, "1 files of other series in the folder ignored");
+  }));
 }
 
 TEST(Dicom, ImagedVolumeGivesTheResolutionWhenPixelSpacingIsAbsent) {
@@ -329,7 +331,7 @@ TEST(Dicom, AFrameCountThatDisagreesWithThePixelDataIsAnError) {
     const std::string path = (fs::path(pair.series) / "level-0.dcm").string();
     DcmFileFormat file;
     ASSERT_TRUE(file.loadFile(path.c_str()).good());
-    file.loadAllDataIntoMemory();  // saved over the file it was lazily read from
+    file.loadAllDataIntoMemory();                                     // saved over the file it was lazily read from
     file.getDataset()->putAndInsertString(DCM_NumberOfFrames, "17");  // 16 tiles at level 0
     ASSERT_TRUE(file.saveFile(path.c_str(), file.getDataset()->getOriginalXfer()).good());
     const std::string error = error_of(pair.series);

@@ -393,8 +393,8 @@ std::vector<Directory> read_directories(const std::string& path) {
     std::set<std::uint64_t> offsets;
     for (std::uint32_t k = 0; k < n; ++k) {
       std::vector<unsigned char> piece(static_cast<std::size_t>(bytes));
-      const tmsize_t got = tiled ? TIFFReadEncodedTile(t, k, piece.data(), bytes)
-                                 : TIFFReadEncodedStrip(t, k, piece.data(), bytes);
+      const tmsize_t got =
+          tiled ? TIFFReadEncodedTile(t, k, piece.data(), bytes) : TIFFReadEncodedStrip(t, k, piece.data(), bytes);
       EXPECT_GT(got, 0) << path << ": piece " << k << " of directory " << out.size();
       piece.resize(static_cast<std::size_t>(std::max<tmsize_t>(got, 0)));
       d.pieces.push_back(std::move(piece));
@@ -515,8 +515,7 @@ INSTANTIATE_TEST_SUITE_P(
         // several levels (down to 512 px).
         SharedTileCase{"step_384", 5, 7, 384, 384, 0, 0, 2601, 1859, 256, HeatmapTiffOptions::Encoding::colour},
         // Footprints narrower than a pixel of the lower levels, odd step, small TIFF tiles.
-        SharedTileCase{"odd_step_small_tiles", 31, 27, 21, 7, 3, 5, 250, 300, 32,
-                       HeatmapTiffOptions::Encoding::colour},
+        SharedTileCase{"odd_step_small_tiles", 31, 27, 21, 7, 3, 5, 250, 300, 32, HeatmapTiffOptions::Encoding::colour},
         // A grid larger than the slide on one side, smaller on the other.
         SharedTileCase{"grid_past_the_edge", 12, 5, 256, 256, 0, 0, 2100, 2600, 128,
                        HeatmapTiffOptions::Encoding::grey}),

@@ -59,8 +59,9 @@ TEST(DeepZoom, LevelsAndTilesFollowTheDziRule) {
   EXPECT_FALSE(tile_rect(dz, 14, 65, 0));
   EXPECT_FALSE(tile_rect(dz, 15, 0, 0));
   EXPECT_FALSE(tile_rect(dz, -1, 0, 0));
-  EXPECT_NE(dz.descriptor("jpeg").find(R"(TileSize="254" Overlap="1" Format="jpeg"><Size Width="16384" Height="10000")"),
-            std::string::npos);
+  EXPECT_NE(
+      dz.descriptor("jpeg").find(R"(TileSize="254" Overlap="1" Format="jpeg"><Size Width="16384" Height="10000")"),
+      std::string::npos);
 }
 
 std::shared_ptr<const EncodedTile> tile_of(std::size_t bytes) {
@@ -75,7 +76,7 @@ TEST(TileCache, KeepsWithinItsBoundAndDropsTheLeastRecentlyUsed) {
   cache.put("a", tile_of(800));
   cache.put("b", tile_of(800));
   cache.put("c", tile_of(800));
-  ASSERT_TRUE(cache.get("a"));  // a is now the most recently used
+  ASSERT_TRUE(cache.get("a"));   // a is now the most recently used
   cache.put("d", tile_of(800));  // over the bound: b goes
   EXPECT_TRUE(cache.get("a"));
   EXPECT_FALSE(cache.get("b"));
@@ -365,7 +366,7 @@ TEST_F(ViewerServer, NeverWritesIntoTheJobsFolders) {
   };
   const auto before = listing();
   for (const char* path : {"/", "/api/job", "/dzi/case_001/slide_files/9/0_0.jpeg",
-                                  "/dzi/case_001/heatmap-30_files/8/0_0.png", "/api/slides/case_001/thumbnail.jpg"}) {
+                           "/dzi/case_001/heatmap-30_files/8/0_0.png", "/api/slides/case_001/thumbnail.jpg"}) {
     EXPECT_EQ(status(path), 200) << path;
   }
   EXPECT_EQ(listing(), before);
