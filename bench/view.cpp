@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,7 +22,6 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,19 +120,29 @@ ViewChild start_view(const std::string& folder, const ViewBenchOptions& o, const
   // The address line comes once the server listens; reading it is the readiness wait (EOF = it ended).
   std::string text;
   char buffer[256];
-  static const std::regex address(R"(http://[^:]+:(\d+)/)");
-  std::smatch m;
-  while (!std::regex_search(text, m, address)) {
+  // Parsed by hand: GCC 12's <regex> trips -Wmaybe-uninitialized under the sanitizers with -Werror.
+  const auto port_of = [](const std::string& t) -> int {
+    for (std::size_t at = t.find("http://"); at != std::string::npos; at = t.find("http://", at + 1)) {
+      const std::size_t colon = t.find(':', at + 7);
+      if (colon == std::string::npos) return -1;
+      std::size_t end = colon + 1;
+      while (end < t.size() && std::isdigit(static_cast<unsigned char>(t[end]))) ++end;
+      if (end > colon + 1 && end < t.size() && t[end] == '/') return std::stoi(t.substr(colon + 1, end - colon - 1));
+    }
+    return -1;
+  };
+  int port = -1;
+  while ((port = port_of(text)) < 0) {
     const ssize_t n = read(out[0], buffer, sizeof buffer);
     if (n <= 0) break;
     text.append(buffer, static_cast<std::size_t>(n));
   }
   close(out[0]);
-  if (m.empty()) {
+  if (port < 0) {
     waitpid(child.pid, nullptr, 0);
     throw core::InternalError("tessera view did not start; see " + log + "\n" + text);
   }
-  child.port = std::stoi(m[1].str());
+  child.port = port;
   return child;
 }
 
