@@ -11,6 +11,8 @@ namespace tessera::app {
 const std::vector<Verb>& verbs() {
   static const std::vector<Verb> list = {
       {"synth", "Generate synthetic H&E whole-slide images with ground-truth tumour annotations", setup_synth},
+      {"qc", "Slide quality control: artefact masks (blur, pen ink, folds, bubbles, exposure), flags, a cohort table",
+       setup_qc},
       {"tile", "Tile slides with tumour annotations into contiguous HDF5 shards of labelled tiles (parallel)",
        setup_tile},
       {"import", "Import labelled patches (a CSV or a folder by class) into the same shards, split by patient",

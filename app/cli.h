@@ -74,6 +74,7 @@ bool maybe_print_config(const core::Config& config, const JobOptions& options);
 // Verb entry points (one file each under app/).
 Action setup_info(CLI::App& command);
 Action setup_synth(CLI::App& command);
+Action setup_qc(CLI::App& command);
 Action setup_tile(CLI::App& command);
 Action setup_import(CLI::App& command);
 Action setup_train(CLI::App& command);

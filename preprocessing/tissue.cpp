@@ -263,12 +263,11 @@ TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, cons
   return result;
 }
 
-TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
-  if (!(options.mask_mpp > 0.0)) throw core::ConfigError("mask_mpp must be positive", "", 0, "mask_mpp");
-  // A mask finer than the slide itself would only repeat level-0 pixels.
-  const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
+cv::Mat read_slide_image(const io::Slide& slide, double mpp, double* downsample) {
+  // An image finer than the slide itself would only repeat level-0 pixels.
+  const double image_mpp = std::max(mpp, slide.mpp());
   constexpr double kEpsilon = 1e-9;
-  const double scale = slide.mpp() / mask_mpp;  // mask pixels per level-0 pixel
+  const double scale = slide.mpp() / image_mpp;  // image pixels per level-0 pixel
   const auto cols = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(slide.width() * scale - kEpsilon)));
   const auto rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(slide.height() * scale - kEpsilon)));
   if (cols > INT32_MAX / 4 || rows > INT32_MAX / 4) {
@@ -276,11 +275,17 @@ TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
         "tissue mask of " + std::to_string(cols) + "x" + std::to_string(rows) + " pixels is too large; raise mask_mpp",
         slide.path());
   }
-  // The downsample follows from the mask size actually chosen, so mask pixel i covers level-0
+  // The downsample follows from the size actually chosen, so image pixel i covers level-0
   // [i·downsample, (i+1)·downsample) exactly along x.
-  const double downsample = static_cast<double>(slide.width()) / static_cast<double>(cols);
-  const int level = slide.best_level_for_mpp(mask_mpp);
-  const cv::Mat rgb = read_whole_slide(slide, level, static_cast<int>(cols), static_cast<int>(rows));
+  *downsample = static_cast<double>(slide.width()) / static_cast<double>(cols);
+  const int level = slide.best_level_for_mpp(image_mpp);
+  return read_whole_slide(slide, level, static_cast<int>(cols), static_cast<int>(rows));
+}
+
+TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
+  if (!(options.mask_mpp > 0.0)) throw core::ConfigError("mask_mpp must be positive", "", 0, "mask_mpp");
+  double downsample = 1.0;
+  const cv::Mat rgb = read_slide_image(slide, options.mask_mpp, &downsample);
   return detect_tissue(rgb, downsample, slide.mpp() * downsample, options);
 }
 

@@ -39,6 +39,11 @@ struct TissueMask {
   double tissue_area_mm2() const;
 };
 
+// The whole slide as an RGB image at about `mpp` µm/px (never finer than level 0), area-averaged from the best
+// pyramid level and read in bands of bounded size; `downsample` gets the level-0 pixels per image pixel (exact
+// along x). InputError naming the slide when the image would be too large.
+cv::Mat read_slide_image(const io::Slide& slide, double mpp, double* downsample);
+
 // Reads the slide at about options.mask_mpp (from the best pyramid level) and detects tissue.
 TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options);
 // The same on an RGB image whose pixels are `downsample` level-0 pixels wide at `mpp` µm/px.

@@ -45,6 +45,9 @@ enum Salt : std::uint64_t {
   kSaltStain,
   kSaltGrain,
   kSaltLook,
+  kSaltRedInk,
+  kSaltBubble,
+  kSaltExposure,
 };
 
 std::uint64_t salted(std::uint64_t seed, Salt salt) {
@@ -219,6 +222,18 @@ constexpr float kTumourPresence = 0.93f;
 const std::array<cv::Vec3f, 3> kPenOd = {cv::Vec3f(1.7f, 0.45f, 1.2f), cv::Vec3f(1.9f, 1.25f, 0.35f),
                                          cv::Vec3f(2.0f, 2.0f, 1.85f)};
 
+// Red marker ink as OD: it absorbs green and blue, far more saturated than eosin, and redder (hue near 0°, eosin's
+// is near 320°).
+const cv::Vec3f kRedInkOd(0.10f, 2.2f, 1.9f);
+// The rim of an air bubble: a dark, neutral refraction line.
+const cv::Vec3f kBubbleRimOd(1.1f, 1.1f, 1.05f);
+constexpr float kBubblePaling = 0.3f;  // the tissue inside a bubble loses this share of its stain (seen hazy)
+// A camera field exposed too long or too short: an OD offset on every channel (intensity × 1.6 and × 0.55).
+constexpr float kOverexposureOd = -0.47f;
+constexpr float kUnderexposureOd = 0.6f;
+// Where truth masks say "ink": the ink's strongest channel has at least this OD.
+constexpr float kInkTruthOd = 0.3f;
+
 // =============================================================================================================
 // The plan: everything decided before the first pixel, all at 1/16 scale.
 
@@ -240,6 +255,9 @@ struct Plan {
   cv::Mat1f uneven_e;         // eosin intensity multiplier around 1, independent of haematoxylin
   cv::Mat1f blur, fold, pen;  // empty when the slide has none
   cv::Vec3f pen_od;
+  int pen_class = 0;                   // prep::Artefact index of the pen's colour
+  cv::Mat1f red, bubble_rim, bubble_in;  // empty when the slide has none
+  cv::Mat1f exposure;                  // OD offset per cell; empty when the slide has none
   std::array<double, 2> fibre_angle{};
   prep::SlideStain stain;
   cv::Vec3f glass_od;
@@ -590,7 +608,11 @@ void make_artefacts(Plan& plan) {
   }
   if (plan.options.pen_marks) {
     Draws draws(salted(plan.seed, kSaltPen));
-    plan.pen_od = kPenOd[static_cast<std::size_t>(draws.below(3))];
+    const int colour = draws.below(3);
+    plan.pen_od = kPenOd[static_cast<std::size_t>(colour)];
+    plan.pen_class = prep::index(colour == 0 ? prep::Artefact::pen_green
+                                 : colour == 1 ? prep::Artefact::pen_blue
+                                               : prep::Artefact::pen_black);
     plan.pen = cv::Mat1f::zeros(lh, lw);
     const int strokes = 1 + draws.below(2);
     const double width = std::max(2.0, std::min(plan.cells(draws.uniform(120.0, 300.0)), 0.035 * size));
@@ -626,6 +648,94 @@ void make_artefacts(Plan& plan) {
     cv::GaussianBlur(plan.pen, plan.pen, cv::Size(0, 0), 0.8, 0.8, cv::BORDER_REPLICATE);
     plan.pen *= draws.uniform(0.65, 0.95);
   }
+  if (plan.options.red_ink) {
+    // A red stroke across part of a section, as a pathologist marks an area of interest.
+    Draws draws(salted(plan.seed, kSaltRedInk));
+    plan.red = cv::Mat1f::zeros(lh, lw);
+    const cv::Point2d start = random_tissue_cell(plan, draws);
+    const double length = draws.uniform(0.15, 0.3) * size, angle = draws.uniform(0.0, 2.0 * M_PI);
+    const double width = std::max(2.0, std::min(plan.cells(draws.uniform(120.0, 250.0)), 0.035 * size));
+    std::vector<cv::Point> line;
+    for (int i = 0; i <= 24; ++i) {
+      const double t = length * i / 24.0;
+      const double bend = 0.12 * length * std::sin(M_PI * i / 24.0);
+      line.emplace_back(
+          static_cast<int>(std::lround((start.x + t * std::cos(angle) - bend * std::sin(angle)) * 16.0)),
+          static_cast<int>(std::lround((start.y + t * std::sin(angle) + bend * std::cos(angle)) * 16.0)));
+    }
+    cv::polylines(plan.red, std::vector<std::vector<cv::Point>>{line}, false, cv::Scalar(1.0),
+                  static_cast<int>(std::lround(width)), cv::LINE_AA, 4);
+    cv::GaussianBlur(plan.red, plan.red, cv::Size(0, 0), 0.8, 0.8, cv::BORDER_REPLICATE);
+    plan.red *= draws.uniform(0.65, 0.95);
+  }
+  if (plan.options.bubbles) {
+    // Air trapped under the coverslip: round, on the tissue, wholly inside the slide.
+    Draws draws(salted(plan.seed, kSaltBubble));
+    plan.bubble_rim = cv::Mat1f::zeros(lh, lw);
+    plan.bubble_in = cv::Mat1f::zeros(lh, lw);
+    const int bubbles = 1 + draws.below(2);
+    const double rim = std::max(1.5, plan.cells(28.0));
+    for (int k = 0; k < bubbles; ++k) {
+      const cv::Point2d centre = random_tissue_cell(plan, draws);
+      const double limit = std::min({centre.x, centre.y, lw - centre.x, lh - centre.y}) - rim - 1.0;
+      const double radius = std::min(draws.uniform(0.04, 0.09) * size, limit);
+      if (radius < 3.0 * rim) continue;
+      const cv::Point c(static_cast<int>(std::lround(centre.x * 16.0)), static_cast<int>(std::lround(centre.y * 16.0)));
+      cv::circle(plan.bubble_in, c, static_cast<int>(std::lround(radius * 16.0)), cv::Scalar(1.0), cv::FILLED,
+                 cv::LINE_AA, 4);
+      cv::circle(plan.bubble_rim, c, static_cast<int>(std::lround(radius * 16.0)), cv::Scalar(1.0),
+                 static_cast<int>(std::lround(rim)), cv::LINE_AA, 4);
+    }
+    cv::GaussianBlur(plan.bubble_rim, plan.bubble_rim, cv::Size(0, 0), 0.6, 0.6, cv::BORDER_REPLICATE);
+  }
+  if (plan.options.exposure) {
+    // Two camera fields (squares) exposed wrongly: an over-exposed one on the tissue, an under-exposed one across
+    // a section's edge.
+    Draws draws(salted(plan.seed, kSaltExposure));
+    plan.exposure = cv::Mat1f::zeros(lh, lw);
+    for (int k = 0; k < 2; ++k) {
+      cv::Point2d centre = random_tissue_cell(plan, draws);
+      if (k == 1) {
+        for (int attempt = 0; attempt < 400; ++attempt) {
+          const int j = draws.below(lw), i = draws.below(lh);
+          if (plan.tissue(i, j) > 0.3f && plan.tissue(i, j) < 0.7f) {
+            centre = {j + 0.5, i + 0.5};
+            break;
+          }
+        }
+      }
+      const double half = draws.uniform(0.06, 0.1) * size;
+      const cv::Rect field(static_cast<int>(std::lround(centre.x - half)), static_cast<int>(std::lround(centre.y - half)),
+                           static_cast<int>(std::lround(2.0 * half)), static_cast<int>(std::lround(2.0 * half)));
+      plan.exposure(field & cv::Rect(0, 0, lw, lh)) = k == 0 ? kOverexposureOd : kUnderexposureOd;
+    }
+  }
+}
+
+// The truth masks of the drawn artefacts at 1/16 scale (SynthGroundTruth::artefacts).
+void make_artefact_truth(Plan& plan) {
+  auto& masks = plan.truth.artefacts;
+  plan.truth.artefact_downsample = kLowResFactor;
+  const cv::Mat1b tissue = plan.tissue >= 0.5f;
+  if (!plan.blur.empty()) masks[prep::index(prep::Artefact::blur)] = (plan.blur >= 0.5f) & tissue;
+  if (!plan.fold.empty()) masks[prep::index(prep::Artefact::fold)] = (plan.fold >= 0.5f) & tissue;
+  if (!plan.pen.empty()) {
+    const float strongest = std::max({plan.pen_od[0], plan.pen_od[1], plan.pen_od[2]});
+    masks[static_cast<std::size_t>(plan.pen_class)] = plan.pen * strongest >= kInkTruthOd;
+  }
+  if (!plan.red.empty()) {
+    const float strongest = std::max({kRedInkOd[0], kRedInkOd[1], kRedInkOd[2]});
+    cv::Mat1b red = plan.red * strongest >= kInkTruthOd;
+    auto& m = masks[prep::index(prep::Artefact::pen_red)];
+    m = m.empty() ? red : (m | red);
+  }
+  if (!plan.bubble_in.empty()) {
+    masks[prep::index(prep::Artefact::bubble)] = (plan.bubble_in >= 0.5f) | (plan.bubble_rim >= 0.5f);
+  }
+  if (!plan.exposure.empty()) {
+    masks[prep::index(prep::Artefact::overexposed)] = plan.exposure < 0.0f;
+    masks[prep::index(prep::Artefact::underexposed)] = plan.exposure > 0.0f;
+  }
 }
 
 void validate(const SynthSlideOptions& o) {
@@ -653,6 +763,7 @@ Plan make_plan(const SynthSlideOptions& options) {
   make_architecture(plan, distance);
   make_tumours(plan, distance);
   make_artefacts(plan);
+  make_artefact_truth(plan);
   return plan;
 }
 
@@ -732,6 +843,8 @@ class Renderer {
   // Low-res row at level-0 row y, interpolated in y, for columns [j0, j1] (plus one repeated at the end).
   void lowres_row(const cv::Mat1f& field, std::int64_t y, int j0, int j1, std::vector<float>& out) const;
   bool rows_touch(const cv::Mat1f& field, std::int64_t y0, std::int64_t y1) const;
+  // Cells j0..j1+1 of the exposure field's row that holds level-0 row y (nearest, not interpolated).
+  void exposure_row(std::int64_t y, int j0, int j1, std::vector<float>& out) const;
 
   const Plan& plan_;
   std::int64_t width_, height_;
@@ -746,7 +859,7 @@ class Renderer {
 
   std::vector<float> nucleus_h_, nucleus_a_;  // per block: max over nuclei of alpha·h, and of alpha
   std::vector<Nucleus> nuclei_;
-  std::vector<float> row_s_, row_l_, row_t_, row_o_, row_u_, row_v_, row_f_, row_p_;
+  std::vector<float> row_s_, row_l_, row_t_, row_o_, row_u_, row_v_, row_f_, row_p_, row_r_, row_br_, row_bi_, row_x_;
   cv::Mat rendered_, blurred_;
 };
 
@@ -812,6 +925,13 @@ void Renderer::lowres_row(const cv::Mat1f& field, std::int64_t y, int j0, int j1
   out.resize(static_cast<std::size_t>(j1 - j0 + 2));
   for (int j = j0; j <= j1; ++j) out[static_cast<std::size_t>(j - j0)] = lerp(r0[j], r1[j], w);
   out[static_cast<std::size_t>(j1 - j0 + 1)] = out[static_cast<std::size_t>(j1 - j0)];
+}
+
+void Renderer::exposure_row(std::int64_t y, int j0, int j1, std::vector<float>& out) const {
+  const int i = std::min(plan_.exposure.rows - 1, static_cast<int>(y / kLowResFactor));
+  const float* row = plan_.exposure.ptr<float>(i);
+  out.resize(static_cast<std::size_t>(j1 - j0 + 2));
+  for (int j = j0; j <= j1 + 1; ++j) out[static_cast<std::size_t>(j - j0)] = row[std::min(j, plan_.exposure.cols - 1)];
 }
 
 bool Renderer::rows_touch(const cv::Mat1f& field, std::int64_t y0, std::int64_t y1) const {
@@ -994,6 +1114,9 @@ void Renderer::render_block(std::int64_t y0, std::int64_t y1, std::int64_t x0, s
 
   const bool fold = rows_touch(plan_.fold, y0, y1);
   const bool pen = rows_touch(plan_.pen, y0, y1);
+  const bool red = rows_touch(plan_.red, y0, y1);
+  const bool bubble = rows_touch(plan_.bubble_in, y0, y1) || rows_touch(plan_.bubble_rim, y0, y1);
+  const bool exposure = !plan_.exposure.empty();
   const int j0 = col_j_[static_cast<std::size_t>(x0)];
   const int j1 = std::min(plan_.lw - 1, col_j_[static_cast<std::size_t>(x1 - 1)] + 1);
   const auto tissue_look = [](float l, float t, float TissueLook::*member) {
@@ -1011,6 +1134,12 @@ void Renderer::render_block(std::int64_t y0, std::int64_t y1, std::int64_t x0, s
     lowres_row(plan_.uneven_e, y, j0, j1, row_v_);
     if (fold) lowres_row(plan_.fold, y, j0, j1, row_f_);
     if (pen) lowres_row(plan_.pen, y, j0, j1, row_p_);
+    if (red) lowres_row(plan_.red, y, j0, j1, row_r_);
+    if (bubble) {
+      lowres_row(plan_.bubble_rim, y, j0, j1, row_br_);
+      lowres_row(plan_.bubble_in, y, j0, j1, row_bi_);
+    }
+    if (exposure) exposure_row(y, j0, j1, row_x_);
     const double gy = static_cast<double>(y) / static_cast<double>(height_) - 0.5;
     const double fy = std::fmod(static_cast<double>(y), field_px_) / field_px_ - 0.5;
     const float vignette_y = static_cast<float>(0.02 * 4.0 * gy * gy + 0.004 * 4.0 * fy * fy);
@@ -1052,6 +1181,7 @@ void Renderer::render_block(std::int64_t y0, std::int64_t y1, std::int64_t x0, s
           ce = (ce * (1.0f - a) + kNucleusEosin * a) * uneven_e;
           float k = ta * plan_.thickness;
           if (fold) k *= 1.0f + kFoldGain * lerp(row_f_[jx], row_f_[jx + 1], wx);
+          if (bubble) k *= 1.0f - kBubblePaling * lerp(row_bi_[jx], row_bi_[jx + 1], wx);
           for (int c = 0; c < 3; ++c) od[c] += k * (ch * vh_[c] + ce * ve_[c] + kTissueResidualOd);
         }
       }
@@ -1061,6 +1191,24 @@ void Renderer::render_block(std::int64_t y0, std::int64_t y1, std::int64_t x0, s
           const float ink = p * (0.85f + 0.3f * mottle[static_cast<std::size_t>(x & kTextureMask)]);
           for (int c = 0; c < 3; ++c) od[c] += ink * pen_od[c];
         }
+      }
+      if (red) {
+        const float p = lerp(row_r_[jx], row_r_[jx + 1], wx);
+        if (p > 1e-3f) {
+          const float ink = p * (0.85f + 0.3f * mottle[static_cast<std::size_t>(x & kTextureMask)]);
+          for (int c = 0; c < 3; ++c) od[c] += ink * kRedInkOd[c];
+        }
+      }
+      if (bubble) {
+        const float b = lerp(row_br_[jx], row_br_[jx + 1], wx);
+        if (b > 1e-3f) {
+          for (int c = 0; c < 3; ++c) od[c] += b * kBubbleRimOd[c];
+        }
+      }
+      if (exposure) {
+        // Exposure fields have sharp edges (a camera field): nearest cell, no interpolation.
+        const float offset = row_x_[jx + (wx >= 0.5f ? 1 : 0)];
+        for (int c = 0; c < 3; ++c) od[c] += offset;
       }
       o[3 * x] = table_(od[0]);
       o[3 * x + 1] = table_(od[1]);

@@ -9,10 +9,12 @@
 // with small, round, evenly spaced nuclei; on tumour slides, tumour regions from isolated clusters
 // (< 0.2 mm) to macrometastases (several mm) with crowded, enlarged, pleomorphic, hyperchromatic nuclei
 // and borders that blend over a few cells; per-slide stain vectors and intensity; optional focus-blur
-// patches, pen marks and folds. Ground truth: tumour polygons (ASAP group "_0", QuPath class "Tumor") and
-// optional exclusion polygons (ASAP "_2") in level-0 pixels.
+// patches, pen marks (green, blue or black), red ink, folds, air bubbles and over/under-exposed fields. Ground
+// truth: tumour polygons (ASAP group "_0", QuPath class "Tumor") and optional exclusion polygons (ASAP "_2") in
+// level-0 pixels, and one mask per artefact class QC detects (preprocessing/qc.h) at 1/16 scale.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "io/annotations.h"
 #include "io/tiff_writer.h"
+#include "preprocessing/qc.h"
 
 namespace tessera::synth {
 
@@ -35,6 +38,9 @@ struct SynthSlideOptions {
   bool blur_patches = true;
   bool pen_marks = false;
   bool folds = false;
+  bool red_ink = false;   // a red marker stroke (its own, beside the pen marks)
+  bool bubbles = false;   // air bubbles under the coverslip: a dark grey rim, the tissue inside paler
+  bool exposure = false;  // one over-exposed and one under-exposed camera field
   double mpp = 0.25;
   io::TiffWriterOptions tiff;  // flavour, compression, quality (mpp is taken from above)
 };
@@ -44,6 +50,11 @@ struct SynthGroundTruth {
   std::vector<io::Annotation> exclusion;  // group "_2"
   double tissue_area_mm2 = 0.0;
   double tumour_area_mm2 = 0.0;
+  // Where each artefact class QC detects was drawn (prep::all_artefacts() order): 255 = artefact, at
+  // artefact_downsample level-0 pixels per mask pixel; an empty mask when the class was not drawn. Blur and folds
+  // are marked on tissue only (they are artefacts of the tissue); ink, bubbles and exposure wherever drawn.
+  std::array<cv::Mat1b, prep::kArtefactCount> artefacts;
+  double artefact_downsample = 16.0;
 };
 
 // Renders one slide to `path` (a pyramidal TIFF) and returns its ground truth. Does not write annotation files.

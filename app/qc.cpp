@@ -1,0 +1,162 @@
+// tessera qc [job.yaml] — slide quality control (preprocessing/qc.h) over a set of slides: artefact masks per slide,
+// slide-level flags, a cohort table and a cohort picture. Under mpirun the slides are spread over ranks.
+//
+// Output folder:
+//   <slide>.qc.png          the masks: a 16-bit grey PNG at the QC level, bit k = class k (qc.h's order: blur,
+//                           pen_green, pen_blue, pen_black, pen_red, fold, bubble, overexposed, underexposed),
+//                           bit 15 = tissue
+//   <slide>.qc-preview.png  the slide at the QC level with each class tinted and outlined, and a legend
+//   qc.csv                  one row per slide: tissue area, each class's fraction of the tissue, sharpness,
+//                           brightness, stain, excluded and flagged fractions, flags, usable yes/no and the reasons
+//   qc-cohort.png           each metric's distribution over the cohort, outlier slides named
+//   qc.config.yaml          the effective job
+// A slide that cannot be read is a row with usable "no" and its error, and the job ends with exit code 3.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+#include "app/cli.h"
+#include "core/atomic_file.h"
+#include "core/comm.h"
+#include "core/error.h"
+#include "core/output_dir.h"
+#include "core/progress.h"
+#include "io/image.h"
+#include "io/slide.h"
+#include "io/slide_list.h"
+#include "preprocessing/qc.h"
+#include "preprocessing/qc_report.h"
+
+namespace tessera::app {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const core::Schema& qc_schema() {
+  static const core::Schema instance = [] {
+    core::Schema schema;
+    io::declare_input_keys(schema).string("output", "qc", "Folder for qc.csv, qc-cohort.png and the per-slide masks");
+    prep::declare_qc_keys(schema);
+    return schema;
+  }();
+  return instance;
+}
+
+// One slide, on the rank that ran it: its row's numbers as JSON (sent to rank 0), masks written on the way.
+json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::QcOptions& options,
+                 double assume_mpp) {
+  io::SlideOpenOptions open_options;
+  open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
+  const io::Slide slide = io::Slide::open(input.path, open_options);
+  double downsample = 1.0;
+  const cv::Mat rgb = prep::read_slide_image(slide, std::max(options.mask_mpp, slide.mpp()), &downsample);
+  const bool blur = options.enabled[static_cast<std::size_t>(prep::index(prep::Artefact::blur))];
+  prep::QcResult result;
+  if (std::min(rgb.cols, rgb.rows) < 8) {
+    result = prep::run_qc(slide, options);  // throws the "too small" error naming the slide
+  } else {
+    const cv::Mat1f sharpness = blur ? prep::measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
+    result = prep::run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);
+  }
+  std::vector<std::uint8_t> png;
+  cv::imencode(".png", prep::encode_qc_masks(result), png);
+  core::write_file_atomic((out / (input.id + ".qc.png")).string(),
+                          std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
+  io::write_png((out / (input.id + ".qc-preview.png")).string(), prep::render_qc_preview(rgb, result));
+  return prep::qc_summary_json(input.id, input.path, result);
+}
+
+int run_qc(const JobOptions& job) {
+  const auto config = load_job(qc_schema(), job);
+  if (maybe_print_config(config, job)) return core::exit_ok;
+  const auto& world = core::Comm::world();
+  const auto inputs = io::list_input_slides(config);
+  const fs::path out = config.get_string("output");
+  const prep::QcOptions options = prep::qc_options(config);
+  const double assume_mpp = config.get_number("input.assume_mpp");
+  const core::OutputLock lock = core::lock_output_folder(world, out.string(), "qc");
+  if (world.is_root()) {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    if (ec) throw core::InputError("cannot create the output folder: " + ec.message(), out.string());
+  }
+  world.barrier();
+
+  core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "qc", .unit = "slides"});
+  json mine = json::array();
+  for (std::size_t i = static_cast<std::size_t>(world.rank()); i < inputs.size();
+       i += static_cast<std::size_t>(world.size())) {
+    try {
+      mine.push_back(check_slide(inputs[i], out, options, assume_mpp));
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
+      spdlog::error("{}: {}", inputs[i].id, e.what());
+      mine.push_back({{"id", inputs[i].id}, {"path", inputs[i].path}, {"error", e.what()}});
+    }
+    progress.advance();
+  }
+  progress.finish();
+
+  const auto gathered = world.gather_bytes(mine.dump(), 0);
+  if (!world.is_root()) return core::exit_ok;
+  std::map<std::string, json> by_id;
+  for (const auto& part : gathered) {
+    for (auto& row : json::parse(part)) by_id[row["id"].get<std::string>()] = row;
+  }
+  std::vector<json> rows;
+  for (const auto& input : inputs) rows.push_back(by_id.at(input.id));
+  const prep::QcCohort cohort = prep::qc_cohort(rows, options);
+  core::write_file_atomic((out / "qc.csv").string(), cohort.csv);
+  io::write_png((out / "qc-cohort.png").string(), cohort.picture);
+  config.save((out / "qc.config.yaml").string());
+
+  int failed = 0, unusable = 0;
+  for (const auto& row : cohort.rows) {
+    if (row.contains("error")) {
+      ++failed;
+      continue;
+    }
+    for (const auto& flag : row["flags"]) spdlog::warn("{}: {}", row["id"].get<std::string>(), flag.get<std::string>());
+    if (!row["usable"].get<bool>()) ++unusable;
+  }
+  const int refused = options.refuse_flagged ? cohort.flagged_slides : 0;
+  spdlog::info("{} slide(s): {} usable, {} not usable, {} failed; {} and {} in {}", inputs.size(),
+               inputs.size() - static_cast<std::size_t>(unusable + failed), unusable, failed, "qc.csv",
+               "qc-cohort.png", fs::absolute(out).lexically_normal().string());
+  if (failed > 0 || refused > 0) {
+    std::fprintf(stderr, "tessera qc: %d slide(s) failed%s (qc.csv names them and why)\n", failed + refused,
+                 refused > 0 ? ", flagged slides refused (qc.refuse_flagged)" : "");
+    return core::exit_input;
+  }
+  return core::exit_ok;
+}
+
+}  // namespace
+
+Action setup_qc(CLI::App& command) {
+  auto job = std::make_shared<JobOptions>();
+  add_job_options(command, *job);
+  add_key_flag(command, *job, "--slides", {"input.slides"},
+               "Slides: comma-separated files or globs, or one dataset.csv (input.slides)", FlagForm::list,
+               {"input.csv"});
+  add_key_flag(command, *job, "--csv", {"input.csv"}, "dataset.csv of the slides (input.csv)", FlagForm::value,
+               {"input.slides"});
+  add_key_flag(command, *job, "-o,--out", {"output"}, "Output folder (output)");
+  command.footer(
+      "Writes <slide>.qc.png (masks, one bit per class), <slide>.qc-preview.png, qc.csv (one row per slide), "
+      "qc-cohort.png (each metric over the cohort, outliers named) and qc.config.yaml.");
+  return [job] { return run_qc(*job); };
+}
+
+}  // namespace tessera::app

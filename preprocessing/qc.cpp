@@ -1,0 +1,598 @@
+#include "preprocessing/qc.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <opencv2/imgproc.hpp>
+
+#include "core/error.h"
+#include "preprocessing/overlay.h"
+#include "preprocessing/stain.h"
+
+namespace tessera::prep {
+
+namespace {
+
+constexpr std::array<Artefact, kArtefactCount> kAll = {
+    Artefact::blur, Artefact::pen_green, Artefact::pen_blue,    Artefact::pen_black,   Artefact::pen_red,
+    Artefact::fold, Artefact::bubble,    Artefact::overexposed, Artefact::underexposed};
+constexpr std::array<const char*, kArtefactCount> kNames = {
+    "blur", "pen_green", "pen_blue", "pen_black", "pen_red", "fold", "bubble", "overexposed", "underexposed"};
+// Each class's documented default action (qc.<class>.action).
+constexpr std::array<const char*, kArtefactCount> kDefaultActions = {
+    "flag", "exclude", "exclude", "exclude", "exclude", "exclude", "exclude", "exclude", "exclude"};
+
+// A slide too small for QC: fewer QC pixels a side than this.
+constexpr int kMinQcSide = 8;
+
+// Ink colours (see qc.h). Degrees and 0..1 shares of the maximum channel.
+constexpr double kGreenHueMin = 60.0;
+constexpr double kBlueHueMin = 170.0;
+constexpr double kInkHueMax = 236.0;  // haematoxylin sits at ≥ 240°
+constexpr double kInkMinSaturation = 0.20;
+constexpr double kBlackMaxValue = 0.30;
+constexpr double kBlackMaxSaturation = 0.45;
+constexpr double kRedHueLow = 345.0;   // red ink: hue ≥ this or < kRedHueHigh
+constexpr double kRedHueHigh = 25.0;
+constexpr double kRedMinSaturation = 0.60;
+
+// Bubble rims and coverslip edges: neutral grey, clearly darker than glass, lighter than black ink.
+constexpr double kRimMaxSaturation = 0.15;
+constexpr double kRimMinWhiteDistance = 60.0;
+constexpr double kRimMinValue = kBlackMaxValue;
+
+// Clipped white: an over-exposed pixel.
+constexpr int kClippedLevel = 250;
+
+// Local medians of the stain concentrations for folds are taken over a window of about this many µm.
+constexpr double kFoldWindowUm = 800.0;
+// Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
+constexpr double kConcentrationLevels = 100.0;
+
+cv::Mat elliptic(int size) { return cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(size, size)); }
+
+struct Hsv {
+  double hue;  // degrees, 0 for neutral pixels
+  double saturation;
+  double value;  // 0..1
+};
+
+Hsv hsv(const cv::Vec3b& rgb) {
+  const double red = rgb[0], green = rgb[1], blue = rgb[2];
+  const double mx = std::max({red, green, blue});
+  const double mn = std::min({red, green, blue});
+  Hsv out{0.0, mx > 0.0 ? (mx - mn) / mx : 0.0, mx / 255.0};
+  if (mx == mn) return out;
+  if (mx == red) {
+    out.hue = 60.0 * (green - blue) / (mx - mn);
+  } else if (mx == green) {
+    out.hue = 60.0 * (blue - red) / (mx - mn) + 120.0;
+  } else {
+    out.hue = 60.0 * (red - green) / (mx - mn) + 240.0;
+  }
+  if (out.hue < 0.0) out.hue += 360.0;
+  return out;
+}
+
+double white_distance(const cv::Vec3b& rgb) {
+  const double dr = 255.0 - rgb[0], dg = 255.0 - rgb[1], db = 255.0 - rgb[2];
+  return std::sqrt(dr * dr + dg * dg + db * db);
+}
+
+// Removes 8-connected components smaller than `min_area` pixels.
+void remove_small(cv::Mat1b& mask, double min_area) {
+  if (min_area <= 1.0 || cv::countNonZero(mask) == 0) return;
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  for (int i = 1; i < n; ++i) keep[static_cast<std::size_t>(i)] = stats.at<int>(i, cv::CC_STAT_AREA) >= min_area;
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (m[c] != 0 && keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
+    }
+  }
+}
+
+// The interiors of closed outlines in `lines` (holes of its foreground), with the outlines.
+cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
+  cv::Mat1b filled = lines.clone();
+  cv::Mat1b background = 255 - lines;
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(background, labels, stats, centroids, 4, CV_32S);
+  std::vector<std::uint8_t> inside(static_cast<std::size_t>(n), 0);
+  for (int i = 1; i < n; ++i) {
+    const int x = stats.at<int>(i, cv::CC_STAT_LEFT), y = stats.at<int>(i, cv::CC_STAT_TOP);
+    const int w = stats.at<int>(i, cv::CC_STAT_WIDTH), h = stats.at<int>(i, cv::CC_STAT_HEIGHT);
+    inside[static_cast<std::size_t>(i)] = !(x == 0 || y == 0 || x + w == lines.cols || y + h == lines.rows);
+  }
+  for (int r = 0; r < lines.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* f = filled.ptr<std::uint8_t>(r);
+    for (int c = 0; c < lines.cols; ++c) {
+      if (inside[static_cast<std::size_t>(l[c])] != 0) f[c] = 255;
+    }
+  }
+  return filled;
+}
+
+double median_of(std::vector<float> values) {
+  if (values.empty()) return 0.0;
+  const auto mid = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), mid, values.end());
+  return *mid;
+}
+
+// The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
+// kConcentrationLevels per unit; pixels off tissue count as the tissue's global median.
+cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
+  cv::Mat1b q(value.size());
+  for (int r = 0; r < value.rows; ++r) {
+    const auto* v = value.ptr<float>(r);
+    const auto* t = tissue.ptr<std::uint8_t>(r);
+    auto* o = q.ptr<std::uint8_t>(r);
+    for (int c = 0; c < value.cols; ++c) {
+      const double x = t[c] != 0 ? v[c] : global;
+      o[c] = cv::saturate_cast<std::uint8_t>(x * kConcentrationLevels);
+    }
+  }
+  cv::Mat1b median;
+  cv::medianBlur(q, median, window | 1);
+  cv::Mat1f out;
+  median.convertTo(out, CV_32F, 1.0 / kConcentrationLevels);
+  return out;
+}
+
+}  // namespace
+
+const std::array<Artefact, kArtefactCount>& all_artefacts() { return kAll; }
+
+const char* to_string(Artefact artefact) { return kNames[static_cast<std::size_t>(index(artefact))]; }
+
+QcAction parse_qc_action(const std::string& name, const std::string& key) {
+  if (name == "exclude") return QcAction::exclude;
+  if (name == "flag") return QcAction::flag;
+  throw core::ConfigError("unknown QC action '" + name + "' (known: exclude, flag)", "", 0, key);
+}
+
+const char* to_string(QcAction action) { return action == QcAction::exclude ? "exclude" : "flag"; }
+
+core::Schema& declare_qc_keys(core::Schema& schema) {
+  schema.boolean("qc.enabled", true, "Run slide quality control (artefact masks, slide-level checks) first")
+      .number("qc.mask_mpp", 8.0, "Resolution of the QC masks in um/px", 1, 64)
+      .number("qc.blur_mpp", 2.0, "Resolution at which sharpness is measured, um/px", 0.25, 16)
+      .number("qc.blur_ratio", 0.5,
+              "Tissue is out of focus where its sharpness is below this share of the slide's median", 0, 1)
+      .number("qc.severe_blur_ratio", 0.3,
+              "Blur below this share of the median sharpness is excluded whatever qc.blur.action says", 0, 1)
+      .number("qc.fold_ratio", 1.45,
+              "A fold: both H and E at least this many times their local median over the tissue", 1, 10)
+      .number("qc.underexposure_ratio", 0.8,
+              "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
+      .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
+      .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
+      .number("qc.max_fraction", 0.5,
+              "A tile (tile) or cell (infer) with more of its area in excluded artefacts is excluded", 0, 1)
+      .boolean("qc.refuse_flagged", false,
+               "A slide-level flag (too little tissue, not brightfield, stain far from cohort) fails the slide "
+               "instead of a warning");
+  for (const Artefact a : kAll) {
+    const std::string name = to_string(a);
+    schema.boolean("qc." + name + ".enabled", true, "Detect " + name)
+        .string("qc." + name + ".action", kDefaultActions[static_cast<std::size_t>(index(a))],
+                "What infer and tile do with " + name + ": exclude (not scored, tiles dropped) or flag (kept, marked)",
+                {"exclude", "flag"});
+  }
+  return schema;
+}
+
+bool qc_enabled(const core::Config& config) { return config.get_bool("qc.enabled"); }
+
+QcOptions qc_options(const core::Config& config) {
+  QcOptions o;
+  o.mask_mpp = config.get_number("qc.mask_mpp");
+  o.blur_mpp = config.get_number("qc.blur_mpp");
+  o.blur_ratio = config.get_number("qc.blur_ratio");
+  o.severe_blur_ratio = config.get_number("qc.severe_blur_ratio");
+  o.fold_ratio = config.get_number("qc.fold_ratio");
+  o.underexposure_ratio = config.get_number("qc.underexposure_ratio");
+  o.min_tissue_mm2 = config.get_number("qc.min_tissue_mm2");
+  o.min_artefact_um2 = config.get_number("qc.min_artefact_um2");
+  o.max_fraction = config.get_number("qc.max_fraction");
+  o.refuse_flagged = config.get_bool("qc.refuse_flagged");
+  for (const Artefact a : kAll) {
+    const std::string name = to_string(a);
+    const auto i = static_cast<std::size_t>(index(a));
+    o.enabled[i] = config.get_bool("qc." + name + ".enabled");
+    o.action[i] = parse_qc_action(config.get_string("qc." + name + ".action"), "qc." + name + ".action");
+  }
+  return o;
+}
+
+cv::Mat1b QcResult::excluded() const {
+  cv::Mat1b out = cv::Mat1b::zeros(tissue.mask.size());
+  for (const Artefact a : kAll) {
+    const auto i = static_cast<std::size_t>(index(a));
+    if (options.action[i] == QcAction::exclude && !masks[i].empty()) out |= masks[i];
+  }
+  if (!severe_blur.empty()) out |= severe_blur;
+  return out;
+}
+
+cv::Mat1b QcResult::flagged() const {
+  cv::Mat1b out = cv::Mat1b::zeros(tissue.mask.size());
+  for (const Artefact a : kAll) {
+    const auto i = static_cast<std::size_t>(index(a));
+    if (options.action[i] == QcAction::flag && !masks[i].empty()) out |= masks[i];
+  }
+  return out;
+}
+
+cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options) {
+  // Bands of QC rows; each is read at blur_mpp, turned grey, and its |Laplacian| averaged into the QC pixels.
+  const double blur_mpp = std::max(options.blur_mpp, slide.mpp());
+  const double qc_downsample = static_cast<double>(slide.width()) / qc_size.width;  // level-0 px per QC pixel
+  const double fine_per_qc = qc_downsample * slide.mpp() / blur_mpp;                // blur pixels per QC pixel
+  constexpr std::int64_t kMaxBandPixels = std::int64_t{1} << 24;
+  const double fine_cols = static_cast<double>(qc_size.width) * fine_per_qc;
+  const int band_rows = std::max(1, static_cast<int>(static_cast<double>(kMaxBandPixels) /
+                                                     std::max(1.0, fine_cols * fine_per_qc)));
+  cv::Mat1f out = cv::Mat1f::zeros(qc_size);
+  const int level = slide.best_level_for_mpp(blur_mpp);
+  const io::SlideLevel& l = slide.level(level);
+  for (int r0 = 0; r0 < qc_size.height; r0 += band_rows) {
+    const int r1 = std::min(qc_size.height, r0 + band_rows);
+    const auto y0 = static_cast<std::int64_t>(std::floor(r0 * qc_downsample));
+    const auto y1 = std::min<std::int64_t>(slide.height(), static_cast<std::int64_t>(std::ceil(r1 * qc_downsample)));
+    const auto ly0 = static_cast<std::int64_t>(std::floor(static_cast<double>(y0) / l.downsample));
+    const auto ly1 = std::min<std::int64_t>(l.height, static_cast<std::int64_t>(std::ceil(y1 / l.downsample)));
+    cv::Mat region = slide.read_region(0, std::llround(static_cast<double>(ly0) * l.downsample), level, l.width,
+                                       std::max<std::int64_t>(1, ly1 - ly0));
+    const cv::Size fine(std::max(1, static_cast<int>(std::lround(qc_size.width * fine_per_qc))),
+                        std::max(1, static_cast<int>(std::lround((r1 - r0) * fine_per_qc))));
+    cv::Mat resized;
+    if (region.size() == fine) {
+      resized = region;
+    } else {
+      cv::resize(region, resized, fine, 0, 0, cv::INTER_AREA);
+    }
+    cv::Mat grey, laplacian;
+    cv::cvtColor(resized, grey, cv::COLOR_RGB2GRAY);
+    cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
+    laplacian = cv::abs(laplacian);
+    cv::Mat band;
+    cv::resize(laplacian, band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
+    band.copyTo(out.rowRange(r0, r1));
+  }
+  return out;
+}
+
+QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
+                const QcOptions& options) {
+  if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
+  if (!sharpness.empty() && sharpness.size() != rgb.size()) {
+    throw core::InternalError("run_qc: the sharpness map must have the image's size");
+  }
+  QcResult result;
+  result.options = options;
+  TissueOptions tissue_options;
+  tissue_options.mask_mpp = mpp;
+  tissue_options.reject_pen_marks = false;
+  result.tissue = detect_tissue(rgb, downsample, mpp, tissue_options);
+  const cv::Mat1b& tissue = result.tissue.mask;
+  const cv::Size size = rgb.size();
+  for (auto& m : result.masks) m = cv::Mat1b::zeros(size);
+  result.severe_blur = cv::Mat1b::zeros(size);
+  const double um2_per_pixel = mpp * mpp;
+  const double min_pixels = options.min_artefact_um2 / um2_per_pixel;
+  const auto on = [&](Artefact a) { return options.enabled[static_cast<std::size_t>(index(a))]; };
+  auto mask = [&](Artefact a) -> cv::Mat1b& { return result.masks[static_cast<std::size_t>(index(a))]; };
+
+  // Per pixel colour measures, brightness, stain concentrations.
+  const StainVectors stains = ruifrok_he();
+  const cv::Matx33d unmix = unmixing_matrix(stains);
+  cv::Mat1f h(size), e(size), grey(size);
+  cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size),
+            ink_black = cv::Mat1b::zeros(size), ink_red = cv::Mat1b::zeros(size), rim = cv::Mat1b::zeros(size),
+            clipped = cv::Mat1b::zeros(size);
+  std::vector<float> background, tissue_grey, tissue_h, tissue_e;
+  for (int r = 0; r < size.height; ++r) {
+    const auto* in = rgb.ptr<cv::Vec3b>(r);
+    const auto* t = tissue.ptr<std::uint8_t>(r);
+    for (int c = 0; c < size.width; ++c) {
+      const cv::Vec3b& p = in[c];
+      const Hsv v = hsv(p);
+      const double distance = white_distance(p);
+      const float g = static_cast<float>(0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]);
+      grey(r, c) = g;
+      const cv::Vec3d od = unmix * rgb_to_od(p);
+      h(r, c) = static_cast<float>(std::max(0.0, od[0]));
+      e(r, c) = static_cast<float>(std::max(0.0, od[1]));
+      const bool far_from_white = distance >= 30.0;
+      if (far_from_white) {
+        if (v.value < kBlackMaxValue && v.saturation < kBlackMaxSaturation) {
+          ink_black(r, c) = 255;
+        } else if (v.saturation >= kRedMinSaturation && (v.hue >= kRedHueLow || v.hue < kRedHueHigh)) {
+          ink_red(r, c) = 255;
+        } else if (v.saturation >= kInkMinSaturation && v.hue >= kGreenHueMin && v.hue < kInkHueMax) {
+          (v.hue < kBlueHueMin ? ink_green : ink_blue)(r, c) = 255;
+        } else if (v.saturation < kRimMaxSaturation && distance >= kRimMinWhiteDistance && v.value >= kRimMinValue) {
+          rim(r, c) = 255;
+        }
+      }
+      if (p[0] >= kClippedLevel && p[1] >= kClippedLevel && p[2] >= kClippedLevel) clipped(r, c) = 255;
+      if (t[c] != 0) {
+        tissue_grey.push_back(g);
+        tissue_h.push_back(h(r, c));
+        tissue_e.push_back(e(r, c));
+      } else {
+        background.push_back(g);
+      }
+    }
+  }
+  result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
+  result.background_brightness = median_of(background);
+  result.brightness = tissue_grey.empty()
+                          ? 0.0
+                          : std::accumulate(tissue_grey.begin(), tissue_grey.end(), 0.0) /
+                                static_cast<double>(tissue_grey.size());
+  result.stain_h = median_of(tissue_h);
+  result.stain_e = median_of(tissue_e);
+  result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
+
+  // Pen ink: closing joins a stroke's mottled pixels; the blurred rim of a stroke is paler than its core.
+  const std::array<std::pair<Artefact, cv::Mat1b*>, 4> inks = {{{Artefact::pen_green, &ink_green},
+                                                                 {Artefact::pen_blue, &ink_blue},
+                                                                 {Artefact::pen_black, &ink_black},
+                                                                 {Artefact::pen_red, &ink_red}}};
+  for (const auto& [a, ink] : inks) {
+    if (!on(a)) continue;
+    cv::morphologyEx(*ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
+    remove_small(mask(a), min_pixels);
+  }
+
+  // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
+  if (on(Artefact::bubble)) {
+    cv::Mat1b lines;
+    cv::morphologyEx(rim, lines, cv::MORPH_CLOSE, elliptic(3));
+    remove_small(lines, min_pixels / 4.0);
+    mask(Artefact::bubble) = fill_enclosed(lines);
+    remove_small(mask(Artefact::bubble), min_pixels);
+  }
+
+  // The section's outline: tissue with its gaps closed and holes filled (for exposure).
+  cv::Mat1b section;
+  cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
+  section = fill_enclosed(section);
+
+  if (on(Artefact::overexposed)) {
+    cv::Mat1b over = clipped & section;
+    cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
+    cv::morphologyEx(over, mask(Artefact::overexposed), cv::MORPH_CLOSE, elliptic(5));
+    remove_small(mask(Artefact::overexposed), min_pixels);
+  }
+  if (on(Artefact::underexposed) && !background.empty()) {
+    const double limit = options.underexposure_ratio * result.background_brightness;
+    cv::Mat1b under = (grey < limit) & ~section;
+    // Ink and rims are dark too: only neutral glass counts.
+    for (const auto& [a, ink] : inks) under &= ~*ink;
+    under &= ~rim;
+    cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(3));
+    // The darkened glass tells the area; the tissue inside it is under-exposed too.
+    cv::morphologyEx(under, under, cv::MORPH_CLOSE, elliptic(15));
+    mask(Artefact::underexposed) = fill_enclosed(under);
+    remove_small(mask(Artefact::underexposed), min_pixels);
+  }
+
+  // Folds: both stains raised against the tissue around.
+  if (on(Artefact::fold) && !tissue_h.empty()) {
+    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
+    cv::Mat1f h_smooth, e_smooth;
+    cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
+    cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
+    const cv::Mat1f h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
+    const cv::Mat1f e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
+    cv::Mat1b fold = cv::Mat1b::zeros(size);
+    constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
+    for (int r = 0; r < size.height; ++r) {
+      for (int c = 0; c < size.width; ++c) {
+        if (tissue(r, c) == 0) continue;
+        const float hl = std::max(h_local(r, c), kMinConcentration), el = std::max(e_local(r, c), kMinConcentration);
+        if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
+      }
+    }
+    for (const auto& [a, ink] : inks) fold &= ~*ink;
+    cv::morphologyEx(fold, fold, cv::MORPH_OPEN, elliptic(3));
+    cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
+    mask(Artefact::fold) &= tissue;
+    remove_small(mask(Artefact::fold), min_pixels);
+  }
+
+  // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
+  if (on(Artefact::blur) && !sharpness.empty()) {
+    cv::Mat1b sharp_tissue = tissue.clone();
+    // Ink, folds and bubbles have sharpness of their own; they are not the tissue's reference.
+    for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red,
+                             Artefact::fold, Artefact::bubble}) {
+      sharp_tissue &= ~mask(a);
+    }
+    cv::Mat1b inner;
+    cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
+    std::vector<float> values;
+    for (int r = 0; r < size.height; ++r) {
+      for (int c = 0; c < size.width; ++c) {
+        if (inner(r, c) != 0) values.push_back(sharpness(r, c));
+      }
+    }
+    result.sharpness = median_of(values);
+    if (result.sharpness > 0.0) {
+      // Mean over tissue in a small window: normalized convolution.
+      cv::Mat1f weight, sum;
+      inner.convertTo(weight, CV_32F, 1.0 / 255.0);
+      cv::Mat1f weighted = sharpness.mul(weight);
+      const cv::Size window(7, 7);
+      cv::blur(weighted, sum, window);
+      cv::blur(weight, weight, window);
+      cv::Mat1b blur = cv::Mat1b::zeros(size), severe = cv::Mat1b::zeros(size);
+      for (int r = 0; r < size.height; ++r) {
+        for (int c = 0; c < size.width; ++c) {
+          if (tissue(r, c) == 0 || weight(r, c) < 0.2f) continue;
+          const double ratio = sum(r, c) / weight(r, c) / result.sharpness;
+          if (ratio < options.blur_ratio) blur(r, c) = 255;
+          if (ratio < options.severe_blur_ratio) severe(r, c) = 255;
+        }
+      }
+      cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
+      blur &= tissue;
+      remove_small(blur, min_pixels);
+      mask(Artefact::blur) = blur;
+      result.severe_blur = severe & blur;
+    }
+  }
+
+  const double tissue_pixels = std::max(1, cv::countNonZero(tissue));
+  for (const Artefact a : kAll) {
+    const auto i = static_cast<std::size_t>(index(a));
+    const cv::Mat1b& m = result.masks[i];
+    result.area_mm2[i] = cv::countNonZero(m) * um2_per_pixel * 1e-6;
+    result.fraction[i] = cv::countNonZero(m & tissue) / tissue_pixels;
+  }
+
+  // Slide-level checks.
+  // Brightfield glass is bright; a fluorescence slide's background is dark.
+  constexpr double kMinBrightfieldBackground = 128.0;
+  const double overall = cv::mean(grey)[0];
+  if ((background.empty() ? overall : result.background_brightness) < kMinBrightfieldBackground) {
+    result.flags.push_back(
+        fmt::format("not brightfield (background grey level {:.0f} of 255: a fluorescence or dark-field slide?)",
+                    background.empty() ? overall : result.background_brightness));
+  } else if (result.tissue_area_mm2 < options.min_tissue_mm2) {
+    result.flags.push_back(fmt::format("too little tissue ({:.3f} mm2, qc.min_tissue_mm2 {:g})", result.tissue_area_mm2,
+                                       options.min_tissue_mm2));
+  }
+  return result;
+}
+
+QcResult run_qc(const io::Slide& slide, const QcOptions& options) {
+  if (!(options.mask_mpp > 0.0)) throw core::ConfigError("mask_mpp must be positive", "", 0, "qc.mask_mpp");
+  double downsample = 1.0;
+  const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
+  const double scale = slide.mpp() / mask_mpp;
+  const auto cols = static_cast<std::int64_t>(std::ceil(static_cast<double>(slide.width()) * scale - 1e-9));
+  const auto rows = static_cast<std::int64_t>(std::ceil(static_cast<double>(slide.height()) * scale - 1e-9));
+  if (cols < kMinQcSide || rows < kMinQcSide) {
+    throw core::InputError(fmt::format("the slide ({}×{} px at {:g} µm/px) is too small for quality control: it needs "
+                                       "at least {}×{} pixels at the QC level of {:g} µm/px",
+                                       slide.width(), slide.height(), slide.mpp(), kMinQcSide, kMinQcSide, mask_mpp),
+                           slide.path());
+  }
+  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample);
+  const bool blur = options.enabled[static_cast<std::size_t>(index(Artefact::blur))];
+  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
+  return run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);
+}
+
+void add_cohort_flags(std::vector<QcResult*>& results, double z) {
+  std::vector<QcResult*> with_tissue;
+  for (QcResult* r : results) {
+    if (r->tissue_area_mm2 > 0.0) with_tissue.push_back(r);
+  }
+  if (with_tissue.size() < 3) return;
+  const std::array<double QcResult::*, 3> measures = {&QcResult::stain_h, &QcResult::stain_e, &QcResult::stain_angle};
+  const std::array<const char*, 3> names = {"H", "E", "H-E angle"};
+  constexpr double kMadToSigma = 1.4826;
+  for (std::size_t m = 0; m < measures.size(); ++m) {
+    std::vector<float> values;
+    for (const QcResult* r : with_tissue) values.push_back(static_cast<float>(r->*measures[m]));
+    const double median = median_of(values);
+    std::vector<float> deviations;
+    for (const float v : values) deviations.push_back(static_cast<float>(std::abs(v - median)));
+    // A floor on the spread: a cohort of near-identical slides must not flag a slide that differs by a hair.
+    const double floor = m == 2 ? 2.0 : 0.02;
+    const double sigma = std::max(floor, kMadToSigma * median_of(deviations));
+    for (QcResult* r : with_tissue) {
+      const double score = (r->*measures[m] - median) / sigma;
+      if (std::abs(score) > z) {
+        r->flags.push_back(fmt::format("stain far from cohort ({} {:.3f}, cohort median {:.3f}, {:+.1f} robust SD)",
+                                       names[m], r->*measures[m], median, score));
+      }
+    }
+  }
+}
+
+cv::Mat1w encode_qc_masks(const QcResult& result) {
+  cv::Mat1w out = cv::Mat1w::zeros(result.tissue.mask.size());
+  for (int r = 0; r < out.rows; ++r) {
+    auto* o = out.ptr<std::uint16_t>(r);
+    const auto* t = result.tissue.mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < out.cols; ++c) {
+      std::uint16_t bits = t[c] != 0 ? std::uint16_t{1u << 15} : std::uint16_t{0};
+      for (int k = 0; k < kArtefactCount; ++k) {
+        const cv::Mat1b& m = result.masks[static_cast<std::size_t>(k)];
+        if (!m.empty() && m(r, c) != 0) bits = static_cast<std::uint16_t>(bits | (1u << k));
+      }
+      o[c] = bits;
+    }
+  }
+  return out;
+}
+
+double mask_iou(const cv::Mat1b& a, const cv::Mat1b& b) {
+  if (a.size() != b.size()) throw core::InternalError("mask_iou: the masks differ in size");
+  const int intersection = cv::countNonZero(a & b);
+  const int uni = cv::countNonZero(a | b);
+  return uni == 0 ? 1.0 : static_cast<double>(intersection) / uni;
+}
+
+cv::Scalar artefact_colour(Artefact artefact) {
+  switch (artefact) {
+    case Artefact::blur: return {255, 200, 0};
+    case Artefact::pen_green: return {0, 200, 0};
+    case Artefact::pen_blue: return {0, 90, 255};
+    case Artefact::pen_black: return {40, 40, 40};
+    case Artefact::pen_red: return {230, 0, 0};
+    case Artefact::fold: return {160, 0, 200};
+    case Artefact::bubble: return {0, 200, 200};
+    case Artefact::overexposed: return {255, 120, 200};
+    case Artefact::underexposed: return {120, 80, 40};
+  }
+  return {128, 128, 128};
+}
+
+cv::Mat render_qc_preview(const cv::Mat& rgb, const QcResult& result) {
+  cv::Mat picture = rgb.clone();
+  const int legend_height = 22 * ((kArtefactCount + 2) / 3) + 8;
+  for (const Artefact a : kAll) {
+    const cv::Mat1b& m = result.masks[static_cast<std::size_t>(index(a))];
+    if (m.empty() || cv::countNonZero(m) == 0) continue;
+    cv::Mat1b scaled;
+    cv::resize(m, scaled, picture.size(), 0, 0, cv::INTER_NEAREST);
+    cv::Mat tint(picture.size(), picture.type(), artefact_colour(a));
+    cv::Mat blended;
+    cv::addWeighted(picture, 0.55, tint, 0.45, 0.0, blended);
+    blended.copyTo(picture, scaled);
+    std::vector<std::vector<cv::Point>> contours;
+    cv::findContours(scaled, contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_SIMPLE);
+    cv::drawContours(picture, contours, -1, artefact_colour(a), std::max(1, picture.cols / 400), cv::LINE_AA);
+  }
+  const int width = std::max(picture.cols, 480);
+  cv::Mat canvas(picture.rows + legend_height, width, CV_8UC3, cv::Scalar(255, 255, 255));
+  picture.copyTo(canvas(cv::Rect((width - picture.cols) / 2, 0, picture.cols, picture.rows)));
+  for (int k = 0; k < kArtefactCount; ++k) {
+    const Artefact a = kAll[static_cast<std::size_t>(k)];
+    const int x = 8 + (k % 3) * (width / 3), y = picture.rows + 8 + (k / 3) * 22;
+    cv::rectangle(canvas, cv::Rect(x, y, 14, 14), artefact_colour(a), cv::FILLED);
+    const std::string text =
+        fmt::format("{} {:.1f}%", to_string(a), 100.0 * result.fraction[static_cast<std::size_t>(k)]);
+    cv::putText(canvas, text, {x + 20, y + 12}, cv::FONT_HERSHEY_SIMPLEX, 0.45, cv::Scalar(0, 0, 0), 1, cv::LINE_AA);
+  }
+  return canvas;
+}
+
+}  // namespace tessera::prep

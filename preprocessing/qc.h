@@ -1,0 +1,126 @@
+// Slide quality control: where a slide's pixels cannot be trusted (`tessera qc`, and the QC stage of tile and infer).
+//
+// Per slide, at a coarse level (about `mask_mpp` µm/px, the tissue mask's resolution), one mask per artefact class:
+//   blur          out-of-focus tissue: its sharpness (mean |Laplacian| of the grey image read at `blur_mpp`, per QC
+//                 pixel) is below `blur_ratio` times the median over the slide's own tissue
+//   pen_green, pen_blue, pen_black, pen_red
+//                 marker ink, told from H&E by colour: stained tissue has red ≥ green (hue 240°..40°), green and
+//                 blue ink absorb red (hue 60°..236°), black ink is dark and nearly neutral, red ink is far more
+//                 saturated than eosin and lies at hue 345°..25° where eosin sits near 300°..340°
+//   fold          doubled tissue: BOTH haematoxylin and eosin at least `fold_ratio` times their local median over the
+//                 tissue around it (a lymphoid area raises only H, stroma only E)
+//   bubble        air bubbles and coverslip edges: thin grey (neutral, darker than glass, not black) lines; the area a
+//                 closed line encloses is the bubble
+//   overexposed   washed-out tissue: clipped white (every channel ≥ 250) inside the section's outline
+//   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median brightness)
+// and slide-level checks: too little tissue (< `min_tissue_mm2`), not a brightfield slide (a dark background:
+// fluorescence), and, over a cohort (qc_cohort_flags), stain far from the cohort's.
+//
+// Masks are CV_8U, 255 = artefact, the size of the tissue mask (pixel (r, c) covers level-0
+// [c·downsample, (c+1)·downsample) × [r·downsample, ...)). Fractions are of the tissue area (tissue found with pen
+// marks kept, so that ink over tissue counts as tissue under ink).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "core/config.h"
+#include "io/slide.h"
+#include "preprocessing/tissue.h"
+
+namespace tessera::prep {
+
+enum class Artefact : int {
+  blur = 0,
+  pen_green,
+  pen_blue,
+  pen_black,
+  pen_red,
+  fold,
+  bubble,
+  overexposed,
+  underexposed,
+};
+inline constexpr int kArtefactCount = 9;
+const std::array<Artefact, kArtefactCount>& all_artefacts();
+const char* to_string(Artefact artefact);  // "blur", "pen_green", ...
+inline int index(Artefact artefact) { return static_cast<int>(artefact); }
+
+// What infer and tile do with cells/tiles of a class: not scored/dropped (exclude) or kept and marked (flag).
+enum class QcAction { exclude, flag };
+QcAction parse_qc_action(const std::string& name, const std::string& key);  // ConfigError naming `key`
+const char* to_string(QcAction action);
+
+struct QcOptions {
+  double mask_mpp = 8.0;   // the QC level, µm/px
+  double blur_mpp = 2.0;   // where sharpness is measured, µm/px
+  double blur_ratio = 0.5;  // out of focus below this share of the slide's median tissue sharpness
+  double fold_ratio = 1.45;
+  double underexposure_ratio = 0.8;
+  double min_tissue_mm2 = 1.0;    // less tissue: the slide-level flag "too little tissue"
+  double min_artefact_um2 = 20000.0;  // smaller specks of a class are dropped (≈ 140 µm square)
+  std::array<bool, kArtefactCount> enabled{true, true, true, true, true, true, true, true, true};
+  std::array<QcAction, kArtefactCount> action{QcAction::flag,    QcAction::exclude, QcAction::exclude,
+                                              QcAction::exclude, QcAction::exclude, QcAction::exclude,
+                                              QcAction::exclude, QcAction::exclude, QcAction::exclude};
+  // Blur excludes (instead of its action) where sharpness is below this share of the median: severe defocus.
+  double severe_blur_ratio = 0.3;
+  double max_fraction = 0.5;  // a tile/cell with more of its area in excluded artefacts is excluded
+  bool refuse_flagged = false;  // a slide-level flag is a per-slide error (InputError) instead of a warning
+};
+
+// The qc.* keys (tile, infer and qc declare them alike) and their values.
+core::Schema& declare_qc_keys(core::Schema& schema);
+bool qc_enabled(const core::Config& config);
+QcOptions qc_options(const core::Config& config);
+
+struct QcResult {
+  TissueMask tissue;                               // tissue at the QC level (pen marks kept)
+  std::array<cv::Mat1b, kArtefactCount> masks;     // 255 = artefact; zeros for a disabled class
+  cv::Mat1b severe_blur;                           // blur below severe_blur_ratio (a subset of masks[blur])
+  std::array<double, kArtefactCount> fraction{};   // of the tissue area
+  std::array<double, kArtefactCount> area_mm2{};   // of the whole mask (ink and exposure may lie on glass)
+  double tissue_area_mm2 = 0.0;
+  double sharpness = 0.0;             // median over tissue (mean |Laplacian| per QC pixel, grey levels)
+  double brightness = 0.0;            // mean grey level of the tissue, 0..255
+  double background_brightness = 0.0;  // median grey level of the slide outside tissue, 0..255
+  double stain_h = 0.0, stain_e = 0.0;  // median H and E concentrations of the tissue (Ruifrok vectors, OD units)
+  double stain_angle = 0.0;             // degrees: the median tissue OD's hue angle in the H–E plane
+  std::vector<std::string> flags;       // slide-level: "too little tissue", "not brightfield", ...
+  // The union of the classes whose action is exclude (and severe blur), and of those that flag.
+  cv::Mat1b excluded() const;
+  cv::Mat1b flagged() const;
+  QcOptions options;
+};
+
+// Reads the slide at the QC level and at blur_mpp (in bands: memory stays bounded) and finds artefacts. InputError
+// naming the slide when it is too small for QC (fewer than 8 QC pixels a side).
+QcResult run_qc(const io::Slide& slide, const QcOptions& options);
+// The same on images already read: `rgb` at the QC level (`downsample` level-0 px per pixel, `mpp` µm/px) and the
+// per-QC-pixel sharpness (CV_32F, same size; empty = blur not measured).
+QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
+                const QcOptions& options);
+
+// Per QC pixel, the mean |Laplacian| of the grey image read at options.blur_mpp (the sharpness run_qc uses).
+cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options);
+
+// Cohort check: for each slide, "stain far from cohort" when its stain (H, E, angle) lies more than `z` robust
+// standard deviations (1.4826 · median absolute deviation) from the cohort's median; needs at least 3 slides.
+// Appends the flag to the results' flags.
+void add_cohort_flags(std::vector<QcResult*>& results, double z = 3.5);
+
+// Masks of one slide as one 16-bit PNG's pixels: bit k set = class k (all_artefacts() order), bit 15 = tissue.
+cv::Mat1w encode_qc_masks(const QcResult& result);
+// Intersection over union of two masks (255 = in); 1 when both are empty.
+double mask_iou(const cv::Mat1b& a, const cv::Mat1b& b);
+
+// A picture a person reads at a glance: the thumbnail with each class's area tinted and outlined in its colour, and
+// a legend. `rgb` is the QC-level image (or any image of the slide: the masks are scaled to it).
+cv::Mat render_qc_preview(const cv::Mat& rgb, const QcResult& result);
+cv::Scalar artefact_colour(Artefact artefact);  // RGB
+
+}  // namespace tessera::prep

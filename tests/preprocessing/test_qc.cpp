@@ -1,0 +1,261 @@
+#include "preprocessing/qc.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <opencv2/imgproc.hpp>
+
+#include "core/error.h"
+#include "io/slide.h"
+#include "io/tiff_writer.h"
+#include "synth/synth.h"
+#include "tests/testing/testing.h"
+
+namespace tessera::prep {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Small synthetic slides (3072² px at 1 µm/px: 384² QC pixels) with the artefacts asked for; each test's seeds are
+// fixed, and none of them is a seed the README's measurements use.
+synth::SynthSlideOptions slide_options(std::uint64_t seed) {
+  synth::SynthSlideOptions o;
+  o.width = 3072;
+  o.height = 3072;
+  o.mpp = 1.0;
+  o.seed = seed;
+  o.tumour = false;
+  o.blur_patches = false;
+  o.tiff.compression = io::TiffCompression::jpeg;
+  o.tiff.jpeg_quality = 90;
+  return o;
+}
+
+struct Checked {
+  QcResult qc;
+  synth::SynthGroundTruth truth;
+};
+
+Checked run_on_synthetic(const synth::SynthSlideOptions& options, const QcOptions& qc = {}) {
+  testing::TempDir dir;
+  const std::string path = dir.file("slide.tif");
+  Checked out;
+  out.truth = synth::write_synthetic_slide(path, options);
+  out.qc = run_qc(io::Slide::open(path), qc);
+  return out;
+}
+
+// The truth mask of `a` at the QC masks' size (nearest: a truth pixel is a whole number of QC pixels).
+cv::Mat1b truth_at_qc(const Checked& c, Artefact a) {
+  const cv::Mat1b& truth = c.truth.artefacts[static_cast<std::size_t>(index(a))];
+  const cv::Mat1b& qc = c.qc.masks[static_cast<std::size_t>(index(a))];
+  if (truth.empty()) return cv::Mat1b::zeros(qc.size());
+  cv::Mat1b scaled;
+  const double f = c.truth.artefact_downsample / c.qc.tissue.downsample;
+  cv::resize(truth, scaled, cv::Size(), f, f, cv::INTER_NEAREST);
+  cv::Mat1b out = cv::Mat1b::zeros(qc.size());
+  const cv::Rect common(0, 0, std::min(out.cols, scaled.cols), std::min(out.rows, scaled.rows));
+  scaled(common).copyTo(out(common));
+  return out;
+}
+
+double iou_of(const Checked& c, Artefact a) {
+  return mask_iou(c.qc.masks[static_cast<std::size_t>(index(a))], truth_at_qc(c, a));
+}
+
+// Share of the slide's tissue that QC put in class `a`.
+double fraction(const Checked& c, Artefact a) { return c.qc.fraction[static_cast<std::size_t>(index(a))]; }
+
+TEST(Qc, NamesAndActionsRoundTrip) {
+  std::vector<std::string> names;
+  for (const Artefact a : all_artefacts()) names.emplace_back(to_string(a));
+  EXPECT_EQ(names, (std::vector<std::string>{"blur", "pen_green", "pen_blue", "pen_black", "pen_red", "fold", "bubble",
+                                             "overexposed", "underexposed"}));
+  EXPECT_EQ(parse_qc_action("exclude", "k"), QcAction::exclude);
+  EXPECT_EQ(parse_qc_action("flag", "k"), QcAction::flag);
+  try {
+    parse_qc_action("drop", "qc.fold.action");
+    ADD_FAILURE() << "no error";
+  } catch (const core::ConfigError& e) {
+    EXPECT_EQ(e.key(), "qc.fold.action");
+  }
+}
+
+TEST(Qc, CleanSlideHasNoArtefacts) {
+  const Checked c = run_on_synthetic(slide_options(2101));
+  EXPECT_GT(c.qc.tissue_area_mm2, 1.0);
+  for (const Artefact a : all_artefacts()) {
+    SCOPED_TRACE(to_string(a));
+    EXPECT_LT(fraction(c, a), 0.01);
+  }
+  EXPECT_TRUE(c.qc.flags.empty()) << c.qc.flags.front();
+}
+
+TEST(Qc, PenInkOfEachColourIsFoundWhereItWasDrawn) {
+  // Seeds whose pen colour is green, blue and black, and red ink on top.
+  int colours_seen = 0;
+  for (const std::uint64_t seed : {2201, 2202, 2203, 2204, 2205, 2206}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.pen_marks = true;
+    o.red_ink = true;
+    const Checked c = run_on_synthetic(o);
+    for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red}) {
+      if (c.truth.artefacts[static_cast<std::size_t>(index(a))].empty()) {
+        EXPECT_LT(fraction(c, a), 0.01) << to_string(a) << " found on seed " << seed << " where none was drawn";
+        continue;
+      }
+      if (a != Artefact::pen_red) ++colours_seen;
+      EXPECT_GT(iou_of(c, a), 0.7) << to_string(a) << " on seed " << seed;
+    }
+  }
+  EXPECT_GE(colours_seen, 3);
+}
+
+TEST(Qc, FoldsAreFound) {
+  for (const std::uint64_t seed : {2301, 2302}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.folds = true;
+    const Checked c = run_on_synthetic(o);
+    EXPECT_GT(iou_of(c, Artefact::fold), 0.7) << "seed " << seed;
+  }
+}
+
+TEST(Qc, BubblesAreFound) {
+  for (const std::uint64_t seed : {2401, 2402}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.bubbles = true;
+    const Checked c = run_on_synthetic(o);
+    EXPECT_GT(iou_of(c, Artefact::bubble), 0.7) << "seed " << seed;
+    EXPECT_LT(fraction(c, Artefact::pen_black), 0.01) << "a bubble's rim is no black ink";
+  }
+}
+
+TEST(Qc, OutOfFocusTissueIsFound) {
+  for (const std::uint64_t seed : {2501, 2502}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.blur_patches = true;
+    const Checked c = run_on_synthetic(o);
+    EXPECT_GT(iou_of(c, Artefact::blur), 0.5) << "seed " << seed;
+  }
+}
+
+TEST(Qc, ExposureFieldsAreFound) {
+  for (const std::uint64_t seed : {2601, 2602}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.exposure = true;
+    const Checked c = run_on_synthetic(o);
+    EXPECT_GT(iou_of(c, Artefact::overexposed), 0.3) << "seed " << seed;
+    EXPECT_GT(iou_of(c, Artefact::underexposed), 0.5) << "seed " << seed;
+  }
+}
+
+TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
+  synth::SynthSlideOptions o = slide_options(2203);
+  o.pen_marks = true;
+  o.folds = true;
+  QcOptions qc;
+  const Checked all = run_on_synthetic(o, qc);
+  qc.enabled[static_cast<std::size_t>(index(Artefact::fold))] = false;
+  qc.action[static_cast<std::size_t>(index(Artefact::pen_red))] = QcAction::flag;
+  const Checked some = run_on_synthetic(o, qc);
+  EXPECT_GT(fraction(all, Artefact::fold), 0.005);
+  EXPECT_EQ(cv::countNonZero(some.qc.masks[static_cast<std::size_t>(index(Artefact::fold))]), 0);
+  // Exclude: the union of the exclude classes; flag: the rest.
+  cv::Mat1b expected_excluded = cv::Mat1b::zeros(all.qc.tissue.mask.size());
+  for (const Artefact a : all_artefacts()) {
+    if (a != Artefact::blur) expected_excluded |= all.qc.masks[static_cast<std::size_t>(index(a))];
+  }
+  expected_excluded |= all.qc.severe_blur;
+  EXPECT_EQ(cv::countNonZero(all.qc.excluded() != expected_excluded), 0);
+  EXPECT_EQ(cv::countNonZero(all.qc.flagged() != all.qc.masks[static_cast<std::size_t>(index(Artefact::blur))]), 0);
+}
+
+// A slide of glass only: no tissue, flagged, still processed (no error).
+TEST(Qc, SlideWithoutTissueIsFlagged) {
+  testing::TempDir dir;
+  cv::Mat rgb(1024, 1024, CV_8UC3, cv::Scalar(242, 241, 244));
+  io::TiffWriterOptions options;
+  options.mpp = 1.0;
+  io::TiffWriter writer(dir.file("glass.tif"), rgb.cols, rgb.rows, options);
+  for (int y0 = 0; y0 < rgb.rows; y0 += options.tile_size) writer.write_strip(rgb.rowRange(y0, y0 + 256).clone());
+  writer.finish();
+  const QcResult qc = run_qc(io::Slide::open(dir.file("glass.tif")), QcOptions{});
+  ASSERT_EQ(qc.flags.size(), 1u);
+  EXPECT_NE(qc.flags[0].find("too little tissue"), std::string::npos) << qc.flags[0];
+}
+
+TEST(Qc, TooSmallSlideIsAnInputErrorNamingIt) {
+  testing::TempDir dir;
+  cv::Mat rgb(32, 32, CV_8UC3, cv::Scalar(200, 150, 200));
+  io::TiffWriterOptions options;
+  options.mpp = 1.0;
+  options.tile_size = 16;
+  io::TiffWriter writer(dir.file("tiny.tif"), rgb.cols, rgb.rows, options);
+  writer.write_strip(rgb.rowRange(0, 16).clone());
+  writer.write_strip(rgb.rowRange(16, 32).clone());
+  writer.finish();
+  try {
+    run_qc(io::Slide::open(dir.file("tiny.tif")), QcOptions{});
+    ADD_FAILURE() << "no error";
+  } catch (const core::Error& e) {
+    EXPECT_EQ(e.kind(), core::ErrorKind::input);
+    EXPECT_NE(std::string(e.what()).find("tiny.tif"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("too small for quality control"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Qc, FluorescenceSlideIsNotBrightfield) {
+  const fs::path path = testing::shared_data_dir() / "real-slides" / "fluorescence-dapi.ndpi";
+  if (!fs::exists(path)) GTEST_SKIP() << "no real data at " << path.parent_path() << " (../shared/data is absent)";
+  const QcResult qc = run_qc(io::Slide::open(path.string()), QcOptions{});
+  ASSERT_FALSE(qc.flags.empty());
+  EXPECT_NE(qc.flags[0].find("not brightfield"), std::string::npos) << qc.flags[0];
+}
+
+TEST(Qc, RealBrightfieldSlideIsNotFlagged) {
+  const fs::path path = testing::shared_data_dir() / "real-slides" / "cmu-1-small-region.svs";
+  if (!fs::exists(path)) GTEST_SKIP() << "no real data at " << path.parent_path() << " (../shared/data is absent)";
+  const QcResult qc = run_qc(io::Slide::open(path.string()), QcOptions{});
+  for (const auto& flag : qc.flags) EXPECT_EQ(flag.find("not brightfield"), std::string::npos) << flag;
+}
+
+TEST(Qc, StainFarFromTheCohortIsFlagged) {
+  std::vector<QcResult> results(5);
+  const double h[] = {0.30, 0.31, 0.29, 0.30, 0.80};
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    results[i].tissue_area_mm2 = 10.0;
+    results[i].stain_h = h[i];
+    results[i].stain_e = 0.25;
+    results[i].stain_angle = 40.0;
+  }
+  std::vector<QcResult*> cohort;
+  for (auto& r : results) cohort.push_back(&r);
+  add_cohort_flags(cohort);
+  for (std::size_t i = 0; i + 1 < results.size(); ++i) EXPECT_TRUE(results[i].flags.empty()) << i;
+  ASSERT_EQ(results.back().flags.size(), 1u);
+  EXPECT_NE(results.back().flags[0].find("stain far from cohort"), std::string::npos);
+  // Two slides are no cohort.
+  std::vector<QcResult*> pair = {&results[0], &results[4]};
+  results[4].flags.clear();
+  add_cohort_flags(pair);
+  EXPECT_TRUE(results[4].flags.empty());
+}
+
+TEST(Qc, MasksEncodeAsBitsOfOnePng) {
+  QcResult r;
+  r.tissue.mask = cv::Mat1b::zeros(4, 4);
+  r.tissue.mask.at<std::uint8_t>(1, 1) = 255;
+  for (auto& m : r.masks) m = cv::Mat1b::zeros(4, 4);
+  r.masks[static_cast<std::size_t>(index(Artefact::fold))](1, 1) = 255;
+  r.masks[static_cast<std::size_t>(index(Artefact::underexposed))](2, 3) = 255;
+  const cv::Mat1w bits = encode_qc_masks(r);
+  EXPECT_EQ(bits(1, 1), (1u << 15) | (1u << index(Artefact::fold)));
+  EXPECT_EQ(bits(2, 3), 1u << index(Artefact::underexposed));
+  EXPECT_EQ(bits(0, 0), 0u);
+}
+
+}  // namespace
+}  // namespace tessera::prep
