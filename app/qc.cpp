@@ -54,8 +54,7 @@ const core::Schema& qc_schema() {
 }
 
 // One slide, on the rank that ran it: its row's numbers as JSON (sent to rank 0), masks written on the way.
-json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::QcOptions& options,
-                 double assume_mpp) {
+json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::QcOptions& options, double assume_mpp) {
   io::SlideOpenOptions open_options;
   open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
   const io::Slide slide = io::Slide::open(input.path, open_options);
@@ -132,8 +131,8 @@ int run_qc(const JobOptions& job) {
   }
   const int refused = options.refuse_flagged ? cohort.flagged_slides : 0;
   spdlog::info("{} slide(s): {} usable, {} not usable, {} failed; {} and {} in {}", inputs.size(),
-               inputs.size() - static_cast<std::size_t>(unusable + failed), unusable, failed, "qc.csv",
-               "qc-cohort.png", fs::absolute(out).lexically_normal().string());
+               inputs.size() - static_cast<std::size_t>(unusable + failed), unusable, failed, "qc.csv", "qc-cohort.png",
+               fs::absolute(out).lexically_normal().string());
   if (failed > 0 || refused > 0) {
     std::fprintf(stderr, "tessera qc: %d slide(s) failed%s (qc.csv names them and why)\n", failed + refused,
                  refused > 0 ? ", flagged slides refused (qc.refuse_flagged)" : "");

@@ -37,17 +37,27 @@ constexpr double kInkHueMax = 236.0;  // haematoxylin sits at ≥ 240°
 constexpr double kInkMinSaturation = 0.20;
 constexpr double kBlackMaxValue = 0.30;
 constexpr double kBlackMaxSaturation = 0.45;
-constexpr double kRedHueLow = 345.0;   // red ink: hue ≥ this or < kRedHueHigh
+constexpr double kRedHueLow = 325.0;  // red ink: hue ≥ this or < kRedHueHigh
 constexpr double kRedHueHigh = 25.0;
 constexpr double kRedMinSaturation = 0.60;
 
-// Bubble rims and coverslip edges: neutral grey, clearly darker than glass, lighter than black ink.
-constexpr double kRimMaxSaturation = 0.15;
-constexpr double kRimMinWhiteDistance = 60.0;
-constexpr double kRimMinValue = kBlackMaxValue;
+// Bubble rims, coverslip edges and black ink are neutral: their OD has a large component along the residual
+// direction of colour deconvolution (H × E), which stained tissue lacks. Rims are thin lines; ink strokes are wide.
+constexpr double kNeutralMinResidual = 0.12;
+constexpr double kBlackMinResidual = 0.45;  // black ink over tissue; an under-exposed field adds about 0.3
+constexpr double kRimMaxWidthUm = 64.0;     // wider neutral areas are ink (or a dark field), not a rim
+// Glass darkened this far below the slide's glass, neutral, is under-exposed.
+constexpr double kUnderMaxSaturation = 0.12;
 
-// Clipped white: an over-exposed pixel.
-constexpr int kClippedLevel = 250;
+// A clipped channel: an over-exposed pixel.
+constexpr int kClippedLevel = 253;
+
+// Over-exposed tissue: both stains at most 1/this of their local median.
+constexpr float kOverexposureRatio = 1.2f;
+
+// Sharpness: |Laplacian| over the local contrast |grey − Gaussian(grey, kContrastSigma px)| (grey levels).
+constexpr double kContrastSigma = 3.0;
+constexpr double kMinContrast = 2.0;
 
 // Local medians of the stain concentrations for folds are taken over a window of about this many µm.
 constexpr double kFoldWindowUm = 800.0;
@@ -122,6 +132,40 @@ cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
   return filled;
 }
 
+// Keeps the components of `mask` that overlap `region`.
+void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
+  cv::Mat labels;
+  const int n = cv::connectedComponents(mask, labels, 8, CV_32S);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    const auto* g = region.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (l[c] > 0 && g[c] != 0) keep[static_cast<std::size_t>(l[c])] = 1;
+    }
+  }
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
+    }
+  }
+}
+
+// Each 8-connected component of `mask` filled to its convex hull.
+cv::Mat1b convex_hulls(const cv::Mat1b& mask) {
+  std::vector<std::vector<cv::Point>> contours;
+  cv::findContours(mask.clone(), contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_SIMPLE);
+  cv::Mat1b out = cv::Mat1b::zeros(mask.size());
+  for (const auto& contour : contours) {
+    std::vector<cv::Point> hull;
+    cv::convexHull(contour, hull);
+    cv::fillConvexPoly(out, hull, cv::Scalar(255));
+  }
+  return out;
+}
+
 double median_of(std::vector<float> values) {
   if (values.empty()) return 0.0;
   const auto mid = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
@@ -166,13 +210,13 @@ const char* to_string(QcAction action) { return action == QcAction::exclude ? "e
 core::Schema& declare_qc_keys(core::Schema& schema) {
   schema.boolean("qc.enabled", true, "Run slide quality control (artefact masks, slide-level checks) first")
       .number("qc.mask_mpp", 8.0, "Resolution of the QC masks in um/px", 1, 64)
-      .number("qc.blur_mpp", 2.0, "Resolution at which sharpness is measured, um/px", 0.25, 16)
-      .number("qc.blur_ratio", 0.5,
+      .number("qc.blur_mpp", 1.0, "Resolution at which sharpness is measured, um/px", 0.25, 16)
+      .number("qc.blur_ratio", 0.6,
               "Tissue is out of focus where its sharpness is below this share of the slide's median", 0, 1)
       .number("qc.severe_blur_ratio", 0.3,
               "Blur below this share of the median sharpness is excluded whatever qc.blur.action says", 0, 1)
-      .number("qc.fold_ratio", 1.45,
-              "A fold: both H and E at least this many times their local median over the tissue", 1, 10)
+      .number("qc.fold_ratio", 1.3, "A fold: both H and E at least this many times their local median over the tissue",
+              1, 10)
       .number("qc.underexposure_ratio", 0.8,
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
@@ -241,8 +285,8 @@ cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOp
   const double fine_per_qc = qc_downsample * slide.mpp() / blur_mpp;                // blur pixels per QC pixel
   constexpr std::int64_t kMaxBandPixels = std::int64_t{1} << 24;
   const double fine_cols = static_cast<double>(qc_size.width) * fine_per_qc;
-  const int band_rows = std::max(1, static_cast<int>(static_cast<double>(kMaxBandPixels) /
-                                                     std::max(1.0, fine_cols * fine_per_qc)));
+  const int band_rows =
+      std::max(1, static_cast<int>(static_cast<double>(kMaxBandPixels) / std::max(1.0, fine_cols * fine_per_qc)));
   cv::Mat1f out = cv::Mat1f::zeros(qc_size);
   const int level = slide.best_level_for_mpp(blur_mpp);
   const io::SlideLevel& l = slide.level(level);
@@ -262,12 +306,19 @@ cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOp
     } else {
       cv::resize(region, resized, fine, 0, 0, cv::INTER_AREA);
     }
-    cv::Mat grey, laplacian;
+    cv::Mat grey, laplacian, smooth, contrast;
     cv::cvtColor(resized, grey, cv::COLOR_RGB2GRAY);
+    grey.convertTo(grey, CV_32F);
     cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
     laplacian = cv::abs(laplacian);
-    cv::Mat band;
-    cv::resize(laplacian, band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
+    // Fine detail against the local contrast at a few pixels' scale: defocus removes the first and keeps much of
+    // the second, while dense and sparse tissue differ in both alike.
+    cv::GaussianBlur(grey, smooth, cv::Size(0, 0), kContrastSigma, kContrastSigma, cv::BORDER_REPLICATE);
+    contrast = cv::abs(grey - smooth);
+    cv::Mat fine_band, contrast_band;
+    cv::resize(laplacian, fine_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
+    cv::resize(contrast, contrast_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
+    cv::Mat1f band = fine_band / (contrast_band + kMinContrast);
     band.copyTo(out.rowRange(r0, r1));
   }
   return out;
@@ -298,9 +349,10 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   const StainVectors stains = ruifrok_he();
   const cv::Matx33d unmix = unmixing_matrix(stains);
   cv::Mat1f h(size), e(size), grey(size);
-  cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size),
-            ink_black = cv::Mat1b::zeros(size), ink_red = cv::Mat1b::zeros(size), rim = cv::Mat1b::zeros(size),
-            clipped = cv::Mat1b::zeros(size);
+  cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size), ink_black = cv::Mat1b::zeros(size),
+            ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
+            grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size);
+  std::vector<float> background_max;
   std::vector<float> background, tissue_grey, tissue_h, tissue_e;
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
@@ -315,18 +367,23 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
       h(r, c) = static_cast<float>(std::max(0.0, od[0]));
       e(r, c) = static_cast<float>(std::max(0.0, od[1]));
       const bool far_from_white = distance >= 30.0;
+      bool coloured_ink = false;
       if (far_from_white) {
         if (v.value < kBlackMaxValue && v.saturation < kBlackMaxSaturation) {
           ink_black(r, c) = 255;
         } else if (v.saturation >= kRedMinSaturation && (v.hue >= kRedHueLow || v.hue < kRedHueHigh)) {
           ink_red(r, c) = 255;
+          coloured_ink = true;
         } else if (v.saturation >= kInkMinSaturation && v.hue >= kGreenHueMin && v.hue < kInkHueMax) {
           (v.hue < kBlueHueMin ? ink_green : ink_blue)(r, c) = 255;
-        } else if (v.saturation < kRimMaxSaturation && distance >= kRimMinWhiteDistance && v.value >= kRimMinValue) {
-          rim(r, c) = 255;
+          coloured_ink = true;
         }
+        if (!coloured_ink && od[2] >= kNeutralMinResidual) neutral(r, c) = 255;
+        if (!coloured_ink && od[2] >= kBlackMinResidual) strongly_neutral(r, c) = 255;
+        if (t[c] == 0 && v.saturation < kUnderMaxSaturation) grey_glass(r, c) = 255;
       }
-      if (p[0] >= kClippedLevel && p[1] >= kClippedLevel && p[2] >= kClippedLevel) clipped(r, c) = 255;
+      if (std::max({p[0], p[1], p[2]}) >= kClippedLevel) clipped(r, c) = 255;
+      if (t[c] == 0) background_max.push_back(static_cast<float>(std::max({p[0], p[1], p[2]})));
       if (t[c] != 0) {
         tissue_grey.push_back(g);
         tissue_h.push_back(h(r, c));
@@ -338,19 +395,52 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   }
   result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
   result.background_brightness = median_of(background);
-  result.brightness = tissue_grey.empty()
-                          ? 0.0
-                          : std::accumulate(tissue_grey.begin(), tissue_grey.end(), 0.0) /
-                                static_cast<double>(tissue_grey.size());
+  result.brightness = tissue_grey.empty() ? 0.0
+                                          : std::accumulate(tissue_grey.begin(), tissue_grey.end(), 0.0) /
+                                                static_cast<double>(tissue_grey.size());
   result.stain_h = median_of(tissue_h);
   result.stain_e = median_of(tissue_e);
   result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
 
+  // Neutral areas split by width: thin lines are bubble rims and coverslip edges, wide ones ink (black ink must be
+  // wide and neutral too).
+  const int rim_kernel = std::max(3, static_cast<int>(std::lround(kRimMaxWidthUm / mpp)) | 1);
+  cv::Mat1b wide;
+  cv::morphologyEx(neutral, wide, cv::MORPH_OPEN, elliptic(rim_kernel));
+  cv::dilate(wide, wide, elliptic(3));
+  const cv::Mat1b thin = neutral & ~wide;
+  // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
+  ink_black |= strongly_neutral;
+  cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
+  // Green and blue ink over purple tissue shifts towards blue: each stroke takes the colour most of it has.
+  {
+    cv::Mat1b coloured = ink_green | ink_blue;
+    cv::Mat labels;
+    const int n = cv::connectedComponents(coloured, labels, 8, CV_32S);
+    std::vector<int> green(static_cast<std::size_t>(n), 0), blue(static_cast<std::size_t>(n), 0);
+    for (int r = 0; r < size.height; ++r) {
+      for (int c = 0; c < size.width; ++c) {
+        const int l = labels.at<int>(r, c);
+        if (l == 0) continue;
+        (ink_green(r, c) != 0 ? green : blue)[static_cast<std::size_t>(l)]++;
+      }
+    }
+    for (int r = 0; r < size.height; ++r) {
+      for (int c = 0; c < size.width; ++c) {
+        const int l = labels.at<int>(r, c);
+        if (l == 0) continue;
+        const bool is_green = green[static_cast<std::size_t>(l)] >= blue[static_cast<std::size_t>(l)];
+        ink_green(r, c) = is_green ? 255 : 0;
+        ink_blue(r, c) = is_green ? 0 : 255;
+      }
+    }
+  }
+
   // Pen ink: closing joins a stroke's mottled pixels; the blurred rim of a stroke is paler than its core.
   const std::array<std::pair<Artefact, cv::Mat1b*>, 4> inks = {{{Artefact::pen_green, &ink_green},
-                                                                 {Artefact::pen_blue, &ink_blue},
-                                                                 {Artefact::pen_black, &ink_black},
-                                                                 {Artefact::pen_red, &ink_red}}};
+                                                                {Artefact::pen_blue, &ink_blue},
+                                                                {Artefact::pen_black, &ink_black},
+                                                                {Artefact::pen_red, &ink_red}}};
   for (const auto& [a, ink] : inks) {
     if (!on(a)) continue;
     cv::morphologyEx(*ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
@@ -360,7 +450,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
   if (on(Artefact::bubble)) {
     cv::Mat1b lines;
-    cv::morphologyEx(rim, lines, cv::MORPH_CLOSE, elliptic(3));
+    cv::morphologyEx(thin, lines, cv::MORPH_CLOSE, elliptic(3));
     remove_small(lines, min_pixels / 4.0);
     mask(Artefact::bubble) = fill_enclosed(lines);
     remove_small(mask(Artefact::bubble), min_pixels);
@@ -371,35 +461,55 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
   section = fill_enclosed(section);
 
+  // The stains' local medians over the tissue around each pixel (folds and over-exposure compare against them).
+  cv::Mat1f h_smooth, e_smooth, h_local, e_local;
+  if (!tissue_h.empty()) {
+    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
+    cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
+    cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
+    h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
+    e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
+  }
+  constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
+
   if (on(Artefact::overexposed)) {
-    cv::Mat1b over = clipped & section;
+    // Clipped channels on the section (and on the glass beside it, unless the scanner clips its glass anyway), and
+    // tissue whose stains are both far paler than the tissue around it: washed out.
+    cv::Mat1b over = clipped.clone();
+    const bool glass_clipped = median_of(background_max) >= kClippedLevel;
+    if (glass_clipped) over &= tissue;
+    if (!h_local.empty()) {
+      for (int r = 0; r < size.height; ++r) {
+        for (int c = 0; c < size.width; ++c) {
+          if (tissue(r, c) == 0) continue;
+          const float hl = std::max(h_local(r, c), kMinConcentration), el = std::max(e_local(r, c), kMinConcentration);
+          if (h_smooth(r, c) * kOverexposureRatio <= hl && e_smooth(r, c) * kOverexposureRatio <= el) over(r, c) = 255;
+        }
+      }
+    }
+    // Clipping is patchy inside a washed-out field: join first, then drop specks.
+    cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(5));
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
-    cv::morphologyEx(over, mask(Artefact::overexposed), cv::MORPH_CLOSE, elliptic(5));
+    cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
+    keep_touching(over, section);
+    mask(Artefact::overexposed) = over;
     remove_small(mask(Artefact::overexposed), min_pixels);
   }
   if (on(Artefact::underexposed) && !background.empty()) {
+    // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
+    // black ink); each such field's convex hull takes in what lies between.
     const double limit = options.underexposure_ratio * result.background_brightness;
-    cv::Mat1b under = (grey < limit) & ~section;
-    // Ink and rims are dark too: only neutral glass counts.
+    cv::Mat1b under = ((grey < limit) & grey_glass & ~thin) | (wide & tissue & ~ink_black);
     for (const auto& [a, ink] : inks) under &= ~*ink;
-    under &= ~rim;
-    cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(3));
-    // The darkened glass tells the area; the tissue inside it is under-exposed too.
-    cv::morphologyEx(under, under, cv::MORPH_CLOSE, elliptic(15));
-    mask(Artefact::underexposed) = fill_enclosed(under);
+    cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
+    remove_small(under, min_pixels / 4.0);
+    mask(Artefact::underexposed) = convex_hulls(under);
     remove_small(mask(Artefact::underexposed), min_pixels);
   }
 
   // Folds: both stains raised against the tissue around.
   if (on(Artefact::fold) && !tissue_h.empty()) {
-    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
-    cv::Mat1f h_smooth, e_smooth;
-    cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
-    cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
-    const cv::Mat1f h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
-    const cv::Mat1f e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
     cv::Mat1b fold = cv::Mat1b::zeros(size);
-    constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
     for (int r = 0; r < size.height; ++r) {
       for (int c = 0; c < size.width; ++c) {
         if (tissue(r, c) == 0) continue;
@@ -552,15 +662,24 @@ double mask_iou(const cv::Mat1b& a, const cv::Mat1b& b) {
 
 cv::Scalar artefact_colour(Artefact artefact) {
   switch (artefact) {
-    case Artefact::blur: return {255, 200, 0};
-    case Artefact::pen_green: return {0, 200, 0};
-    case Artefact::pen_blue: return {0, 90, 255};
-    case Artefact::pen_black: return {40, 40, 40};
-    case Artefact::pen_red: return {230, 0, 0};
-    case Artefact::fold: return {160, 0, 200};
-    case Artefact::bubble: return {0, 200, 200};
-    case Artefact::overexposed: return {255, 120, 200};
-    case Artefact::underexposed: return {120, 80, 40};
+    case Artefact::blur:
+      return {255, 200, 0};
+    case Artefact::pen_green:
+      return {0, 200, 0};
+    case Artefact::pen_blue:
+      return {0, 90, 255};
+    case Artefact::pen_black:
+      return {40, 40, 40};
+    case Artefact::pen_red:
+      return {230, 0, 0};
+    case Artefact::fold:
+      return {160, 0, 200};
+    case Artefact::bubble:
+      return {0, 200, 200};
+    case Artefact::overexposed:
+      return {255, 120, 200};
+    case Artefact::underexposed:
+      return {120, 80, 40};
   }
   return {128, 128, 128};
 }

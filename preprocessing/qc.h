@@ -1,8 +1,8 @@
 // Slide quality control: where a slide's pixels cannot be trusted (`tessera qc`, and the QC stage of tile and infer).
 //
 // Per slide, at a coarse level (about `mask_mpp` µm/px, the tissue mask's resolution), one mask per artefact class:
-//   blur          out-of-focus tissue: its sharpness (mean |Laplacian| of the grey image read at `blur_mpp`, per QC
-//                 pixel) is below `blur_ratio` times the median over the slide's own tissue
+//   blur          out-of-focus tissue: its sharpness (|Laplacian| over local contrast of the grey image read at
+//                 `blur_mpp`, per QC pixel) is below `blur_ratio` times the median over the slide's own tissue
 //   pen_green, pen_blue, pen_black, pen_red
 //                 marker ink, told from H&E by colour: stained tissue has red ≥ green (hue 240°..40°), green and
 //                 blue ink absorb red (hue 60°..236°), black ink is dark and nearly neutral, red ink is far more
@@ -56,12 +56,12 @@ QcAction parse_qc_action(const std::string& name, const std::string& key);  // C
 const char* to_string(QcAction action);
 
 struct QcOptions {
-  double mask_mpp = 8.0;   // the QC level, µm/px
-  double blur_mpp = 2.0;   // where sharpness is measured, µm/px
-  double blur_ratio = 0.5;  // out of focus below this share of the slide's median tissue sharpness
-  double fold_ratio = 1.45;
+  double mask_mpp = 8.0;    // the QC level, µm/px
+  double blur_mpp = 1.0;    // where sharpness is measured, µm/px
+  double blur_ratio = 0.6;  // out of focus below this share of the slide's median tissue sharpness
+  double fold_ratio = 1.3;
   double underexposure_ratio = 0.8;
-  double min_tissue_mm2 = 1.0;    // less tissue: the slide-level flag "too little tissue"
+  double min_tissue_mm2 = 1.0;        // less tissue: the slide-level flag "too little tissue"
   double min_artefact_um2 = 20000.0;  // smaller specks of a class are dropped (≈ 140 µm square)
   std::array<bool, kArtefactCount> enabled{true, true, true, true, true, true, true, true, true};
   std::array<QcAction, kArtefactCount> action{QcAction::flag,    QcAction::exclude, QcAction::exclude,
@@ -69,7 +69,7 @@ struct QcOptions {
                                               QcAction::exclude, QcAction::exclude, QcAction::exclude};
   // Blur excludes (instead of its action) where sharpness is below this share of the median: severe defocus.
   double severe_blur_ratio = 0.3;
-  double max_fraction = 0.5;  // a tile/cell with more of its area in excluded artefacts is excluded
+  double max_fraction = 0.5;    // a tile/cell with more of its area in excluded artefacts is excluded
   bool refuse_flagged = false;  // a slide-level flag is a per-slide error (InputError) instead of a warning
 };
 
@@ -79,15 +79,15 @@ bool qc_enabled(const core::Config& config);
 QcOptions qc_options(const core::Config& config);
 
 struct QcResult {
-  TissueMask tissue;                               // tissue at the QC level (pen marks kept)
-  std::array<cv::Mat1b, kArtefactCount> masks;     // 255 = artefact; zeros for a disabled class
-  cv::Mat1b severe_blur;                           // blur below severe_blur_ratio (a subset of masks[blur])
-  std::array<double, kArtefactCount> fraction{};   // of the tissue area
-  std::array<double, kArtefactCount> area_mm2{};   // of the whole mask (ink and exposure may lie on glass)
+  TissueMask tissue;                              // tissue at the QC level (pen marks kept)
+  std::array<cv::Mat1b, kArtefactCount> masks;    // 255 = artefact; zeros for a disabled class
+  cv::Mat1b severe_blur;                          // blur below severe_blur_ratio (a subset of masks[blur])
+  std::array<double, kArtefactCount> fraction{};  // of the tissue area
+  std::array<double, kArtefactCount> area_mm2{};  // of the whole mask (ink and exposure may lie on glass)
   double tissue_area_mm2 = 0.0;
-  double sharpness = 0.0;             // median over tissue (mean |Laplacian| per QC pixel, grey levels)
-  double brightness = 0.0;            // mean grey level of the tissue, 0..255
-  double background_brightness = 0.0;  // median grey level of the slide outside tissue, 0..255
+  double sharpness = 0.0;               // median over tissue (mean |Laplacian| per QC pixel, grey levels)
+  double brightness = 0.0;              // mean grey level of the tissue, 0..255
+  double background_brightness = 0.0;   // median grey level of the slide outside tissue, 0..255
   double stain_h = 0.0, stain_e = 0.0;  // median H and E concentrations of the tissue (Ruifrok vectors, OD units)
   double stain_angle = 0.0;             // degrees: the median tissue OD's hue angle in the H–E plane
   std::vector<std::string> flags;       // slide-level: "too little tissue", "not brightfield", ...

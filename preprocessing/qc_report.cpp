@@ -49,9 +49,10 @@ cv::Mat render_cohort(const std::vector<json>& rows, const std::vector<Metric>& 
   const int height = 48 + static_cast<int>(metrics.size()) * kPanel + kMargin;
   cv::Mat canvas(height, width, CV_8UC3, cv::Scalar(255, 255, 255));
   const cv::Scalar ink(20, 20, 20), grid(200, 200, 200), dot(40, 90, 200), outlier(220, 30, 30);
-  cv::putText(canvas, fmt::format("Slide QC over {} slide(s): each dot a slide, the line the median, outliers named",
-                                  rows.size()),
-              {kMargin, 28}, cv::FONT_HERSHEY_SIMPLEX, 0.55, ink, 1, cv::LINE_AA);
+  cv::putText(
+      canvas,
+      fmt::format("Slide QC over {} slide(s): each dot a slide, the line the median, outliers named", rows.size()),
+      {kMargin, 28}, cv::FONT_HERSHEY_SIMPLEX, 0.55, ink, 1, cv::LINE_AA);
   for (std::size_t m = 0; m < metrics.size(); ++m) {
     const Metric& metric = metrics[m];
     const int top = 48 + static_cast<int>(m) * kPanel;
@@ -102,7 +103,8 @@ cv::Mat render_cohort(const std::vector<json>& rows, const std::vector<Metric>& 
 
 json qc_summary_json(const std::string& id, const std::string& path, const QcResult& result) {
   json fractions = json::object();
-  for (const Artefact a : all_artefacts()) fractions[to_string(a)] = result.fraction[static_cast<std::size_t>(index(a))];
+  for (const Artefact a : all_artefacts())
+    fractions[to_string(a)] = result.fraction[static_cast<std::size_t>(index(a))];
   const cv::Mat1b& tissue = result.tissue.mask;
   const double tissue_pixels = std::max(1, cv::countNonZero(tissue));
   return {{"id", id},
@@ -174,13 +176,13 @@ QcCohort qc_cohort(const std::vector<json>& records, const QcOptions& options) {
     for (const auto& r : reasons) reason_text += (reason_text.empty() ? "" : "; ") + r;
     csv += fmt::format("{},{},{:.4f}", field(row["id"].get<std::string>()), field(row["path"].get<std::string>()),
                        row["tissue_area_mm2"].get<double>());
-    for (const Artefact a : all_artefacts()) csv += fmt::format(",{:.4f}", row["fractions"][to_string(a)].get<double>());
-    csv += fmt::format(",{:.3f},{:.1f},{:.1f},{:.4f},{:.4f},{:.2f},{:.4f},{:.4f},{},{},{}\n",
-                       row["sharpness"].get<double>(), row["brightness"].get<double>(),
-                       row["background_brightness"].get<double>(), row["stain_h"].get<double>(),
-                       row["stain_e"].get<double>(), row["stain_angle"].get<double>(), excluded,
-                       row["flagged_fraction"].get<double>(), field(flag_text), reasons.empty() ? "yes" : "no",
-                       field(reason_text));
+    for (const Artefact a : all_artefacts())
+      csv += fmt::format(",{:.4f}", row["fractions"][to_string(a)].get<double>());
+    csv += fmt::format(
+        ",{:.3f},{:.1f},{:.1f},{:.4f},{:.4f},{:.2f},{:.4f},{:.4f},{},{},{}\n", row["sharpness"].get<double>(),
+        row["brightness"].get<double>(), row["background_brightness"].get<double>(), row["stain_h"].get<double>(),
+        row["stain_e"].get<double>(), row["stain_angle"].get<double>(), excluded, row["flagged_fraction"].get<double>(),
+        field(flag_text), reasons.empty() ? "yes" : "no", field(reason_text));
   }
   cohort.csv = csv;
 

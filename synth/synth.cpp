@@ -226,7 +226,7 @@ const std::array<cv::Vec3f, 3> kPenOd = {cv::Vec3f(1.7f, 0.45f, 1.2f), cv::Vec3f
 // is near 320°).
 const cv::Vec3f kRedInkOd(0.10f, 2.2f, 1.9f);
 // The rim of an air bubble: a dark, neutral refraction line.
-const cv::Vec3f kBubbleRimOd(1.1f, 1.1f, 1.05f);
+const cv::Vec3f kBubbleRimOd(1.5f, 1.5f, 1.45f);
 constexpr float kBubblePaling = 0.3f;  // the tissue inside a bubble loses this share of its stain (seen hazy)
 // A camera field exposed too long or too short: an OD offset on every channel (intensity × 1.6 and × 0.55).
 constexpr float kOverexposureOd = -0.47f;
@@ -255,9 +255,9 @@ struct Plan {
   cv::Mat1f uneven_e;         // eosin intensity multiplier around 1, independent of haematoxylin
   cv::Mat1f blur, fold, pen;  // empty when the slide has none
   cv::Vec3f pen_od;
-  int pen_class = 0;                   // prep::Artefact index of the pen's colour
+  int pen_class = 0;                     // prep::Artefact index of the pen's colour
   cv::Mat1f red, bubble_rim, bubble_in;  // empty when the slide has none
-  cv::Mat1f exposure;                  // OD offset per cell; empty when the slide has none
+  cv::Mat1f exposure;                    // OD offset per cell; empty when the slide has none
   std::array<double, 2> fibre_angle{};
   prep::SlideStain stain;
   cv::Vec3f glass_od;
@@ -610,7 +610,7 @@ void make_artefacts(Plan& plan) {
     Draws draws(salted(plan.seed, kSaltPen));
     const int colour = draws.below(3);
     plan.pen_od = kPenOd[static_cast<std::size_t>(colour)];
-    plan.pen_class = prep::index(colour == 0 ? prep::Artefact::pen_green
+    plan.pen_class = prep::index(colour == 0   ? prep::Artefact::pen_green
                                  : colour == 1 ? prep::Artefact::pen_blue
                                                : prep::Artefact::pen_black);
     plan.pen = cv::Mat1f::zeros(lh, lw);
@@ -659,9 +659,8 @@ void make_artefacts(Plan& plan) {
     for (int i = 0; i <= 24; ++i) {
       const double t = length * i / 24.0;
       const double bend = 0.12 * length * std::sin(M_PI * i / 24.0);
-      line.emplace_back(
-          static_cast<int>(std::lround((start.x + t * std::cos(angle) - bend * std::sin(angle)) * 16.0)),
-          static_cast<int>(std::lround((start.y + t * std::sin(angle) + bend * std::cos(angle)) * 16.0)));
+      line.emplace_back(static_cast<int>(std::lround((start.x + t * std::cos(angle) - bend * std::sin(angle)) * 16.0)),
+                        static_cast<int>(std::lround((start.y + t * std::sin(angle) + bend * std::cos(angle)) * 16.0)));
     }
     cv::polylines(plan.red, std::vector<std::vector<cv::Point>>{line}, false, cv::Scalar(1.0),
                   static_cast<int>(std::lround(width)), cv::LINE_AA, 4);
@@ -674,11 +673,11 @@ void make_artefacts(Plan& plan) {
     plan.bubble_rim = cv::Mat1f::zeros(lh, lw);
     plan.bubble_in = cv::Mat1f::zeros(lh, lw);
     const int bubbles = 1 + draws.below(2);
-    const double rim = std::max(1.5, plan.cells(28.0));
+    const double rim = std::max(1.0, plan.cells(16.0));
     for (int k = 0; k < bubbles; ++k) {
       const cv::Point2d centre = random_tissue_cell(plan, draws);
       const double limit = std::min({centre.x, centre.y, lw - centre.x, lh - centre.y}) - rim - 1.0;
-      const double radius = std::min(draws.uniform(0.04, 0.09) * size, limit);
+      const double radius = std::min(draws.uniform(0.06, 0.12) * size, limit);
       if (radius < 3.0 * rim) continue;
       const cv::Point c(static_cast<int>(std::lround(centre.x * 16.0)), static_cast<int>(std::lround(centre.y * 16.0)));
       cv::circle(plan.bubble_in, c, static_cast<int>(std::lround(radius * 16.0)), cv::Scalar(1.0), cv::FILLED,
@@ -705,8 +704,9 @@ void make_artefacts(Plan& plan) {
         }
       }
       const double half = draws.uniform(0.06, 0.1) * size;
-      const cv::Rect field(static_cast<int>(std::lround(centre.x - half)), static_cast<int>(std::lround(centre.y - half)),
-                           static_cast<int>(std::lround(2.0 * half)), static_cast<int>(std::lround(2.0 * half)));
+      const cv::Rect field(static_cast<int>(std::lround(centre.x - half)),
+                           static_cast<int>(std::lround(centre.y - half)), static_cast<int>(std::lround(2.0 * half)),
+                           static_cast<int>(std::lround(2.0 * half)));
       plan.exposure(field & cv::Rect(0, 0, lw, lh)) = k == 0 ? kOverexposureOd : kUnderexposureOd;
     }
   }
