@@ -345,7 +345,7 @@ void write_heatmap_output(const std::string& path, const SlideResult& r, const O
   io::write_heatmap(path, r.heatmap);
 }
 void write_overlay_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
-  write_overlay_png(path, r.heatmap, r.regions, r.thumbnail, o, r.caution);
+  write_overlay_png(path, r.heatmap, r.regions, r.thumbnail, o, r.caution, &r.qc);
 }
 void write_tiff_output(const std::string& path, const SlideResult& r, const OutputOptions& o) {
   io::write_heatmap_tiff(path, r.heatmap, o.tiff);
@@ -425,8 +425,59 @@ cv::Mat render_map_rgba(const io::Heatmap& h, double x0, double y0, double scale
   return image;
 }
 
+namespace {
+
+// Excluded areas in grey, flagged ones in amber: outlines only, so the slide and the map stay visible.
+void draw_qc(cv::Mat& image, const io::Heatmap& h, const QcOutcome& qc, const Metrics& m) {
+  const std::array<std::pair<const cv::Mat1b*, cv::Scalar>, 2> layers = {
+      {{&qc.excluded, cv::Scalar(110, 110, 110)}, {&qc.flagged, cv::Scalar(255, 170, 0)}}};
+  for (const auto& [mask, colour] : layers) {
+    if (mask->empty() || cv::countNonZero(*mask) == 0) continue;
+    // Mask pixel (c, r) covers level-0 [c·downsample, ...); the image's pixels are slide_width / cols wide.
+    cv::Mat1b scaled;
+    const double f = qc.downsample * static_cast<double>(image.cols) / static_cast<double>(h.slide_width);
+    cv::resize(*mask, scaled, cv::Size(), f, f, cv::INTER_NEAREST);
+    cv::Mat1b fitted = cv::Mat1b::zeros(image.size());
+    const cv::Rect common(0, 0, std::min(fitted.cols, scaled.cols), std::min(fitted.rows, scaled.rows));
+    scaled(common).copyTo(fitted(common));
+    std::vector<std::vector<cv::Point>> contours;
+    cv::findContours(fitted, contours, cv::RETR_LIST, cv::CHAIN_APPROX_SIMPLE);
+    cv::drawContours(image, contours, -1, colour, std::max(1, m.line / 2), cv::LINE_AA);
+  }
+}
+
+std::string qc_text(const QcOutcome& qc) {
+  std::string text = fmt::format("excluded {:.3f} mm2 (not scored), flagged {:.3f} mm2", qc.excluded_mm2,
+                                 qc.flagged_mm2);
+  for (const auto& c : qc.classes) {
+    if (c.area_mm2 > 0.0) text += fmt::format("; {} {} {:.3f} mm2", c.name, c.action, c.area_mm2);
+  }
+  for (const auto& f : qc.flags) text += "; slide: " + f;
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> region_artefacts(const Region& region, const QcOutcome& qc) {
+  std::vector<std::string> out;
+  if (!qc.ran || qc.masks.empty() || region.outer.empty()) return out;
+  const cv::Size size = qc.masks.front().second.size();
+  cv::Mat1b shape = cv::Mat1b::zeros(size);
+  std::vector<cv::Point> ring;
+  for (const auto& p : region.outer) {
+    ring.emplace_back(static_cast<int>(std::lround(p.x / qc.downsample)),
+                      static_cast<int>(std::lround(p.y / qc.downsample)));
+  }
+  cv::fillPoly(shape, std::vector<std::vector<cv::Point>>{ring}, cv::Scalar(255));
+  cv::dilate(shape, shape, cv::getStructuringElement(cv::MORPH_RECT, cv::Size(3, 3)));
+  for (const auto& [name, mask] : qc.masks) {
+    if (cv::countNonZero(mask & shape) > 0) out.push_back(name);
+  }
+  return out;
+}
+
 cv::Mat render_overlay(const io::Heatmap& h, const std::vector<Region>& regions, const cv::Mat& thumbnail,
-                       const OutputOptions& options, const std::string& caution) {
+                       const OutputOptions& options, const std::string& caution, const QcOutcome* qc) {
   if (const std::string problem = io::heatmap_problem(h); !problem.empty()) {
     throw core::InternalError("render_overlay: invalid heatmap: " + problem);
   }
@@ -444,6 +495,7 @@ cv::Mat render_overlay(const io::Heatmap& h, const std::vector<Region>& regions,
   }
   const Metrics m = metrics_for(image.size());
   paint_map(image, h, options);
+  if (qc != nullptr && qc->ran) draw_qc(image, h, *qc, m);
   draw_regions(image, h, regions, m, options.overlay);
 
   const OverlayLayout layout = overlay_layout(image.size(), !caution.empty());
@@ -459,10 +511,12 @@ cv::Mat render_overlay(const io::Heatmap& h, const std::vector<Region>& regions,
 }
 
 void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, const std::vector<Region>& regions,
-                       const cv::Mat& thumbnail, const OutputOptions& options, const std::string& caution) {
+                       const cv::Mat& thumbnail, const OutputOptions& options, const std::string& caution,
+                       const QcOutcome* qc) {
   std::vector<io::PngText> text;
   if (!caution.empty()) text.push_back({"Warning", caution});
-  io::write_png(path, render_overlay(heatmap, regions, thumbnail, options, caution), text);
+  if (qc != nullptr && qc->ran) text.push_back({"QC", qc_text(*qc)});
+  io::write_png(path, render_overlay(heatmap, regions, thumbnail, options, caution, qc), text);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -544,7 +598,23 @@ std::string report_json(const SlideResult& result, const OutputOptions& options)
                        {"centroid", point_json(r.centroid)},
                        {"peak", point_json(r.peak)},
                        {"bounds", ordered_json::array({std::lround(r.bounds.x), std::lround(r.bounds.y),
-                                                       std::lround(r.bounds.width), std::lround(r.bounds.height)})}});
+                                                       std::lround(r.bounds.width), std::lround(r.bounds.height)})},
+                       {"artefacts", region_artefacts(r, result.qc)}});
+  }
+  ordered_json qc = nullptr;
+  if (result.qc.ran) {
+    ordered_json classes = ordered_json::array();
+    for (const auto& c : result.qc.classes) {
+      classes.push_back({{"name", c.name},
+                         {"action", c.action},
+                         {"area_mm2", round_to(c.area_mm2, 6)},
+                         {"tissue_fraction", round_to(c.tissue_fraction, 6)}});
+    }
+    qc = {{"flags", result.qc.flags},
+          {"excluded_area_mm2", round_to(result.qc.excluded_mm2, 6)},
+          {"flagged_area_mm2", round_to(result.qc.flagged_mm2, 6)},
+          {"excluded_cells", result.qc.excluded_cells},
+          {"classes", classes}};
   }
   const float score = h.max_prob();
   ordered_json report = {
@@ -583,6 +653,7 @@ std::string report_json(const SlideResult& result, const OutputOptions& options)
        "longest diameter: isolated_tumour_cells <= 0.2 mm < micrometastasis <= 2 mm < macrometastasis"},
       {"detections", result.detections.size()},
       {"regions", regions},
+      {"qc", qc},
   };
   return report.dump(2) + "\n";
 }

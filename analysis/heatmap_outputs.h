@@ -22,6 +22,7 @@
 //   analysis::write_slide_outputs(output_dir, result, options);
 #pragma once
 
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
@@ -74,6 +75,30 @@ core::Schema& declare_output_keys(core::Schema& schema);
 // ConfigError naming the key for an output name the registry does not know or a threshold that is not above 0.
 OutputOptions read_output_options(const core::Config& config, double threshold, const std::string& threshold_key);
 
+// What the slide quality-control stage (preprocessing/qc.h) found, as report.json and the overlay state it. Filled by
+// the verb from prep::QcResult (analysis does not depend on preprocessing).
+struct QcClassArea {
+  std::string name;    // "blur", "pen_green", ...
+  std::string action;  // "exclude" | "flag"
+  double area_mm2 = 0.0;
+  double tissue_fraction = 0.0;
+};
+struct QcOutcome {
+  bool ran = false;
+  std::vector<QcClassArea> classes;  // every class QC ran for
+  std::vector<std::string> flags;    // slide-level flags
+  double excluded_mm2 = 0.0;         // area of the excluded classes (their union)
+  double flagged_mm2 = 0.0;          // area of the flagged classes (their union)
+  std::int64_t excluded_cells = 0;   // grid cells on tissue not scored because of excluded artefacts
+  double downsample = 1.0;           // level-0 pixels per mask pixel
+  cv::Mat1b excluded, flagged;       // unions (255 = in)
+  std::vector<std::pair<std::string, cv::Mat1b>> masks;  // per class with its action: "fold (exclude)"
+};
+
+// The artefacts a region touches (its outline dilated by one mask pixel overlaps the class's mask), as "name
+// (action)": a region next to or over an excluded area is kept and marked, never dropped.
+std::vector<std::string> region_artefacts(const Region& region, const QcOutcome& qc);
+
 // Everything the writers need for one slide.
 struct SlideResult {
   io::Heatmap heatmap;
@@ -88,6 +113,7 @@ struct SlideResult {
   // What report.json ("caution") and the overlay (a line under the title, and the PNG's "Warning" text) must say
   // about the scores: io::model_caution(), e.g. io::kSyntheticModelCaution; "" = nothing.
   std::string caution;
+  QcOutcome qc;  // qc.ran false: QC was off
 };
 
 // Regions and detections of `heatmap` with options.regions and options.detections.
@@ -121,10 +147,13 @@ cv::Mat render_map_rgba(const io::Heatmap& heatmap, double x0, double y0, double
                         const OverlayOptions& overlay, double min_prob = 0.0);
 
 // `thumbnail`: RGB CV_8UC3 of the whole slide (any size; its pixels are slide_width / cols level-0 pixels wide).
+// With `qc` (ran), the excluded areas are outlined in grey and the flagged ones in amber, and the PNG's "QC" text
+// states their areas.
 cv::Mat render_overlay(const io::Heatmap& heatmap, const std::vector<Region>& regions, const cv::Mat& thumbnail,
-                       const OutputOptions& options, const std::string& caution = "");
+                       const OutputOptions& options, const std::string& caution = "", const QcOutcome* qc = nullptr);
 void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, const std::vector<Region>& regions,
-                       const cv::Mat& thumbnail, const OutputOptions& options, const std::string& caution = "");
+                       const cv::Mat& thumbnail, const OutputOptions& options, const std::string& caution = "",
+                       const QcOutcome* qc = nullptr);
 
 // ---------------------------------------------------------------------------------------------------------
 // Viewer annotations, detections, report
@@ -147,8 +176,9 @@ void write_regions_asap(const std::string& path, const std::vector<Region>& regi
 // ("tissue mask" | "scored tiles"), tumour_area_mm2 (sum of the regions), tumour_fraction_of_tissue,
 // largest_size_class ("none" when there is no region), regions_per_size_class {isolated_tumour_cells,
 // micrometastasis, macrometastasis}, size_class_rule, detections (count), regions [{id, size_class, area_mm2,
-// longest_diameter_um, max_prob, mean_prob, tiles, centroid [x, y], peak [x, y], bounds [x, y, w, h]}] with
-// level-0 coordinates.
+// longest_diameter_um, max_prob, mean_prob, tiles, centroid [x, y], peak [x, y], bounds [x, y, w, h], artefacts
+// [region_artefacts()]}] with level-0 coordinates, and qc (null when QC was off): {flags, excluded_area_mm2,
+// flagged_area_mm2, excluded_cells, classes [{name, action, area_mm2, tissue_fraction}]}.
 std::string report_json(const SlideResult& result, const OutputOptions& options);
 void write_report_json(const std::string& path, const SlideResult& result, const OutputOptions& options);
 

@@ -102,6 +102,7 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
     result.tissue_area_mm2 = stats.tissue_area_mm2;
     result.training = input.training;
     result.caution = input.caution;
+    result.qc = input.qc;
     const bool overlay = output_options.outputs.empty() ||
                          std::find(output_options.outputs.begin(), output_options.outputs.end(), "overlay.png") !=
                              output_options.outputs.end();

@@ -63,6 +63,7 @@ struct SlideToWrite {
   // What the model was trained on and what its outputs must say about this slide (SlideResult::training, caution).
   std::optional<io::TrainingProvenance> training;
   std::string caution;
+  QcOutcome qc;  // what the QC stage found (qc.ran false: it was off)
 };
 
 // One slide's outputs as the summary records them; `error` set when the slide failed while writing.

@@ -43,6 +43,7 @@
 #include "io/heatmap.h"
 #include "io/provenance.h"
 #include "io/slide_list.h"
+#include "preprocessing/qc.h"
 #include "preprocessing/tissue.h"
 
 namespace tessera::app {
@@ -70,6 +71,7 @@ const core::Schema& infer_schema() {
         .number("infer.threshold", 0.5, "P(tumour) at and above which a cell counts as tumour in the summaries", 0, 1)
         .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024);
     prep::declare_tissue_keys(schema, "unset: the checkpoint's (its tiling's), else this default");
+    prep::declare_qc_keys(schema);
     analysis::declare_output_keys(schema);
     return schema;
   }();
@@ -86,6 +88,35 @@ json slurm_record() {
           {"nodelist", job->nodelist},
           {"ntasks", job->ntasks},
           {"restarts", job->restarts}};
+}
+
+// What the QC stage found on a slide, for its report and overlay.
+analysis::QcOutcome qc_outcome(const engine::SlideInferenceStats& stats) {
+  analysis::QcOutcome out;
+  if (!stats.qc) return out;
+  const prep::QcResult& qc = *stats.qc;
+  out.ran = true;
+  out.flags = qc.flags;
+  out.excluded_cells = stats.qc_excluded_cells;
+  out.downsample = qc.tissue.downsample;
+  out.excluded = qc.excluded();
+  out.flagged = qc.flagged();
+  const double mm2_per_pixel = qc.tissue.mpp * qc.tissue.mpp * 1e-6;
+  out.excluded_mm2 = cv::countNonZero(out.excluded) * mm2_per_pixel;
+  out.flagged_mm2 = cv::countNonZero(out.flagged) * mm2_per_pixel;
+  for (const prep::Artefact a : prep::all_artefacts()) {
+    const auto i = static_cast<std::size_t>(prep::index(a));
+    if (!qc.options.enabled[i]) continue;
+    const std::string action = prep::to_string(qc.options.action[i]);
+    out.classes.push_back({prep::to_string(a), action, qc.area_mm2[i], qc.fraction[i]});
+    if (cv::countNonZero(qc.masks[i]) > 0) {
+      out.masks.emplace_back(std::string(prep::to_string(a)) + " (" + action + ")", qc.masks[i]);
+    }
+  }
+  if (!qc.severe_blur.empty() && cv::countNonZero(qc.severe_blur) > 0) {
+    out.masks.emplace_back("blur, severe (exclude)", qc.severe_blur);
+  }
+  return out;
 }
 
 struct InferOptions {
@@ -143,6 +174,7 @@ int run_infer(const InferOptions& options) {
   inference_options.min_tissue = tissue.min_fraction;
   inference_options.tissue.mask_mpp = tissue.mask_mpp;
   inference_options.tissue.reject_pen_marks = tissue.reject_pen_marks;
+  if (prep::qc_enabled(config)) inference_options.qc = prep::qc_options(config);
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   // Slides finished by an earlier run of this job are skipped (rank 0 decides, every rank follows).
@@ -240,11 +272,13 @@ int run_infer(const InferOptions& options) {
           "and report are no diagnosis)",
           position, input.id, caution);
     }
-    writing = std::async(std::launch::async, [&, input, stats, position, caution, key = keys[s],
+    const analysis::QcOutcome qc = qc_outcome(stats);
+    for (const auto& flag : qc.flags) spdlog::warn("slide {} {}: quality control: {}", position, input.id, flag);
+    writing = std::async(std::launch::async, [&, input, stats, position, caution, qc, key = keys[s],
                                               map = std::move(map)]() mutable {
       const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
                                           stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
-      return analysis::write_slide({input.id, input.path, input.mpp, model.meta.provenance, caution}, std::move(map),
+      return analysis::write_slide({input.id, input.path, input.mpp, model.meta.provenance, caution, qc}, std::move(map),
                                    scored, position, out, output_options, inference_options.assume_mpp, threshold, key);
     });
   }

@@ -9,9 +9,13 @@
 //   qc.csv                  one row per slide: tissue area, each class's fraction of the tissue, sharpness,
 //                           brightness, stain, excluded and flagged fractions, flags, usable yes/no and the reasons
 //   qc-cohort.png           each metric's distribution over the cohort, outlier slides named
+//   qc-truth.csv            when slides carry tessera synth's truth masks (<slide stem>.artefacts.png beside the
+//                           slide): per slide and drawn class, the intersection over union of QC's mask with the
+//                           truth at the QC level; the log gives each class's mean
 //   qc.config.yaml          the effective job
 // A slide that cannot be read is a row with usable "no" and its error, and the job ends with exit code 3.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -30,6 +34,7 @@
 #include "core/comm.h"
 #include "core/error.h"
 #include "core/output_dir.h"
+#include "core/measure.h"
 #include "core/progress.h"
 #include "io/image.h"
 #include "io/slide.h"
@@ -57,6 +62,7 @@ const core::Schema& qc_schema() {
 json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::QcOptions& options, double assume_mpp) {
   io::SlideOpenOptions open_options;
   open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
+  const auto start = std::chrono::steady_clock::now();
   const io::Slide slide = io::Slide::open(input.path, open_options);
   double downsample = 1.0;
   const cv::Mat rgb = prep::read_slide_image(slide, std::max(options.mask_mpp, slide.mpp()), &downsample);
@@ -73,7 +79,36 @@ json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::
   core::write_file_atomic((out / (input.id + ".qc.png")).string(),
                           std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
   io::write_png((out / (input.id + ".qc-preview.png")).string(), prep::render_qc_preview(rgb, result));
-  return prep::qc_summary_json(input.id, input.path, result);
+  json record = prep::qc_summary_json(input.id, input.path, result);
+  record["seconds"] = core::seconds_since(start);
+  // Synthetic truth beside the slide: how well each drawn class was found.
+  const fs::path truth_path = fs::path(input.path).replace_extension(".artefacts.png");
+  if (fs::exists(truth_path)) {
+    const cv::Mat truth = cv::imread(truth_path.string(), cv::IMREAD_UNCHANGED);
+    if (truth.empty() || truth.type() != CV_16UC1) {
+      throw core::InputError("not a 16-bit truth mask PNG (tessera synth's <slide>.artefacts.png)",
+                             truth_path.string());
+    }
+    // Truth pixels are whole level-0 blocks; each QC pixel takes the truth pixel under its centre.
+    const double truth_downsample = static_cast<double>(slide.width()) / truth.cols;
+    cv::Mat1w at_qc(result.tissue.mask.size());
+    for (int r = 0; r < at_qc.rows; ++r) {
+      for (int c = 0; c < at_qc.cols; ++c) {
+        const int tr = std::min(truth.rows - 1, static_cast<int>((r + 0.5) * downsample / truth_downsample));
+        const int tc = std::min(truth.cols - 1, static_cast<int>((c + 0.5) * downsample / truth_downsample));
+        at_qc(r, c) = truth.at<std::uint16_t>(tr, tc);
+      }
+    }
+    json iou = json::object();
+    for (const prep::Artefact a : prep::all_artefacts()) {
+      const int k = prep::index(a);
+      const cv::Mat1b t = (at_qc & static_cast<std::uint16_t>(1u << k)) != 0;
+      if (cv::countNonZero(t) == 0) continue;
+      iou[prep::to_string(a)] = prep::mask_iou(result.masks[static_cast<std::size_t>(k)], t);
+    }
+    record["truth_iou"] = iou;
+  }
+  return record;
 }
 
 int run_qc(const JobOptions& job) {
@@ -119,6 +154,25 @@ int run_qc(const JobOptions& job) {
   core::write_file_atomic((out / "qc.csv").string(), cohort.csv);
   io::write_png((out / "qc-cohort.png").string(), cohort.picture);
   config.save((out / "qc.config.yaml").string());
+  // Against synthetic truth, when there was any.
+  std::map<std::string, std::vector<double>> ious;
+  std::string truth_csv = "slide_id,class,iou\n";
+  for (const auto& row : rows) {
+    if (!row.contains("truth_iou")) continue;
+    for (const auto& [name, value] : row["truth_iou"].items()) {
+      truth_csv += fmt::format("{},{},{:.4f}\n", row["id"].get<std::string>(), name, value.get<double>());
+      ious[name].push_back(value.get<double>());
+    }
+  }
+  if (!ious.empty()) {
+    core::write_file_atomic((out / "qc-truth.csv").string(), truth_csv);
+    for (const auto& [name, values] : ious) {
+      double sum = 0.0;
+      for (const double v : values) sum += v;
+      spdlog::info("truth: {} mean IoU {:.3f} over {} slide(s)", name, sum / static_cast<double>(values.size()),
+                   values.size());
+    }
+  }
 
   int failed = 0, unusable = 0;
   for (const auto& row : cohort.rows) {

@@ -6,6 +6,8 @@
 //   slides/<id>/level-<i>.dcm  with --format dicom: each slide as a DICOM series (io/dicom_writer.h)
 //   slides/<id>.xml            ASAP annotations (group _0 tumour, _2 exclusion), level-0 px
 //   slides/<id>.geojson        the same as a QuPath FeatureCollection (class Tumor)
+//   slides/<id>.artefacts.png  artefact truth masks (when any was drawn): 16-bit PNG at 1/16 scale, bit k = QC
+//                              class k (preprocessing/qc.h's order)
 //   previews/<id>.png          thumbnail with the ground truth outlined and a scale bar
 //   dataset.csv                slide, label, annotation files, split, tumour regions and area
 //   synth.config.yaml          the effective job
@@ -20,6 +22,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
 
 #include "app/cli.h"
 #include "core/atomic_file.h"
@@ -33,6 +36,7 @@
 #include "io/image.h"
 #include "io/slide.h"
 #include "preprocessing/overlay.h"
+#include "preprocessing/qc.h"
 #include "synth/synth.h"
 
 namespace tessera::app {
@@ -68,6 +72,9 @@ const core::Schema& synth_schema() {
           .boolean("artefacts.blur", true, "Out-of-focus patches")
           .boolean("artefacts.pen_marks", false, "Pen marks on the glass and tissue")
           .boolean("artefacts.folds", false, "Tissue folds")
+          .boolean("artefacts.red_ink", false, "A red marker stroke")
+          .boolean("artefacts.bubbles", false, "Air bubbles under the coverslip (a dark rim, paler tissue inside)")
+          .boolean("artefacts.exposure", false, "One over-exposed and one under-exposed camera field")
           .number("split.train", 0.6, "Fraction of each class's slides in the train split", 0, 1)
           .number("split.val", 0.2, "Fraction in the validation split (the rest is test)", 0, 1)
           .boolean("preview.enabled", true, "Write previews/<slide>.png: thumbnail with the ground truth outlined")
@@ -138,6 +145,9 @@ std::vector<PlannedSlide> plan(const core::Config& config) {
     o.blur_patches = config.get_bool("artefacts.blur");
     o.pen_marks = config.get_bool("artefacts.pen_marks");
     o.folds = config.get_bool("artefacts.folds");
+    o.red_ink = config.get_bool("artefacts.red_ink");
+    o.bubbles = config.get_bool("artefacts.bubbles");
+    o.exposure = config.get_bool("artefacts.exposure");
     o.mpp = config.get_number("slides.mpp");
     const bool aperio = flavour == "aperio" || (flavour == "mixed" && i % 2 == 0);
     o.tiff.flavor = aperio ? io::TiffFlavor::aperio : io::TiffFlavor::generic;
@@ -186,6 +196,29 @@ void write_preview(const fs::path& slide_path, const synth::SynthGroundTruth& tr
   io::write_png(png.string(), thumbnail);
 }
 
+// The artefact truth masks as one 16-bit PNG at 1/16 scale, bit k = class k (prep::all_artefacts() order), as
+// `tessera qc` writes its masks (there bit 15 is tissue; here it stays 0).
+void write_artefact_truth(const std::string& path, const synth::SynthGroundTruth& truth) {
+  cv::Size size;
+  for (const auto& m : truth.artefacts) {
+    if (!m.empty()) size = m.size();
+  }
+  if (size.area() == 0) return;  // no artefact drawn: no file
+  cv::Mat1w bits = cv::Mat1w::zeros(size);
+  for (int k = 0; k < prep::kArtefactCount; ++k) {
+    const cv::Mat1b& m = truth.artefacts[static_cast<std::size_t>(k)];
+    if (m.empty()) continue;
+    for (int r = 0; r < size.height; ++r) {
+      for (int c = 0; c < size.width; ++c) {
+        if (m(r, c) != 0) bits(r, c) = static_cast<std::uint16_t>(bits(r, c) | (1u << k));
+      }
+    }
+  }
+  std::vector<std::uint8_t> png;
+  cv::imencode(".png", bits, png);
+  core::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
+}
+
 std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, const fs::path& previews_dir,
                          int preview_size) {
   const auto slide_path = slides_dir / (s.id + s.extension);
@@ -215,6 +248,7 @@ std::string render_slide(const PlannedSlide& s, const fs::path& slides_dir, cons
   }
   io::write_geojson((slides_dir / (s.id + ".geojson")).string(), qupath,
                     {{"Tumor", "#C80000"}, {"Ignore*", "#B4B4B4"}});
+  write_artefact_truth((slides_dir / (s.id + ".artefacts.png")).string(), truth);
   if (preview_size > 0) write_preview(slide_path, truth, previews_dir / (s.id + ".png"), preview_size);
   spdlog::info("{}: {} tumour region(s), {:.2f} mm2 tumour, {:.1f} mm2 tissue", slide_path.string(),
                truth.tumour.size(), truth.tumour_area_mm2, truth.tissue_area_mm2);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <future>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -51,6 +52,7 @@ struct PlanHeader {
   double plan_seconds = 0.0;
   double tissue_area_mm2 = 0.0;
   std::int64_t synthetic = 0;  // 1: made by tessera synth (io::Slide::synthetic)
+  std::int64_t qc_excluded = 0;  // tissue cells not scored because of excluded artefacts
 };
 
 struct Plan {
@@ -241,6 +243,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
   io::SlideOpenOptions open_options;
   open_options.assume_mpp = slide_assume_mpp > 0.0 ? slide_assume_mpp : options_.assume_mpp;
   std::optional<io::Slide> slide;
+  std::shared_ptr<const prep::QcResult> qc;  // rank 0
 
   // 1. Plan (rank 0): open, tissue mask, grid, tissue cells; broadcast to every rank.
   std::string plan_bytes;
@@ -268,8 +271,26 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
       const auto tissue = prep::detect_tissue(*slide, options_.tissue);
       h.tissue_area_mm2 = tissue.tissue_area_mm2();
       const auto fractions = prep::tissue_fractions(tissue, xs, ys, h.footprint);
+      std::vector<double> excluded(fractions.size(), 0.0);
+      if (options_.qc) {
+        auto result = std::make_shared<prep::QcResult>(prep::run_qc(*slide, *options_.qc));
+        if (options_.qc->refuse_flagged && !result->flags.empty()) {
+          throw core::InputError("quality control flags the slide (qc.refuse_flagged): " + result->flags.front(),
+                                 slide_path);
+        }
+        // The excluded artefacts' share of each cell, by the rule tissue fractions use.
+        prep::TissueMask artefacts = result->tissue;
+        artefacts.mask = result->excluded();
+        excluded = prep::tissue_fractions(artefacts, xs, ys, h.footprint);
+        qc = std::move(result);
+      }
       for (std::size_t c = 0; c < fractions.size(); ++c) {
-        if (fractions[c] >= options_.min_tissue) plan.cells.push_back(static_cast<std::int64_t>(c));
+        if (fractions[c] < options_.min_tissue) continue;
+        if (options_.qc && excluded[c] > options_.qc->max_fraction) {
+          ++h.qc_excluded;
+          continue;
+        }
+        plan.cells.push_back(static_cast<std::int64_t>(c));
       }
       h.cells = static_cast<std::int64_t>(plan.cells.size());
       h.plan_seconds = core::seconds_since(start);
@@ -401,6 +422,8 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
     stats->tissue_area_mm2 = h.tissue_area_mm2;
     stats->synthetic_slide = h.synthetic != 0;
     stats->read_wait_seconds = read_wait;
+    stats->qc_excluded_cells = h.qc_excluded;
+    stats->qc = qc;
   }
   return map;
 }

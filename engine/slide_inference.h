@@ -27,12 +27,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/comm.h"
 #include "engine/inference.h"
 #include "io/heatmap.h"
 #include "preprocessing/stain_norm.h"
+#include "preprocessing/qc.h"
 #include "preprocessing/tissue.h"
 
 namespace tessera::engine {
@@ -58,6 +60,10 @@ struct SlideInferenceOptions {
   double min_tissue = 0.5;     // minimum tissue fraction of a scored cell (tiling's tissue.min_fraction)
   prep::TissueOptions tissue;  // the tissue mask (tiling's tissue.mask_mpp, tissue.reject_pen_marks)
   double assume_mpp = 0.0;     // µm/px for slides that record none (0 = such slides fail)
+  // Slide quality control (preprocessing/qc.h) before scoring; none = off. Cells with more than qc->max_fraction
+  // of their area in excluded artefacts are not scored (NaN, like background); with qc->refuse_flagged a
+  // slide-level flag fails the slide.
+  std::optional<prep::QcOptions> qc;
   bool progress = true;        // a core::Progress per slide
 };
 
@@ -70,6 +76,9 @@ struct SlideInferenceStats {
   double tissue_area_mm2 = 0.0;    // the tissue mask's area (prep::TissueMask::tissue_area_mm2)
   double read_wait_seconds = 0.0;  // this rank: time the model waited for the reader
   bool synthetic_slide = false;    // the slide carries tessera synth's marker (io/provenance.h)
+  std::int64_t qc_excluded_cells = 0;  // tissue cells not scored because of excluded artefacts
+  // Rank 0 only (null elsewhere, and when QC is off): the QC stage's masks and findings.
+  std::shared_ptr<const prep::QcResult> qc;
 };
 
 class SlideInference {

@@ -698,6 +698,16 @@ Manifest read_manifest(const std::string& path) {
     if (!slide.origin.empty() && slide.origin != slide_origin(true) && slide.origin != slide_origin(false)) {
       f.fail(field + ".origin", "expected 'synthetic' or 'real', got '" + slide.origin + "'");
     }
+    if (s.contains("qc_dropped_tiles")) {
+      const json& dropped = s["qc_dropped_tiles"];
+      if (!dropped.is_object()) f.fail(field + ".qc_dropped_tiles", "expected an object of counts");
+      for (const auto& [name, value] : dropped.items()) {
+        if (!value.is_number_integer() || value.get<std::int64_t>() < 0) {
+          f.fail(field + ".qc_dropped_tiles." + name, "expected a count (an integer >= 0)");
+        }
+        slide.qc_dropped_tiles[name] = value.get<std::int64_t>();
+      }
+    }
     manifest.slides.push_back(std::move(slide));
   }
 
@@ -739,6 +749,7 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
                              {"tumour", s.tumour},
                              {"corrupt_tiles", s.corrupt_tiles}});
     if (!s.origin.empty()) doc["slides"].back()["origin"] = s.origin;
+    if (!s.qc_dropped_tiles.empty()) doc["slides"].back()["qc_dropped_tiles"] = s.qc_dropped_tiles;
   }
   doc["failures"] = ordered_json::array();
   for (const auto& failure : manifest.failures) {

@@ -131,6 +131,9 @@ struct ManifestSlide {
   std::int64_t corrupt_tiles = 0;
   // "synthetic" (made by tessera synth) or "real" (io/provenance.h); "" in manifests written before the field.
   std::string origin{};
+  // Planned tiles dropped by quality control (preprocessing/qc.h), by the artefact class covering most of each;
+  // empty when QC was off or dropped nothing (and in manifests written before the field).
+  std::map<std::string, std::int64_t> qc_dropped_tiles{};
 };
 
 struct ManifestFailure {

@@ -37,6 +37,7 @@
 #include "io/shard.h"
 #include "io/slide.h"
 #include "io/slide_list.h"
+#include "preprocessing/qc.h"
 #include "preprocessing/stain_norm.h"
 #include "preprocessing/tile_resume.h"
 #include "preprocessing/tiling.h"
@@ -104,6 +105,7 @@ struct TileSettings {
   double assume_mpp = 0.0;
   int preview_size = 0;
   fs::path previews;
+  std::optional<QcOptions> qc;  // none: QC off
 };
 
 // One slide's plan as every rank needs it for extraction.
@@ -114,6 +116,7 @@ struct PlanResult {
   double slide_mpp = 0.0;
   double assume_mpp = 0.0;  // the mpp to open the slide with (override or job default)
   bool synthetic = false;   // made by tessera synth (io/provenance.h): the manifest records its origin
+  std::map<std::string, std::int64_t> qc_dropped;  // tiles QC dropped, by artefact class
   std::vector<PlannedTile> tiles;
 };
 
@@ -128,7 +131,8 @@ std::string serialize(const PlanResult& p) {
             {"footprint", p.footprint},
             {"slide_mpp", p.slide_mpp},
             {"assume_mpp", p.assume_mpp},
-            {"synthetic", p.synthetic}};
+            {"synthetic", p.synthetic},
+            {"qc_dropped", p.qc_dropped}};
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
   j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(PlannedTile)));
   const auto packed = json::to_cbor(j);
@@ -153,6 +157,7 @@ std::vector<PlanResult> deserialize(const std::string& bytes) {
     p.slide_mpp = j["slide_mpp"];
     p.assume_mpp = j["assume_mpp"];
     p.synthetic = j["synthetic"];
+    p.qc_dropped = j["qc_dropped"].get<std::map<std::string, std::int64_t>>();
     const auto& blob = j["tiles"].get_binary();
     p.tiles.resize(blob.size() / sizeof(PlannedTile));
     if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(PlannedTile));
@@ -165,6 +170,65 @@ void append_record(std::string& buffer, const std::string& record) {
   const std::uint64_t n = record.size();
   buffer.append(reinterpret_cast<const char*>(&n), sizeof n);
   buffer += record;
+}
+
+// Quality control on the slide; the planned tiles with more than options.max_fraction of their area in excluded
+// artefacts are dropped. Returns how many, by the class covering most of each. A slide-level flag is a warning, or
+// with refuse_flagged an InputError naming the slide.
+std::map<std::string, std::int64_t> drop_artefact_tiles(const io::Slide& slide, SlidePlan& plan,
+                                                        const QcOptions& options) {
+  const QcResult qc = run_qc(slide, options);
+  for (const auto& flag : qc.flags) {
+    if (options.refuse_flagged) {
+      throw core::InputError("quality control flags the slide (qc.refuse_flagged): " + flag, slide.path());
+    }
+    spdlog::warn("{}: quality control: {}", slide.path(), flag);
+  }
+  std::map<std::string, std::int64_t> dropped;
+  if (plan.tiles.empty()) return dropped;
+  // The tiles lie on a grid: its distinct origins along x and y.
+  std::vector<std::int64_t> xs, ys;
+  for (const auto& t : plan.tiles) {
+    xs.push_back(t.x);
+    ys.push_back(t.y);
+  }
+  for (auto* v : {&xs, &ys}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+  const auto fractions_of = [&](const cv::Mat1b& mask) {
+    TissueMask m = qc.tissue;
+    m.mask = mask;
+    return tissue_fractions(m, xs, ys, plan.footprint);
+  };
+  const std::vector<double> excluded = fractions_of(qc.excluded());
+  std::vector<std::pair<std::string, std::vector<double>>> by_class;
+  for (const Artefact a : all_artefacts()) {
+    const auto i = static_cast<std::size_t>(index(a));
+    if (cv::countNonZero(qc.masks[i]) > 0) by_class.emplace_back(to_string(a), fractions_of(qc.masks[i]));
+  }
+  std::vector<PlannedTile> kept;
+  kept.reserve(plan.tiles.size());
+  for (const auto& t : plan.tiles) {
+    const auto col = static_cast<std::size_t>(std::lower_bound(xs.begin(), xs.end(), t.x) - xs.begin());
+    const auto row = static_cast<std::size_t>(std::lower_bound(ys.begin(), ys.end(), t.y) - ys.begin());
+    const std::size_t cell = row * xs.size() + col;
+    if (excluded[cell] <= options.max_fraction) {
+      kept.push_back(t);
+      continue;
+    }
+    std::string worst = "blur";  // severe blur is the only excluded area outside every class mask's action
+    double most = -1.0;
+    for (const auto& [name, fractions] : by_class) {
+      if (fractions[cell] > most) {
+        most = fractions[cell];
+        worst = name;
+      }
+    }
+    ++dropped[worst];
+  }
+  plan.tiles = std::move(kept);
+  return dropped;
 }
 
 PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
@@ -189,6 +253,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     }
     const auto tissue = detect_tissue(slide, settings.tissue);
     auto plan = plan_slide(slide, tissue, annotations, settings.classes, settings.grid);
+    if (settings.qc) result.qc_dropped = drop_artefact_tiles(slide, plan, *settings.qc);
     cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour, settings.seed ^ core::fnv1a(input.id));
     if (plan.tiles.empty()) {
       spdlog::warn("{}: no tiles ({:.2f} mm2 of tissue at min fraction {:g}); the slide is skipped", input.path,
@@ -501,6 +566,7 @@ const core::Schema& tile_schema() {
         .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
         .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
     declare_tissue_keys(schema);
+    declare_qc_keys(schema);
     return schema;
   }();
   return instance;
@@ -569,6 +635,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   settings.grid.keep_ambiguous = config.get_string("labels.ambiguous") == "keep";
   settings.tissue.mask_mpp = tissue.mask_mpp;
   settings.tissue.reject_pen_marks = tissue.reject_pen_marks;
+  if (qc_enabled(config)) settings.qc = qc_options(config);
   settings.classes.tumour = config.get_string_list("labels.tumour_classes");
   settings.classes.exclusion = config.get_string_list("labels.exclusion_classes");
   settings.max_tiles = config.get_int("sampling.max_tiles_per_slide");
@@ -840,6 +907,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       slide.label = p.input.label;
       slide.split = p.input.split;
       slide.origin = io::slide_origin(p.synthetic);
+      slide.qc_dropped_tiles = p.qc_dropped;
     }
     std::int64_t shard_count = 0;
     for (const auto& rank_spans : spans) shard_count += static_cast<std::int64_t>(rank_spans.size());
