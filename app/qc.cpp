@@ -117,6 +117,10 @@ int run_qc(const JobOptions& job) {
   const auto& world = core::Comm::world();
   const auto inputs = io::list_input_slides(config);
   const fs::path out = config.get_string("output");
+  if (!config.get_bool("qc.enabled")) {
+    throw core::ConfigError("tessera qc always runs quality control; qc.enabled switches it off in tile and infer",
+                            config.source(), 0, "qc.enabled");
+  }
   const prep::QcOptions options = prep::qc_options(config);
   const double assume_mpp = config.get_number("input.assume_mpp");
   const core::OutputLock lock = core::lock_output_folder(world, out.string(), "qc");

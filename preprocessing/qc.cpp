@@ -44,6 +44,7 @@ constexpr double kRedMinSaturation = 0.60;
 // Bubble rims, coverslip edges and black ink are neutral: their OD has a large component along the residual
 // direction of colour deconvolution (H × E), which stained tissue lacks. Rims are thin lines; ink strokes are wide.
 constexpr double kNeutralMinResidual = 0.12;
+constexpr double kRimMinResidual = 0.2;  // a bubble's rim is a dark grey line; dense tissue stays below
 constexpr double kBlackMinResidual = 0.45;  // black ink over tissue; an under-exposed field adds about 0.3
 constexpr double kRimMaxWidthUm = 64.0;     // wider neutral areas are ink (or a dark field), not a rim
 // Glass darkened this far below the slide's glass, neutral, is under-exposed.
@@ -351,8 +352,8 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   cv::Mat1f h(size), e(size), grey(size);
   cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size), ink_black = cv::Mat1b::zeros(size),
             ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
-            grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size);
-  std::vector<float> background_max;
+            grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size),
+            rim = cv::Mat1b::zeros(size);
   std::vector<float> background, tissue_grey, tissue_h, tissue_e;
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
@@ -379,11 +380,11 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
           coloured_ink = true;
         }
         if (!coloured_ink && od[2] >= kNeutralMinResidual) neutral(r, c) = 255;
+        if (!coloured_ink && od[2] >= kRimMinResidual) rim(r, c) = 255;
         if (!coloured_ink && od[2] >= kBlackMinResidual) strongly_neutral(r, c) = 255;
         if (t[c] == 0 && v.saturation < kUnderMaxSaturation) grey_glass(r, c) = 255;
       }
       if (std::max({p[0], p[1], p[2]}) >= kClippedLevel) clipped(r, c) = 255;
-      if (t[c] == 0) background_max.push_back(static_cast<float>(std::max({p[0], p[1], p[2]})));
       if (t[c] != 0) {
         tissue_grey.push_back(g);
         tissue_h.push_back(h(r, c));
@@ -408,7 +409,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   cv::Mat1b wide;
   cv::morphologyEx(neutral, wide, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide, wide, elliptic(3));
-  const cv::Mat1b thin = neutral & ~wide;
+  const cv::Mat1b thin = rim & ~wide;
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -473,11 +474,9 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
 
   if (on(Artefact::overexposed)) {
-    // Clipped channels on the section (and on the glass beside it, unless the scanner clips its glass anyway), and
-    // tissue whose stains are both far paler than the tissue around it: washed out.
-    cv::Mat1b over = clipped.clone();
-    const bool glass_clipped = median_of(background_max) >= kClippedLevel;
-    if (glass_clipped) over &= tissue;
+    // Tissue with a clipped channel, and tissue whose stains are both far paler than the tissue around it: washed
+    // out. (Bright glass beside the section is harmless, and some scanners clip their glass anyway.)
+    cv::Mat1b over = clipped & tissue;
     if (!h_local.empty()) {
       for (int r = 0; r < size.height; ++r) {
         for (int c = 0; c < size.width; ++c) {
@@ -499,8 +498,14 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
     // black ink); each such field's convex hull takes in what lies between.
     const double limit = options.underexposure_ratio * result.background_brightness;
-    cv::Mat1b under = ((grey < limit) & grey_glass & ~thin) | (wide & tissue & ~ink_black);
+    cv::Mat1b dark_glass = (grey < limit) & grey_glass & ~thin;
+    for (const auto& [a, ink] : inks) dark_glass &= ~*ink;
+    cv::morphologyEx(dark_glass, dark_glass, cv::MORPH_OPEN, elliptic(5));
+    remove_small(dark_glass, min_pixels / 4.0);
+    // Darkened tissue counts only where it joins darkened glass: dense tissue alone is no exposure fault.
+    cv::Mat1b under = dark_glass | (wide & tissue & ~ink_black);
     for (const auto& [a, ink] : inks) under &= ~*ink;
+    keep_touching(under, dark_glass);
     cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
     remove_small(under, min_pixels / 4.0);
     mask(Artefact::underexposed) = convex_hulls(under);

@@ -11,8 +11,9 @@
 //                 tissue around it (a lymphoid area raises only H, stroma only E)
 //   bubble        air bubbles and coverslip edges: thin grey (neutral, darker than glass, not black) lines; the area a
 //                 closed line encloses is the bubble
-//   overexposed   washed-out tissue: clipped white (every channel ≥ 250) inside the section's outline
-//   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median brightness)
+//   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median
+//   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median
+//                 brightness), with the tissue darkened by a neutral grey that joins it, each field as its convex hull
 // and slide-level checks: too little tissue (< `min_tissue_mm2`), not a brightfield slide (a dark background:
 // fluorescence), and, over a cohort (qc_cohort_flags), stain far from the cohort's.
 //

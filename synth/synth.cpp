@@ -733,7 +733,8 @@ void make_artefact_truth(Plan& plan) {
     masks[prep::index(prep::Artefact::bubble)] = (plan.bubble_in >= 0.5f) | (plan.bubble_rim >= 0.5f);
   }
   if (!plan.exposure.empty()) {
-    masks[prep::index(prep::Artefact::overexposed)] = plan.exposure < 0.0f;
+    // Bright glass is harmless: over-exposure is an artefact of the tissue it washes out.
+    masks[prep::index(prep::Artefact::overexposed)] = (plan.exposure < 0.0f) & tissue;
     masks[prep::index(prep::Artefact::underexposed)] = plan.exposure > 0.0f;
   }
 }

@@ -51,8 +51,9 @@ struct SynthGroundTruth {
   double tissue_area_mm2 = 0.0;
   double tumour_area_mm2 = 0.0;
   // Where each artefact class QC detects was drawn (prep::all_artefacts() order): 255 = artefact, at
-  // artefact_downsample level-0 pixels per mask pixel; an empty mask when the class was not drawn. Blur and folds
-  // are marked on tissue only (they are artefacts of the tissue); ink, bubbles and exposure wherever drawn.
+  // artefact_downsample level-0 pixels per mask pixel; an empty mask when the class was not drawn. Blur, folds and
+  // over-exposure are marked on tissue only (they are artefacts of the tissue); ink, bubbles and under-exposure
+  // wherever drawn.
   std::array<cv::Mat1b, prep::kArtefactCount> artefacts;
   double artefact_downsample = 16.0;
 };

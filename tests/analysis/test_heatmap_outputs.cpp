@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <opencv2/imgproc.hpp>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -339,6 +340,66 @@ TEST(SlideOutputsCaution, ReportAndOverlayStateTheCaution) {
   const cv::Mat without = render_overlay(result.heatmap, result.regions, result.thumbnail, options);
   const cv::Mat difference = overlay(layout.image) != without(plain.image);
   EXPECT_EQ(cv::countNonZero(difference.reshape(1)), 0);
+}
+
+// What QC found: report.json states the areas, flags and classes; a region whose outline touches a class's mask names
+// it (with its action) and is kept; a region away from every mask names none; without QC, qc is null.
+TEST(SlideOutputsQc, ReportAndOverlayStateTheQcAreasAndRegionsNameTheArtefactsTheyTouch) {
+  const OutputOptions options{};
+  SlideResult result = analyse_heatmap(blob_map(), options);
+  ASSERT_EQ(result.regions.size(), 3u);
+  const json plain = json::parse(report_json(result, options));
+  EXPECT_TRUE(plain.contains("qc") && plain["qc"].is_null());
+  for (const auto& r : plain["regions"]) EXPECT_EQ(r["artefacts"], json::array());
+
+  // Masks at 10 level-0 px per pixel (400×300): a fold just right of the micrometastasis (level-0 x 600..1100,
+  // y 2000..2500) and a blur patch in the unscored margin, away from every region.
+  QcOutcome& qc = result.qc;
+  qc.ran = true;
+  qc.downsample = 10.0;
+  cv::Mat1b fold = cv::Mat1b::zeros(300, 400), blur = cv::Mat1b::zeros(300, 400);
+  fold(cv::Rect(110, 215, 30, 20)).setTo(255);
+  blur(cv::Rect(300, 275, 30, 15)).setTo(255);
+  qc.masks = {{"fold (exclude)", fold}, {"blur (flag)", blur}};
+  qc.excluded = fold;
+  qc.flagged = blur;
+  qc.excluded_mm2 = 0.06;
+  qc.flagged_mm2 = 0.045;
+  qc.excluded_cells = 4;
+  qc.classes = {{"fold", "exclude", 0.06, 0.024}, {"blur", "flag", 0.045, 0.018}};
+  qc.flags = {"too little tissue (0.5 mm2)"};
+  const json report = json::parse(report_json(result, options));
+  ASSERT_TRUE(report["qc"].is_object());
+  EXPECT_DOUBLE_EQ(report["qc"]["excluded_area_mm2"].get<double>(), 0.06);
+  EXPECT_DOUBLE_EQ(report["qc"]["flagged_area_mm2"].get<double>(), 0.045);
+  EXPECT_EQ(report["qc"]["excluded_cells"], 4);
+  EXPECT_EQ(report["qc"]["flags"], json::array({"too little tissue (0.5 mm2)"}));
+  ASSERT_EQ(report["qc"]["classes"].size(), 2u);
+  EXPECT_EQ(report["qc"]["classes"][0]["action"], "exclude");
+  ASSERT_EQ(report["regions"].size(), 3u);
+  for (const auto& r : report["regions"]) {
+    if (r["size_class"] == "micrometastasis") {
+      EXPECT_EQ(r["artefacts"], json::array({"fold (exclude)"})) << r.dump();
+    } else {
+      EXPECT_EQ(r["artefacts"], json::array()) << r.dump();
+    }
+  }
+
+  // The overlay outlines the areas (it differs from the one without QC only there) and states them as PNG text.
+  result.thumbnail = cv::Mat(300, 400, CV_8UC3, cv::Scalar(236, 190, 215));
+  const cv::Mat with = render_overlay(result.heatmap, result.regions, result.thumbnail, options, "", &qc);
+  const cv::Mat without = render_overlay(result.heatmap, result.regions, result.thumbnail, options);
+  ASSERT_EQ(with.size(), without.size());
+  cv::Mat difference;
+  cv::absdiff(with, without, difference);
+  cv::Mat grey;
+  cv::cvtColor(difference, grey, cv::COLOR_RGB2GRAY);
+  EXPECT_GT(cv::countNonZero(grey), 50);
+  testing::TempDir dir;
+  write_overlay_png(dir.file("o.png"), result.heatmap, result.regions, result.thumbnail, options, "", &qc);
+  const auto text = io::read_png_text(dir.file("o.png"));
+  ASSERT_TRUE(text.contains("QC"));
+  EXPECT_NE(text.at("QC").find("fold exclude"), std::string::npos) << text.at("QC");
 }
 
 TEST(SlideOutputsEdgeCases, AMapWithoutTissueStillGivesEveryOutput) {

@@ -22,8 +22,10 @@
 #include "io/annotations.h"
 #include "io/checkpoint.h"
 #include "io/heatmap.h"
+#include "io/image.h"
 #include "io/slide.h"
 #include "preprocessing/tiling.h"
+#include "preprocessing/qc.h"
 #include "preprocessing/tissue.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
@@ -240,7 +242,7 @@ TEST_F(Infer, TissueIsFoundAsTheCheckpointsTilingFoundItUnlessTheJobSaysOtherwis
     SCOPED_TRACE(c.checkpoint + " " + c.args);
     const std::string out = "tissue" + std::to_string(k);
     const auto r = run("infer --checkpoint " + dir_->file(c.checkpoint) + " --slides " + slide(id) + " --out " +
-                       dir_->file(out) + " --set outputs=[heatmap.h5] --stride 32 " + c.args);
+                       dir_->file(out) + " --set outputs=[heatmap.h5] --stride 32 --set qc.enabled=false " + c.args);
     ASSERT_EQ(r.code, 0) << r.err;
     // The scored cells are those the expected mask and rule give, so every setting reached the tissue mask.
     const io::Heatmap map = heatmap(out, id);
@@ -427,6 +429,72 @@ TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
   for (const std::string id : {"tumor_001", "normal_002"}) {
     EXPECT_TRUE(same_bits(heatmap("failures", id).prob, heatmap("clean", id).prob)) << id;
   }
+}
+
+// Slide quality control inside infer: a slide with marker ink (green/blue/black and red) loses the cells mostly under
+// excluded artefacts — exactly those, by QC's own masks — and says so in report.json and the overlay; a region
+// touching an artefact names it; qc.enabled: false scores every tissue cell, and actions set to flag score every
+// cell too but keep the areas in the report.
+TEST_F(Infer, QualityControlExcludesArtefactCellsAndReportsThem) {
+  const std::string artefacts = dir_->file("artefacts");
+  auto r = run("synth --out " + artefacts +
+               " --slides 1 --size 2048 --seed 77 --set slides.tumour_fraction=0 --set preview.enabled=false"
+               " --set artefacts.pen_marks=true --set artefacts.red_ink=true --set artefacts.blur=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string path = artefacts + "/slides/normal_001.svs";
+  const std::string outputs = " --set outputs=[heatmap.h5,report.json,overlay.png] --stride 32";
+  r = infer(path, "qc_on", outputs);
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = infer(path, "qc_off", outputs + " --set qc.enabled=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string flag_all = outputs;
+  for (const char* ink : {"pen_green", "pen_blue", "pen_black", "pen_red"}) {
+    flag_all += std::string(" --set qc.") + ink + ".action=flag";
+  }
+  r = infer(path, "qc_flag", flag_all);
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  const io::Heatmap on = heatmap("qc_on", "normal_001"), off = heatmap("qc_off", "normal_001"),
+                    flagged = heatmap("qc_flag", "normal_001");
+  // Which cells QC excludes, from its own masks: the rule the engine applies.
+  const prep::QcResult qc = prep::run_qc(io::Slide::open(path), prep::QcOptions{});
+  prep::TissueMask excluded = qc.tissue;
+  excluded.mask = qc.excluded();
+  std::vector<std::int64_t> xs, ys;
+  for (int j = 0; j < on.cols; ++j) xs.push_back(on.origin_x + j * on.step);
+  for (int i = 0; i < on.rows; ++i) ys.push_back(on.origin_y + i * on.step);
+  const auto fractions = prep::tissue_fractions(excluded, xs, ys, kTile * kMpp / kSlideMpp);
+  std::int64_t dropped = 0;
+  for (std::size_t cell = 0; cell < on.prob.size(); ++cell) {
+    if (std::isnan(off.prob[cell])) {
+      EXPECT_TRUE(std::isnan(on.prob[cell])) << "cell " << cell;
+      continue;
+    }
+    const bool expect_scored = fractions[cell] <= 0.5;
+    ASSERT_EQ(!std::isnan(on.prob[cell]), expect_scored) << "cell " << cell << ": excluded " << fractions[cell];
+    if (expect_scored) {
+      EXPECT_NEAR(on.prob[cell], off.prob[cell], 1e-5) << "a scored cell scores as without QC";
+    } else {
+      ++dropped;
+    }
+  }
+  EXPECT_GT(dropped, 5) << "the ink excludes cells";
+  EXPECT_EQ(flagged.scored_cells(), off.scored_cells()) << "flag scores every tissue cell";
+
+  const json report_on = read_json(dir_->file("qc_on/normal_001.report.json"));
+  ASSERT_TRUE(report_on["qc"].is_object()) << report_on.dump(2);
+  EXPECT_GT(report_on["qc"]["excluded_area_mm2"].get<double>(), 0.01);
+  EXPECT_EQ(report_on["qc"]["excluded_cells"].get<std::int64_t>(), dropped);
+  EXPECT_EQ(report_on["qc"]["classes"].size(), 9u);
+  EXPECT_TRUE(read_json(dir_->file("qc_off/normal_001.report.json"))["qc"].is_null());
+  const json report_flag = read_json(dir_->file("qc_flag/normal_001.report.json"));
+  EXPECT_GT(report_flag["qc"]["flagged_area_mm2"].get<double>(), 0.01);
+  EXPECT_EQ(report_flag["qc"]["excluded_cells"].get<std::int64_t>(), 0);
+  // Every region carries the artefacts it touches (an array, empty when none).
+  for (const auto& region : report_on["regions"]) EXPECT_TRUE(region["artefacts"].is_array());
+  const auto text = io::read_png_text(dir_->file("qc_on/normal_001.overlay.png"));
+  ASSERT_TRUE(text.contains("QC"));
+  EXPECT_TRUE(contains(text.at("QC"), "excluded")) << text.at("QC");
 }
 
 TEST_F(Infer, RefusesJobMistakesNamingTheKey) {

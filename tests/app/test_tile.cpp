@@ -90,6 +90,41 @@ TEST_F(Tile, WritesShardsAndAManifestThatAgree) {
   }
 }
 
+// Quality control in tile: tiles mostly under marker ink are dropped, counted per slide and class in the manifest;
+// with qc.enabled: false every tile stays.
+TEST_F(Tile, QualityControlDropsArtefactTilesAndCountsThem) {
+  const std::string inked = dir_->file("inked");
+  auto r = run("synth --out " + inked +
+               " --slides 1 --size 2048 --seed 78 --set slides.tumour_fraction=0 --set preview.enabled=false"
+               " --set artefacts.pen_marks=true --set artefacts.red_ink=true --set artefacts.blur=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto tile_job = [&](const std::string& name, const std::string& extra) {
+    const std::string path = dir_->file(name + ".yaml");
+    std::ofstream(path) << "input:\n  csv: " << inked << "/dataset.csv\n"
+                        << "output: " << dir_->file(name) << "\n"
+                        << "tile:\n  size: 32\n  mpp: 1.0\n"
+                        << "tissue:\n  min_fraction: 0.3\n  reject_pen_marks: false\n"
+                        << extra;
+    return path;
+  };
+  r = run("tile " + tile_job("qc_on", ""));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("tile " + tile_job("qc_off", "qc:\n  enabled: false\n"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto on = io::read_manifest(dir_->file("qc_on/manifest.json"));
+  const auto off = io::read_manifest(dir_->file("qc_off/manifest.json"));
+  ASSERT_EQ(on.slides.size(), 1u);
+  ASSERT_EQ(off.slides.size(), 1u);
+  EXPECT_TRUE(off.slides[0].qc_dropped_tiles.empty());
+  std::int64_t dropped = 0;
+  for (const auto& [name, count] : on.slides[0].qc_dropped_tiles) {
+    EXPECT_TRUE(contains(name, "pen_")) << name << " " << count;
+    dropped += count;
+  }
+  EXPECT_GT(dropped, 10);
+  EXPECT_EQ(on.slides[0].tiles + dropped, off.slides[0].tiles);
+}
+
 TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {
   const auto r = run("tile " + job("labels"));
   ASSERT_EQ(r.code, 0) << r.err;

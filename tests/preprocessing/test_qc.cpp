@@ -84,6 +84,28 @@ TEST(Qc, NamesAndActionsRoundTrip) {
   }
 }
 
+// Synthetic truth: a class's mask exists exactly when it is drawn, and the twins (one seed, artefacts on and off)
+// have the same tissue and tumour.
+TEST(Qc, SyntheticTruthMasksExistForTheDrawnClassesOnly) {
+  synth::SynthSlideOptions o = slide_options(2001);
+  o.tumour = true;
+  const synth::SynthGroundTruth clean = synth::synthetic_ground_truth(o);
+  for (const auto& m : clean.artefacts) EXPECT_TRUE(m.empty());
+  o.folds = true;
+  o.bubbles = true;
+  o.exposure = true;
+  const synth::SynthGroundTruth marked = synth::synthetic_ground_truth(o);
+  for (const Artefact a : all_artefacts()) {
+    const cv::Mat1b& m = marked.artefacts[static_cast<std::size_t>(index(a))];
+    const bool drawn = a == Artefact::fold || a == Artefact::bubble || a == Artefact::overexposed ||
+                       a == Artefact::underexposed;
+    EXPECT_EQ(!m.empty() && cv::countNonZero(m) > 0, drawn) << to_string(a);
+  }
+  EXPECT_DOUBLE_EQ(marked.tissue_area_mm2, clean.tissue_area_mm2);
+  ASSERT_EQ(marked.tumour.size(), clean.tumour.size());
+  for (std::size_t k = 0; k < clean.tumour.size(); ++k) EXPECT_EQ(marked.tumour[k].outer, clean.tumour[k].outer);
+}
+
 TEST(Qc, CleanSlideHasNoArtefacts) {
   const Checked c = run_on_synthetic(slide_options(2101));
   EXPECT_GT(c.qc.tissue_area_mm2, 1.0);
