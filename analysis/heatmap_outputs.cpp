@@ -447,8 +447,8 @@ void draw_qc(cv::Mat& image, const io::Heatmap& h, const QcOutcome& qc, const Me
 }
 
 std::string qc_text(const QcOutcome& qc) {
-  std::string text = fmt::format("excluded {:.3f} mm2 (not scored), flagged {:.3f} mm2", qc.excluded_mm2,
-                                 qc.flagged_mm2);
+  std::string text =
+      fmt::format("excluded {:.3f} mm2 (not scored), flagged {:.3f} mm2", qc.excluded_mm2, qc.flagged_mm2);
   for (const auto& c : qc.classes) {
     if (c.area_mm2 > 0.0) text += fmt::format("; {} {} {:.3f} mm2", c.name, c.action, c.area_mm2);
   }

@@ -274,13 +274,14 @@ int run_infer(const InferOptions& options) {
     }
     const analysis::QcOutcome qc = qc_outcome(stats);
     for (const auto& flag : qc.flags) spdlog::warn("slide {} {}: quality control: {}", position, input.id, flag);
-    writing = std::async(std::launch::async, [&, input, stats, position, caution, qc, key = keys[s],
-                                              map = std::move(map)]() mutable {
-      const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
-                                          stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
-      return analysis::write_slide({input.id, input.path, input.mpp, model.meta.provenance, caution, qc}, std::move(map),
-                                   scored, position, out, output_options, inference_options.assume_mpp, threshold, key);
-    });
+    writing = std::async(
+        std::launch::async, [&, input, stats, position, caution, qc, key = keys[s], map = std::move(map)]() mutable {
+          const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
+                                              stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
+          return analysis::write_slide({input.id, input.path, input.mpp, model.meta.provenance, caution, qc},
+                                       std::move(map), scored, position, out, output_options,
+                                       inference_options.assume_mpp, threshold, key);
+        });
   }
   collect();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

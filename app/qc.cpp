@@ -33,8 +33,8 @@
 #include "core/atomic_file.h"
 #include "core/comm.h"
 #include "core/error.h"
-#include "core/output_dir.h"
 #include "core/measure.h"
+#include "core/output_dir.h"
 #include "core/progress.h"
 #include "io/image.h"
 #include "io/slide.h"
@@ -154,7 +154,7 @@ int run_qc(const JobOptions& job) {
   }
   std::vector<json> rows;
   for (const auto& input : inputs) rows.push_back(by_id.at(input.id));
-  const prep::QcCohort cohort = prep::qc_cohort(rows, options);
+  const prep::QcCohort cohort = prep::qc_cohort(rows);
   core::write_file_atomic((out / "qc.csv").string(), cohort.csv);
   io::write_png((out / "qc-cohort.png").string(), cohort.picture);
   config.save((out / "qc.config.yaml").string());

@@ -51,7 +51,7 @@ struct PlanHeader {
   std::int64_t cells = 0;  // tissue cells
   double plan_seconds = 0.0;
   double tissue_area_mm2 = 0.0;
-  std::int64_t synthetic = 0;  // 1: made by tessera synth (io::Slide::synthetic)
+  std::int64_t synthetic = 0;    // 1: made by tessera synth (io::Slide::synthetic)
   std::int64_t qc_excluded = 0;  // tissue cells not scored because of excluded artefacts
 };
 

@@ -33,8 +33,8 @@
 #include "core/comm.h"
 #include "engine/inference.h"
 #include "io/heatmap.h"
-#include "preprocessing/stain_norm.h"
 #include "preprocessing/qc.h"
+#include "preprocessing/stain_norm.h"
 #include "preprocessing/tissue.h"
 
 namespace tessera::engine {
@@ -64,18 +64,18 @@ struct SlideInferenceOptions {
   // of their area in excluded artefacts are not scored (NaN, like background); with qc->refuse_flagged a
   // slide-level flag fails the slide.
   std::optional<prep::QcOptions> qc;
-  bool progress = true;        // a core::Progress per slide
+  bool progress = true;  // a core::Progress per slide
 };
 
 // What one run() did (the same on every rank, except read_wait_seconds).
 struct SlideInferenceStats {
-  std::int64_t cells = 0;          // rows × cols
-  std::int64_t tiles = 0;          // tissue cells scored, all ranks
-  double seconds = 0.0;            // wall time of run(): plan, score, gather
-  double plan_seconds = 0.0;       // open + tissue mask + grid (rank 0)
-  double tissue_area_mm2 = 0.0;    // the tissue mask's area (prep::TissueMask::tissue_area_mm2)
-  double read_wait_seconds = 0.0;  // this rank: time the model waited for the reader
-  bool synthetic_slide = false;    // the slide carries tessera synth's marker (io/provenance.h)
+  std::int64_t cells = 0;              // rows × cols
+  std::int64_t tiles = 0;              // tissue cells scored, all ranks
+  double seconds = 0.0;                // wall time of run(): plan, score, gather
+  double plan_seconds = 0.0;           // open + tissue mask + grid (rank 0)
+  double tissue_area_mm2 = 0.0;        // the tissue mask's area (prep::TissueMask::tissue_area_mm2)
+  double read_wait_seconds = 0.0;      // this rank: time the model waited for the reader
+  bool synthetic_slide = false;        // the slide carries tessera synth's marker (io/provenance.h)
   std::int64_t qc_excluded_cells = 0;  // tissue cells not scored because of excluded artefacts
   // Rank 0 only (null elsewhere, and when QC is off): the QC stage's masks and findings.
   std::shared_ptr<const prep::QcResult> qc;

@@ -44,7 +44,7 @@ constexpr double kRedMinSaturation = 0.60;
 // Bubble rims, coverslip edges and black ink are neutral: their OD has a large component along the residual
 // direction of colour deconvolution (H × E), which stained tissue lacks. Rims are thin lines; ink strokes are wide.
 constexpr double kNeutralMinResidual = 0.12;
-constexpr double kRimMinResidual = 0.2;  // a bubble's rim is a dark grey line; dense tissue stays below
+constexpr double kRimMinResidual = 0.2;     // a bubble's rim is a dark grey line; dense tissue stays below
 constexpr double kBlackMinResidual = 0.45;  // black ink over tissue; an under-exposed field adds about 0.3
 constexpr double kRimMaxWidthUm = 64.0;     // wider neutral areas are ink (or a dark field), not a rim
 // Glass darkened this far below the slide's glass, neutral, is under-exposed.
@@ -222,7 +222,7 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
       .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
-      .number("qc.max_fraction", 0.5,
+      .number("qc.max_fraction", 0.1,
               "A tile (tile) or cell (infer) with more of its area in excluded artefacts is excluded", 0, 1)
       .boolean("qc.refuse_flagged", false,
                "A slide-level flag (too little tissue, not brightfield, stain far from cohort) fails the slide "

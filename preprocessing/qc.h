@@ -70,7 +70,9 @@ struct QcOptions {
                                               QcAction::exclude, QcAction::exclude, QcAction::exclude};
   // Blur excludes (instead of its action) where sharpness is below this share of the median: severe defocus.
   double severe_blur_ratio = 0.3;
-  double max_fraction = 0.5;    // a tile/cell with more of its area in excluded artefacts is excluded
+  // A tile/cell with more of its area in excluded artefacts is excluded. Low, because a cell half on ink or a fold
+  // still scores like tumour (measured on twins, README "Slide quality control").
+  double max_fraction = 0.1;
   bool refuse_flagged = false;  // a slide-level flag is a per-slide error (InputError) instead of a warning
 };
 

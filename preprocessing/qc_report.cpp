@@ -15,6 +15,8 @@ namespace {
 
 using json = nlohmann::json;
 
+// A slide with more of its tissue in excluded artefacts is not usable.
+constexpr double kMaxExcludedTissue = 0.5;
 // A robust z-score above this names the slide on the cohort picture.
 constexpr double kOutlierZ = 3.5;
 constexpr double kMadToSigma = 1.4826;
@@ -122,7 +124,7 @@ json qc_summary_json(const std::string& id, const std::string& path, const QcRes
           {"flags", result.flags}};
 }
 
-QcCohort qc_cohort(const std::vector<json>& records, const QcOptions& options) {
+QcCohort qc_cohort(const std::vector<json>& records) {
   QcCohort cohort;
   cohort.rows = records;
   // The cohort's stain check works on the numbers alone.
@@ -165,9 +167,8 @@ QcCohort qc_cohort(const std::vector<json>& records, const QcOptions& options) {
     if (!flags.empty()) ++cohort.flagged_slides;
     for (const auto& f : flags) reasons.push_back(f.get<std::string>());
     const double excluded = row["excluded_fraction"].get<double>();
-    if (excluded > options.max_fraction) {
-      reasons.push_back(fmt::format("{:.0f}% of the tissue in excluded artefacts (qc.max_fraction {:g})",
-                                    100.0 * excluded, options.max_fraction));
+    if (excluded > kMaxExcludedTissue) {
+      reasons.push_back(fmt::format("{:.0f}% of the tissue in excluded artefacts", 100.0 * excluded));
     }
     row["usable"] = reasons.empty();
     row["reasons"] = reasons;

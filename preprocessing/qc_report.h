@@ -25,7 +25,7 @@ struct QcCohort {
 };
 
 // Adds the cohort flags (add_cohort_flags), decides each slide's verdict — not usable when it failed, has a
-// slide-level flag, or has more than options.max_fraction of its tissue excluded — and makes the table and picture.
-QcCohort qc_cohort(const std::vector<nlohmann::json>& records, const QcOptions& options);
+// slide-level flag, or has more than half its tissue in excluded artefacts — and makes the table and picture.
+QcCohort qc_cohort(const std::vector<nlohmann::json>& records);
 
 }  // namespace tessera::prep

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <opencv2/imgproc.hpp>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
 #include "io/annotations.h"

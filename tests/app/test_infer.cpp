@@ -24,8 +24,8 @@
 #include "io/heatmap.h"
 #include "io/image.h"
 #include "io/slide.h"
-#include "preprocessing/tiling.h"
 #include "preprocessing/qc.h"
+#include "preprocessing/tiling.h"
 #include "preprocessing/tissue.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
@@ -438,7 +438,8 @@ TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
 TEST_F(Infer, QualityControlExcludesArtefactCellsAndReportsThem) {
   const std::string artefacts = dir_->file("artefacts");
   auto r = run("synth --out " + artefacts +
-               " --slides 1 --size 2048 --seed 77 --set slides.tumour_fraction=0 --set preview.enabled=false"
+               " --slides 1 --size 2048 --seed 77 --set slides.mpp=1.0 --set slides.tumour_fraction=0 --set "
+               "preview.enabled=false"
                " --set artefacts.pen_marks=true --set artefacts.red_ink=true --set artefacts.blur=false");
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string path = artefacts + "/slides/normal_001.svs";
@@ -463,14 +464,14 @@ TEST_F(Infer, QualityControlExcludesArtefactCellsAndReportsThem) {
   std::vector<std::int64_t> xs, ys;
   for (int j = 0; j < on.cols; ++j) xs.push_back(on.origin_x + j * on.step);
   for (int i = 0; i < on.rows; ++i) ys.push_back(on.origin_y + i * on.step);
-  const auto fractions = prep::tissue_fractions(excluded, xs, ys, kTile * kMpp / kSlideMpp);
+  const auto fractions = prep::tissue_fractions(excluded, xs, ys, static_cast<double>(on.tile));
   std::int64_t dropped = 0;
   for (std::size_t cell = 0; cell < on.prob.size(); ++cell) {
     if (std::isnan(off.prob[cell])) {
       EXPECT_TRUE(std::isnan(on.prob[cell])) << "cell " << cell;
       continue;
     }
-    const bool expect_scored = fractions[cell] <= 0.5;
+    const bool expect_scored = fractions[cell] <= prep::QcOptions{}.max_fraction;
     ASSERT_EQ(!std::isnan(on.prob[cell]), expect_scored) << "cell " << cell << ": excluded " << fractions[cell];
     if (expect_scored) {
       EXPECT_NEAR(on.prob[cell], off.prob[cell], 1e-5) << "a scored cell scores as without QC";

@@ -95,7 +95,8 @@ TEST_F(Tile, WritesShardsAndAManifestThatAgree) {
 TEST_F(Tile, QualityControlDropsArtefactTilesAndCountsThem) {
   const std::string inked = dir_->file("inked");
   auto r = run("synth --out " + inked +
-               " --slides 1 --size 2048 --seed 78 --set slides.tumour_fraction=0 --set preview.enabled=false"
+               " --slides 1 --size 2048 --seed 78 --set slides.mpp=1.0 --set slides.tumour_fraction=0 --set "
+               "preview.enabled=false"
                " --set artefacts.pen_marks=true --set artefacts.red_ink=true --set artefacts.blur=false");
   ASSERT_EQ(r.code, 0) << r.err;
   const auto tile_job = [&](const std::string& name, const std::string& extra) {

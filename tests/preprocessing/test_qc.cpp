@@ -97,8 +97,8 @@ TEST(Qc, SyntheticTruthMasksExistForTheDrawnClassesOnly) {
   const synth::SynthGroundTruth marked = synth::synthetic_ground_truth(o);
   for (const Artefact a : all_artefacts()) {
     const cv::Mat1b& m = marked.artefacts[static_cast<std::size_t>(index(a))];
-    const bool drawn = a == Artefact::fold || a == Artefact::bubble || a == Artefact::overexposed ||
-                       a == Artefact::underexposed;
+    const bool drawn =
+        a == Artefact::fold || a == Artefact::bubble || a == Artefact::overexposed || a == Artefact::underexposed;
     EXPECT_EQ(!m.empty() && cv::countNonZero(m) > 0, drawn) << to_string(a);
   }
   EXPECT_DOUBLE_EQ(marked.tissue_area_mm2, clean.tissue_area_mm2);
