@@ -449,9 +449,10 @@ TEST_F(Infer, QualityControlExcludesArtefactCellsAndReportsThem) {
   r = infer(path, "qc_off", outputs + " --set qc.enabled=false");
   ASSERT_EQ(r.code, 0) << r.err;
   std::string flag_all = outputs;
-  for (const char* ink : {"pen_green", "pen_blue", "pen_black", "pen_red"}) {
-    flag_all += std::string(" --set qc.") + ink + ".action=flag";
+  for (const prep::Artefact a : prep::all_artefacts()) {
+    flag_all += std::string(" --set qc.") + prep::to_string(a) + ".action=flag";
   }
+  flag_all += " --set qc.severe_blur_ratio=0";
   r = infer(path, "qc_flag", flag_all);
   ASSERT_EQ(r.code, 0) << r.err;
 
