@@ -44,7 +44,7 @@ constexpr double kRedMinSaturation = 0.60;
 // Bubble rims, coverslip edges and black ink are neutral: their OD has a large component along the residual
 // direction of colour deconvolution (H × E), which stained tissue lacks. Rims are thin lines; ink strokes are wide.
 constexpr double kNeutralMinResidual = 0.12;
-constexpr double kRimMinResidual = 0.2;     // a bubble's rim is a dark grey line; dense tissue stays below
+constexpr double kRimMinResidual = 0.3;     // a bubble's rim is a dark grey line; dense tissue stays below
 constexpr double kBlackMinResidual = 0.45;  // black ink over tissue; an under-exposed field adds about 0.3
 constexpr double kRimMaxWidthUm = 64.0;     // wider neutral areas are ink (or a dark field), not a rim
 // Glass darkened this far below the slide's glass, neutral, is under-exposed.
@@ -152,6 +152,24 @@ void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
       if (keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
     }
   }
+}
+
+// Keeps the components of `mask` that are nearly convex (area at least kMinBubbleSolidity of their convex hull's):
+// bubbles are round, while loops of grey specks in dense tissue enclose ragged areas.
+constexpr double kMinBubbleSolidity = 0.85;
+void keep_round(cv::Mat1b& mask) {
+  std::vector<std::vector<cv::Point>> contours;
+  cv::findContours(mask.clone(), contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_NONE);
+  cv::Mat1b out = cv::Mat1b::zeros(mask.size());
+  for (const auto& contour : contours) {
+    std::vector<cv::Point> hull;
+    cv::convexHull(contour, hull);
+    const double hull_area = cv::contourArea(hull);
+    if (hull_area > 0.0 && cv::contourArea(contour) >= kMinBubbleSolidity * hull_area) {
+      cv::drawContours(out, std::vector<std::vector<cv::Point>>{contour}, -1, cv::Scalar(255), cv::FILLED);
+    }
+  }
+  mask &= out;
 }
 
 // Each 8-connected component of `mask` filled to its convex hull.
@@ -409,7 +427,11 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   cv::Mat1b wide;
   cv::morphologyEx(neutral, wide, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide, wide, elliptic(3));
-  const cv::Mat1b thin = rim & ~wide;
+  // Rims by their own width (the faint fringe of a blurred rim passes the weaker neutral test and would widen it).
+  cv::Mat1b wide_rim;
+  cv::morphologyEx(rim, wide_rim, cv::MORPH_OPEN, elliptic(rim_kernel));
+  cv::dilate(wide_rim, wide_rim, elliptic(5));  // and the fringe of a wide grey area is no rim either
+  const cv::Mat1b thin = rim & ~wide_rim;
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -455,6 +477,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     remove_small(lines, min_pixels / 4.0);
     mask(Artefact::bubble) = fill_enclosed(lines);
     remove_small(mask(Artefact::bubble), min_pixels);
+    keep_round(mask(Artefact::bubble));
   }
 
   // The section's outline: tissue with its gaps closed and holes filled (for exposure).
@@ -587,6 +610,11 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     result.flags.push_back(
         fmt::format("not brightfield (background grey level {:.0f} of 255: a fluorescence or dark-field slide?)",
                     background.empty() ? overall : result.background_brightness));
+    // The artefact classes are defined on brightfield H&E: on another kind of slide their masks mean nothing.
+    for (auto& m : result.masks) m.setTo(0);
+    result.severe_blur.setTo(0);
+    result.fraction.fill(0.0);
+    result.area_mm2.fill(0.0);
   } else if (result.tissue_area_mm2 < options.min_tissue_mm2) {
     result.flags.push_back(fmt::format("too little tissue ({:.3f} mm2, qc.min_tissue_mm2 {:g})", result.tissue_area_mm2,
                                        options.min_tissue_mm2));

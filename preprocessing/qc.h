@@ -15,7 +15,8 @@
 //   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median
 //                 brightness), with the tissue darkened by a neutral grey that joins it, each field as its convex hull
 // and slide-level checks: too little tissue (< `min_tissue_mm2`), not a brightfield slide (a dark background:
-// fluorescence), and, over a cohort (qc_cohort_flags), stain far from the cohort's.
+// fluorescence; its artefact masks are then left empty, the classes being brightfield H&E's), and, over a cohort
+// (add_cohort_flags), stain far from the cohort's.
 //
 // Masks are CV_8U, 255 = artefact, the size of the tissue mask (pixel (r, c) covers level-0
 // [c·downsample, (c+1)·downsample) × [r·downsample, ...)). Fractions are of the tissue area (tissue found with pen

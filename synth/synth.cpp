@@ -673,7 +673,7 @@ void make_artefacts(Plan& plan) {
     plan.bubble_rim = cv::Mat1f::zeros(lh, lw);
     plan.bubble_in = cv::Mat1f::zeros(lh, lw);
     const int bubbles = 1 + draws.below(2);
-    const double rim = std::max(1.0, plan.cells(16.0));
+    const double rim = std::max(2.0, plan.cells(16.0));  // at least two cells: a rim the QC level can see
     for (int k = 0; k < bubbles; ++k) {
       const cv::Point2d centre = random_tissue_cell(plan, draws);
       const double limit = std::min({centre.x, centre.y, lw - centre.x, lh - centre.y}) - rim - 1.0;

@@ -117,13 +117,13 @@ TEST_F(Tile, QualityControlDropsArtefactTilesAndCountsThem) {
   ASSERT_EQ(on.slides.size(), 1u);
   ASSERT_EQ(off.slides.size(), 1u);
   EXPECT_TRUE(off.slides[0].qc_dropped_tiles.empty());
-  std::int64_t dropped = 0, inked = 0;
+  std::int64_t dropped = 0, ink_tiles = 0;
   for (const auto& [name, count] : on.slides[0].qc_dropped_tiles) {
     dropped += count;
-    if (contains(name, "pen_")) inked += count;
+    if (contains(name, "pen_")) ink_tiles += count;
   }
-  EXPECT_GT(inked, 10);
-  EXPECT_GT(inked, dropped / 2) << "the ink is most of what was dropped";
+  EXPECT_GT(ink_tiles, 10);
+  EXPECT_GT(ink_tiles, dropped / 2) << "the ink is most of what was dropped";
   EXPECT_EQ(on.slides[0].tiles + dropped, off.slides[0].tiles);
 }
 

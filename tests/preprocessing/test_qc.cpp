@@ -235,6 +235,7 @@ TEST(Qc, FluorescenceSlideIsNotBrightfield) {
   const QcResult qc = run_qc(io::Slide::open(path.string()), QcOptions{});
   ASSERT_FALSE(qc.flags.empty());
   EXPECT_NE(qc.flags[0].find("not brightfield"), std::string::npos) << qc.flags[0];
+  for (const auto& m : qc.masks) EXPECT_EQ(cv::countNonZero(m), 0) << "no H&E artefact classes on fluorescence";
 }
 
 TEST(Qc, RealBrightfieldSlideIsNotFlagged) {
