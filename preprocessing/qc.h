@@ -9,8 +9,8 @@
 //                 saturated than eosin and lies at hue 345°..25° where eosin sits near 300°..340°
 //   fold          doubled tissue: BOTH haematoxylin and eosin at least `fold_ratio` times their local median over the
 //                 tissue around it (a lymphoid area raises only H, stroma only E)
-//   bubble        air bubbles and coverslip edges: thin grey (neutral, darker than glass, not black) lines; the area a
-//                 closed line encloses is the bubble
+//   bubble        air bubbles and coverslip edges: thin grey lines (a strong neutral component of the optical density,
+//                 narrower than an ink stroke); the nearly convex area a closed line encloses is the bubble
 //   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median
 //   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median
 //                 brightness), with the tissue darkened by a neutral grey that joins it, each field as its convex hull
