@@ -97,7 +97,10 @@ TEST(DicomVerbs, TileOfTheDicomSeriesIsTheSvs) {
                                          << series.string() << "/,normal\n"
                                          << svs.string() << ",normal\n";
   const auto r = run("tile --csv " + dir.file("dataset.csv") + " -o " + dir.file("shards") +
-                     " --set tile.size=64 --set tile.mpp=0.5 --set tissue.mask_mpp=2");
+                     " --set tile.size=64 --set tile.mpp=0.5 --set tissue.mask_mpp=2"
+                     // QC off: its masks differ a little between the two encodings (blur), and this test compares
+                     // the tiling alone.
+                     " --set qc.enabled=false");
   ASSERT_EQ(r.code, 0) << r.err;
   std::map<std::pair<std::int64_t, std::int64_t>, cv::Mat> tiles[2];
   const auto manifest = io::read_manifest(dir.file("shards/manifest.json"));
