@@ -1,7 +1,8 @@
 // DICOM whole-slide series (io/dicom_slide.h) against the TIFF they were made from (io/dicom_writer.h): every
 // transfer syntax (JPEG Baseline, explicit and implicit VR little endian, JPEG-LS by DCMTK's dcmcjpls, JPEG 2000 by
 // GDCM's gdcmconv) and organisation (TILED_FULL, TILED_SPARSE with missing tiles, one instance per level, offset
-// table filled or empty, several fragments per frame), YBR_FULL_422, the Imaged Volume resolution fallback, and bad
+// table filled, empty or extended, several fragments per frame, two optical paths), YBR_FULL_422, an ICC profile,
+// Pixel Spacing per frame, the Imaged Volume resolution fallback, and bad
 // input (not a slide, truncated, frame count off, damaged frame, unsupported syntax, two instances for one level,
 // levels of two images, other series in the folder).
 #include <algorithm>
@@ -341,6 +342,41 @@ TEST(Dicom, OtherSeriesInTheFolderAreIgnoredWhenAFileIsNamed) {
   EXPECT_TRUE(std::any_of(slide.notes().begin(), slide.notes().end(), [](const std::string& n) {
     return contains(n, "1 files of other series in the folder ignored");
   }));
+}
+
+// Pixel Spacing in each frame's functional groups instead of the shared ones (TILED_SPARSE files may carry it so).
+TEST(Dicom, PerFramePixelSpacingGivesTheResolution) {
+  DicomWriterOptions options;
+  options.sparse = true;
+  const Pair pair(options);
+  for (const auto& entry : fs::directory_iterator(pair.series)) {
+    const std::string path = entry.path().string();
+    if (!contains(path, "level-")) continue;  // not an associated image
+    DcmFileFormat file;
+    ASSERT_TRUE(file.loadFile(path.c_str()).good());
+    file.loadAllDataIntoMemory();  // saved over the file it was lazily read from
+    DcmDataset* ds = file.getDataset();
+    DcmItem* shared = nullptr;
+    ASSERT_TRUE(ds->findAndGetSequenceItem(DCM_SharedFunctionalGroupsSequence, shared).good());
+    DcmItem* measures = nullptr;
+    ASSERT_TRUE(shared->findAndGetSequenceItem(DCM_PixelMeasuresSequence, measures).good());
+    OFString spacing;
+    ASSERT_TRUE(measures->findAndGetOFStringArray(DCM_PixelSpacing, spacing).good());
+    ASSERT_TRUE(shared->findAndDeleteElement(DCM_PixelMeasuresSequence).good());
+    DcmSequenceOfItems* groups = nullptr;
+    ASSERT_TRUE(ds->findAndGetSequence(DCM_PerFrameFunctionalGroupsSequence, groups).good());
+    for (unsigned long f = 0; f < groups->card(); ++f) {
+      DcmItem* own = nullptr;
+      ASSERT_TRUE(groups->getItem(f)->findOrCreateSequenceItem(DCM_PixelMeasuresSequence, own, -2).good());
+      own->putAndInsertString(DCM_PixelSpacing, spacing.c_str());
+    }
+    ASSERT_TRUE(file.saveFile(path.c_str(), ds->getOriginalXfer()).good());
+  }
+  const Slide slide = Slide::open(pair.series);
+  EXPECT_EQ(slide.mpp_source(), MppSource::dicom);
+  EXPECT_EQ(slide.property("dicom.mpp-origin"), "DICOM Pixel Spacing");
+  EXPECT_DOUBLE_EQ(slide.mpp(), 0.25);
+  EXPECT_EQ(compare_levels(slide, Slide::open(pair.tiff)), 0);
 }
 
 TEST(Dicom, ImagedVolumeGivesTheResolutionWhenPixelSpacingIsAbsent) {
