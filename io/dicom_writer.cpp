@@ -105,7 +105,8 @@ struct Common {
 
 // The attributes every instance of the series carries.
 void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, const std::string& image_type,
-                const std::string& path, int optical_paths = 1, const std::string& icc_profile = {}) {
+                const std::string& path, int optical_paths = 1, int focal_planes = 1,
+                const std::string& icc_profile = {}) {
   const auto put = [&](const DcmTagKey& tag, const std::string& value) {
     check(ds->putAndInsertString(tag, value.c_str()), "attribute", path);
   };
@@ -139,7 +140,7 @@ void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, con
   put(DCM_ImageOrientationSlide, "0\\-1\\0\\-1\\0\\0");
   put(DCM_ContainerIdentifier, c.series);
   put(DCM_NumberOfOpticalPaths, std::to_string(optical_paths));
-  put(DCM_TotalPixelMatrixFocalPlanes, "1");
+  put(DCM_TotalPixelMatrixFocalPlanes, std::to_string(focal_planes));
   check(
       ds->putAndInsertFloat32(DCM_ImagedVolumeWidth, static_cast<Float32>(c.width0 * c.mpp_x * kMillimetresPerMicron)),
       "attribute", path);
@@ -245,10 +246,13 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
   if (options.extended_offset_table && (!jpeg || options.fragments_per_frame != 1 || options.offset_table)) {
     throw core::InternalError("DICOM writer: an Extended Offset Table needs JPEG frames of one fragment each");
   }
-  if (options.optical_paths < 1 || (options.optical_paths > 1 && jpeg)) {
-    throw core::InternalError("DICOM writer: several optical paths need an uncompressed syntax");
+  if (options.optical_paths < 1 || options.focal_planes < 1 ||
+      ((options.optical_paths > 1 || options.focal_planes > 1) && jpeg)) {
+    throw core::InternalError("DICOM writer: several optical paths or focal planes need an uncompressed syntax");
   }
   const int paths = options.optical_paths;
+  const int planes = options.focal_planes;
+  constexpr double kPlaneDistanceMm = 0.001;
 
   Common common;
   common.study = derived_uid(options.uid_seed, "study");
@@ -292,14 +296,23 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
         tiles_stored.push_back(t);
       }
       if (options.sparse) std::reverse(tiles_stored.begin(), tiles_stored.end());
-      std::vector<std::pair<std::int64_t, int>> order;  // (tile index, optical path index) in storage order
+      struct Stored {
+        std::int64_t t;  // tile index
+        int p;           // optical path index
+        int z;           // focal plane index
+      };
+      std::vector<Stored> order;  // frames in storage order
       if (options.sparse) {
         for (const std::int64_t t : tiles_stored) {
-          for (int p = paths - 1; p >= 0; --p) order.emplace_back(t, p);
+          for (int p = paths - 1; p >= 0; --p) {
+            for (int z = 0; z < planes; ++z) order.push_back({t, p, z});
+          }
         }
       } else {
         for (int p = 0; p < paths; ++p) {
-          for (const std::int64_t t : tiles_stored) order.emplace_back(t, p);
+          for (int z = 0; z < planes; ++z) {
+            for (const std::int64_t t : tiles_stored) order.push_back({t, p, z});
+          }
         }
       }
 
@@ -307,7 +320,7 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
       DcmDataset* ds = dicom.getDataset();
       put_common(ds, common, derived_uid(options.uid_seed, fmt::format("level {}", level)),
                  level == 0 ? "ORIGINAL\\PRIMARY\\VOLUME\\NONE" : "DERIVED\\PRIMARY\\VOLUME\\RESAMPLED", file.string(),
-                 paths, options.icc_profile);
+                 paths, planes, options.icc_profile);
       ds->putAndInsertString(DCM_InstanceNumber, std::to_string(level + 1).c_str());
       const std::string photometric = jpeg ? options.jpeg_photometric : options.ybr_full_422 ? "YBR_FULL_422" : "RGB";
       put_image(ds, static_cast<int>(th), static_cast<int>(tw), static_cast<std::int64_t>(order.size()), l.width,
@@ -315,7 +328,7 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
                 options.pixel_spacing, file.string(), paths == 1);
       ds->putAndInsertString(DCM_DimensionOrganizationType, options.sparse ? "TILED_SPARSE" : "TILED_FULL");
       if (options.sparse) {
-        for (const auto& [t, p] : order) {
+        for (const auto& [t, p, z] : order) {
           DcmItem* group = nullptr;
           ds->findOrCreateSequenceItem(DCM_PerFrameFunctionalGroupsSequence, group, -2);
           if (paths > 1) {
@@ -334,7 +347,8 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
                                        fmt::format("{:.6f}", y * level_mpp * kMillimetresPerMicron).c_str());
           position->putAndInsertString(DCM_YOffsetInSlideCoordinateSystem,
                                        fmt::format("{:.6f}", x * level_mpp * kMillimetresPerMicron).c_str());
-          position->putAndInsertString(DCM_ZOffsetInSlideCoordinateSystem, "0");
+          position->putAndInsertString(DCM_ZOffsetInSlideCoordinateSystem,
+                                       fmt::format("{:.6f}", z * kPlaneDistanceMm).c_str());
         }
       }
 
@@ -352,7 +366,8 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
         std::vector<Uint64> frame_offsets;  // Extended Offset Table: each frame's first item, from the first fragment
         std::vector<Uint64> frame_lengths;
         Uint64 position = 0;
-        for (const auto& [t, p] : order) {
+        for (const Stored& stored : order) {  // one optical path and focal plane (checked above)
+          const std::int64_t t = stored.t;
           const tmsize_t size = TIFFGetStrileByteCount(raw.tif, static_cast<std::uint32_t>(t));
           std::vector<std::uint8_t> tile(static_cast<std::size_t>(size));
           if (size <= 0 || TIFFReadRawTile(raw.tif, static_cast<std::uint32_t>(t), tile.data(), size) != size) {
@@ -390,10 +405,10 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
         check(ds->insert(pixels, true), "pixel data", file.string());
       } else {
         std::vector<std::uint8_t> bytes;
-        for (const auto& [t, p] : order) {
+        for (const auto& [t, p, z] : order) {
           cv::Mat rgb =
               tiles->read(level, t % across * tw, t / across * th, static_cast<int>(tw), static_cast<int>(th));
-          if (p > 0) rgb = ~rgb;  // another optical path: the inverse
+          if (p > 0 || z > 0) rgb = ~rgb;  // another optical path or focal plane: the inverse
           if (options.ybr_full_422) {
             append_ybr_422(rgb, bytes);
           } else {

@@ -48,6 +48,10 @@ struct DicomWriterOptions {
   // inverse (255 - v), so a reader that takes the wrong path's frames is far off. TILED_FULL stores all frames of
   // path 1, then of path 2... (the standard's order); TILED_SPARSE gives each frame its path, path 1 last of each tile.
   int optical_paths = 1;
+  // Focal planes (uncompressed syntaxes only): plane 1 at Z 0 holds the slide's pixels, every other plane (Z 0.001 mm
+  // apart) their inverse. TILED_FULL: planes after column and row, before optical paths (the standard's order);
+  // TILED_SPARSE: each frame's Z Offset, plane 1 first of each tile and path.
+  int focal_planes = 1;
   // An ICC profile (bytes) for the first optical path; none when empty.
   std::string icc_profile;
   // false: no Pixel Spacing, only Imaged Volume Width/Height (the reader's fallback).

@@ -1,10 +1,10 @@
 // DICOM whole-slide series (io/dicom_slide.h) against the TIFF they were made from (io/dicom_writer.h): every
 // transfer syntax (JPEG Baseline, explicit and implicit VR little endian, JPEG-LS by DCMTK's dcmcjpls, JPEG 2000 by
 // GDCM's gdcmconv) and organisation (TILED_FULL, TILED_SPARSE with missing tiles, one instance per level, offset
-// table filled, empty or extended, several fragments per frame, two optical paths), YBR_FULL_422, an ICC profile,
-// Pixel Spacing per frame, the Imaged Volume resolution fallback, and bad
-// input (not a slide, truncated, frame count off, damaged frame, unsupported syntax, two instances for one level,
-// levels of two images, other series in the folder).
+// table filled, empty or extended, several fragments per frame, two optical paths or focal planes), YBR_FULL_422, an
+// ICC profile, Pixel Spacing per frame, the Imaged Volume resolution fallback, and bad input (not a slide, truncated,
+// frame count off, damaged frame, unsupported syntax, two instances for one level, levels of two images, other
+// series in the folder).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -240,6 +240,26 @@ TEST(Dicom, SeveralOpticalPathsReadTheFirstAndSaySo) {
     };
     EXPECT_TRUE(noted("2 optical paths (1, 2); '1' is read"));
     // Level 0 is 4x4 tiles: 16 frames of path 2 left.
+    EXPECT_TRUE(noted("level-0.dcm: 16 frames of other optical paths or focal planes not used"));
+  }
+}
+
+// Two focal planes (the second, 0.001 mm above, holds the inverse): the first is read, in TILED_FULL (frames of plane
+// 1, then of plane 2) and in TILED_SPARSE (each frame's Z Offset), and the other is said.
+TEST(Dicom, SeveralFocalPlanesReadTheFirstAndSaySo) {
+  for (const bool sparse : {false, true}) {
+    DicomWriterOptions options;
+    options.syntax = DicomTransferSyntax::explicit_little;
+    options.focal_planes = 2;
+    options.sparse = sparse;
+    const Pair pair(options);
+    const Slide dicom = Slide::open(pair.series);
+    EXPECT_EQ(dicom.property("dicom.focal-planes"), "2");
+    EXPECT_EQ(compare_levels(dicom, Slide::open(pair.tiff)), 0) << (sparse ? "TILED_SPARSE" : "TILED_FULL");
+    const auto noted = [&](const std::string& part) {
+      return std::any_of(dicom.notes().begin(), dicom.notes().end(), [&](const auto& n) { return contains(n, part); });
+    };
+    EXPECT_TRUE(noted("2 focal planes; the first is read"));
     EXPECT_TRUE(noted("level-0.dcm: 16 frames of other optical paths or focal planes not used"));
   }
 }
