@@ -139,17 +139,6 @@ cv::Vec3b ycbcr_to_rgb(int y, int cb, int cr) {
   return {clamp(r), clamp(g), clamp(b)};
 }
 
-// The ICC Profile (OB) an item holds, as bytes; empty when it has none.
-std::string icc_profile_of(DcmItem* item) {
-  DcmElement* icc = nullptr;
-  Uint8* bytes = nullptr;
-  if (item == nullptr || item->findAndGetElement(DCM_ICCProfile, icc).bad() || icc == nullptr ||
-      icc->getUint8Array(bytes).bad() || bytes == nullptr) {
-    return {};
-  }
-  return std::string(reinterpret_cast<const char*>(bytes), icc->getLength());
-}
-
 // ---- JPEG (libjpeg) ----
 
 struct JpegErrors {
@@ -431,6 +420,22 @@ struct Instance {
   core::InputError error(const std::string& message) const { return core::InputError(message, path); }
 };
 
+// The ICC Profile (OB) an item of `in` holds, as bytes; empty when it has none. One that cannot be read, or is
+// larger than any colour profile (a damaged length), is an error.
+std::string icc_profile_of(const Instance& in, DcmItem* item) {
+  constexpr Uint32 kMaxIccBytes = Uint32{64} << 20;
+  DcmElement* icc = nullptr;
+  if (item == nullptr || item->findAndGetElement(DCM_ICCProfile, icc).bad() || icc == nullptr ||
+      icc->getLength() == 0) {
+    return {};
+  }
+  Uint8* bytes = nullptr;
+  if (icc->getLength() > kMaxIccBytes || icc->getUint8Array(bytes).bad() || bytes == nullptr) {
+    throw in.error(fmt::format("unreadable ICC Profile ({} bytes)", icc->getLength()));
+  }
+  return std::string(reinterpret_cast<const char*>(bytes), icc->getLength());
+}
+
 bool has_dicom_preamble(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::array<char, kPreambleBytes + 4> head{};
@@ -591,9 +596,9 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
   for (std::size_t i = 0; i < sequence_size(ds, DCM_OpticalPathSequence); ++i) {
     DcmItem* path = sequence_item(ds, DCM_OpticalPathSequence, static_cast<int>(i));
     in.optical_paths.push_back(text(path, DCM_OpticalPathIdentifier));
-    if (i == 0) in.icc_profile = icc_profile_of(path);
+    if (i == 0) in.icc_profile = icc_profile_of(in, path);
   }
-  if (in.icc_profile.empty()) in.icc_profile = icc_profile_of(ds);
+  if (in.icc_profile.empty()) in.icc_profile = icc_profile_of(in, ds);
   in.optical_path = in.optical_paths.empty() ? std::string() : in.optical_paths.front();
   in.focal_planes = std::max<std::int64_t>(1, integer(ds, DCM_TotalPixelMatrixFocalPlanes).value_or(1));
 
