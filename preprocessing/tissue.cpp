@@ -32,6 +32,13 @@ namespace {
 // Reads are split into horizontal bands of at most this many level pixels, so that even a slide without a
 // pyramid never needs a level-0-sized buffer.
 constexpr std::int64_t kMaxBandPixels = std::int64_t{1} << 24;
+// The mask's pixels are read from a pyramid level at least this many times finer than the mask (in x and y) and
+// area-averaged here, so each mask pixel is Tessera's own average of ≥ 4×4 level pixels whatever filter made the
+// pyramid. Levels made by other software are not area averages (the CMU-1 DICOM series' converter made its 16x level
+// about 10 grey levels away from the area average of level 0): read directly, the same scan's masks differed at the
+// tissue border between files (90.6% of tile coordinates shared at 8 µm/px between the DICOM series and the SVS;
+// 94.2% at 2x finer, 97.9% at 4x). The cost: 16x the mask's pixels read, in bands, instead of ~1-4x.
+constexpr double kMaskSourceOversampling = 4.0;
 
 // Otsu on a slide with no tissue splits the glass's own faint tint in two. When the two classes' mean
 // saturations are closer than this, the image is one population: glass when its mean saturation is below
@@ -279,7 +286,7 @@ TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options) {
   // The downsample follows from the mask size actually chosen, so mask pixel i covers level-0
   // [i·downsample, (i+1)·downsample) exactly along x.
   const double downsample = static_cast<double>(slide.width()) / static_cast<double>(cols);
-  const int level = slide.best_level_for_mpp(mask_mpp);
+  const int level = slide.best_level_for_mpp(mask_mpp / kMaskSourceOversampling);
   const cv::Mat rgb = read_whole_slide(slide, level, static_cast<int>(cols), static_cast<int>(rows));
   return detect_tissue(rgb, downsample, slide.mpp() * downsample, options);
 }

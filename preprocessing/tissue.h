@@ -1,6 +1,7 @@
 // Tissue detection on a low-resolution view of a slide.
 //
-// The mask is computed at about `mask_mpp` µm/px (a thumbnail-scale read, never level 0): a pixel is tissue
+// The mask is computed at about `mask_mpp` µm/px, area-averaged from the coarsest pyramid level at least 4x finer
+// than that (level 0 when none is), so that files of one scan with different pyramids get one mask: a pixel is tissue
 // when its HSV saturation is above an Otsu threshold (floored at `min_saturation`) AND it is far enough from
 // white (`min_white_distance` in RGB units); then morphological opening/closing, removal of objects
 // smaller than `min_object_um2`, and filling of holes smaller than `max_hole_um2`. Optionally pen marks
@@ -39,7 +40,7 @@ struct TissueMask {
   double tissue_area_mm2() const;
 };
 
-// Reads the slide at about options.mask_mpp (from the best pyramid level) and detects tissue.
+// Reads the slide at about options.mask_mpp (area-averaged from a level ≥ 4x finer) and detects tissue.
 TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options);
 // The same on an RGB image whose pixels are `downsample` level-0 pixels wide at `mpp` µm/px.
 TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, const TissueOptions& options);
