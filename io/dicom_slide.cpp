@@ -421,8 +421,9 @@ struct Instance {
 };
 
 // The ICC Profile (OB) an item of `in` holds, as bytes; empty when it has none. One that cannot be read, or is
-// larger than any colour profile (a damaged length), is an error.
-std::string icc_profile_of(const Instance& in, DcmItem* item) {
+// larger than any colour profile (a damaged length), is left out with a note: Tessera keeps and reports the profile
+// but never applies it, so the pixels are still the file's.
+std::string icc_profile_of(const Instance& in, DcmItem* item, std::vector<std::string>& notes) {
   constexpr Uint32 kMaxIccBytes = Uint32{64} << 20;
   DcmElement* icc = nullptr;
   if (item == nullptr || item->findAndGetElement(DCM_ICCProfile, icc).bad() || icc == nullptr ||
@@ -431,7 +432,9 @@ std::string icc_profile_of(const Instance& in, DcmItem* item) {
   }
   Uint8* bytes = nullptr;
   if (icc->getLength() > kMaxIccBytes || icc->getUint8Array(bytes).bad() || bytes == nullptr) {
-    throw in.error(fmt::format("unreadable ICC Profile ({} bytes)", icc->getLength()));
+    notes.push_back(fmt::format("{}: unreadable ICC Profile ({} bytes) left out", fs::path(in.path).filename().string(),
+                                icc->getLength()));
+    return {};
   }
   return std::string(reinterpret_cast<const char*>(bytes), icc->getLength());
 }
@@ -596,9 +599,9 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
   for (std::size_t i = 0; i < sequence_size(ds, DCM_OpticalPathSequence); ++i) {
     DcmItem* path = sequence_item(ds, DCM_OpticalPathSequence, static_cast<int>(i));
     in.optical_paths.push_back(text(path, DCM_OpticalPathIdentifier));
-    if (i == 0) in.icc_profile = icc_profile_of(in, path);
+    if (i == 0) in.icc_profile = icc_profile_of(in, path, notes);
   }
-  if (in.icc_profile.empty()) in.icc_profile = icc_profile_of(in, ds);
+  if (in.icc_profile.empty()) in.icc_profile = icc_profile_of(in, ds, notes);
   in.optical_path = in.optical_paths.empty() ? std::string() : in.optical_paths.front();
   in.focal_planes = std::max<std::int64_t>(1, integer(ds, DCM_TotalPixelMatrixFocalPlanes).value_or(1));
 
@@ -637,8 +640,10 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
       if (path_item == nullptr) path_item = sequence_item(shared, DCM_OpticalPathIdentificationSequence);
       const std::string path = text(path_item, DCM_OpticalPathIdentifier);
       const std::string z = text(position, DCM_ZOffsetInSlideCoordinateSystem);
-      if (!z_used) z_used = z;
-      if ((!in.optical_path.empty() && !path.empty() && path != in.optical_path) || z != *z_used) {
+      // The focal plane read is the one of the first frame of the optical path read.
+      const bool other_path = !in.optical_path.empty() && !path.empty() && path != in.optical_path;
+      if (!other_path && !z_used) z_used = z;
+      if (other_path || z != *z_used) {
         ++in.unused_frames;
         continue;
       }
@@ -724,10 +729,20 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     // OV: 64-bit offsets, DCMTK's Uint64 values.
     const Uint64* offsets = nullptr;
     unsigned long count = 0;
-    if (ds->findAndGetUint64Array(DCM_ExtendedOffsetTable, offsets, &count).bad() || offsets == nullptr) {
-      throw in.error("unreadable Extended Offset Table");
+    if (ds->findAndGetUint64Array(DCM_ExtendedOffsetTable, offsets, &count).good() && offsets != nullptr) {
+      for (unsigned long i = 0; i < count; ++i) starts.push_back(fragment_at(offsets[i]));
+    } else {
+      // Written with VR OB (not conformant, but seen): the same little-endian 64-bit values as bytes.
+      Uint8* bytes = nullptr;
+      if (extended->getUint8Array(bytes).bad() || bytes == nullptr || extended->getLength() % 8 != 0) {
+        throw in.error("unreadable Extended Offset Table");
+      }
+      for (Uint32 i = 0; i < extended->getLength() / 8; ++i) {
+        std::uint64_t offset = 0;
+        std::memcpy(&offset, bytes + 8 * i, 8);  // little endian, as the host
+        starts.push_back(fragment_at(offset));
+      }
     }
-    for (unsigned long i = 0; i < count; ++i) starts.push_back(fragment_at(offsets[i]));
     in.frame_map = "extended offset table";
   } else if (static_cast<std::int64_t>(items - 1) == in.frames) {
     for (std::uint32_t i = 1; i < items; ++i) starts.push_back(i);
