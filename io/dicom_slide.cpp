@@ -710,19 +710,24 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     return static_cast<std::uint32_t>(it - item_offset.begin());
   };
   std::vector<std::uint32_t> starts;
+  // A table held as bytes: little-endian offsets of `width` bytes each (4 in the Basic Offset Table; 8 in an Extended
+  // Offset Table written with VR OB).
+  const auto offsets_in_bytes = [&](DcmElement* element, std::size_t width, const char* name) {
+    Uint8* bytes = nullptr;
+    if (element->getUint8Array(bytes).bad() || bytes == nullptr || element->getLength() % width != 0) {
+      throw in.error(fmt::format("unreadable {}", name));
+    }
+    for (std::size_t i = 0; i < element->getLength() / width; ++i) {
+      std::uint64_t offset = 0;
+      std::memcpy(&offset, bytes + width * i, width);  // little endian, as the host
+      starts.push_back(fragment_at(offset));
+    }
+  };
   DcmPixelItem* table = nullptr;
   sequence->getItem(table, 0);
   DcmElement* extended = nullptr;
   if (table != nullptr && table->getLength() > 0) {
-    Uint8* bytes = nullptr;
-    if (table->getUint8Array(bytes).bad() || bytes == nullptr || table->getLength() % 4 != 0) {
-      throw in.error("unreadable Basic Offset Table");
-    }
-    for (Uint32 i = 0; i < table->getLength() / 4; ++i) {
-      std::uint32_t offset = 0;
-      std::memcpy(&offset, bytes + 4 * i, 4);  // little endian, as the host
-      starts.push_back(fragment_at(offset));
-    }
+    offsets_in_bytes(table, 4, "Basic Offset Table");
     in.frame_map = "basic offset table";
   } else if (ds->findAndGetElement(DCM_ExtendedOffsetTable, extended).good() && extended != nullptr &&
              extended->getLength() > 0) {
@@ -732,16 +737,7 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     if (ds->findAndGetUint64Array(DCM_ExtendedOffsetTable, offsets, &count).good() && offsets != nullptr) {
       for (unsigned long i = 0; i < count; ++i) starts.push_back(fragment_at(offsets[i]));
     } else {
-      // Written with VR OB (not conformant, but seen): the same little-endian 64-bit values as bytes.
-      Uint8* bytes = nullptr;
-      if (extended->getUint8Array(bytes).bad() || bytes == nullptr || extended->getLength() % 8 != 0) {
-        throw in.error("unreadable Extended Offset Table");
-      }
-      for (Uint32 i = 0; i < extended->getLength() / 8; ++i) {
-        std::uint64_t offset = 0;
-        std::memcpy(&offset, bytes + 8 * i, 8);  // little endian, as the host
-        starts.push_back(fragment_at(offset));
-      }
+      offsets_in_bytes(extended, 8, "Extended Offset Table");  // written with VR OB: not conformant, but seen
     }
     in.frame_map = "extended offset table";
   } else if (static_cast<std::int64_t>(items - 1) == in.frames) {

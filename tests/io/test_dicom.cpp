@@ -114,6 +114,11 @@ std::string error_of(const std::string& path) {
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
+// Whether one of the slide's notes contains `part`.
+bool noted(const Slide& slide, const std::string& part) {
+  return std::any_of(slide.notes().begin(), slide.notes().end(), [&](const auto& n) { return contains(n, part); });
+}
+
 TEST(Dicom, JpegFramesAreTheTiffTilesPixelForPixel) {
   const Pair pair({});
   const Slide dicom = Slide::open(pair.series);
@@ -235,12 +240,9 @@ TEST(Dicom, SeveralOpticalPathsReadTheFirstAndSaySo) {
     const Slide dicom = Slide::open(pair.series);
     EXPECT_EQ(dicom.property("dicom.optical-paths"), "1\\2");
     EXPECT_EQ(compare_levels(dicom, Slide::open(pair.tiff)), 0) << (sparse ? "TILED_SPARSE" : "TILED_FULL");
-    const auto noted = [&](const std::string& part) {
-      return std::any_of(dicom.notes().begin(), dicom.notes().end(), [&](const auto& n) { return contains(n, part); });
-    };
-    EXPECT_TRUE(noted("2 optical paths (1, 2); '1' is read"));
+    EXPECT_TRUE(noted(dicom, "2 optical paths (1, 2); '1' is read"));
     // Level 0 is 4x4 tiles: 16 frames of path 2 left.
-    EXPECT_TRUE(noted("level-0.dcm: 16 frames of other optical paths or focal planes not used"));
+    EXPECT_TRUE(noted(dicom, "level-0.dcm: 16 frames of other optical paths or focal planes not used"));
   }
 }
 
@@ -256,11 +258,8 @@ TEST(Dicom, SeveralFocalPlanesReadTheFirstAndSaySo) {
     const Slide dicom = Slide::open(pair.series);
     EXPECT_EQ(dicom.property("dicom.focal-planes"), "2");
     EXPECT_EQ(compare_levels(dicom, Slide::open(pair.tiff)), 0) << (sparse ? "TILED_SPARSE" : "TILED_FULL");
-    const auto noted = [&](const std::string& part) {
-      return std::any_of(dicom.notes().begin(), dicom.notes().end(), [&](const auto& n) { return contains(n, part); });
-    };
-    EXPECT_TRUE(noted("2 focal planes; the first is read"));
-    EXPECT_TRUE(noted("level-0.dcm: 16 frames of other optical paths or focal planes not used"));
+    EXPECT_TRUE(noted(dicom, "2 focal planes; the first is read"));
+    EXPECT_TRUE(noted(dicom, "level-0.dcm: 16 frames of other optical paths or focal planes not used"));
   }
 }
 
@@ -546,12 +545,9 @@ TEST(DicomReal, CmuSeriesIsTheSvs) {
   EXPECT_EQ(dicom.height(), aperio.height());
   EXPECT_NEAR(dicom.mpp(), aperio.mpp(), 1e-3);
   EXPECT_EQ(dicom.property("dicom.level[0].frame-map"), "one fragment per frame");
-  const auto noted = [&](const std::string& part) {
-    return std::any_of(dicom.notes().begin(), dicom.notes().end(), [&](const auto& n) { return contains(n, part); });
-  };
-  EXPECT_TRUE(noted("12 different Frame of Reference UIDs"));
-  EXPECT_TRUE(noted("no Optical Path Sequence"));
-  EXPECT_TRUE(noted("no Total Pixel Matrix Origin Sequence"));
+  EXPECT_TRUE(noted(dicom, "12 different Frame of Reference UIDs"));
+  EXPECT_TRUE(noted(dicom, "no Optical Path Sequence"));
+  EXPECT_TRUE(noted(dicom, "no Total Pixel Matrix Origin Sequence"));
   cv::Mat diff;
   cv::absdiff(dicom.read_region(0, 0, 0, dicom.width(), dicom.height()),
               aperio.read_region(0, 0, 0, aperio.width(), aperio.height()), diff);
