@@ -712,12 +712,12 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
   std::vector<std::uint32_t> starts;
   // A table held as bytes: little-endian offsets of `width` bytes each (4 in the Basic Offset Table; 8 in an Extended
   // Offset Table written with VR OB).
-  const auto offsets_in_bytes = [&](DcmElement* element, std::size_t width, const char* name) {
+  const auto offsets_in_bytes = [&](DcmElement* held, std::size_t width, const char* name) {
     Uint8* bytes = nullptr;
-    if (element->getUint8Array(bytes).bad() || bytes == nullptr || element->getLength() % width != 0) {
+    if (held->getUint8Array(bytes).bad() || bytes == nullptr || held->getLength() % width != 0) {
       throw in.error(fmt::format("unreadable {}", name));
     }
-    for (std::size_t i = 0; i < element->getLength() / width; ++i) {
+    for (std::size_t i = 0; i < held->getLength() / width; ++i) {
       std::uint64_t offset = 0;
       std::memcpy(&offset, bytes + width * i, width);  // little endian, as the host
       starts.push_back(fragment_at(offset));
