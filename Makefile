@@ -14,7 +14,7 @@ REPEAT ?= 10
 EXTENDED_FUZZ_SECONDS ?= 600
 ASAN_EXTENDED := $(shell grep -v -e '^\#' -e '^[[:space:]]*$$' tests/asan-extended.txt 2>/dev/null | paste -sd'|')
 
-.PHONY: all deps configure build test test-network test-browser test-slurm test-torch test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
+.PHONY: all deps configure build test test-network test-browser test-slurm test-torch test-extended test-load test-repeat demo test-asan test-asan-all asan-build ci-extended fuzz \
 	bench format lint clean
 
 all: build
@@ -36,7 +36,9 @@ NETWORK_BUDGET ?= 300
 BROWSER_BUDGET ?= 120
 SLURM_BUDGET ?= 300
 test: build
-	@cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|browser|slurm|torch'
+	@t0=$$(date +%s); status=0; \
+	  (cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|browser|slurm|torch|extended') || status=$$?; \
+	  echo "every test but the labels below: $$(( $$(date +%s) - t0 )) s"; exit $$status
 	@$(MAKE) --no-print-directory test-browser
 	@$(MAKE) --no-print-directory test-network
 	@$(MAKE) --no-print-directory test-slurm
@@ -54,7 +56,12 @@ test-network: build
 # python3-torch, python3-h5py and python3-torchvision with the benchmarks' packages). Minutes; not in `make test`.
 test-torch: build
 	@scripts/install-deps.sh --bench
-	@ctest --test-dir $(BUILD) --output-on-failure -L torch
+	@ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -L torch
+
+# The benchmark verbs' whole-report runs (label `extended`, tests/app/CMakeLists.txt): minutes; not in `make test`.
+test-extended: build
+	@scripts/install-deps.sh --bench
+	@ctest --test-dir $(BUILD) --output-on-failure --no-tests=error -L extended
 
 test-slurm: build
 	@t0=$$(date +%s); status=0; ctest --test-dir $(BUILD) --output-on-failure -L slurm || status=$$?; \
@@ -88,7 +95,7 @@ demo: configure
 test-asan: asan-build
 	@# Leak checking stays off: Open MPI, OpenSlide and glib keep allocations until exit by design.
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS) \
-	  -LE 'network|slurm|browser|torch' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
+	  -LE 'network|slurm|browser|torch|extended' $(if $(ASAN_EXTENDED),-E '$(ASAN_EXTENDED)')
 
 test-asan-all: asan-build
 	@cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=0 ctest --output-on-failure --no-tests=error --schedule-random -j $(JOBS)
@@ -101,7 +108,7 @@ asan-build: deps
 
 # What CI leaves out for time, run before resolving an issue: the suite REPEAT times (also under load), every
 # sanitizer case, and each fuzz target for EXTENDED_FUZZ_SECONDS (default 600).
-ci-extended: test-repeat test-asan-all test-torch
+ci-extended: test-repeat test-asan-all test-torch test-extended
 	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(EXTENDED_FUZZ_SECONDS)
 
 # libFuzzer targets of the parsers (fuzz/), built with clang in their own folder, each run with seed 1 for a fixed

@@ -65,7 +65,8 @@ json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::
   const auto start = std::chrono::steady_clock::now();
   const io::Slide slide = io::Slide::open(input.path, open_options);
   double downsample = 1.0;
-  const cv::Mat rgb = prep::read_slide_image(slide, std::max(options.mask_mpp, slide.mpp()), &downsample);
+  const cv::Mat rgb = prep::read_slide_image(slide, std::max(options.mask_mpp, slide.mpp()), &downsample,
+                                             prep::SourceLevel::nearest);
   const bool blur = options.enabled[static_cast<std::size_t>(prep::index(prep::Artefact::blur))];
   prep::QcResult result;
   if (std::min(rgb.cols, rgb.rows) < 8) {

@@ -127,7 +127,11 @@ ViewChild start_view(const std::string& folder, const ViewBenchOptions& o, const
       if (colon == std::string::npos) return -1;
       std::size_t end = colon + 1;
       while (end < t.size() && std::isdigit(static_cast<unsigned char>(t[end]))) ++end;
-      if (end > colon + 1 && end < t.size() && t[end] == '/') return std::stoi(t.substr(colon + 1, end - colon - 1));
+      const std::size_t digits = end - colon - 1;
+      if (digits >= 1 && digits <= 5 && end < t.size() && t[end] == '/') {
+        const int port = std::stoi(t.substr(colon + 1, digits));
+        if (port >= 1 && port <= 65535) return port;
+      }
     }
     return -1;
   };

@@ -35,6 +35,7 @@
 
 #include "core/error.h"
 #include "io/tile_cache.h"
+#include "io/tile_grid.h"
 
 namespace tessera::io {
 namespace {
@@ -48,7 +49,6 @@ constexpr int kMaxFrameSide = 16384;
 constexpr double kMicronsPerMillimetre = 1000.0;
 // Levels whose aspect ratios differ by more than this (besides rounding to whole pixels) are not one image.
 constexpr double kAspectTolerance = 0.02;
-const cv::Scalar kWhite(255, 255, 255);
 
 // DCMTK is set up once per process: its logger would print to stderr what Tessera reports as errors itself, and
 // the JPEG-LS decoder is registered for DcmPixelData::getUncompressedFrame.
@@ -387,7 +387,7 @@ struct Instance {
   std::string optical_path;                // of the frames used
   std::vector<std::string> optical_paths;  // in the Optical Path Sequence
   std::int64_t focal_planes = 1;
-  std::size_t icc_bytes = 0;
+  std::string icc_profile;  // the ICC Profile's bytes (of the first optical path, else of the data set)
   std::int64_t tiles_across = 0;
   std::int64_t tiles_down = 0;
   std::vector<std::int64_t> tile_frame;  // tile (row × across + column) → frame, -1: no frame
@@ -419,6 +419,25 @@ struct Instance {
 
   core::InputError error(const std::string& message) const { return core::InputError(message, path); }
 };
+
+// The ICC Profile (OB) an item of `in` holds, as bytes; empty when it has none. One that cannot be read, or is
+// larger than any colour profile (a damaged length), is left out with a note: Tessera keeps and reports the profile
+// but never applies it, so the pixels are still the file's.
+std::string icc_profile_of(const Instance& in, DcmItem* item, std::vector<std::string>& notes) {
+  constexpr Uint32 kMaxIccBytes = Uint32{64} << 20;
+  DcmElement* icc = nullptr;
+  if (item == nullptr || item->findAndGetElement(DCM_ICCProfile, icc).bad() || icc == nullptr ||
+      icc->getLength() == 0) {
+    return {};
+  }
+  Uint8* bytes = nullptr;
+  if (icc->getLength() > kMaxIccBytes || icc->getUint8Array(bytes).bad() || bytes == nullptr) {
+    notes.push_back(fmt::format("{}: unreadable ICC Profile ({} bytes) left out", fs::path(in.path).filename().string(),
+                                icc->getLength()));
+    return {};
+  }
+  return std::string(reinterpret_cast<const char*>(bytes), icc->getLength());
+}
 
 bool has_dicom_preamble(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -580,15 +599,9 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
   for (std::size_t i = 0; i < sequence_size(ds, DCM_OpticalPathSequence); ++i) {
     DcmItem* path = sequence_item(ds, DCM_OpticalPathSequence, static_cast<int>(i));
     in.optical_paths.push_back(text(path, DCM_OpticalPathIdentifier));
-    if (i == 0) {
-      DcmElement* icc = nullptr;
-      if (path->findAndGetElement(DCM_ICCProfile, icc).good() && icc != nullptr) in.icc_bytes = icc->getLength();
-    }
+    if (i == 0) in.icc_profile = icc_profile_of(in, path, notes);
   }
-  DcmElement* icc = nullptr;
-  if (in.icc_bytes == 0 && ds->findAndGetElement(DCM_ICCProfile, icc).good() && icc != nullptr) {
-    in.icc_bytes = icc->getLength();
-  }
+  if (in.icc_profile.empty()) in.icc_profile = icc_profile_of(in, ds, notes);
   in.optical_path = in.optical_paths.empty() ? std::string() : in.optical_paths.front();
   in.focal_planes = std::max<std::int64_t>(1, integer(ds, DCM_TotalPixelMatrixFocalPlanes).value_or(1));
 
@@ -627,8 +640,10 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
       if (path_item == nullptr) path_item = sequence_item(shared, DCM_OpticalPathIdentificationSequence);
       const std::string path = text(path_item, DCM_OpticalPathIdentifier);
       const std::string z = text(position, DCM_ZOffsetInSlideCoordinateSystem);
-      if (!z_used) z_used = z;
-      if ((!in.optical_path.empty() && !path.empty() && path != in.optical_path) || z != *z_used) {
+      // The focal plane read is the one of the first frame of the optical path read.
+      const bool other_path = !in.optical_path.empty() && !path.empty() && path != in.optical_path;
+      if (!other_path && !z_used) z_used = z;
+      if (other_path || z != *z_used) {
         ++in.unused_frames;
         continue;
       }
@@ -695,30 +710,34 @@ void describe_pixels(Instance& in, std::vector<std::string>& notes) {
     return static_cast<std::uint32_t>(it - item_offset.begin());
   };
   std::vector<std::uint32_t> starts;
+  // A table held as bytes: little-endian offsets of `width` bytes each (4 in the Basic Offset Table; 8 in an Extended
+  // Offset Table written with VR OB).
+  const auto offsets_in_bytes = [&](DcmElement* held, std::size_t width, const char* name) {
+    Uint8* bytes = nullptr;
+    if (held->getUint8Array(bytes).bad() || bytes == nullptr || held->getLength() % width != 0) {
+      throw in.error(fmt::format("unreadable {}", name));
+    }
+    for (std::size_t i = 0; i < held->getLength() / width; ++i) {
+      std::uint64_t offset = 0;
+      std::memcpy(&offset, bytes + width * i, width);  // little endian, as the host
+      starts.push_back(fragment_at(offset));
+    }
+  };
   DcmPixelItem* table = nullptr;
   sequence->getItem(table, 0);
   DcmElement* extended = nullptr;
   if (table != nullptr && table->getLength() > 0) {
-    Uint8* bytes = nullptr;
-    if (table->getUint8Array(bytes).bad() || bytes == nullptr || table->getLength() % 4 != 0) {
-      throw in.error("unreadable Basic Offset Table");
-    }
-    for (Uint32 i = 0; i < table->getLength() / 4; ++i) {
-      std::uint32_t offset = 0;
-      std::memcpy(&offset, bytes + 4 * i, 4);  // little endian, as the host
-      starts.push_back(fragment_at(offset));
-    }
+    offsets_in_bytes(table, 4, "Basic Offset Table");
     in.frame_map = "basic offset table";
   } else if (ds->findAndGetElement(DCM_ExtendedOffsetTable, extended).good() && extended != nullptr &&
              extended->getLength() > 0) {
-    Uint8* bytes = nullptr;
-    if (extended->getUint8Array(bytes).bad() || bytes == nullptr || extended->getLength() % 8 != 0) {
-      throw in.error("unreadable Extended Offset Table");
-    }
-    for (Uint32 i = 0; i < extended->getLength() / 8; ++i) {
-      std::uint64_t offset = 0;
-      std::memcpy(&offset, bytes + 8 * i, 8);
-      starts.push_back(fragment_at(offset));
+    // OV: 64-bit offsets, DCMTK's Uint64 values.
+    const Uint64* offsets = nullptr;
+    unsigned long count = 0;
+    if (ds->findAndGetUint64Array(DCM_ExtendedOffsetTable, offsets, &count).good() && offsets != nullptr) {
+      for (unsigned long i = 0; i < count; ++i) starts.push_back(fragment_at(offsets[i]));
+    } else {
+      offsets_in_bytes(extended, 8, "Extended Offset Table");  // written with VR OB: not conformant, but seen
     }
     in.frame_map = "extended offset table";
   } else if (static_cast<std::int64_t>(items - 1) == in.frames) {
@@ -874,6 +893,7 @@ struct DicomSlide::Impl {
   std::map<std::string, std::string> properties;
   std::vector<std::string> notes;
   std::string description;
+  std::string icc_profile;
   mutable TileCache cache;
 
   explicit Impl(std::size_t cache_bytes) : cache(cache_bytes) {}
@@ -890,30 +910,12 @@ struct DicomSlide::Impl {
   // Pixels [lx, lx+width) × [ly, ly+height) of instance `index`'s total pixel matrix, white where no frame is.
   cv::Mat read(std::size_t index, std::int64_t lx, std::int64_t ly, int width, int height) const {
     const Instance& in = *instances[index];
-    cv::Mat out(height, width, CV_8UC3, kWhite);
-    const std::int64_t x0 = std::max<std::int64_t>(lx, 0);
-    const std::int64_t y0 = std::max<std::int64_t>(ly, 0);
-    const std::int64_t x1 = std::min<std::int64_t>(lx + width, in.total_cols);
-    const std::int64_t y1 = std::min<std::int64_t>(ly + height, in.total_rows);
-    if (x0 >= x1 || y0 >= y1) return out;
-    const std::int64_t tw = in.cols;
-    const std::int64_t th = in.rows;
-    for (std::int64_t row = y0 / th; row <= (y1 - 1) / th; ++row) {
-      for (std::int64_t column = x0 / tw; column <= (x1 - 1) / tw; ++column) {
-        const std::int64_t f = in.tile_frame[static_cast<std::size_t>(row * in.tiles_across + column)];
-        if (f < 0) continue;  // TILED_SPARSE: no frame, background
-        const cv::Mat tile = frame(index, f);
-        const std::int64_t cx0 = std::max(x0, column * tw);
-        const std::int64_t cy0 = std::max(y0, row * th);
-        const std::int64_t cx1 = std::min(x1, (column + 1) * tw);
-        const std::int64_t cy1 = std::min(y1, (row + 1) * th);
-        const cv::Rect from(static_cast<int>(cx0 - column * tw), static_cast<int>(cy0 - row * th),
-                            static_cast<int>(cx1 - cx0), static_cast<int>(cy1 - cy0));
-        const cv::Rect to(static_cast<int>(cx0 - lx), static_cast<int>(cy0 - ly), from.width, from.height);
-        tile(from).copyTo(out(to));
-      }
-    }
-    return out;
+    return assemble_region({in.total_cols, in.total_rows, in.cols, in.rows}, lx, ly, width, height,
+                           [&](std::int64_t column, std::int64_t row) {
+                             const std::int64_t f =
+                                 in.tile_frame[static_cast<std::size_t>(row * in.tiles_across + column)];
+                             return f < 0 ? cv::Mat() : frame(index, f);  // TILED_SPARSE: no frame, background
+                           });
   }
 };
 
@@ -1163,7 +1165,8 @@ std::unique_ptr<DicomSlide> DicomSlide::open(const std::string& path, std::size_
   for (const auto& p : base.optical_paths) append(paths, "\\", p);
   props["dicom.optical-paths"] = paths;
   props["dicom.focal-planes"] = std::to_string(base.focal_planes);
-  props["dicom.icc-profile-bytes"] = std::to_string(base.icc_bytes);
+  props["dicom.icc-profile-bytes"] = std::to_string(base.icc_profile.size());
+  impl->icc_profile = base.icc_profile;
   const std::string software = text(base.dataset, DCM_SoftwareVersions);
   if (!software.empty()) props["tiff.Software"] = software;  // the provenance marker's place (io/provenance.h)
   return std::unique_ptr<DicomSlide>(new DicomSlide(std::move(impl)));
@@ -1179,6 +1182,7 @@ const std::map<std::string, std::string>& DicomSlide::properties() const { retur
 const std::vector<std::string>& DicomSlide::notes() const { return impl_->notes; }
 const std::string& DicomSlide::description() const { return impl_->description; }
 std::size_t DicomSlide::cached_bytes() const { return impl_->cache.bytes(); }
+const std::string& DicomSlide::icc_profile() const { return impl_->icc_profile; }
 
 cv::Mat DicomSlide::read(int level, std::int64_t lx, std::int64_t ly, int width, int height) const {
   if (level < 0 || level >= static_cast<int>(impl_->levels.size()) || width <= 0 || height <= 0) {

@@ -97,6 +97,9 @@ class DicomSlide {
   // What a reader of the series should know: imperfections tolerated (no optical path sequence, a Frame of
   // Reference UID per level...), files ignored, optical paths and focal planes not used.
   const std::vector<std::string>& notes() const;
+  // The ICC profile of the first optical path (or of the data set), byte for byte; empty when the series has none.
+  // Kept for a caller that manages colour; the pixels read() returns are as encoded, the profile not applied.
+  const std::string& icc_profile() const;
   // "JPEG Baseline frames", "JPEG 2000, JPEG Baseline frames"...
   const std::string& description() const;
 

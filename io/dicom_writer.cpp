@@ -18,6 +18,7 @@
 #include <dcmtk/dcmdata/dcpixseq.h>
 #include <dcmtk/dcmdata/dcpxitem.h>
 #include <dcmtk/dcmdata/dcuid.h>
+#include <dcmtk/dcmdata/dcvrov.h>
 #include <tiffio.h>
 
 #include "core/atomic_file.h"
@@ -104,7 +105,8 @@ struct Common {
 
 // The attributes every instance of the series carries.
 void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, const std::string& image_type,
-                const std::string& path) {
+                const std::string& path, int optical_paths = 1, int focal_planes = 1,
+                const std::string& icc_profile = {}) {
   const auto put = [&](const DcmTagKey& tag, const std::string& value) {
     check(ds->putAndInsertString(tag, value.c_str()), "attribute", path);
   };
@@ -137,8 +139,8 @@ void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, con
   put(DCM_ExtendedDepthOfField, "NO");
   put(DCM_ImageOrientationSlide, "0\\-1\\0\\-1\\0\\0");
   put(DCM_ContainerIdentifier, c.series);
-  put(DCM_NumberOfOpticalPaths, "1");
-  put(DCM_TotalPixelMatrixFocalPlanes, "1");
+  put(DCM_NumberOfOpticalPaths, std::to_string(optical_paths));
+  put(DCM_TotalPixelMatrixFocalPlanes, std::to_string(focal_planes));
   check(
       ds->putAndInsertFloat32(DCM_ImagedVolumeWidth, static_cast<Float32>(c.width0 * c.mpp_x * kMillimetresPerMicron)),
       "attribute", path);
@@ -150,19 +152,26 @@ void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, con
   check(ds->findOrCreateSequenceItem(DCM_TotalPixelMatrixOriginSequence, origin, -2), "origin", path);
   origin->putAndInsertString(DCM_XOffsetInSlideCoordinateSystem, "0");
   origin->putAndInsertString(DCM_YOffsetInSlideCoordinateSystem, "0");
-  DcmItem* optical = nullptr;
-  check(ds->findOrCreateSequenceItem(DCM_OpticalPathSequence, optical, -2), "optical path", path);
-  optical->putAndInsertString(DCM_OpticalPathIdentifier, "1");
-  optical->putAndInsertString(DCM_OpticalPathDescription, "brightfield");
-  DcmItem* code = nullptr;
-  optical->findOrCreateSequenceItem(DCM_IlluminationTypeCodeSequence, code, -2);
-  code->putAndInsertString(DCM_CodeValue, "111744");
-  code->putAndInsertString(DCM_CodingSchemeDesignator, "DCM");
-  code->putAndInsertString(DCM_CodeMeaning, "Brightfield illumination");
-  optical->findOrCreateSequenceItem(DCM_IlluminationColorCodeSequence, code, -2);
-  code->putAndInsertString(DCM_CodeValue, "11744");
-  code->putAndInsertString(DCM_CodingSchemeDesignator, "DCM");
-  code->putAndInsertString(DCM_CodeMeaning, "Full Spectrum");
+  for (int p = 0; p < optical_paths; ++p) {
+    DcmItem* optical = nullptr;
+    check(ds->findOrCreateSequenceItem(DCM_OpticalPathSequence, optical, -2), "optical path", path);
+    optical->putAndInsertString(DCM_OpticalPathIdentifier, std::to_string(p + 1).c_str());
+    optical->putAndInsertString(DCM_OpticalPathDescription, p == 0 ? "brightfield" : "brightfield, inverted");
+    DcmItem* code = nullptr;
+    optical->findOrCreateSequenceItem(DCM_IlluminationTypeCodeSequence, code, -2);
+    code->putAndInsertString(DCM_CodeValue, "111744");
+    code->putAndInsertString(DCM_CodingSchemeDesignator, "DCM");
+    code->putAndInsertString(DCM_CodeMeaning, "Brightfield illumination");
+    optical->findOrCreateSequenceItem(DCM_IlluminationColorCodeSequence, code, -2);
+    code->putAndInsertString(DCM_CodeValue, "11744");
+    code->putAndInsertString(DCM_CodingSchemeDesignator, "DCM");
+    code->putAndInsertString(DCM_CodeMeaning, "Full Spectrum");
+    if (p == 0 && !icc_profile.empty()) {
+      check(optical->putAndInsertUint8Array(DCM_ICCProfile, reinterpret_cast<const Uint8*>(icc_profile.data()),
+                                            static_cast<unsigned long>(icc_profile.size())),
+            "ICC profile", path);
+    }
+  }
   DcmItem* dimension = nullptr;
   ds->findOrCreateSequenceItem(DCM_DimensionOrganizationSequence, dimension, -2);
   dimension->putAndInsertString(DCM_DimensionOrganizationUID, derived_uid(c.series, "dimension organisation").c_str());
@@ -170,7 +179,7 @@ void put_common(DcmDataset* ds, const Common& c, const std::string& sop_uid, con
 
 void put_image(DcmDataset* ds, int rows, int cols, std::int64_t frames, std::int64_t total_cols,
                std::int64_t total_rows, const std::string& photometric, bool lossy, double mpp_x, double mpp_y,
-               bool pixel_spacing, const std::string& path) {
+               bool pixel_spacing, const std::string& path, bool one_optical_path = true) {
   const auto put16 = [&](const DcmTagKey& tag, int value) {
     check(ds->putAndInsertUint16(tag, static_cast<Uint16>(value)), "attribute", path);
   };
@@ -200,9 +209,11 @@ void put_image(DcmDataset* ds, int rows, int cols, std::int64_t frames, std::int
         fmt::format("{:.9g}\\{:.9g}", mpp_y * kMillimetresPerMicron, mpp_x * kMillimetresPerMicron).c_str());
     measures->putAndInsertString(DCM_SliceThickness, "0.001");
   }
-  DcmItem* path_item = nullptr;
-  shared->findOrCreateSequenceItem(DCM_OpticalPathIdentificationSequence, path_item, -2);
-  path_item->putAndInsertString(DCM_OpticalPathIdentifier, "1");
+  if (one_optical_path) {  // otherwise each frame's path follows from its place (TILED_FULL) or its own group
+    DcmItem* path_item = nullptr;
+    shared->findOrCreateSequenceItem(DCM_OpticalPathIdentificationSequence, path_item, -2);
+    path_item->putAndInsertString(DCM_OpticalPathIdentifier, "1");
+  }
 }
 
 void save(DcmFileFormat& file, E_TransferSyntax xfer, const fs::path& path) {
@@ -232,6 +243,16 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
                                 : options.syntax == DicomTransferSyntax::explicit_little ? EXS_LittleEndianExplicit
                                                                                          : EXS_LittleEndianImplicit;
   if (options.fragments_per_frame < 1) throw core::InternalError("DICOM writer: fragments_per_frame < 1");
+  if (options.extended_offset_table && (!jpeg || options.fragments_per_frame != 1 || options.offset_table)) {
+    throw core::InternalError("DICOM writer: an Extended Offset Table needs JPEG frames of one fragment each");
+  }
+  if (options.optical_paths < 1 || options.focal_planes < 1 ||
+      ((options.optical_paths > 1 || options.focal_planes > 1) && jpeg)) {
+    throw core::InternalError("DICOM writer: several optical paths or focal planes need an uncompressed syntax");
+  }
+  const int paths = options.optical_paths;
+  const int planes = options.focal_planes;
+  constexpr double kPlaneDistanceMm = 0.001;
 
   Common common;
   common.study = derived_uid(options.uid_seed, "study");
@@ -269,27 +290,52 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
       }
       const std::int64_t across = (l.width + tw - 1) / tw;
       const std::int64_t down = (l.height + th - 1) / th;
-      std::vector<std::int64_t> order;  // tile indices in storage order
+      std::vector<std::int64_t> tiles_stored;
       for (std::int64_t t = 0; t < across * down; ++t) {
         if (options.sparse && options.omit_tiles.count({level, t}) != 0) continue;
-        order.push_back(t);
+        tiles_stored.push_back(t);
       }
-      if (options.sparse) std::reverse(order.begin(), order.end());
+      if (options.sparse) std::reverse(tiles_stored.begin(), tiles_stored.end());
+      struct Stored {
+        std::int64_t t;  // tile index
+        int p;           // optical path index
+        int z;           // focal plane index
+      };
+      std::vector<Stored> order;  // frames in storage order
+      if (options.sparse) {
+        for (const std::int64_t t : tiles_stored) {
+          for (int p = paths - 1; p >= 0; --p) {
+            for (int z = 0; z < planes; ++z) order.push_back({t, p, z});
+          }
+        }
+      } else {
+        for (int p = 0; p < paths; ++p) {
+          for (int z = 0; z < planes; ++z) {
+            for (const std::int64_t t : tiles_stored) order.push_back({t, p, z});
+          }
+        }
+      }
 
       DcmFileFormat dicom;
       DcmDataset* ds = dicom.getDataset();
       put_common(ds, common, derived_uid(options.uid_seed, fmt::format("level {}", level)),
-                 level == 0 ? "ORIGINAL\\PRIMARY\\VOLUME\\NONE" : "DERIVED\\PRIMARY\\VOLUME\\RESAMPLED", file.string());
+                 level == 0 ? "ORIGINAL\\PRIMARY\\VOLUME\\NONE" : "DERIVED\\PRIMARY\\VOLUME\\RESAMPLED", file.string(),
+                 paths, planes, options.icc_profile);
       ds->putAndInsertString(DCM_InstanceNumber, std::to_string(level + 1).c_str());
       const std::string photometric = jpeg ? options.jpeg_photometric : options.ybr_full_422 ? "YBR_FULL_422" : "RGB";
       put_image(ds, static_cast<int>(th), static_cast<int>(tw), static_cast<std::int64_t>(order.size()), l.width,
                 l.height, photometric, jpeg, common.mpp_x * l.downsample, common.mpp_y * l.downsample,
-                options.pixel_spacing, file.string());
+                options.pixel_spacing, file.string(), paths == 1);
       ds->putAndInsertString(DCM_DimensionOrganizationType, options.sparse ? "TILED_SPARSE" : "TILED_FULL");
       if (options.sparse) {
-        for (const std::int64_t t : order) {
+        for (const auto& [t, p, z] : order) {
           DcmItem* group = nullptr;
           ds->findOrCreateSequenceItem(DCM_PerFrameFunctionalGroupsSequence, group, -2);
+          if (paths > 1) {
+            DcmItem* path_item = nullptr;
+            group->findOrCreateSequenceItem(DCM_OpticalPathIdentificationSequence, path_item, -2);
+            path_item->putAndInsertString(DCM_OpticalPathIdentifier, std::to_string(p + 1).c_str());
+          }
           DcmItem* position = nullptr;
           group->findOrCreateSequenceItem(DCM_PlanePositionSlideSequence, position, -2);
           const std::int64_t x = t % across * tw;
@@ -301,7 +347,8 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
                                        fmt::format("{:.6f}", y * level_mpp * kMillimetresPerMicron).c_str());
           position->putAndInsertString(DCM_YOffsetInSlideCoordinateSystem,
                                        fmt::format("{:.6f}", x * level_mpp * kMillimetresPerMicron).c_str());
-          position->putAndInsertString(DCM_ZOffsetInSlideCoordinateSystem, "0");
+          position->putAndInsertString(DCM_ZOffsetInSlideCoordinateSystem,
+                                       fmt::format("{:.6f}", z * kPlaneDistanceMm).c_str());
         }
       }
 
@@ -316,7 +363,11 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
         auto* table_item = new DcmPixelItem(DCM_PixelItemTag);
         sequence->insert(table_item);
         DcmOffsetList offsets;
-        for (const std::int64_t t : order) {
+        std::vector<Uint64> frame_offsets;  // Extended Offset Table: each frame's first item, from the first fragment
+        std::vector<Uint64> frame_lengths;
+        Uint64 position = 0;
+        for (const Stored& stored : order) {  // one optical path and focal plane (checked above)
+          const std::int64_t t = stored.t;
           const tmsize_t size = TIFFGetStrileByteCount(raw.tif, static_cast<std::uint32_t>(t));
           std::vector<std::uint8_t> tile(static_cast<std::size_t>(size));
           if (size <= 0 || TIFFReadRawTile(raw.tif, static_cast<std::uint32_t>(t), tile.data(), size) != size) {
@@ -335,16 +386,29 @@ void write_dicom_series(const std::string& tiff_path, const std::string& folder,
             encoded += static_cast<Uint32>(end - begin) + 8;
           }
           offsets.push_back(encoded);
+          frame_offsets.push_back(position);
+          frame_lengths.push_back(frame.size());
+          position += encoded;
         }
         if (options.offset_table) check(table_item->createOffsetTable(offsets), "offset table", file.string());
+        if (options.extended_offset_table) {
+          for (const auto& [tag, values] : {std::pair{DCM_ExtendedOffsetTable, &frame_offsets},
+                                            std::pair{DCM_ExtendedOffsetTableLengths, &frame_lengths}}) {
+            auto element = std::make_unique<DcmOther64bitVeryLong>(DcmTag(tag));
+            check(element->putUint64Array(values->data(), static_cast<unsigned long>(values->size())),
+                  "extended offset table", file.string());
+            check(ds->insert(element.release(), true), "extended offset table", file.string());
+          }
+        }
         auto* pixels = new DcmPixelData(DCM_PixelData);
         pixels->putOriginalRepresentation(xfer, nullptr, sequence.release());
         check(ds->insert(pixels, true), "pixel data", file.string());
       } else {
         std::vector<std::uint8_t> bytes;
-        for (const std::int64_t t : order) {
-          const cv::Mat rgb =
+        for (const auto& [t, p, z] : order) {
+          cv::Mat rgb =
               tiles->read(level, t % across * tw, t / across * th, static_cast<int>(tw), static_cast<int>(th));
+          if (p > 0 || z > 0) rgb = ~rgb;  // another optical path or focal plane: the inverse
           if (options.ybr_full_422) {
             append_ybr_422(rgb, bytes);
           } else {

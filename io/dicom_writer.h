@@ -41,6 +41,19 @@ struct DicomWriterOptions {
   int fragments_per_frame = 1;
   // JPEG: fill the Basic Offset Table (otherwise it is left empty, as most converters do).
   bool offset_table = false;
+  // JPEG: an Extended Offset Table (64-bit offsets, with the frames' lengths) instead of the Basic Offset Table, which
+  // is left empty as the standard asks; one fragment per frame.
+  bool extended_offset_table = false;
+  // Optical paths "1", "2"... (uncompressed syntaxes only): path 1 holds the slide's pixels, every other path their
+  // inverse (255 - v), so a reader that takes the wrong path's frames is far off. TILED_FULL stores all frames of
+  // path 1, then of path 2... (the standard's order); TILED_SPARSE gives each frame its path, path 1 last of each tile.
+  int optical_paths = 1;
+  // Focal planes (uncompressed syntaxes only): plane 1 at Z 0 holds the slide's pixels, every other plane (Z 0.001 mm
+  // apart) their inverse. TILED_FULL: planes after column and row, before optical paths (the standard's order);
+  // TILED_SPARSE: each frame's Z Offset, plane 1 first of each tile and path.
+  int focal_planes = 1;
+  // An ICC profile (bytes) for the first optical path; none when empty.
+  std::string icc_profile;
   // false: no Pixel Spacing, only Imaged Volume Width/Height (the reader's fallback).
   bool pixel_spacing = true;
   std::string uid_seed = "tessera";

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/tile_cache.h"
+#include "io/tile_grid.h"
 
 namespace tessera::io {
 namespace {
@@ -350,31 +351,11 @@ cv::Mat TiffTileReader::read(int level_index, std::int64_t lx, std::int64_t ly, 
         fmt::format("direct TIFF read of level {}, {}x{} pixels: invalid request", level_index, width, height));
   }
   const Impl::Level& level = impl_->levels[static_cast<std::size_t>(level_index)];
-  cv::Mat out(height, width, CV_8UC3, kWhite);
-  // The part of the request inside the level, in level pixels.
-  const std::int64_t x0 = std::max<std::int64_t>(lx, 0);
-  const std::int64_t y0 = std::max<std::int64_t>(ly, 0);
-  const std::int64_t x1 = std::min<std::int64_t>(lx + width, level.width);
-  const std::int64_t y1 = std::min<std::int64_t>(ly + height, level.height);
-  if (x0 >= x1 || y0 >= y1) return out;
-  const std::int64_t tw = level.tile_width;
-  const std::int64_t th = level.tile_height;
-  for (std::int64_t row = y0 / th; row <= (y1 - 1) / th; ++row) {
-    for (std::int64_t column = x0 / tw; column <= (x1 - 1) / tw; ++column) {
-      const cv::Mat tile =
-          impl_->tile(level_index, static_cast<std::uint32_t>(column), static_cast<std::uint32_t>(row));
-      // The tile's part of the request, clipped to the level: partial edge tiles carry padding past it.
-      const std::int64_t cx0 = std::max(x0, column * tw);
-      const std::int64_t cy0 = std::max(y0, row * th);
-      const std::int64_t cx1 = std::min(x1, (column + 1) * tw);
-      const std::int64_t cy1 = std::min(y1, (row + 1) * th);
-      const cv::Rect from(static_cast<int>(cx0 - column * tw), static_cast<int>(cy0 - row * th),
-                          static_cast<int>(cx1 - cx0), static_cast<int>(cy1 - cy0));
-      const cv::Rect to(static_cast<int>(cx0 - lx), static_cast<int>(cy0 - ly), from.width, from.height);
-      tile(from).copyTo(out(to));
-    }
-  }
-  return out;
+  return assemble_region({level.width, level.height, level.tile_width, level.tile_height}, lx, ly, width, height,
+                         [&](std::int64_t column, std::int64_t row) {
+                           return impl_->tile(level_index, static_cast<std::uint32_t>(column),
+                                              static_cast<std::uint32_t>(row));
+                         });
 }
 
 const std::string& TiffTileReader::description() const { return impl_->description; }

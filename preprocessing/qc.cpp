@@ -635,7 +635,7 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options) {
                                        slide.width(), slide.height(), slide.mpp(), kMinQcSide, kMinQcSide, mask_mpp),
                            slide.path());
   }
-  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample);
+  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample, SourceLevel::nearest);
   const bool blur = options.enabled[static_cast<std::size_t>(index(Artefact::blur))];
   const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
   return run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);

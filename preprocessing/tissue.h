@@ -1,6 +1,7 @@
 // Tissue detection on a low-resolution view of a slide.
 //
-// The mask is computed at about `mask_mpp` µm/px (a thumbnail-scale read, never level 0): a pixel is tissue
+// The mask is computed at about `mask_mpp` µm/px, area-averaged from the coarsest pyramid level at least 4x finer
+// than that (level 0 when none is), so that files of one scan with different pyramids get one mask: a pixel is tissue
 // when its HSV saturation is above an Otsu threshold (floored at `min_saturation`) AND it is far enough from
 // white (`min_white_distance` in RGB units); then morphological opening/closing, removal of objects
 // smaller than `min_object_um2`, and filling of holes smaller than `max_hole_um2`. Optionally pen marks
@@ -39,12 +40,22 @@ struct TissueMask {
   double tissue_area_mm2() const;
 };
 
-// The whole slide as an RGB image at about `mpp` µm/px (never finer than level 0), area-averaged from the best
-// pyramid level and read in bands of bounded size; `downsample` gets the level-0 pixels per image pixel (exact
-// along x). InputError naming the slide when the image would be too large.
-cv::Mat read_slide_image(const io::Slide& slide, double mpp, double* downsample);
+// How read_slide_image picks the pyramid level it averages from.
+enum class SourceLevel {
+  // A level at least 4x finer than the image while that level has at most 128 Mpx, else the coarsest level at least
+  // as fine as the image: the image is Tessera's own area average whatever software made the pyramid (tissue masks).
+  oversampled,
+  // The coarsest level at least as fine as the image (QC's thresholds are set on images read this way).
+  nearest,
+};
 
-// Reads the slide at about options.mask_mpp (from the best pyramid level) and detects tissue.
+// The whole slide as an RGB image at about `mpp` µm/px (never finer than level 0), area-averaged from the level
+// `source` picks and read in bands of bounded size; `downsample` gets the level-0 pixels per image pixel (exact
+// along x). InputError naming the slide when the image would be too large.
+cv::Mat read_slide_image(const io::Slide& slide, double mpp, double* downsample,
+                         SourceLevel source = SourceLevel::oversampled);
+
+// Reads the slide at about options.mask_mpp (read_slide_image) and detects tissue.
 TissueMask detect_tissue(const io::Slide& slide, const TissueOptions& options);
 // The same on an RGB image whose pixels are `downsample` level-0 pixels wide at `mpp` µm/px.
 TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, const TissueOptions& options);

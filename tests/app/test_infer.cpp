@@ -2,8 +2,9 @@
 // geometry follows the slide, the model's resolution and the stride, and it scores exactly the tissue cells; a
 // cell on the tiling grid scores as `predict` scores that tile from the shards; one and two ranks give the same
 // map bit for bit; test-time augmentation changes the scores and keeps them probabilities; the map finds the
-// annotated tumour of a slide the model did not train on; a slide that cannot be opened or read fails alone (on
-// two ranks, only one of which reads the broken part), and job mistakes are refused naming the key.
+// annotated tumour of a slide the model did not train on, and so does the DICOM Segmentation of that slide as a DICOM
+// series; a slide that cannot be opened or read fails alone (on two ranks, only one of which reads the broken part),
+// and job mistakes are refused naming the key.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,10 +18,16 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
+
+#include <dcmtk/config/osconfig.h>  // first of DCMTK's headers
+#include <dcmtk/dcmdata/dcdeftag.h>
+#include <dcmtk/dcmdata/dcfilefo.h>
 
 #include "core/metrics.h"
 #include "io/annotations.h"
 #include "io/checkpoint.h"
+#include "io/dicom_writer.h"
 #include "io/heatmap.h"
 #include "io/image.h"
 #include "io/slide.h"
@@ -521,6 +528,128 @@ TEST_F(Infer, RefusesJobMistakesNamingTheKey) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "stride: 24")) << r.out;
   EXPECT_TRUE(contains(r.out, "tta: none")) << r.out;
+}
+
+// A DICOM Segmentation as DCMTK reads it: its total pixel matrix (frames placed by their Plane Position (Slide)) and
+// what places it on the slide.
+struct Segmentation {
+  cv::Mat1b pixels;
+  double row_spacing_mm = 0.0;     // Pixel Spacing, first value
+  double column_spacing_mm = 0.0;  // second value
+  cv::Vec3d row_direction;         // Image Orientation (Slide): along a row (column index increasing)
+  cv::Vec3d column_direction;      // down a column
+  cv::Vec3d origin;                // Total Pixel Matrix Origin (Z 0)
+};
+
+Segmentation read_segmentation(const std::string& path) {
+  DcmFileFormat file;
+  Segmentation seg;
+  EXPECT_TRUE(file.loadFile(path.c_str()).good()) << path;
+  DcmDataset* ds = file.getDataset();
+  Uint16 rows = 0;
+  Uint16 columns = 0;
+  Uint32 total_columns = 0;
+  Uint32 total_rows = 0;
+  ds->findAndGetUint16(DCM_Rows, rows);
+  ds->findAndGetUint16(DCM_Columns, columns);
+  ds->findAndGetUint32(DCM_TotalPixelMatrixColumns, total_columns);
+  ds->findAndGetUint32(DCM_TotalPixelMatrixRows, total_rows);
+  for (int k = 0; k < 3; ++k) {
+    ds->findAndGetFloat64(DCM_ImageOrientationSlide, seg.row_direction[k], k);
+    ds->findAndGetFloat64(DCM_ImageOrientationSlide, seg.column_direction[k], k + 3);
+  }
+  DcmItem* origin = nullptr;
+  ds->findAndGetSequenceItem(DCM_TotalPixelMatrixOriginSequence, origin);
+  EXPECT_NE(origin, nullptr);
+  if (origin == nullptr) return seg;
+  origin->findAndGetFloat64(DCM_XOffsetInSlideCoordinateSystem, seg.origin[0]);
+  origin->findAndGetFloat64(DCM_YOffsetInSlideCoordinateSystem, seg.origin[1]);
+  DcmItem* shared = nullptr;
+  DcmItem* measures = nullptr;
+  ds->findAndGetSequenceItem(DCM_SharedFunctionalGroupsSequence, shared);
+  if (shared != nullptr) shared->findAndGetSequenceItem(DCM_PixelMeasuresSequence, measures);
+  EXPECT_NE(measures, nullptr);
+  if (measures == nullptr) return seg;
+  measures->findAndGetFloat64(DCM_PixelSpacing, seg.row_spacing_mm, 0);
+  measures->findAndGetFloat64(DCM_PixelSpacing, seg.column_spacing_mm, 1);
+  const Uint8* data = nullptr;
+  unsigned long bytes = 0;
+  EXPECT_TRUE(ds->findAndGetUint8Array(DCM_PixelData, data, &bytes).good());
+  seg.pixels = cv::Mat1b::zeros(static_cast<int>(total_rows), static_cast<int>(total_columns));
+  const unsigned long frame_bytes = static_cast<unsigned long>(rows) * columns;
+  for (unsigned long f = 0; data != nullptr && (f + 1) * frame_bytes <= bytes; ++f) {
+    DcmItem* group = nullptr;
+    DcmItem* position = nullptr;
+    ds->findAndGetSequenceItem(DCM_PerFrameFunctionalGroupsSequence, group, static_cast<int>(f));
+    if (group != nullptr) group->findAndGetSequenceItem(DCM_PlanePositionSlideSequence, position);
+    EXPECT_NE(position, nullptr) << "frame " << f + 1;
+    if (position == nullptr) break;
+    Sint32 column = 0;
+    Sint32 row = 0;
+    position->findAndGetSint32(DCM_ColumnPositionInTotalImagePixelMatrix, column);
+    position->findAndGetSint32(DCM_RowPositionInTotalImagePixelMatrix, row);
+    const cv::Mat1b frame(rows, columns, const_cast<Uint8*>(data + f * frame_bytes));
+    const cv::Rect inside =
+        cv::Rect(column - 1, row - 1, columns, rows) & cv::Rect(0, 0, seg.pixels.cols, seg.pixels.rows);
+    frame(cv::Rect(0, 0, inside.width, inside.height)).copyTo(seg.pixels(inside));
+  }
+  return seg;
+}
+
+// The Segmentation of a DICOM series, read back with DCMTK and placed on the slide by its own spacing, origin and
+// orientation against the source series': every pixel above 0.5 (value ≥ 128 of 255) lies inside the slide's true
+// tumour dilated by one cell.
+TEST_F(Infer, TheSegmentationOfADicomSeriesMarksItsTumour) {
+  const std::string id = "tumor_002";  // in the val split: the model never trained on it
+  const std::string series = dir_->file("dicom/" + id);
+  io::write_dicom_series(slide(id), series, {});  // the same JPEG tiles as a DICOM series
+  const auto r = infer(series, "seg", "--set outputs=[heatmap.h5,dicom-seg]");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Heatmap map = heatmap("seg", id);
+  const Segmentation seg = read_segmentation(dir_->file("seg/" + id + ".seg.dcm"));
+  ASSERT_EQ(seg.pixels.cols, map.cols);
+  ASSERT_EQ(seg.pixels.rows, map.rows);
+  const io::Slide source = io::Slide::open(series);
+  std::vector<double> orientation;
+  std::stringstream text(source.property("dicom.image-orientation-slide").value_or(""));
+  for (std::string v; std::getline(text, v, '\\');) orientation.push_back(std::stod(v));
+  ASSERT_EQ(orientation.size(), 6u);
+  const cv::Vec3d source_row(orientation[0], orientation[1], orientation[2]);
+  const cv::Vec3d source_column(orientation[3], orientation[4], orientation[5]);
+  const cv::Vec3d source_origin(std::stod(source.property("dicom.origin-x-mm").value_or("nan")),
+                                std::stod(source.property("dicom.origin-y-mm").value_or("nan")), 0.0);
+  // Level-0 pixel coordinates of the slide point at a SEG matrix position (column c, row r; corners at integers).
+  const auto level0 = [&](double column, double row) {
+    const cv::Vec3d at = seg.origin + column * seg.column_spacing_mm * seg.row_direction +
+                         row * seg.row_spacing_mm * seg.column_direction - source_origin;
+    return cv::Point2d(at.dot(source_row) * 1000.0 / source.mpp(), at.dot(source_column) * 1000.0 / source.mpp_y());
+  };
+  std::vector<io::Annotation> tumour, exclusion;
+  io::split_annotations(io::read_annotations(dir_->file("synth/slides/" + id + ".xml")), io::AnnotationClasses{},
+                        tumour, exclusion);
+  ASSERT_FALSE(tumour.empty());
+  int above = 0;
+  int outside = 0;
+  for (int i = 0; i < seg.pixels.rows; ++i) {
+    for (int j = 0; j < seg.pixels.cols; ++j) {
+      if (seg.pixels(i, j) < 128) continue;
+      ++above;
+      const cv::Point2d a = level0(j, i);
+      const cv::Point2d b = level0(j + 1, i + 1);
+      const double side = std::max(std::abs(b.x - a.x), std::abs(b.y - a.y));
+      const double step = static_cast<double>(map.step);
+      if (prep::tumour_fraction(tumour, {}, std::min(a.x, b.x) - step, std::min(a.y, b.y) - step, side + 2 * step,
+                                256) == 0.0) {
+        ++outside;
+        ADD_FAILURE() << "SEG pixel (" << i << ", " << j << ") = " << static_cast<int>(seg.pixels(i, j))
+                      << " covers level-0 (" << a.x << ", " << a.y << ") - (" << b.x << ", " << b.y
+                      << "), more than one cell from the tumour";
+      }
+    }
+  }
+  std::printf("dicom-seg of %s: %d of %d pixels above 0.5, %d of them beyond the tumour dilated by one cell\n",
+              id.c_str(), above, seg.pixels.rows * seg.pixels.cols, outside);
+  EXPECT_GE(above, 5) << "too few pixels above 0.5 for the check to mean anything";
 }
 
 }  // namespace

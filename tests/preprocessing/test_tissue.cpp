@@ -223,6 +223,69 @@ TEST(Tissue, SlideWithoutPyramidIsReadInBands) {
   EXPECT_GT(iou(tissue.mask.rowRange(bottom), truth.rowRange(bottom)), 0.9);
 }
 
+// A pyramid whose levels coarser than `kept_mpp` are blank (white): the extreme of low levels that another program made
+// with a filter of its own.
+class BlankCoarseLevels : public io::TileSource {
+ public:
+  BlankCoarseLevels(const cv::Mat& image, const io::TiffWriter& writer, double mpp, double kept_mpp) {
+    cv::Mat level = image;
+    for (int k = 0; k < writer.level_count(); ++k) {
+      if (k > 0) level = io::downsample_for_pyramid(level, writer.level_factor());
+      EXPECT_EQ(level.cols, writer.level_width(k));
+      EXPECT_EQ(level.rows, writer.level_height(k));
+      const bool kept = mpp * std::pow(writer.level_factor(), k) <= kept_mpp;
+      levels_.push_back(kept ? level : cv::Mat(level.size(), CV_8UC3, cv::Scalar(255, 255, 255)));
+    }
+  }
+  void describe_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, std::string& key) override {
+    key = std::to_string(level) + " " + std::to_string(x0) + " " + std::to_string(y0) + " " + std::to_string(width) +
+          " " + std::to_string(height);
+  }
+  void render_tile(int level, std::int64_t x0, std::int64_t y0, int width, int height, cv::Mat& tile) override {
+    const cv::Mat& pixels = levels_[static_cast<std::size_t>(level)];
+    const cv::Rect inside =
+        cv::Rect(static_cast<int>(x0), static_cast<int>(y0), width, height) & cv::Rect(0, 0, pixels.cols, pixels.rows);
+    cv::copyMakeBorder(pixels(inside), tile, 0, height - inside.height, 0, width - inside.width, cv::BORDER_REPLICATE);
+  }
+
+ private:
+  std::vector<cv::Mat> levels_;
+};
+
+// The mask at 8 µm/px is area-averaged from a level at least 4x finer (here 2 µm/px), never read from the
+// pyramid's own coarser levels, whatever filter made them: a slide whose levels coarser than 2 µm/px are blank gets
+// the mask of the same image without a pyramid.
+TEST(Tissue, MaskIsAveragedFromALevelFourTimesFinerThanIt) {
+  testing::TempDir dir;
+  cv::Mat rgb = glass(2048, 1536, kGlass, 12);
+  cv::Mat1b shape = cv::Mat1b::zeros(rgb.size());
+  cv::ellipse(shape, cv::Point(1000, 700), cv::Size(600, 450), 20.0, 0, 360, cv::Scalar(255), cv::FILLED);
+  paint_tissue(rgb, shape, 13);
+  io::TiffWriterOptions options;
+  options.mpp = kSlideMpp;
+  options.compression = io::TiffCompression::deflate;  // write_tiles() writes deflate tiles
+  io::TiffWriter writer(dir.file("pyramid.tif"), rgb.cols, rgb.rows, options);
+  ASSERT_EQ(writer.level_count(), 3);  // 1, 2 and 4 µm/px
+  BlankCoarseLevels source(rgb, writer, kSlideMpp, 2.0);
+  writer.write_tiles(source);
+  writer.finish();
+  options.min_level_size = 4096;  // one level
+  io::TiffWriter flat_writer(dir.file("flat.tif"), rgb.cols, rgb.rows, options);
+  for (int y0 = 0; y0 < rgb.rows; y0 += options.tile_size) {
+    flat_writer.write_strip(rgb.rowRange(y0, std::min(rgb.rows, y0 + options.tile_size)).clone());
+  }
+  flat_writer.finish();
+  const io::Slide pyramid = io::Slide::open(dir.file("pyramid.tif"));
+  const io::Slide flat = io::Slide::open(dir.file("flat.tif"));
+  ASSERT_EQ(pyramid.level_count(), 3);
+  ASSERT_EQ(flat.level_count(), 1);
+  const TissueMask a = detect_tissue(pyramid, TissueOptions{});
+  const TissueMask b = detect_tissue(flat, TissueOptions{});
+  ASSERT_EQ(a.mask.size(), b.mask.size());
+  EXPECT_GT(iou(a.mask, at_mask_resolution(shape, a)), 0.9);
+  EXPECT_GT(iou(a.mask, b.mask), 0.98);
+}
+
 TEST(Tissue, PenMarksAreRejectedOnlyWhenAsked) {
   testing::TempDir dir;
   cv::Mat rgb = glass(kWidth, kHeight, kGlass, 6);
