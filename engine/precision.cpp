@@ -87,8 +87,8 @@ Precision use_precision(Model& model, Precision requested) {
   }
   Precision used = requested;
   if (!cpu_supports(requested)) {
-    spdlog::warn("precision {}: this CPU's instructions (oneDNN ISA {}) have no {} kernels; running in fp32",
-                 to_string(requested), cpu_isa_name(), to_string(requested));
+    spdlog::warn("precision {} needs AVX-512 BF16, and oneDNN's instruction set here is {}: running in fp32",
+                 to_string(requested), cpu_isa_name());
     used = Precision::fp32;
   }
   set_compute_type(model.body(),
