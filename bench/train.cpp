@@ -443,7 +443,10 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
   summarise(ours, gflop_per_image);
   if (torch) summarise(theirs, gflop_per_image);
   if (reduced) summarise(low, gflop_per_image);
-  const double low_speedup = reduced ? low.images_per_s / ours.images_per_s : 0.0;
+  // The speed-up of each round (its two measurements ran back to back, under the same load) and their median.
+  std::vector<double> low_ratios;
+  for (std::size_t r = 0; reduced && r < low.rounds.size(); ++r) low_ratios.push_back(low.rounds[r] / ours.rounds[r]);
+  const double low_speedup = reduced ? core::median(low_ratios) : 0.0;
   const double ratio = torch ? ours.images_per_s / theirs.images_per_s : 0.0;
   torch.reset();  // the child exits before the profile runs
 
@@ -479,6 +482,7 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
       json r = side_json(low);
       r["precision"] = o.precision;
       r["speedup_vs_fp32"] = low_speedup;
+      r["rounds_speedup_vs_fp32"] = low_ratios;
       out["tessera_reduced"] = r;
     } else if (!reduced_missing.empty()) {
       out["tessera_reduced"] = {{"precision", o.precision}, {"available", false}, {"reason", reduced_missing}};
@@ -556,8 +560,10 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
     std::cout << fmt::format("\nparameters: {}\n", core::grouped(tessera.parameter_count()));
   }
   if (reduced) {
-    std::cout << fmt::format("Tessera {} / Tessera fp32: {:.2f}x (the same model and batch, same rounds)\n",
-                             o.precision, low_speedup);
+    std::cout << fmt::format(
+        "Tessera {} / Tessera fp32: {:.2f}x (median of the rounds' ratios: {}; the same model and batch, measured "
+        "back to back in each round)\n",
+        o.precision, low_speedup, fmt::format("{:.2f}", fmt::join(low_ratios, " ")));
   }
   if (profile) {
     std::cout << fmt::format("\nprofile: Tessera, mean of {} step(s), {:.2f} ms per step\n", profile->steps,
