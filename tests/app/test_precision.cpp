@@ -2,7 +2,8 @@
 // on small synthetic slides: a bf16 heatmap matches the fp32 one cell by cell (99th percentile of |ΔP| ≤ 0.02, the
 // same cells scored), bf16 tile predictions keep the fp32 AUC within 0.002, and where oneDNN may not use AVX-512
 // BF16 (forced here with ONEDNN_MAX_CPU_ISA=AVX2, as on an AVX2-only machine) bf16 runs in fp32 with one log line
-// and writes exactly what an fp32 run writes. The bf16 comparisons skip, saying why, on a CPU without AVX-512 BF16.
+// and writes exactly what an fp32 run writes; `bench infer --precision bf16` reports bf16 beside fp32 or says why
+// it cannot. The bf16 comparisons skip, saying why, on a CPU without AVX-512 BF16.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -210,18 +211,53 @@ TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   EXPECT_EQ(a, read_text(dir_->file("avx2-bf16/predictions.csv")));
 }
 
-TEST_F(Precision, AnUnknownPrecisionIsRefusedNamingTheKey) {
+// Refused while the job is read, before the checkpoint is opened: no model needed.
+TEST(PrecisionKey, AnUnknownPrecisionIsRefusedNamingTheKey) {
   for (const std::string verb : {"infer", "predict"}) {
     // The flag is named as given; a job key by its path.
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"--precision fp16", "--precision"}, {"--set " + verb + ".precision=fp16", verb + ".precision"}};
     for (const auto& [args, named] : cases) {
-      const auto r = run(verb + " --checkpoint " + checkpoint() + " " + args + " --print-config");
+      const auto r = run(verb + " --checkpoint no-such-checkpoint.h5 " + args + " --print-config");
       EXPECT_EQ(r.code, 2) << verb << " " << args;
       EXPECT_TRUE(contains(r.err, named)) << r.err;
       EXPECT_TRUE(contains(r.err, "fp16")) << r.err;
     }
   }
+}
+
+// `bench infer --precision bf16` measures bf16 beside fp32: the speed-up is the median of the rounds' ratios (never
+// required to be any size). Without AVX-512 BF16 (forced, or the machine's own) it says why it measured nothing.
+TEST(PrecisionBench, Bf16IsMeasuredBesideFp32OrSaysWhyNot) {
+  const std::string args =
+      "bench infer --model tiny_cnn --size 16 --batch 4 --seconds 0.2 --rounds 3 --no-torch --json";
+  const auto capped = testing::run_script("ONEDNN_MAX_CPU_ISA=AVX2 $TESSERA " + args + " --precision bf16");
+  ASSERT_EQ(capped.code, 0) << capped.err;
+  const json c = json::parse(capped.out);
+  EXPECT_EQ(c["cpu_isa"], "avx2");
+  EXPECT_EQ(c["tessera_reduced"]["available"], false);
+  EXPECT_TRUE(contains(c["tessera_reduced"]["reason"].get<std::string>(), "AVX-512 BF16"));
+
+  if (!bf16_available()) GTEST_SKIP() << no_bf16();
+  const auto r = run(args + " --precision bf16");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json j = json::parse(r.out);
+  const json& low = j["tessera_reduced"];
+  EXPECT_EQ(low["precision"], "bf16");
+  const auto fp32_rounds = j["tessera"]["rounds_images_per_s"].get<std::vector<double>>();
+  const auto bf16_rounds = low["rounds_images_per_s"].get<std::vector<double>>();
+  const auto ratios = low["rounds_speedup_vs_fp32"].get<std::vector<double>>();
+  ASSERT_EQ(fp32_rounds.size(), 3u);
+  ASSERT_EQ(bf16_rounds.size(), 3u);
+  ASSERT_EQ(ratios.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(ratios[i], bf16_rounds[i] / fp32_rounds[i], 1e-9 * ratios[i]);
+  std::vector<double> sorted = ratios;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_DOUBLE_EQ(low["speedup_vs_fp32"].get<double>(), sorted[1]);
+  // fp32 alone: no reduced-precision entry.
+  const auto plain = run(args);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  EXPECT_FALSE(json::parse(plain.out).contains("tessera_reduced"));
 }
 
 }  // namespace
