@@ -179,6 +179,11 @@ Action setup_bench(CLI::App& command) {
   auto infer = std::make_shared<bench::ModelBenchOptions>();
   CLI::App* infer_cmd = add_model_bench(
       command, "infer", "Inference speed of a model (batch norm folded) vs PyTorch under inference_mode", *infer);
+  infer_cmd
+      ->add_option("--precision", infer->precision,
+                   "Also measure the model in bf16 against fp32 in the same rounds (fp32: fp32 alone)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
 
   auto comm = std::make_shared<bench::CommBenchOptions>();
   CLI::App* comm_cmd = command.add_subcommand(

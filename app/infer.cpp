@@ -39,6 +39,7 @@
 #include "core/signals.h"
 #include "engine/context.h"
 #include "engine/inference.h"
+#include "engine/precision.h"
 #include "engine/slide_inference.h"
 #include "io/heatmap.h"
 #include "io/provenance.h"
@@ -69,7 +70,11 @@ const core::Schema& infer_schema() {
                 "(8 rotations and mirror images)",
                 {"none", "flips", "d8"})
         .number("infer.threshold", 0.5, "P(tumour) at and above which a cell counts as tumour in the summaries", 0, 1)
-        .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024);
+        .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
+        .string("infer.precision", "fp32",
+                "Number format of the convolutions and linear layers: fp32, or bf16 where the CPU has AVX-512 BF16 "
+                "(else fp32, said once in the log)",
+                {"fp32", "bf16"});
     prep::declare_tissue_keys(schema, "unset: the checkpoint's (its tiling's), else this default");
     prep::declare_qc_keys(schema);
     analysis::declare_output_keys(schema);
@@ -151,6 +156,8 @@ int run_infer(const InferOptions& options) {
   const analysis::OutputOptions output_options = analysis::read_output_options(config, threshold, "infer.threshold");
 
   engine::LoadedModel model = engine::load_model(checkpoint);
+  const engine::Precision precision = engine::use_precision(
+      *model.model, engine::parse_precision(config.get_string("infer.precision"), "infer.precision"));
   const std::string checkpoint_path = fs::absolute(checkpoint).lexically_normal().string();
   // Tissue is found as the tiling found it for training, unless the job says otherwise: each tissue.* key the
   // job leaves unset takes the checkpoint's value (a checkpoint from before they were recorded has none; the
@@ -295,6 +302,7 @@ int run_infer(const InferOptions& options) {
                         {"threads_per_rank", engine::threads()},
                         {"stride", inference.stride()},
                         {"tta", engine::to_string(inference_options.tta)},
+                        {"precision", engine::to_string(precision)},
                         {"threshold", threshold},
                         {"tiles", total_tiles},
                         {"seconds", seconds},
@@ -343,6 +351,8 @@ Action setup_infer(CLI::App& command) {
   add_key_flag(command, options->job, "--dicom-seg", {"dicom_seg.enabled"},
                "Also write <slide>.seg.dcm, a DICOM Segmentation (slides read from DICOM only; dicom_seg.enabled)",
                FlagForm::on);
+  add_key_flag(command, options->job, "--precision", {"infer.precision"},
+               "fp32 or bf16 (where the CPU has AVX-512 BF16) (infer.precision)");
   add_key_flag(command, options->job, "--threads", {"infer.threads"},
                "OpenMP threads per rank, 0 = all cores (infer.threads)");
   command.add_flag("--force", options->force,

@@ -93,6 +93,9 @@ struct ModelBenchOptions {
   bool torch = true;     // compare with PyTorch (scripts/bench_torch.py)
   bool profile = false;  // per-layer times of Tessera's model
   bool json = false;     // one JSON object on stdout instead of the table
+  // infer only: also measure the model in this precision (engine/precision.h), in the same rounds as fp32;
+  // "fp32" measures fp32 alone.
+  std::string precision = "fp32";
 };
 
 int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& options);

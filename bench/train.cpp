@@ -41,6 +41,7 @@
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
+#include "engine/precision.h"
 #include "engine/sequential.h"
 #include "engine/train_step.h"
 
@@ -107,7 +108,7 @@ struct Profile {
 // One model with its synthetic batch, loss and optimizer; runs training steps or inference batches.
 class TesseraRunner {
  public:
-  TesseraRunner(ModelBenchKind kind, const ModelBenchOptions& o)
+  TesseraRunner(ModelBenchKind kind, const ModelBenchOptions& o, engine::Precision precision = engine::Precision::fp32)
       : kind_(kind),
         batch_(o.batch),
         optimizer_(engine::OptimizerOptions{.momentum = kMomentum, .weight_decay = kWeightDecay}) {
@@ -124,6 +125,7 @@ class TesseraRunner {
     parameter_count_ = model_->parameter_count();
     params_ = model_->parameters();
     if (kind_ == ModelBenchKind::infer) model_->fold_batchnorm();  // eval mode, batch norm in the convolutions
+    if (kind_ == ModelBenchKind::infer) precision_ = engine::use_precision(*model_, precision);
 
     input_ = engine::Tensor::plain({o.batch, 3, o.size, o.size});
     std::mt19937 rng(static_cast<std::uint32_t>(kSeed));
@@ -136,6 +138,8 @@ class TesseraRunner {
   }
 
   engine::Model& model() { return *model_; }
+  // The precision the model computes in (fp32 when the CPU lacks the one asked for).
+  engine::Precision precision() const { return precision_; }
   std::int64_t parameter_count() const { return parameter_count_; }
 
   void step() {
@@ -221,6 +225,7 @@ class TesseraRunner {
   ModelBenchKind kind_;
   int batch_;
   std::unique_ptr<engine::Model> model_;
+  engine::Precision precision_ = engine::Precision::fp32;
   std::int64_t parameter_count_ = 0;
   std::vector<engine::Param*> params_;
   engine::Tensor input_;
@@ -397,7 +402,21 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
     }
   }
 
+  // infer --precision bf16: the same model again in reduced precision, measured beside fp32 in every round.
+  std::unique_ptr<TesseraRunner> reduced;
+  std::string reduced_missing;
+  const engine::Precision wanted = engine::parse_precision(o.precision, "--precision");
+  if (!train && wanted != engine::Precision::fp32) {
+    reduced = std::make_unique<TesseraRunner>(kind, o, wanted);
+    if (reduced->precision() != wanted) {
+      reduced_missing =
+          fmt::format("not measured: needs AVX-512 BF16, oneDNN's instruction set here is {}", engine::cpu_isa_name());
+      reduced.reset();
+    }
+  }
+
   for (int i = 0; i < o.warmup; ++i) tessera.step();
+  for (int i = 0; reduced && i < o.warmup; ++i) reduced->step();
 
   // Rounds of peak, A, B, then peak, B, A, ...: neither framework always runs first after the other, and each
   // is compared with the peak of its own round.
@@ -405,21 +424,29 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
   const double peak_seconds = std::min(kPeakMaxSeconds, per_round);
   std::vector<double> peaks;
   bench::PeakResult peak;
-  Side ours, theirs;
+  Side ours, theirs, low;  // low: the reduced-precision model
   for (int r = 0; r < o.rounds; ++r) {
     peak = bench::measure_sgemm_peak(kPeakSize, threads, peak_seconds);
     peaks.push_back(peak.gflops);
     const bool ours_first = r % 2 == 0 || !torch;
+    // Reduced precision right before fp32 in even rounds, right after it in odd ones.
+    if (reduced && r % 2 == 0) low.add(reduced->measure(per_round), gflop_per_image, peak.gflops);
     if (ours_first) ours.add(tessera.measure(per_round), gflop_per_image, peak.gflops);
     if (torch) {
       torch->request(per_round);
       theirs.add(torch->read().at("images_per_s").get<double>(), gflop_per_image, peak.gflops);
     }
     if (!ours_first) ours.add(tessera.measure(per_round), gflop_per_image, peak.gflops);
+    if (reduced && r % 2 == 1) low.add(reduced->measure(per_round), gflop_per_image, peak.gflops);
   }
   const double peak_gflops = core::median(peaks);
   summarise(ours, gflop_per_image);
   if (torch) summarise(theirs, gflop_per_image);
+  if (reduced) summarise(low, gflop_per_image);
+  // The speed-up of each round (its two measurements ran back to back, under the same load) and their median.
+  std::vector<double> low_ratios;
+  for (std::size_t r = 0; reduced && r < low.rounds.size(); ++r) low_ratios.push_back(low.rounds[r] / ours.rounds[r]);
+  const double low_speedup = reduced ? core::median(low_ratios) : 0.0;
   const double ratio = torch ? ours.images_per_s / theirs.images_per_s : 0.0;
   torch.reset();  // the child exits before the profile runs
 
@@ -441,6 +468,7 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
                 {"classes", kClasses},
                 {"threads", threads},
                 {"cpu", cpu_name()},
+                {"cpu_isa", engine::cpu_isa_name()},
                 {"rounds", o.rounds},
                 {"seconds_per_round", per_round},
                 {"step", what},
@@ -450,6 +478,15 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
                 {"peak", {{"gflops", peak_gflops}, {"rounds_gflops", peaks}, {"n", peak.n}, {"threads", peak.threads}}},
                 {"parameters", tessera.parameter_count()}};
     out["tessera"] = side_json(ours);
+    if (reduced) {
+      json r = side_json(low);
+      r["precision"] = o.precision;
+      r["speedup_vs_fp32"] = low_speedup;
+      r["rounds_speedup_vs_fp32"] = low_ratios;
+      out["tessera_reduced"] = r;
+    } else if (!reduced_missing.empty()) {
+      out["tessera_reduced"] = {{"precision", o.precision}, {"available", false}, {"reason", reduced_missing}};
+    }
     if (!torch_missing.empty()) {
       out["pytorch"] = {{"available", false}, {"reason", torch_missing}};
       out["ratio"] = nullptr;
@@ -484,6 +521,7 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
   std::cout << fmt::format("tessera bench {}: {}, {}x{} px, batch {}, {} classes; {} threads on {}\n", verb, o.model,
                            o.size, o.size, o.batch, kClasses, threads, cpu_name());
   std::cout << fmt::format("{}; synthetic data in memory\n", what);
+  std::cout << fmt::format("oneDNN ISA: {}\n", engine::cpu_isa_name());
   std::cout << fmt::format(
       "work: {:.4g} GFLOP per image forward (convolutions and linear layers, 2 FLOPs per "
       "multiply-add){}\n",
@@ -504,6 +542,12 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
                            "rounds (images/s)");
   std::cout << fmt::format("{:<16} {:>10.1f} {:>9.1f} {:>7.1f}%   {}\n", "Tessera", ours.images_per_s, ours.gflops,
                            100.0 * ours.fraction_of_peak, rounds_text(ours.rounds));
+  if (reduced) {
+    std::cout << fmt::format("{:<16} {:>10.1f} {:>9.1f} {:>7.1f}%   {}\n", fmt::format("Tessera {}", o.precision),
+                             low.images_per_s, low.gflops, 100.0 * low.fraction_of_peak, rounds_text(low.rounds));
+  } else if (!reduced_missing.empty()) {
+    std::cout << fmt::format("{:<16} {}\n", fmt::format("Tessera {}", o.precision), reduced_missing);
+  }
   if (torch_missing.empty()) {
     std::cout << fmt::format("{:<16} {:>10.1f} {:>9.1f} {:>7.1f}%   {}\n",
                              fmt::format("PyTorch {}", torch_facts.value("torch", std::string())), theirs.images_per_s,
@@ -514,6 +558,12 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
   } else {
     std::cout << fmt::format("{:<16} {}\n", "PyTorch", torch_missing);
     std::cout << fmt::format("\nparameters: {}\n", core::grouped(tessera.parameter_count()));
+  }
+  if (reduced) {
+    std::cout << fmt::format(
+        "Tessera {} / Tessera fp32: {:.2f}x (median of the rounds' ratios: {}; the same model and batch, measured "
+        "back to back in each round)\n",
+        o.precision, low_speedup, fmt::format("{:.2f}", fmt::join(low_ratios, " ")));
   }
   if (profile) {
     std::cout << fmt::format("\nprofile: Tessera, mean of {} step(s), {:.2f} ms per step\n", profile->steps,

@@ -50,6 +50,14 @@ void Conv2d::set_relu(bool relu) {
   invalidate_setup();
 }
 
+void Conv2d::set_compute_type(memory::data_type type) {
+  if (type != dt::f32 && type != dt::bf16) fail("compute type must be f32 or bf16");
+  if (type != dt::f32 && mode() == Mode::train) fail("reduced precision is for inference: switch to eval mode first");
+  if (compute_ == type) return;
+  compute_ = type;
+  invalidate_setup();
+}
+
 int Conv2d::output_size(int input) const {
   const int extent = options_.dilation * (options_.kernel - 1) + 1;
   const int span = input + 2 * options_.padding - extent;
@@ -70,10 +78,10 @@ memory::desc Conv2d::do_setup(const memory::desc& src) {
   const dims_t strides = {options_.stride, options_.stride};
   const dims_t dilates = {options_.dilation - 1, options_.dilation - 1};  // oneDNN counts the gaps
   const dims_t padding = {options_.padding, options_.padding};
-  const memory::desc src_any(in, dt::f32, tag::any);
-  const memory::desc weights_any(weight_.shape, dt::f32, tag::any);
+  const memory::desc src_any(in, compute_, tag::any);
+  const memory::desc weights_any(weight_.shape, compute_, tag::any);
   const memory::desc bias_md = options_.bias ? memory::desc({options_.out}, dt::f32, tag::a) : memory::desc();
-  const memory::desc dst_any({in[0], options_.out, oh, ow}, dt::f32, tag::any);
+  const memory::desc dst_any({in[0], options_.out, oh, ow}, compute_, tag::any);
 
   dnnl::primitive_attr attr = Context::default_attr();
   if (options_.relu) {
@@ -95,13 +103,18 @@ memory::desc Conv2d::do_setup(const memory::desc& src) {
   dst_ = Tensor(fwd_pd_.dst_desc());
   src_saved_ = Tensor();
   weights_saved_ = memory();
+  weights_low_ = memory();
   backward_built_ = false;
   return fwd_pd_.dst_desc();
 }
 
 memory Conv2d::weights_memory() {
   const Tensor plain(wrap_plain(weight_.value, weight_.shape));
-  return weights_reorder_(plain, fwd_pd_.weights_desc()).memory();
+  if (compute_ == dt::f32) return weights_reorder_(plain, fwd_pd_.weights_desc()).memory();
+  // Eval mode only: the weights are fixed, so they are converted once per setup (a copy of their own, not the
+  // Reorderer's buffer).
+  if (!weights_low_) weights_low_ = plain.reordered_to(fwd_pd_.weights_desc()).memory();
+  return weights_low_;
 }
 
 memory Conv2d::bias_memory() {
@@ -167,6 +180,7 @@ void Conv2d::build_backward() {
 }
 
 const Tensor& Conv2d::do_backward(const Tensor& diff_dst) {
+  if (compute_ != dt::f32) fail("backward in reduced precision: training runs in f32");
   if (!backward_built_ || built_propagate_down_ != propagate_down()) build_backward();
   auto& context = Context::get();
   const Tensor* g = &diff_dst;

@@ -16,6 +16,11 @@
 // forward; weight gradients are reordered back and added to Param::grad in the same pass. The forward
 // primitive is created in setup; the backward ones on the first backward after a setup. The ReLU is a post-op
 // of the forward convolution and, in backward, an eltwise_relu_use_dst_for_bwd step on the module's own dst.
+//
+// Reduced precision (inference only, engine/precision.h): set_compute_type(bf16) makes src, weights and dst
+// bfloat16 (the bias stays float32; oneDNN accumulates in float32). An fp32 input is converted on the way in by
+// the same src reorder; the bf16 weights are made once per setup from the float32 Param and kept, since an
+// eval-mode model's weights do not change.
 #pragma once
 
 #include <string>
@@ -54,6 +59,11 @@ class Conv2d : public Module {
   // Both take effect at the next forward (which rebuilds the primitives).
   void enable_bias();
   void set_relu(bool relu);
+  // The data type of src, weights and dst: f32 (the default) or bf16, for inference only (InternalError in train
+  // mode; backward refuses). Takes effect at the next forward. Changing the weights afterwards needs another
+  // call (or a new setup) to be seen.
+  void set_compute_type(dnnl::memory::data_type type);
+  dnnl::memory::data_type compute_type() const { return compute_; }
 
   // Output spatial size for an input size, or <= 0 when the input is too small.
   int output_size(int input) const;
@@ -69,6 +79,7 @@ class Conv2d : public Module {
   dnnl::memory bias_memory();
 
   Conv2dOptions options_;
+  dnnl::memory::data_type compute_ = dnnl::memory::data_type::f32;
   Param weight_;
   Param bias_;
 
@@ -78,6 +89,7 @@ class Conv2d : public Module {
   Tensor dst_;
   Tensor src_saved_;            // the src of the last forward, in fwd_pd_'s layout (for backward weights)
   dnnl::memory weights_saved_;  // the weights of the last forward, in fwd_pd_'s layout (for backward data)
+  dnnl::memory weights_low_;    // reduced precision: the weights converted once after this setup
 
   // Per setup, created on the first backward.
   bool backward_built_ = false;

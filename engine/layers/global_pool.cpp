@@ -13,7 +13,7 @@ memory::desc AdaptiveAvgPool2d::do_setup(const memory::desc& src) {
   const dims_t d = src.dims();
   if (d.size() != 4) fail("needs a 4-D N×C×H×W input, got " + std::to_string(d.size()) + " dimensions");
   const auto& engine = Context::get().engine();
-  const memory::desc pooled_any({d[0], d[1], 1, 1}, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc pooled_any({d[0], d[1], 1, 1}, src.data_type(), memory::format_tag::any);
   // No padding, so include/exclude padding agree; the window is the whole image.
   const dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_training,
                                          dnnl::algorithm::pooling_avg_exclude_padding, src, pooled_any, {1, 1},

@@ -6,7 +6,7 @@
 //
 // The averaging runs as a oneDNN pooling with an H×W kernel in src's layout; only the N×C×1×1 result (a few
 // thousand values) is reordered into the plain N×C output, so a blocked producer costs no reorder of its
-// activations.
+// activations. A bf16 src (reduced-precision inference) is pooled in bf16 and the N×C output is float32.
 #pragma once
 
 #include <string>

@@ -46,6 +46,16 @@ void Linear::check_params() const {
   if (options_.bias) check(bias_);
 }
 
+void Linear::set_compute_type(memory::data_type type) {
+  if (type != memory::data_type::f32 && type != memory::data_type::bf16) fail("compute type must be f32 or bf16");
+  if (type != memory::data_type::f32 && mode() == Mode::train) {
+    fail("reduced precision is for inference: switch to eval mode first");
+  }
+  if (compute_ == type) return;
+  compute_ = type;
+  invalidate_setup();
+}
+
 memory::desc Linear::do_setup(const memory::desc& src) {
   const dims_t d = src.dims();
   if (d.size() == 2 && d[1] == options_.in) {
@@ -67,8 +77,13 @@ memory::desc Linear::do_setup(const memory::desc& src) {
   // Training propagation kind in both modes: the inner product computes the same either way, and one forward
   // primitive then serves as the backward primitives' hint.
   const auto prop = dnnl::prop_kind::forward_training;
-  const auto desc = options_.bias ? dnnl::inner_product_forward::desc(prop, src, weights_any, bias_desc, dst_any)
-                                  : dnnl::inner_product_forward::desc(prop, src, weights_any, dst_any);
+  // An input of another data type than the layer computes in (fp32 features into a bf16 layer) is converted by
+  // a reorder into the layout the primitive picks.
+  const memory::desc src_md = src.data_type() == compute_ ? src : memory::desc(d, compute_, memory::format_tag::any);
+  const memory::desc weights_md =
+      compute_ == memory::data_type::f32 ? weights_any : memory::desc(weight_dims_, compute_, memory::format_tag::any);
+  const auto desc = options_.bias ? dnnl::inner_product_forward::desc(prop, src_md, weights_md, bias_desc, dst_any)
+                                  : dnnl::inner_product_forward::desc(prop, src_md, weights_md, dst_any);
   forward_pd_ = dnnl::inner_product_forward::primitive_desc(desc, Context::default_attr(), engine);
   forward_ = dnnl::inner_product_forward(forward_pd_);
 
@@ -82,6 +97,7 @@ memory::desc Linear::do_setup(const memory::desc& src) {
         dnnl::reorder::primitive_desc(engine, plain_desc(weight_dims_), engine, forward_pd_.weights_desc()));
   }
   bias_mem_ = options_.bias ? memory(bias_desc, engine, bias_.value.data()) : memory();
+  weights_converted_ = false;
   dst_ = Tensor(forward_pd_.dst_desc());
   src_ = Tensor();
   backward_data_pd_ = {};
@@ -97,14 +113,17 @@ const Tensor& Linear::do_forward(const Tensor& src) {
   auto& context = Context::get();
   // The optimizer updates Param::value between forwards: bring the current values into the primitive's layout
   // (or point at them, which also follows a vector that was reassigned).
+  // In reduced precision (eval mode, fixed weights) the conversion runs once per setup.
   if (weights_plain_) {
     weights_mem_.set_data_handle(weight_.value.data());
-  } else {
+  } else if (compute_ == memory::data_type::f32 || !weights_converted_) {
     memory plain = wrap_plain(weight_.value, weight_dims_);
     to_weights_.execute(context.stream(), plain, weights_mem_);
+    weights_converted_ = compute_ != memory::data_type::f32;
   }
+  const Tensor& in = src_reorder_(src, forward_pd_.src_desc());
   std::unordered_map<int, memory> args{
-      {DNNL_ARG_SRC, src.memory()}, {DNNL_ARG_WEIGHTS, weights_mem_}, {DNNL_ARG_DST, dst_.memory()}};
+      {DNNL_ARG_SRC, in.memory()}, {DNNL_ARG_WEIGHTS, weights_mem_}, {DNNL_ARG_DST, dst_.memory()}};
   if (options_.bias) {
     bias_mem_.set_data_handle(bias_.value.data());
     args.emplace(DNNL_ARG_BIAS, bias_mem_);
@@ -147,6 +166,7 @@ void Linear::setup_backward() {
 }
 
 const Tensor& Linear::do_backward(const Tensor& diff_dst) {
+  if (compute_ != memory::data_type::f32) fail("backward in reduced precision: training runs in f32");
   check_params();
   if (!backward_weights_) setup_backward();
   auto& context = Context::get();

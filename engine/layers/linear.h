@@ -9,6 +9,10 @@
 // so a blocked producer (nChw8c) feeds the layer directly and gets its diff_src back in its own layout. The
 // master weight stays [out, in] in the Param and is reordered into the primitive's layout on each forward;
 // diff_weights are reordered back and added to Param::grad in the same pass.
+//
+// Reduced precision (inference only, engine/precision.h): set_compute_type(bf16) makes src and weights bfloat16
+// (an fp32 src is converted on the way in; the weights once per setup) while dst and bias stay float32, so the
+// logits after the last layer are float32.
 #pragma once
 
 #include <string>
@@ -44,6 +48,11 @@ class Linear : public Module {
   Param* bias() { return options_.bias ? &bias_ : nullptr; }
   const Param* bias() const { return options_.bias ? &bias_ : nullptr; }
 
+  // The data type of src and weights: f32 (the default) or bf16, for inference only (InternalError in train
+  // mode; backward refuses). dst stays f32. Takes effect at the next forward.
+  void set_compute_type(dnnl::memory::data_type type);
+  dnnl::memory::data_type compute_type() const { return compute_; }
+
  protected:
   dnnl::memory::desc do_setup(const dnnl::memory::desc& src) override;
   const Tensor& do_forward(const Tensor& src) override;
@@ -57,6 +66,9 @@ class Linear : public Module {
   Param weight_;        // O×I
   Param bias_;          // O, when options_.bias
   dims_t weight_dims_;  // {O, I} or {O, C, H, W}: weight as the primitive sees it
+  dnnl::memory::data_type compute_ = dnnl::memory::data_type::f32;
+  bool weights_converted_ = false;  // reduced precision: weights_mem_ holds the converted weights of this setup
+  Reorderer src_reorder_;           // src → the primitive's src desc, when its data type differs
   dnnl::inner_product_forward::primitive_desc forward_pd_;
   dnnl::inner_product_forward forward_;
   dnnl::inner_product_backward_data::primitive_desc backward_data_pd_;  // built on the first backward

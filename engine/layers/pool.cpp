@@ -44,7 +44,7 @@ memory::desc Pool2d::do_setup(const memory::desc& src) {
   if (d[2] + 2 * p < k || d[3] + 2 * p < k) {
     fail("input " + std::to_string(d[2]) + "x" + std::to_string(d[3]) + " is smaller than the kernel");
   }
-  const memory::desc dst_any({d[0], d[1], oh, ow}, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc dst_any({d[0], d[1], oh, ow}, src.data_type(), memory::format_tag::any);
   const auto prop =
       max_ && mode() == Mode::eval ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
   const dnnl::pooling_forward::desc desc(prop, algorithm(), src, dst_any, {s, s}, {k, k}, {p, p}, {p, p});

@@ -6,7 +6,7 @@
 //   avg: dst = window sum / kernel² with count_include_pad (PyTorch's default: padding counts as zeros), or
 //        / (cells inside the image) without; backward spreads diff_dst over the window the same way.
 //
-// dst keeps src's layout (nChw8c stays nChw8c), and diff_src comes back in src's layout. In eval mode max
+// dst keeps src's layout (nChw8c stays nChw8c) and data type (bf16 in reduced-precision inference), and diff_src comes back in src's layout. In eval mode max
 // pooling runs the inference primitive (no workspace), so backward needs a training-mode forward.
 #pragma once
 

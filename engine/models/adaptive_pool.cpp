@@ -47,7 +47,7 @@ memory::desc AdaptiveAvgPool2dTo::do_setup(const memory::desc& src) {
   if (d[2] % out_h_ == 0 && d[3] % out_w_ == 0) {
     path_ = Path::uniform;
     const memory::dim kh = d[2] / out_h_, kw = d[3] / out_w_;
-    const memory::desc dst_any({d[0], d[1], out_h_, out_w_}, memory::data_type::f32, memory::format_tag::any);
+    const memory::desc dst_any({d[0], d[1], out_h_, out_w_}, src.data_type(), memory::format_tag::any);
     // No padding, so including or excluding it is the same; training propagation so it can hint the backward.
     const dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_training,
                                            dnnl::algorithm::pooling_avg_exclude_padding, src, dst_any, {kh, kw},

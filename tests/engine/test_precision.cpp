@@ -1,0 +1,152 @@
+// Reduced-precision inference (engine/precision.h): names, refusals, and bf16 forward passes of every model of
+// the registry against their fp32 results. The bf16 comparisons run only where oneDNN's ISA on this CPU has
+// AVX-512 BF16 (they skip with a message elsewhere); the fp32 fallback on such CPUs is tested end to end by the
+// app tests (test_precision in tests/app), which start the program with ONEDNN_MAX_CPU_ISA=AVX2.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/layers/conv.h"
+#include "engine/layers/linear.h"
+#include "engine/models/model.h"
+#include "engine/models/registry.h"
+#include "engine/precision.h"
+
+namespace tessera::engine {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+// The first Conv2d / Linear found depth-first below `module`.
+template <class T>
+T* find_first(Module& module) {
+  if (auto* m = dynamic_cast<T*>(&module)) return m;
+  for (Module* child : children_of(module)) {
+    if (T* found = find_first<T>(*child)) return found;
+  }
+  return nullptr;
+}
+
+std::unique_ptr<Model> folded_model(const std::string& architecture, int size) {
+  ModelOptions o;
+  o.architecture = architecture;
+  o.input_size = size;
+  o.num_classes = 2;
+  o.classifier_width = 64;
+  o.seed = 7;
+  auto model = make_model(o);
+  model->fold_batchnorm();
+  return model;
+}
+
+// A batch with the spread of normalised tiles (about unit variance per channel).
+Tensor image_batch(int n, int size) {
+  Tensor x = Tensor::plain({n, 3, size, size});
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] = normal(rng);
+  return x;
+}
+
+std::vector<float> softmax2(const std::vector<float>& logits) {
+  std::vector<float> p(logits.size() / 2);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    p[i] = 1.0f / (1.0f + std::exp(logits[2 * i] - logits[2 * i + 1]));
+  }
+  return p;
+}
+
+TEST(Precision, NamesRoundTripAndUnknownNamesAreConfigErrors) {
+  for (Precision p : {Precision::fp32, Precision::bf16}) EXPECT_EQ(parse_precision(to_string(p), "k"), p);
+  try {
+    parse_precision("fp16", "infer.precision");
+    FAIL() << "fp16 was accepted";
+  } catch (const core::ConfigError& e) {
+    EXPECT_EQ(e.key(), "infer.precision");
+    EXPECT_NE(std::string(e.what()).find("fp16"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(cpu_supports(Precision::fp32));
+  EXPECT_FALSE(cpu_isa_name().empty());
+}
+
+TEST(Precision, RefusedForTrainingModels) {
+  ModelOptions o;
+  o.architecture = "tiny_cnn";
+  o.input_size = 16;
+  auto model = make_model(o);  // train mode, not folded
+  EXPECT_THROW(use_precision(*model, Precision::bf16), core::InternalError);
+  Conv2d conv("c", {.in = 3, .out = 4, .kernel = 3, .padding = 1});
+  EXPECT_THROW(conv.set_compute_type(dt::bf16), core::InternalError);  // train mode
+  Linear linear("l", {.in = 4, .out = 2});
+  EXPECT_THROW(linear.set_compute_type(dt::bf16), core::InternalError);
+}
+
+TEST(Precision, Fp32LeavesTheModelExactlyAsItWas) {
+  auto model = folded_model("compact", 32);
+  const Tensor x = image_batch(4, 32);
+  const std::vector<float> before = model->forward(x).to_plain();
+  EXPECT_EQ(use_precision(*model, Precision::fp32), Precision::fp32);
+  EXPECT_EQ(model->forward(x).to_plain(), before);
+}
+
+struct Case {
+  const char* architecture;
+  int size;
+};
+
+class Bf16Models : public ::testing::TestWithParam<Case> {};
+
+// bf16 keeps 8 significant bits: the logits of a random-weight network drift by a few per cent of their scale.
+// The probabilities are what inference writes; the tests of trained models (tests/app) bound them tighter.
+TEST_P(Bf16Models, ForwardMatchesFp32) {
+  if (!cpu_supports(Precision::bf16)) {
+    GTEST_SKIP() << "this CPU (oneDNN ISA " << cpu_isa_name() << ") has no AVX-512 BF16: bf16 is not run here";
+  }
+  const Case c = GetParam();
+  auto model = folded_model(c.architecture, c.size);
+  const Tensor x = image_batch(8, c.size);
+  const std::vector<float> fp32 = model->forward(x).to_plain();
+
+  ASSERT_EQ(use_precision(*model, Precision::bf16), Precision::bf16);
+  const Tensor& logits = model->forward(x);
+  EXPECT_EQ(logits.desc().data_type(), dt::f32);  // the logits leave in float32
+  const std::vector<float> bf16 = logits.to_plain();
+  // The convolutions really ran in bf16 (not a silent fp32 run).
+  Conv2d* conv = find_first<Conv2d>(model->body());
+  ASSERT_NE(conv, nullptr);
+  EXPECT_EQ(conv->compute_type(), dt::bf16);
+  EXPECT_EQ(conv->dst_desc().data_type(), dt::bf16);
+  Linear* linear = find_first<Linear>(model->body());
+  ASSERT_NE(linear, nullptr);
+  EXPECT_EQ(linear->dst_desc().data_type(), dt::f32);
+
+  float scale = 0.0f, worst = 0.0f;
+  for (std::size_t i = 0; i < fp32.size(); ++i) {
+    scale = std::max(scale, std::fabs(fp32[i]));
+    worst = std::max(worst, std::fabs(fp32[i] - bf16[i]));
+  }
+  EXPECT_LE(worst, 0.05f * scale + 1e-3f) << c.architecture << ": largest |Δlogit| " << worst << ", scale " << scale;
+  const auto p32 = softmax2(fp32), p16 = softmax2(bf16);
+  for (std::size_t i = 0; i < p32.size(); ++i) EXPECT_NEAR(p16[i], p32[i], 0.02) << c.architecture << " image " << i;
+
+  // Back to fp32: the same numbers as before.
+  use_precision(*model, Precision::fp32);
+  EXPECT_EQ(model->forward(x).to_plain(), fp32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, Bf16Models,
+                         ::testing::Values(Case{"tiny_cnn", 16}, Case{"compact", 32}, Case{"resnet18", 32},
+                                           Case{"vgg11", 32}, Case{"alexnet", 64}, Case{"lenet5", 32},
+                                           Case{"vgg11_bn", 32}),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return std::string(param_info.param.architecture);
+                         });
+
+}  // namespace
+}  // namespace tessera::engine
