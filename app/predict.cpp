@@ -2,7 +2,8 @@
 //
 // The model comes from the checkpoint alone (/meta: architecture, input size, classes), in eval mode with batch
 // norm folded; tiles go through the same input normalisation as the trainer's validation (engine/inference.h),
-// in shard order, without augmentation. Under mpirun each rank scores a contiguous part of the tile sequence and
+// in shard order, without augmentation (or with predict.tta, the mean P over the flips or the 8 symmetries of each
+// tile, as infer's tta). Under mpirun each rank scores a contiguous part of the tile sequence and
 // rank 0 gathers the parts in rank order, so the rows come out in the same order on any number of ranks.
 //
 // Outputs (rank 0, each written to a temporary name and renamed):
@@ -46,6 +47,7 @@
 #include "core/progress.h"
 #include "engine/context.h"
 #include "engine/inference.h"
+#include "engine/slide_inference.h"
 #include "io/image.h"
 #include "io/annotations.h"
 #include "io/shard.h"
@@ -69,6 +71,10 @@ const core::Schema& predict_schema() {
                  "Tiles per forward pass on each rank (larger batches cost memory and, on CPU, gain no speed)", 1,
                  65536)
         .integer("predict.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
+        .string("predict.tta", "none",
+                "Test-time augmentation, probabilities averaged over the views: none, flips (4 mirror images), d8 "
+                "(8 rotations and mirror images)",
+                {"none", "flips", "d8"})
         .number("predict.threshold", 0.5, "P(tumour) at and above which a tile is called tumour in the summary", 0, 1)
         .string("predict.threshold_from", "",
                 "A split (e.g. val) whose tiles choose the threshold: the highest balanced accuracy there, then "
@@ -237,6 +243,8 @@ int run_predict(const PredictOptions& options) {
   // Score this rank's part.
   const auto t_start = std::chrono::steady_clock::now();
   engine::TileScorer scorer(*model.model);
+  const engine::Tta tta = engine::parse_tta(config.get_string("predict.tta"));
+  const int views = engine::tta_views(tta);
   const auto classes = static_cast<std::size_t>(model.meta.num_classes);
   const auto positive = static_cast<std::size_t>(model.positive_class);
   engine::TilePredictions mine;
@@ -244,14 +252,27 @@ int run_predict(const PredictOptions& options) {
   {
     core::Progress progress(world, data.total_tiles(), {.label = "predict", .unit = "tiles"});
     data.start_epoch(0);
+    io::Batch view;
+    std::vector<double> sum;
     while (data.next(batch)) {
-      const auto& p = scorer.probabilities(batch);
-      for (std::size_t i = 0; i < static_cast<std::size_t>(batch.size); ++i) {
+      const auto n = static_cast<std::size_t>(batch.size);
+      sum.assign(n, 0.0);
+      for (int v = 0; v < views; ++v) {
+        const io::Batch* scored = &batch;
+        if (v > 0) {
+          view = batch;
+          engine::tta_view(batch.images.data(), view.images.data(), batch.size, batch.tile_size, tta, v);
+          scored = &view;
+        }
+        const auto& p = scorer.probabilities(*scored);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += p[i * classes + positive];
+      }
+      for (std::size_t i = 0; i < n; ++i) {
         mine.slide.push_back(slide_row.at(batch.slide_ids[i]));
         mine.xy.push_back(batch.coords[2 * i]);
         mine.xy.push_back(batch.coords[2 * i + 1]);
         mine.label.push_back(batch.labels[i]);
-        mine.p_tumor.push_back(p[i * classes + positive]);
+        mine.p_tumor.push_back(views == 1 ? static_cast<float>(sum[i]) : static_cast<float>(sum[i] / views));
       }
       progress.advance(batch.size);
     }
@@ -304,6 +325,7 @@ int run_predict(const PredictOptions& options) {
     per_split[split] = score_json(score(values.first, values.second, threshold));
   }
   json summary = score_json(overall);
+  summary["tta"] = engine::to_string(tta);
   summary["threshold"] = number_or_null(threshold);
   summary["threshold_from"] = threshold_from.empty() ? json(nullptr) : json(threshold_from);
   summary["checkpoint"] = fs::absolute(checkpoint).lexically_normal().string();
@@ -350,6 +372,7 @@ Action setup_predict(CLI::App& command) {
   add_key_flag(command, options->job, "--batch", {"predict.batch_size"}, "Tiles per forward pass (predict.batch_size)");
   add_key_flag(command, options->job, "--threads", {"predict.threads"},
                "OpenMP threads per rank, 0 = all cores (predict.threads)");
+  add_key_flag(command, options->job, "--tta", {"predict.tta"}, "Test-time augmentation: none, flips, d8 (predict.tta)");
   add_key_flag(command, options->job, "--threshold", {"predict.threshold"},
                "P(tumour) at and above which a tile is called tumour (predict.threshold)", FlagForm::value,
                {"predict.threshold_from"});

@@ -306,6 +306,21 @@ TEST_F(Train, PredictChoosesTheThresholdOnOneSplitAndAppliesItToTheOthers) {
   EXPECT_EQ(given["per_split"]["test"]["tp"].get<std::int64_t>(),
             core::operating_point(by_split["test"].first, by_split["test"].second, 0.3).tp);
 
+  // Test-time augmentation: the mean over the 8 symmetries, so the scores move (the model is not invariant to them)
+  // while the rows stay the same.
+  r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+          dir_->file("threshold/d8.csv") + " --splits test,val --tta d8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto d8 = read_predictions(dir_->file("threshold/d8.csv"));
+  ASSERT_EQ(d8.size(), rows.size());
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(d8[i].key, rows[i].key) << "row " << i;
+    moved += d8[i].p != rows[i].p;
+  }
+  EXPECT_GT(moved, rows.size() / 2) << "d8 averaging changes most scores";
+  EXPECT_EQ(read_json(dir_->file("threshold/d8.json"))["tta"], "d8");
+
   // The choosing split must be predicted.
   r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
           dir_->file("threshold/bad.csv") + " --splits test --threshold-from val");
