@@ -2,13 +2,20 @@
 //
 // The model comes from the checkpoint alone (/meta: architecture, input size, classes), in eval mode with batch
 // norm folded; tiles go through the same input normalisation as the trainer's validation (engine/inference.h),
-// in shard order, without augmentation. Under mpirun each rank scores a contiguous part of the tile sequence and
+// in shard order, without augmentation (or with predict.tta, the mean P over the flips or the 8 symmetries of each
+// tile, as infer's tta). Under mpirun each rank scores a contiguous part of the tile sequence and
 // rank 0 gathers the parts in rank order, so the rows come out in the same order on any number of ranks.
 //
 // Outputs (rank 0, each written to a temporary name and renamed):
 //   <output>         CSV: slide_id,x,y,label,p_tumor (level-0 top-left as in the shard; label 0 normal, 1 tumour)
-//   <output stem>.json   summary: tiles, auc (null when a class is absent), accuracy at 0.5, the same per split
-//                        ("per_split", slides without a split under "(none)"), the checkpoint, tiles per second
+//   <output stem>.json   summary: tiles, auc (null when a class is absent), accuracy, and at the decision threshold
+//                        the confusion counts, sensitivity, specificity, ppv (precision), F1 and balanced accuracy; the
+//                        same per split ("per_split", slides without a split under "(none)"); the threshold and
+//                        where it came from; the checkpoint, tiles per second
+//   <output stem>.roc.png    the ROC curve of each split, with the threshold's point on it
+// The decision threshold is predict.threshold (0.5), or with predict.threshold_from the one with the highest
+// balanced accuracy on that split's tiles (core::balanced_threshold): chosen on validation tiles, it is then applied
+// unchanged to the test tiles, whose labels never choose it.
 // Shards always carry labels (docs/ARCHITECTURE.md "Shard files"), so the label column and the summary are always
 // there; slides tiled without annotations have all their tiles labelled normal.
 #include <algorithm>
@@ -29,6 +36,8 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/evaluation.h"
+#include "analysis/plot.h"
 #include "app/cli.h"
 #include "core/atomic_file.h"
 #include "core/comm.h"
@@ -39,6 +48,8 @@
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/precision.h"
+#include "engine/slide_inference.h"
+#include "io/image.h"
 #include "io/annotations.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
@@ -64,7 +75,15 @@ const core::Schema& predict_schema() {
         .string("predict.precision", "fp32",
                 "Number format of the convolutions and linear layers: fp32, or bf16 where the CPU has AVX-512 BF16 "
                 "(else fp32, said once in the log)",
-                {"fp32", "bf16"});
+                {"fp32", "bf16"})
+        .string("predict.tta", "none",
+                "Test-time augmentation, probabilities averaged over the views: none, flips (4 mirror images), d8 "
+                "(8 rotations and mirror images)",
+                {"none", "flips", "d8"})
+        .number("predict.threshold", 0.5, "P(tumour) at and above which a tile is called tumour in the summary", 0, 1)
+        .string("predict.threshold_from", "",
+                "A split (e.g. val) whose tiles choose the threshold: the highest balanced accuracy there, then "
+                "applied to every split (it must be one of data.splits; empty = predict.threshold)");
     return schema;
   }();
   return instance;
@@ -72,28 +91,78 @@ const core::Schema& predict_schema() {
 
 struct Score {
   std::int64_t tiles = 0;
-  double auc = 0.0;       // NaN when a class is absent
-  double accuracy = 0.0;  // P(tumour) ≥ 0.5 ⇔ label 1
+  double auc = 0.0;  // NaN when a class is absent
+  core::OperatingPoint at;
 };
 
-Score score(std::span<const float> p, std::span<const std::uint8_t> labels) {
+Score score(std::span<const float> p, std::span<const std::uint8_t> labels, double threshold) {
   Score s;
   s.tiles = static_cast<std::int64_t>(p.size());
   s.auc = core::roc_auc(p, labels);
-  std::int64_t correct = 0;
-  for (std::size_t i = 0; i < p.size(); ++i) correct += (p[i] >= 0.5f) == (labels[i] != 0);
-  s.accuracy = s.tiles > 0 ? static_cast<double>(correct) / static_cast<double>(s.tiles) : 0.0;
+  s.at = core::operating_point(p, labels, threshold);
   return s;
 }
 
+json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
 json score_json(const Score& s) {
-  return {{"tiles", s.tiles}, {"auc", std::isfinite(s.auc) ? json(s.auc) : json(nullptr)}, {"accuracy", s.accuracy}};
+  return {{"tiles", s.tiles},
+          {"auc", number_or_null(s.auc)},
+          {"accuracy", number_or_null(s.at.accuracy())},
+          {"balanced_accuracy", number_or_null(s.at.balanced_accuracy())},
+          {"sensitivity", number_or_null(s.at.sensitivity())},
+          {"specificity", number_or_null(s.at.specificity())},
+          {"ppv", number_or_null(s.at.precision())},  // precision, positive predictive value
+          {"f1", number_or_null(s.at.f1())},
+          {"tp", s.at.tp},
+          {"fp", s.at.fp},
+          {"tn", s.at.tn},
+          {"fn", s.at.fn}};
+}
+
+// <stem>.roc.png: each split's ROC curve, the threshold's operating point marked on it.
+cv::Mat roc_picture(const std::map<std::string, std::pair<std::vector<float>, std::vector<std::uint8_t>>>& by_split,
+                    double threshold, const std::string& threshold_text, const std::string& checkpoint) {
+  analysis::Chart chart;
+  chart.title = "Tile-level ROC (tessera predict)";
+  chart.subtitle = fmt::format("{}; threshold {:.4f} ({})", checkpoint, threshold, threshold_text);
+  chart.x_label = "False-positive rate (1 - specificity)";
+  chart.y_label = "True-positive rate (sensitivity)";
+  chart.x_ticks = chart.y_ticks = {0.0, 0.2, 0.4, 0.6, 0.8, 1.0};
+  chart.series.push_back({"", {{0.0, 0.0}, {1.0, 1.0}}, cv::Scalar(160, 160, 160), 1, true});
+  const std::vector<cv::Scalar> colours = {cv::Scalar(31, 119, 180), cv::Scalar(214, 39, 40), cv::Scalar(44, 160, 44),
+                                           cv::Scalar(148, 103, 189), cv::Scalar(255, 127, 14)};
+  std::size_t k = 0;
+  for (const auto& [split, values] : by_split) {
+    const auto curve = analysis::roc_curve(values.first, values.second);
+    if (curve.empty()) continue;  // one class only
+    const cv::Scalar colour = colours[k++ % colours.size()];
+    analysis::PlotSeries series{fmt::format("{}: AUC {:.4f} ({} tiles)", split, core::roc_auc(values.first, values.second),
+                                            values.first.size()),
+                                {},
+                                colour};
+    for (const auto& point : curve) series.points.emplace_back(point.fpr, point.tpr);
+    chart.series.push_back(std::move(series));
+    const core::OperatingPoint at = core::operating_point(values.first, values.second, threshold);
+    chart.markers.push_back({{1.0 - at.specificity(), at.sensitivity()},
+                             fmt::format("{}: BA {:.3f} F1 {:.3f}", split, at.balanced_accuracy(), at.f1()),
+                             colour});
+  }
+  chart.marker_legend = "at the threshold";
+  if (chart.series.size() == 1) chart.note = "undefined: every split has one class only";
+  return analysis::render_chart(chart);
 }
 
 // The summary's path: the CSV's with the extension .json ("preds.csv" → "preds.json").
 fs::path summary_path(const fs::path& csv) {
   fs::path json_path = csv;
   return csv.extension() == ".csv" ? json_path.replace_extension(".json") : fs::path(csv.string() + ".json");
+}
+
+// The ROC picture's path: "preds.csv" → "preds.roc.png".
+fs::path roc_path(const fs::path& csv) {
+  fs::path png = csv;
+  return csv.extension() == ".csv" ? png.replace_extension(".roc.png") : fs::path(csv.string() + ".roc.png");
 }
 
 // The slides to predict: those whose split is in `splits` (every slide when empty). ConfigError when none is.
@@ -141,6 +210,13 @@ int run_predict(const PredictOptions& options) {
   const std::string manifest_path = (fs::path(shards) / "manifest.json").string();
   const io::Manifest manifest = io::read_manifest(manifest_path);
   const auto splits = config.get_string_list("data.splits");
+  const std::string threshold_from = config.get_string("predict.threshold_from");
+  if (!threshold_from.empty() && !splits.empty() &&
+      std::find(splits.begin(), splits.end(), threshold_from) == splits.end()) {
+    throw core::ConfigError(fmt::format("split '{}' chooses the threshold but is not predicted (data.splits: {})",
+                                        threshold_from, fmt::join(splits, ", ")),
+                            config.source(), 0, "predict.threshold_from");
+  }
 
   io::ShardDatasetOptions data_options;
   data_options.batch_size = static_cast<int>(config.get_int("predict.batch_size"));
@@ -149,6 +225,14 @@ int run_predict(const PredictOptions& options) {
   data_options.rank = world.rank();
   data_options.world_size = world.size();
   data_options.slides = select_slides(manifest, splits, config);
+  if (!threshold_from.empty() &&
+      std::none_of(manifest.slides.begin(), manifest.slides.end(), [&](const io::ManifestSlide& slide) {
+        return slide.split == threshold_from && data_options.slides.count(slide.id) > 0;
+      })) {
+    throw core::ConfigError(fmt::format("no slide of {} is in split '{}', which should choose the threshold", shards,
+                                        threshold_from),
+                            config.source(), 0, "predict.threshold_from");
+  }
   io::ShardDataset data(shards, data_options);
   engine::check_compatible(model, checkpoint, data, manifest_path);
 
@@ -166,6 +250,8 @@ int run_predict(const PredictOptions& options) {
   // Score this rank's part.
   const auto t_start = std::chrono::steady_clock::now();
   engine::TileScorer scorer(*model.model);
+  const engine::Tta tta = engine::parse_tta(config.get_string("predict.tta"));
+  const int views = engine::tta_views(tta);
   const auto classes = static_cast<std::size_t>(model.meta.num_classes);
   const auto positive = static_cast<std::size_t>(model.positive_class);
   engine::TilePredictions mine;
@@ -173,14 +259,27 @@ int run_predict(const PredictOptions& options) {
   {
     core::Progress progress(world, data.total_tiles(), {.label = "predict", .unit = "tiles"});
     data.start_epoch(0);
+    io::Batch view;
+    std::vector<double> sum;
     while (data.next(batch)) {
-      const auto& p = scorer.probabilities(batch);
-      for (std::size_t i = 0; i < static_cast<std::size_t>(batch.size); ++i) {
+      const auto n = static_cast<std::size_t>(batch.size);
+      sum.assign(n, 0.0);
+      for (int v = 0; v < views; ++v) {
+        const io::Batch* scored = &batch;
+        if (v > 0) {
+          view = batch;
+          engine::tta_view(batch.images.data(), view.images.data(), batch.size, batch.tile_size, tta, v);
+          scored = &view;
+        }
+        const auto& p = scorer.probabilities(*scored);
+        for (std::size_t i = 0; i < n; ++i) sum[i] += p[i * classes + positive];
+      }
+      for (std::size_t i = 0; i < n; ++i) {
         mine.slide.push_back(slide_row.at(batch.slide_ids[i]));
         mine.xy.push_back(batch.coords[2 * i]);
         mine.xy.push_back(batch.coords[2 * i + 1]);
         mine.label.push_back(batch.labels[i]);
-        mine.p_tumor.push_back(p[i * classes + positive]);
+        mine.p_tumor.push_back(views == 1 ? static_cast<float>(sum[i]) : static_cast<float>(sum[i] / views));
       }
       progress.advance(batch.size);
     }
@@ -206,9 +305,7 @@ int run_predict(const PredictOptions& options) {
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   core::write_file_atomic(out.string(), csv);
 
-  // The summary: overall and per split.
-  const Score overall = score(all.p_tumor, all.label);
-  json per_split = json::object();
+  // The summary: overall and per split, at the decision threshold.
   std::map<std::string, std::pair<std::vector<float>, std::vector<std::uint8_t>>> by_split;
   for (std::size_t i = 0; i < all.size(); ++i) {
     const std::string& split = manifest.slides[all.slide[i]].split;
@@ -216,8 +313,28 @@ int run_predict(const PredictOptions& options) {
     p.push_back(all.p_tumor[i]);
     labels.push_back(all.label[i]);
   }
-  for (const auto& [split, values] : by_split) per_split[split] = score_json(score(values.first, values.second));
+  double threshold = config.get_number("predict.threshold");
+  std::string threshold_text = "predict.threshold";
+  if (!threshold_from.empty()) {
+    const auto& [p, labels] = by_split.at(threshold_from);
+    threshold = core::balanced_threshold(p, labels);
+    if (std::isnan(threshold)) {
+      throw core::InputError(fmt::format("split '{}' has tiles of one class only: it cannot choose a threshold "
+                                         "(predict.threshold_from)",
+                                         threshold_from),
+                             manifest_path);
+    }
+    threshold_text = fmt::format("the highest balanced accuracy on split {}", threshold_from);
+  }
+  const Score overall = score(all.p_tumor, all.label, threshold);
+  json per_split = json::object();
+  for (const auto& [split, values] : by_split) {
+    per_split[split] = score_json(score(values.first, values.second, threshold));
+  }
   json summary = score_json(overall);
+  summary["tta"] = engine::to_string(tta);
+  summary["threshold"] = number_or_null(threshold);
+  summary["threshold_from"] = threshold_from.empty() ? json(nullptr) : json(threshold_from);
   summary["checkpoint"] = fs::absolute(checkpoint).lexically_normal().string();
   summary["architecture"] = model.meta.architecture;
   summary["epoch"] = model.meta.epoch;
@@ -230,16 +347,21 @@ int run_predict(const PredictOptions& options) {
   summary["seconds"] = seconds;
   summary["tiles_per_second"] = static_cast<double>(all.size()) / std::max(seconds, 1e-9);
   const fs::path summary_file = summary_path(out);
+  const fs::path roc_file = roc_path(out);
+  io::write_png(roc_file.string(), roc_picture(by_split, threshold, threshold_text, fs::path(checkpoint).filename().string()));
   core::write_file_atomic(summary_file.string(), summary.dump(2) + "\n");
 
   std::string split_text;
   for (const auto& [split, values] : by_split) {
-    const Score s = score(values.first, values.second);
-    split_text += fmt::format("; {} AUC {:.4f} ({} tiles)", split, s.auc, s.tiles);
+    const Score s = score(values.first, values.second, threshold);
+    split_text += fmt::format("\n  {}: AUC {:.4f}, balanced accuracy {:.4f}, F1 {:.4f}, sensitivity {:.4f}, "
+                              "specificity {:.4f} ({} tiles)",
+                              split, s.auc, s.at.balanced_accuracy(), s.at.f1(), s.at.sensitivity(),
+                              s.at.specificity(), s.tiles);
   }
-  spdlog::info("{} tiles in {:.2f} s ({:.0f} tiles/s): AUC {:.4f}, accuracy {:.4f}{}; wrote {} and {}", all.size(),
-               seconds, static_cast<double>(all.size()) / std::max(seconds, 1e-9), overall.auc, overall.accuracy,
-               split_text, out.string(), summary_file.string());
+  spdlog::info("{} tiles in {:.2f} s ({:.0f} tiles/s): AUC {:.4f}; at threshold {:.4f} ({}):{}\nwrote {}, {} and {}",
+               all.size(), seconds, static_cast<double>(all.size()) / std::max(seconds, 1e-9), overall.auc, threshold,
+               threshold_text, split_text, out.string(), summary_file.string(), roc_file.string());
   return core::exit_ok;
 }
 
@@ -260,9 +382,17 @@ Action setup_predict(CLI::App& command) {
                "fp32 or bf16 (where the CPU has AVX-512 BF16) (predict.precision)");
   add_key_flag(command, options->job, "--threads", {"predict.threads"},
                "OpenMP threads per rank, 0 = all cores (predict.threads)");
+  add_key_flag(command, options->job, "--tta", {"predict.tta"}, "Test-time augmentation: none, flips, d8 (predict.tta)");
+  add_key_flag(command, options->job, "--threshold", {"predict.threshold"},
+               "P(tumour) at and above which a tile is called tumour (predict.threshold)", FlagForm::value,
+               {"predict.threshold_from"});
+  add_key_flag(command, options->job, "--threshold-from", {"predict.threshold_from"},
+               "Split whose tiles choose the threshold by balanced accuracy, e.g. val (predict.threshold_from)",
+               FlagForm::value, {"predict.threshold"});
   command.footer(
-      "Writes slide_id,x,y,label,p_tumor per tile in shard order, and a JSON summary (AUC, accuracy at 0.5, per "
-      "split). Runs the same under mpirun/srun: each rank scores a part, rank 0 writes.");
+      "Writes slide_id,x,y,label,p_tumor per tile in shard order, a JSON summary (AUC; accuracy, balanced accuracy, "
+      "F1, sensitivity, specificity at the threshold; per split) and a ROC picture. Runs the same under mpirun/srun: "
+      "each rank scores a part, rank 0 writes.");
   return [options] { return run_predict(*options); };
 }
 

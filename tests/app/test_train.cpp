@@ -255,6 +255,80 @@ TEST_F(Train, ResumedRunContinuesBitForBit) {
   expect_same_training_state(dir_->file("run/checkpoint.h5"), (killed / "checkpoint.h5").string());
 }
 
+// The decision threshold: chosen on the val tiles by balanced accuracy and applied unchanged to the test tiles (the
+// summary's figures recomputed from the CSV by core/metrics.h), or given; a split that is not predicted cannot
+// choose it.
+TEST_F(Train, PredictChoosesTheThresholdOnOneSplitAndAppliesItToTheOthers) {
+  const fs::path csv = dir_->file("threshold/preds.csv");
+  auto r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+               csv.string() + " --splits test,val --threshold-from val");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto rows = read_predictions(csv);
+  const auto split = split_of_slides(shards());
+  std::map<std::string, std::pair<std::vector<float>, std::vector<std::uint8_t>>> by_split;
+  for (const auto& row : rows) {
+    auto& [p, labels] = by_split[split.at(std::get<0>(row.key))];
+    p.push_back(row.p);
+    labels.push_back(static_cast<std::uint8_t>(std::get<3>(row.key)));
+  }
+  const json summary = read_json(dir_->file("threshold/preds.json"));
+  const double threshold = core::balanced_threshold(by_split["val"].first, by_split["val"].second);
+  ASSERT_TRUE(std::isfinite(threshold));
+  EXPECT_DOUBLE_EQ(summary["threshold"].get<double>(), threshold);
+  EXPECT_EQ(summary["threshold_from"], "val");
+  for (const std::string name : {"test", "val"}) {
+    const core::OperatingPoint at = core::operating_point(by_split[name].first, by_split[name].second, threshold);
+    const json& s = summary["per_split"][name];
+    EXPECT_EQ(s["tp"].get<std::int64_t>(), at.tp) << name;
+    EXPECT_EQ(s["fp"].get<std::int64_t>(), at.fp) << name;
+    EXPECT_EQ(s["tn"].get<std::int64_t>(), at.tn) << name;
+    EXPECT_EQ(s["fn"].get<std::int64_t>(), at.fn) << name;
+    EXPECT_DOUBLE_EQ(s["balanced_accuracy"].get<double>(), at.balanced_accuracy()) << name;
+    EXPECT_DOUBLE_EQ(s["f1"].get<double>(), at.f1()) << name;
+    EXPECT_DOUBLE_EQ(s["sensitivity"].get<double>(), at.sensitivity()) << name;
+    EXPECT_DOUBLE_EQ(s["specificity"].get<double>(), at.specificity()) << name;
+  }
+  // On the split that chose it, no other threshold does better.
+  const auto& [val_p, val_labels] = by_split["val"];
+  const double best = summary["per_split"]["val"]["balanced_accuracy"].get<double>();
+  for (const float p : val_p) {
+    EXPECT_LE(core::operating_point(val_p, val_labels, p).balanced_accuracy(), best + 1e-12) << "threshold " << p;
+  }
+  EXPECT_TRUE(fs::file_size(dir_->file("threshold/preds.roc.png")) > 1000) << "the ROC picture";
+
+  // A given threshold.
+  r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+          dir_->file("threshold/given.csv") + " --splits test --threshold 0.3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const json given = read_json(dir_->file("threshold/given.json"));
+  EXPECT_DOUBLE_EQ(given["threshold"].get<double>(), 0.3);
+  EXPECT_TRUE(given["threshold_from"].is_null());
+  EXPECT_EQ(given["per_split"]["test"]["tp"].get<std::int64_t>(),
+            core::operating_point(by_split["test"].first, by_split["test"].second, 0.3).tp);
+
+  // Test-time augmentation: the mean over the 8 symmetries, so the scores move (the model is not invariant to them)
+  // while the rows stay the same.
+  r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+          dir_->file("threshold/d8.csv") + " --splits test,val --tta d8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto d8 = read_predictions(dir_->file("threshold/d8.csv"));
+  ASSERT_EQ(d8.size(), rows.size());
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_EQ(d8[i].key, rows[i].key) << "row " << i;
+    moved += d8[i].p != rows[i].p;
+  }
+  EXPECT_GT(moved, rows.size() / 2) << "d8 averaging changes most scores";
+  EXPECT_EQ(read_json(dir_->file("threshold/d8.json"))["tta"], "d8");
+
+  // The choosing split must be predicted.
+  r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +
+          dir_->file("threshold/bad.csv") + " --splits test --threshold-from val");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, "predict.threshold_from")) << r.err;
+  EXPECT_FALSE(fs::exists(dir_->file("threshold/bad.csv")));
+}
+
 TEST_F(Train, PredictScoresEveryChosenTileWithTheAucTheMetricsGive) {
   const fs::path csv = dir_->file("preds/test-val.csv");
   const auto r = run("predict --checkpoint " + dir_->file("run/checkpoint.h5") + " --shards " + shards() + " --out " +

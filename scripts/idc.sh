@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The real-data experiment: the IDC patches of ../shared/data/idc imported and split by patient
+# (configs/import-idc.yaml), the compact CNN trained by configs/train-idc.yaml for each seed, the val and test
+# patients predicted with the decision threshold chosen on the val patients (`tessera predict --threshold-from val`),
+# and the PyTorch peer (scripts/idc_torch.py: the same model shape, split and epochs) for each seed. Prints a table of
+# the test patients' AUC, balanced accuracy and F1 per run, and their mean and range.
+#   scripts/idc.sh [path/to/tessera] [seeds]        e.g. scripts/idc.sh build/app/tessera "1 2 3"
+# Set TORCH=0 to leave out the PyTorch side. Results stay in data/idc/ (a rerun reuses finished runs).
+set -euo pipefail
+tessera=$(realpath "${1:-build/app/tessera}")
+seeds=${2:-"1 2 3"}
+cd "$(dirname "$0")/.."
+[ -d ../shared/data/idc ] || { echo "scripts/idc.sh: ../shared/data/idc is not here (the real IDC patches)" >&2; exit 3; }
+epochs=$(sed -n 's/^ *epochs: *\([0-9]*\).*/\1/p' configs/train-idc.yaml | head -n 1)
+
+[ -f data/idc/shards/manifest.json ] || "$tessera" import configs/import-idc.yaml
+mkdir -p data/idc/results
+for seed in $seeds; do
+  run=data/idc/train-seed$seed
+  if [ ! -f "$run/checkpoint-epoch-$(printf %03d "$epochs").h5" ]; then
+    start=$(date +%s)
+    "$tessera" train configs/train-idc.yaml --set train.seed="$seed" --set output="$run" --set train.resume=auto
+    echo $(($(date +%s) - start)) > "$run/wall-seconds"
+  fi
+  "$tessera" predict --checkpoint "$run/checkpoint.h5" --shards data/idc/shards --splits val,test \
+    --threshold-from val --out "data/idc/results/tessera-seed$seed.csv"
+  if [ "${TORCH:-1}" != 0 ] && [ ! -s "data/idc/results/torch-seed$seed.json" ]; then
+    /usr/bin/python3 scripts/idc_torch.py --shards data/idc/shards --epochs "$epochs" --seed "$seed" \
+      > "data/idc/results/torch-seed$seed.json.part"
+    mv "data/idc/results/torch-seed$seed.json.part" "data/idc/results/torch-seed$seed.json"
+  fi
+done
+
+/usr/bin/python3 - "$seeds" <<'PY'
+import json, os, sys
+seeds = sys.argv[1].split()
+rows = {}
+for side, pattern in (("tessera", "data/idc/results/tessera-seed%s.json"), ("pytorch", "data/idc/results/torch-seed%s.json")):
+    for seed in seeds:
+        path = pattern % seed
+        if not os.path.exists(path):
+            continue
+        result = json.load(open(path))
+        test = result["per_split"]["test"]
+        seconds = result.get("train_seconds")
+        if side == "tessera":
+            wall = "data/idc/train-seed%s/wall-seconds" % seed
+            seconds = float(open(wall).read()) if os.path.exists(wall) else None
+        rows.setdefault(side, []).append((seed, test["auc"], test["balanced_accuracy"], test["f1"], result["threshold"], seconds))
+print("side     seed  test AUC  balanced acc.  F1      threshold (val)  train s")
+for side, runs in rows.items():
+    for seed, auc, ba, f1, t, s in runs:
+        print("%-8s %-5s %.4f    %.4f         %.4f  %.4f           %s" % (side, seed, auc, ba, f1, t, "%.0f" % s if s else "-"))
+    for name, k in (("AUC", 1), ("balanced accuracy", 2), ("F1", 3)):
+        values = [r[k] for r in runs]
+        print("%-8s %s: mean %.4f, range %.4f-%.4f over %d seed(s)" % (side, name, sum(values) / len(values), min(values), max(values), len(values)))
+PY

@@ -1,0 +1,213 @@
+#!/usr/bin/python3
+"""The PyTorch peer of scripts/idc.sh: the same model shape trained on the same shards and split, for as many epochs.
+
+It reads the shards `tessera import` wrote (manifest.json for each patient's split, shard-NNNNN.h5 for the
+patches), trains scripts/torch_models.py's definition of the architecture (CompactCNN is Tessera's compact CNN layer
+for layer) the way a PyTorch user would write it, and scores the val and test patients as `tessera predict
+--threshold-from val` does: ROC AUC, and at the threshold with the highest balanced accuracy on the val tiles,
+balanced accuracy, F1, sensitivity and specificity on each split. It prints one JSON object.
+
+Recipe, the same knobs as Tessera's job where PyTorch has them: SGD with momentum 0.9 and weight decay 1e-4, the
+peak rate lr × batch / 256 (Tessera's linear scaling at reference batch 256), cosine decay to 0 over the run,
+cross-entropy with balanced class weights, inputs scaled to [0, 1] and normalised with the ImageNet mean and
+standard deviation; each training patch gets a random flip/rotation (one of the 8 symmetries) and brightness,
+contrast and saturation factors in [0.8, 1.2]. No hue or stain jitter (PyTorch has none built in).
+
+Usage (Debian's /usr/bin/python3 with python3-torch and python3-h5py):
+  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --seed 1 [--model compact] [--threads 2]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, SCRIPTS)
+from torch_models import build_model  # noqa: E402
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def load_shards(folder):
+    """The patches of every split as uint8 [N, T, T, 3] and labels [N], in shard order."""
+    with open(os.path.join(folder, "manifest.json")) as f:
+        manifest = json.load(f)
+    split_of = {s["id"]: s["split"] for s in manifest["slides"]}
+    by_split = {}
+    for shard in manifest["shards"]:
+        with h5py.File(os.path.join(folder, shard["file"]), "r") as h5:
+            images = h5["images"][...]
+            labels = h5["labels"][...]
+            slide_index = h5["slide_index"][...]
+            slides = [s.decode() if isinstance(s, bytes) else str(s) for s in h5["slides"][...]]
+        splits = np.array([split_of[slides[i]] for i in slide_index])
+        for name in np.unique(splits):
+            keep = splits == name
+            part = by_split.setdefault(name, ([], []))
+            part[0].append(images[keep])
+            part[1].append(labels[keep])
+    return {name: (np.concatenate(x), np.concatenate(y)) for name, (x, y) in by_split.items()}
+
+
+def to_input(images):
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+def augment(images, generator):
+    """One of the 8 symmetries and colour factors per patch, on uint8 [B, T, T, 3] -> float [B, 3, T, T] in [0, 1]."""
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
+    out = torch.empty_like(x)
+    n = x.shape[0]
+    k = torch.randint(0, 4, (n,), generator=generator)
+    flip = torch.rand(n, generator=generator) < 0.5
+    factors = 0.8 + 0.4 * torch.rand(n, 3, generator=generator)  # brightness, contrast, saturation
+    for i in range(n):
+        t = torch.rot90(x[i], int(k[i]), dims=(1, 2))
+        if flip[i]:
+            t = torch.flip(t, dims=(2,))
+        t = t * factors[i, 0]
+        grey = (0.299 * t[0] + 0.587 * t[1] + 0.114 * t[2]).unsqueeze(0)
+        t = grey.mean() + (t - grey.mean()) * factors[i, 1]
+        grey = (0.299 * t[0] + 0.587 * t[1] + 0.114 * t[2]).unsqueeze(0)
+        t = grey + (t - grey) * factors[i, 2]
+        out[i] = t.clamp_(0.0, 1.0)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (out - mean) / std
+
+
+def roc_auc(scores, labels):
+    """Mann-Whitney AUC with ties counting one half (core/metrics.h's definition)."""
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == s[i]:
+            j += 1
+        ranks[i:j] = (i + 1 + j) / 2.0
+        i = j
+    positive = labels[order] != 0
+    p = positive.sum()
+    n = len(s) - p
+    return float((ranks[positive].sum() - p * (p + 1) / 2.0) / (p * n))
+
+
+def balanced_threshold(scores, labels):
+    """The midpoint below the lowest score of the rule with the highest balanced accuracy (core::balanced_threshold)."""
+    order = np.argsort(-scores, kind="mergesort")
+    s = scores[order]
+    y = labels[order] != 0
+    p, n = int(y.sum()), int((~y).sum())
+    tp = fp = 0
+    best, best_end, lowest = 0, 0, float("inf")
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == s[i]:
+            tp += int(y[j])
+            fp += int(not y[j])
+            j += 1
+        if tp * n - fp * p > best:
+            best, best_end, lowest = tp * n - fp * p, j, float(s[i])
+        i = j
+    if best_end in (0, len(s)):
+        return lowest
+    below = float(s[best_end])
+    return below + (lowest - below) / 2.0
+
+
+def operating_point(scores, labels, threshold):
+    called = scores >= threshold
+    positive = labels != 0
+    tp = int((called & positive).sum())
+    fp = int((called & ~positive).sum())
+    fn = int((~called & positive).sum())
+    tn = int((~called & ~positive).sum())
+    sensitivity = tp / (tp + fn) if tp + fn else float("nan")
+    specificity = tn / (tn + fp) if tn + fp else float("nan")
+    return {"balanced_accuracy": (sensitivity + specificity) / 2.0,
+            "f1": 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else float("nan"),
+            "sensitivity": sensitivity, "specificity": specificity, "tp": tp, "fp": fp, "tn": tn, "fn": fn}
+
+
+def predict(model, images, batch):
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(images), batch):
+            out.append(torch.softmax(model(to_input(images[i:i + batch])), dim=1)[:, 1].numpy())
+    return np.concatenate(out).astype(np.float32)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shards", required=True)
+    parser.add_argument("--model", default="compact")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.1, help="peak rate at batch 256 (scaled by batch / 256)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+
+    start = time.time()
+    data = load_shards(args.shards)
+    for name in ("train", "val", "test"):
+        if name not in data:
+            raise SystemExit("%s: no patient in split '%s'" % (args.shards, name))
+    x_train, y_train = data["train"]
+    model, source = build_model(args.model, 2, x_train.shape[1])
+    counts = np.bincount(y_train, minlength=2).astype(np.float64)
+    weights = torch.tensor(len(y_train) / (2.0 * counts), dtype=torch.float32)  # balanced
+    loss_fn = nn.CrossEntropyLoss(weight=weights)
+    lr = args.lr * args.batch / 256.0
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    steps_per_epoch = len(y_train) // args.batch
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps_per_epoch * args.epochs)
+    for _ in range(args.epochs):
+        model.train()
+        order = rng.permutation(len(y_train))
+        for step in range(steps_per_epoch):
+            idx = order[step * args.batch:(step + 1) * args.batch]
+            x = augment(x_train[idx], generator)
+            y = torch.from_numpy(y_train[idx].astype(np.int64))
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+    train_seconds = time.time() - start
+
+    scores = {name: predict(model, data[name][0], 256) for name in ("val", "test")}
+    threshold = balanced_threshold(scores["val"], data["val"][1])
+    result = {"framework": "pytorch " + torch.__version__, "model": args.model, "definition": source,
+              "epochs": args.epochs, "batch": args.batch, "lr": lr, "seed": args.seed, "threads": args.threads,
+              "train_tiles": int(len(y_train)), "seconds": time.time() - start, "train_seconds": train_seconds,
+              "threshold": threshold, "threshold_from": "val", "per_split": {}}
+    for name in ("val", "test"):
+        labels = data[name][1]
+        entry = {"tiles": int(len(labels)), "auc": roc_auc(scores[name], labels)}
+        entry.update(operating_point(scores[name], labels, threshold))
+        result["per_split"][name] = entry
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
