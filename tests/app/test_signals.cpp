@@ -1,8 +1,8 @@
 // Stop requests end to end (core/signals.h): `train`, `tile` and `infer` signalled with SIGUSR1 or SIGTERM at a
 // fault-injection point (core/fault.h do=usr1|term, raised in the process itself: never a timer) exit with code 75,
 // having recorded the work done, and a rerun ends exactly as the uninterrupted job: train checkpoints at the step
-// boundary every rank agreed on (one or two ranks, the signal on one rank only) and `--resume auto` ends bit for bit
-// where the uninterrupted run ends (allreduce, easgd); tile keeps the shards finished (SIGUSR1: the one in hand too;
+// boundary every rank agreed on (one, two or four ranks, the signal on one rank only) and `--resume auto` ends bit for
+// bit where the uninterrupted run ends (allreduce, easgd, two-level); tile keeps the shards finished (SIGUSR1: the one in hand too;
 // SIGTERM: not the one in hand) and the rerun extracts only the rest; infer finishes the slide in hand on SIGUSR1,
 // leaves it on SIGTERM, and the rerun does only what is left.
 #include <algorithm>
@@ -108,6 +108,11 @@ bool exited(const testing::Run& r, int code) { return contains(r.out, "exit " + 
 std::string strategy_settings(const std::string& strategy) {
   std::string settings = " --set distributed.strategy=" + strategy;
   if (strategy == "allreduce") settings += " --set distributed.bucket_mb=0.0001";
+  // Two node groups of two ranks on one host, whose leaders exchange by EASGD; batch 2, so that 4 ranks take 6 steps an
+  // epoch.
+  if (strategy == "two-level") {
+    settings += " --set distributed.inter=easgd --set distributed.ranks_per_node=2 --set train.batch_size=2";
+  }
   return settings;
 }
 
@@ -162,9 +167,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Stop{"allreduce", 1, "train.step after=3 do=usr1"},
                       // The signal reaches one rank only: the ranks agree, and both stop at the same step.
                       Stop{"easgd", 2, "train.step after=3 rank=1 do=usr1"},
-                      Stop{"allreduce", 2, "train.step after=3 rank=0 do=term"}),
+                      Stop{"allreduce", 2, "train.step after=3 rank=0 do=term"},
+                      // The signal reaches a rank of the second node group that is not its leader.
+                      Stop{"two-level", 4, "train.step after=3 rank=3 do=usr1"}),
     [](const auto& instance) {
-      return instance.param.strategy + "_" + std::to_string(instance.param.ranks) + "_ranks_" +
+      std::string strategy = instance.param.strategy;
+      std::replace(strategy.begin(), strategy.end(), '-', '_');
+      return strategy + "_" + std::to_string(instance.param.ranks) + "_ranks_" +
              (contains(instance.param.fault, "usr1") ? "usr1" : "term");
     });
 
@@ -324,13 +333,33 @@ TEST_F(Signals, TheSlurmJobIsRecordedWhereTheResultsAre) {
   EXPECT_TRUE(testing::read_jsonl(dir_->file("model/metrics.jsonl"), "slurm").empty());
 }
 
+// do=wait holds the process at the point until a signal comes, however long that takes (a batch system's warning in the
+// Slurm tests), and the verb then stops as the signal asks: here the test sends SIGUSR1 once the process says it waits.
+TEST_F(Signals, TheWaitActionHoldsTheProcessUntilASignal) {
+  const fs::path out = dir_->file("waited");
+  const std::string log = dir_->file("waited.log");
+  const auto r = run_script("TESSERA_FAULT='train.step after=2 do=wait' $TESSERA train " + train_job() +
+                            " --epochs 2 --out " + out.string() + " >" + log + " 2>&1 &\n" +
+                            "pid=$!\n"
+                            "until grep -q 'waits for SIGUSR1 or SIGTERM' " + log +
+                            "; do kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
+                            "kill -USR1 $pid\n"
+                            "wait $pid\n"
+                            "echo \"exit $?\"\n"
+                            "cat " + log + "\n");
+  ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
+  EXPECT_TRUE(contains(r.out, "fault injected at train.step: process ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "SIGUSR1: stopped at step 2")) << r.out;
+  EXPECT_EQ(io::read_checkpoint((out / "checkpoint.h5").string()).meta.step, 2);
+}
+
 // A malformed action is refused naming the known ones.
 TEST_F(Signals, TheFaultActionsIncludeTheSignals) {
   const auto r = run_script(
       "TESSERA_FAULT='train.step do=hup' $TESSERA train --help >/dev/null 2>&1; echo $?\n"
       "TESSERA_FAULT='train.step do=hup' $TESSERA train --help 2>&1 >/dev/null | head -1\n");
   EXPECT_TRUE(contains(r.out, "2\n")) << r.out;
-  EXPECT_TRUE(contains(r.out, "do=kill|stop|usr1|term|enospc|eio")) << r.out;
+  EXPECT_TRUE(contains(r.out, "do=kill|stop|wait|usr1|term|enospc|eio")) << r.out;
 }
 
 }  // namespace

@@ -18,6 +18,10 @@
 #               and tasks are killed: Slurm fails the step naming t2, marks t2 down, requeues the job, which starts
 #               again on t1 alone (2 ranks) and resumes from the step-2 checkpoint from the centre, ending with the
 #               weights of the same job killed at that step under mpirun and resumed on 2 ranks
+#     timelimit train.sbatch under a real time limit (1 minute, --signal=USR1@30): rank 0 waits after step 3 (do=wait: a
+#               fault-injection point held until a signal, so the test does not depend on speed) until Slurm's
+#               warning reaches every rank; they stop at step 3, checkpoint, exit 75, the script requeues the job and
+#               it ends with the uninterrupted run's weights
 #
 # Exits 77 (CTest: skipped) with the reason when the cluster cannot start here (not root, no ip netns, no Slurm).
 set -euo pipefail
@@ -136,6 +140,17 @@ wait_for_line() {
     job_active "$job" || fail "job $job ended before '$marker' ($(job_states "$job")): $(cat "$log")"
     sleep 0.5
   done
+}
+
+# True when process PID has signal number SIG pending (sent, not yet delivered: the process is stopped).
+signal_pending() {
+  local pid=$1 sig=$2 masks
+  masks=$(awk '$1 == "SigPnd:" || $1 == "ShdPnd:" {print $2}' "/proc/$pid/status" 2>/dev/null) || return 1
+  local mask
+  for mask in $masks; do
+    (((16#$mask >> (sig - 1)) & 1)) && return 0
+  done
+  return 1
 }
 
 # The seconds since `start` (a `date +%s.%N`), to one decimal.
@@ -295,7 +310,14 @@ case "$part" in
     log=$work/requeue-$job.out
     # The event: rank 0 says it stopped at the point (then every rank waits for it at the step boundary).
     wait_for_line "$job" "$log" "fault injected at train.step: stopping process"
+    # SIGCONT only once rank 0 holds SIGUSR1 pending (the two scancel requests travel apart and may arrive in either
+    # order; continued first, rank 0 would take the next step before the signal comes).
+    pid=$(grep -o "fault injected at train.step: stopping process [0-9]*" "$log" | grep -o '[0-9]*$')
     scancel --signal=USR1 "$job"
+    until signal_pending "$pid" 10; do
+      kill -0 "$pid" 2>/dev/null || fail "rank 0 (process $pid) ended before SIGUSR1 reached it: $(tail -20 "$log")"
+      sleep 0.2
+    done
     scancel --signal=CONT "$job"
     wait_done "$job" "the requeued train.sbatch"
     grep -q "SIGUSR1: stopped at step 3" "$log" || fail "no stop at step 3: $(tail -20 "$log")"
@@ -353,6 +375,46 @@ case "$part" in
     same_checkpoint "$work/killed" "$work/node-left" "resumed on the node left"
     echo "nodefail: t2 killed; Slurm marked it down after ${noticed} s, requeued the job after ${requeued} s, started it" \
       "on t1 after ${restarted} s; it ended after ${ended} s with the weights of the same job resumed on 2 ranks"
+    ;;
+
+  timelimit)
+    data
+    train_job
+    first_run_fault 'train.step after=3 rank=0 do=wait'
+    settings=(--set distributed.strategy=easgd --set train.batch_size=2)
+    # Slurm looks at time limits about every 30 s and sends the warning at the first look that finds the job within
+    # N + 30 s of its limit, so with a limit of a minute the warning may come before srun has started the ranks (and
+    # reach none) or while a rank is still starting (before its handlers: SIGUSR1 would end it). So the job starts
+    # with 10 minutes; once rank 0 waits at its point (every rank started), its limit becomes 1 minute from its
+    # start, as --time=1 would have made it, and Slurm's own warning and limit take their course. When the warning
+    # has stopped the job, the limit goes back to 10 minutes for the requeued run (which Slurm starts no sooner than
+    # cred_expire, 10 s, after the requeue).
+    start=$(date +%s.%N)
+    job=$(submit timelimit --export="ALL,TESSERA=$work/tessera-first-run-stops" --time=10 --signal=USR1@30 \
+      "$examples/train.sbatch" "$work/train.yaml" --out "$work/timed" "${settings[@]}")
+    log=$work/timelimit-$job.out
+    wait_for_line "$job" "$log" "fault injected at train.step: process [0-9]* waits for SIGUSR1 or SIGTERM"
+    waiting=$(since "$start")
+    scontrol update JobId="$job" TimeLimit=1
+    wait_for_line "$job" "$log" "SIGUSR1: stopped at step 3"
+    signalled=$(since "$start")
+    scontrol update JobId="$job" TimeLimit=10
+    until [ "$(scontrol -o show job "$job" | grep -o 'Restarts=[0-9]*')" = Restarts=1 ]; do
+      job_active "$job" || fail "job $job ended without a requeue ($(job_states "$job")): $(tail -20 "$log")"
+      sleep 0.5
+    done
+    requeued=$(since "$start")
+    wait_done "$job" "train.sbatch under a time limit"
+    ended=$(since "$start")
+    grep -q "srun: error: .*: tasks 0-1: Exited with exit code 75" "$log" || fail "no exit 75: $(tail -20 "$log")"
+    grep -q "requeueing job $job" "$log" || fail "the script did not requeue: $(tail -20 "$log")"
+    grep -q "resuming from .* at step 3 " "$log" || fail "the requeued run did not resume at step 3: $(tail -20 "$log")"
+    one_host "$tessera" train "$work/train.yaml" --out "$work/uninterrupted" "${settings[@]}" \
+      >"$work/uninterrupted.log" 2>&1 || fail "the uninterrupted run: $(tail -5 "$work/uninterrupted.log")"
+    same_checkpoint "$work/uninterrupted" "$work/timed" "easgd under a time limit"
+    echo "timelimit: rank 0 waited at step 3 after ${waiting} s; the limit set to 1 minute, Slurm's SIGUSR1 stopped" \
+      "every rank after ${signalled} s, the job was requeued after ${requeued} s and ended after ${ended} s with the" \
+      "uninterrupted weights"
     ;;
 
   *) fail "unknown part '$part'" ;;
