@@ -233,13 +233,29 @@ TEST_F(Signals, TileStopsAtTheNextTileOnTermAndTheRerunRedoesTheShard) {
   EXPECT_FALSE(contains(rerun.err, "shard-00001.h5: kept")) << rerun.err;
   EXPECT_TRUE(testing::shard_tiles(dir_->file("tiles-term")) == expected);
 
-  const std::string two = tile_job("tiles-term-2");
+  // Two ranks, SIGTERM on rank 1 only, in its second shard (20 tiles a shard: its first is finished and recorded):
+  // the job ends as a failing rank ends it (core::abort_job, which also ends rank 0 wherever it is), exit 75. Nothing
+  // is under a final name (no manifest, no shard-N.h5: shards are put in place only once every rank has extracted
+  // its own), and the rerun keeps exactly the shards recorded, whichever rank finished them, and extracts the rest.
+  const std::string two = tile_job("tiles-term-2", 20);
+  const fs::path out2 = dir_->file("tiles-term-2");
   const auto r2 = faulted("tile.tile after=30 rank=1 do=term", 2, "tile " + two);
   ASSERT_TRUE(exited(r2, kInterrupted)) << r2.out;
   EXPECT_TRUE(contains(r2.out, "rank 1: interrupted: SIGTERM")) << r2.out;
+  EXPECT_FALSE(fs::exists(out2 / "manifest.json"));
+  EXPECT_TRUE(shard_files(out2).empty()) << "a shard under its final name before every rank finished";
+  std::vector<std::string> recorded;  // "shard-00003.h5" for each record "shard-00003.h5.json"
+  for (const auto& entry : fs::directory_iterator(out2 / ".tessera-tile-shards")) {
+    const auto name = entry.path().filename().string();
+    if (name.starts_with("shard-") && name.ends_with(".h5.json")) recorded.push_back(name.substr(0, name.size() - 5));
+  }
+  EXPECT_GE(recorded.size(), 1u) << "rank 1's first shard is recorded";
   const auto rerun2 = run_mpi(2, "tile " + two);
   ASSERT_EQ(rerun2.code, 0) << rerun2.err;
-  EXPECT_TRUE(testing::shard_tiles(dir_->file("tiles-term-2")) == expected);
+  EXPECT_EQ(occurrences(rerun2.err, ": kept from an earlier run"), static_cast<int>(recorded.size())) << rerun2.err;
+  for (const auto& name : recorded) EXPECT_TRUE(contains(rerun2.err, name + ": kept from an earlier run")) << name;
+  EXPECT_GT(shard_files(out2).size(), recorded.size()) << "the rerun extracted the shards left";
+  EXPECT_TRUE(testing::shard_tiles(out2) == expected);
 }
 
 bool same_map(const fs::path& a, const fs::path& b) {
