@@ -386,7 +386,8 @@ case "$part" in
     # N + 30 s of its limit, so with a limit of a minute the warning may come before srun has started the ranks (and
     # reach none) or while a rank is still starting (before its handlers: SIGUSR1 would end it). So the job starts
     # with 10 minutes; once rank 0 waits at its point (every rank started), its limit becomes 1 minute from its
-    # start, as --time=1 would have made it, and Slurm's own warning and limit take their course. When the warning
+    # start, as --time=1 would have made it (more only when it has run 30 s by then), and Slurm's own warning and
+    # limit take their course. When the warning
     # has stopped the job, the limit goes back to 10 minutes for the requeued run (which Slurm starts no sooner than
     # cred_expire, 10 s, after the requeue).
     start=$(date +%s.%N)
@@ -395,7 +396,11 @@ case "$part" in
     log=$work/timelimit-$job.out
     wait_for_line "$job" "$log" "fault injected at train.step: process [0-9]* waits for SIGUSR1 or SIGTERM"
     waiting=$(since "$start")
-    scontrol update JobId="$job" TimeLimit=1
+    # One minute, or more when the job has run so long that less than 30 s would be left (a slow start).
+    runtime=$(scontrol -o show job "$job" | grep -o 'RunTime=[0-9:]*' | cut -d= -f2)
+    ran=$(awk -F: '{print $1 * 3600 + $2 * 60 + $3}' <<<"$runtime")
+    limit=$(((ran + 30) / 60 + 1))
+    scontrol update JobId="$job" TimeLimit="$limit"
     wait_for_line "$job" "$log" "SIGUSR1: stopped at step 3"
     signalled=$(since "$start")
     scontrol update JobId="$job" TimeLimit=10
@@ -412,7 +417,7 @@ case "$part" in
     one_host "$tessera" train "$work/train.yaml" --out "$work/uninterrupted" "${settings[@]}" \
       >"$work/uninterrupted.log" 2>&1 || fail "the uninterrupted run: $(tail -5 "$work/uninterrupted.log")"
     same_checkpoint "$work/uninterrupted" "$work/timed" "easgd under a time limit"
-    echo "timelimit: rank 0 waited at step 3 after ${waiting} s; the limit set to 1 minute, Slurm's SIGUSR1 stopped" \
+    echo "timelimit: rank 0 waited at step 3 after ${waiting} s; the limit set to $limit minute(s), Slurm's SIGUSR1 stopped" \
       "every rank after ${signalled} s, the job was requeued after ${requeued} s and ended after ${ended} s with the" \
       "uninterrupted weights"
     ;;
