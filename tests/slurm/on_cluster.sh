@@ -111,12 +111,14 @@ same_checkpoint() {
   done
   shopt -s nullglob
   for rank in 0 1 2 3; do
-    local a=("$a_dir"/checkpoint.replicas/*/rank-$rank.h5)
-    local b=("$b_dir"/checkpoint.replicas/*/rank-$rank.h5)
-    [ ${#a[@]} -eq ${#b[@]} ] && [ ${#a[@]} -le 1 ] || fail "$what: rank $rank's replica files: ${a[*]} and ${b[*]}"
-    [ ${#a[@]} -eq 1 ] || continue
+    local a_files=("$a_dir"/checkpoint.replicas/*/rank-"$rank".h5)
+    local b_files=("$b_dir"/checkpoint.replicas/*/rank-"$rank".h5)
+    if [ ${#a_files[@]} -ne ${#b_files[@]} ] || [ ${#a_files[@]} -gt 1 ]; then
+      fail "$what: rank $rank's replica files: ${a_files[*]} and ${b_files[*]}"
+    fi
+    [ ${#a_files[@]} -eq 1 ] || continue
     for object in /params /buffers /optimizer; do
-      same_h5 "${a[0]}" "${b[0]}" "$object" "$what, rank $rank's replica"
+      same_h5 "${a_files[0]}" "${b_files[0]}" "$object" "$what, rank $rank's replica"
     done
   done
   shopt -u nullglob
