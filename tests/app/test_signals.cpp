@@ -311,6 +311,35 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   }
 }
 
+// SIGTERM on one rank of two in the middle of the first slide: that rank stops at its next batch and ends the job as a
+// failing rank does (core::abort_job, rank 0 wherever it is), exit 75. Nothing is left under a final name (no map, no
+// detections, no infer.json: rank 0 writes a slide's outputs only once every rank's scores are in), and the rerun
+// removes what was left unfinished and ends with the uninterrupted job's maps.
+TEST_F(Signals, InferTermOnOneRankLeavesNothingHalfWritten) {
+  const auto whole = run(infer_args("infer-whole-term2"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const fs::path out = dir_->file("infer-term-2");
+  const auto r = faulted("infer.batch after=1 rank=1 do=term", 2, infer_args("infer-term-2"));
+  ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1: interrupted: SIGTERM")) << r.out;
+  EXPECT_FALSE(fs::exists(out / "infer.json"));
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const auto name = entry.path().filename().string();
+    EXPECT_FALSE(name.ends_with(".heatmap.h5") || name.ends_with(".detections.csv")) << name << " under a final name";
+  }
+  const auto rerun = run_mpi(2, infer_args("infer-term-2"));
+  ASSERT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_FALSE(contains(rerun.err, ": up to date")) << rerun.err;
+  const auto ids = slide_ids(dir_->file("infer-whole-term2/infer.json"));
+  EXPECT_EQ(slide_ids(out / "infer.json"), ids);
+  for (const auto& entry : fs::directory_iterator(out)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+  for (const auto& id : ids) {
+    EXPECT_TRUE(same_map(dir_->file("infer-whole-term2/" + id + ".heatmap.h5"), out / (id + ".heatmap.h5"))) << id;
+  }
+}
+
 // Under Slurm (its variables in the environment) the job is traced: metrics.jsonl's "slurm" line, the checkpoint's
 // /meta, infer.json's "slurm"; outside Slurm none of them.
 TEST_F(Signals, TheSlurmJobIsRecordedWhereTheResultsAre) {
