@@ -34,7 +34,7 @@ build: configure
 # same test hosts, one test at a time) run after the rest, each timed against its budget.
 NETWORK_BUDGET ?= 300
 BROWSER_BUDGET ?= 120
-SLURM_BUDGET ?= 300
+SLURM_BUDGET ?= 420
 test: build
 	@t0=$$(date +%s); status=0; \
 	  (cd $(BUILD) && ctest --output-on-failure --schedule-random -j $(JOBS) -LE 'network|browser|slurm|torch|extended') || status=$$?; \

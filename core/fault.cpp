@@ -1,5 +1,6 @@
 #include "core/fault.h"
 
+#include <time.h>
 #include <unistd.h>
 #include <cerrno>
 #include <csignal>
@@ -11,10 +12,12 @@
 #include <sstream>
 #include <string>
 
+#include "core/signals.h"
+
 namespace tessera::core::fault {
 namespace {
 
-enum class Action { kill, stop, signal, fail };
+enum class Action { kill, stop, wait, signal, fail };
 
 struct Spec {
   std::string point;
@@ -28,7 +31,7 @@ struct Spec {
 [[noreturn]] void malformed(const std::string& value, const std::string& why) {
   std::fprintf(stderr,
                "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ "
-               "do=kill|stop|usr1|term|enospc|eio]\")\n",
+               "do=kill|stop|wait|usr1|term|enospc|eio]\")\n",
                value.c_str(), why.c_str());
   std::_Exit(2);
 }
@@ -67,6 +70,8 @@ std::optional<Spec> parse(const char* env) {
         spec.action = Action::kill;
       } else if (v == "stop") {
         spec.action = Action::stop;
+      } else if (v == "wait") {
+        spec.action = Action::wait;
       } else if (v == "usr1") {
         spec.action = Action::signal;
         spec.signal = SIGUSR1;
@@ -138,6 +143,18 @@ void stop_self(std::string_view point) {
   std::raise(SIGSTOP);
 }
 
+// Waits here until this process receives SIGUSR1 or SIGTERM (recorded by core/signals.h's handlers), however long
+// that takes: a test through a batch system then depends on when the system signals (a time limit's warning), not on
+// how fast the job ran before it. The request is polled rather than waited for with sigsuspend: the signal may be
+// delivered to any thread of the process (MPI's and the thread pools' own), and only the flag is sure to see it.
+void wait_for_signal(std::string_view point) {
+  std::fprintf(stderr, "tessera: fault injected at %.*s: process %d waits for SIGUSR1 or SIGTERM\n",
+               static_cast<int>(point.size()), point.data(), static_cast<int>(getpid()));
+  std::fflush(stderr);
+  constexpr timespec kPoll{0, 50'000'000};  // 50 ms: the wait ends within this of the signal
+  while (stop_requested() == StopRequest::none) nanosleep(&kPoll, nullptr);
+}
+
 // Sends `signal` to this process, as a batch system's warning (SIGUSR1) or time limit (SIGTERM) would, at an exact
 // place. raise() runs the handler (core/signals.h) before it returns, so the request is recorded when the call site
 // goes on.
@@ -148,10 +165,11 @@ void signal_self(std::string_view point, int signal) {
   std::raise(signal);
 }
 
-// The action of a fault that fired at a point: kill, stop or signal here; `fail` is the caller's to report.
+// The action of a fault that fired at a point: kill, stop, wait or signal here; `fail` is the caller's to report.
 void act(std::string_view point, Action action, int signal) {
   if (action == Action::kill) kill_self(point);
   if (action == Action::stop) stop_self(point);
+  if (action == Action::wait) wait_for_signal(point);
   if (action == Action::signal) signal_self(point, signal);
 }
 

@@ -14,6 +14,9 @@
 //           stop   — SIGSTOP this process at the point; it goes on from there when sent SIGCONT. A test holds a rank
 //                    still at an exact place (e.g. while it brings the rank's host's link down), polls for the
 //                    stopped state ('T' in /proc/PID/stat), acts, and continues it
+//           wait   — wait at the point until the process receives SIGUSR1 or SIGTERM (in a verb that installed
+//                    core/signals.h's handlers: train, tile, infer), then go on: a test through a batch system holds
+//                    the job at an exact place until the system's own signal comes (a time limit's warning)
 //           usr1   — raise SIGUSR1 in this process at the point (a batch system's warning before a time limit;
 //                    core/signals.h records it and the verb stops at its next boundary); term likewise SIGTERM
 //           enospc — fault::error_at returns ENOSPC (the call site then fails as on a full disk); eio likewise
@@ -46,7 +49,8 @@
 
 namespace tessera::core::fault {
 
-// A point where the process may be killed (do=kill), stopped (do=stop) or signalled (do=usr1|term). Counts the hit;
+// A point where the process may be killed (do=kill), stopped (do=stop), held until a signal (do=wait) or signalled
+// (do=usr1|term). Counts the hit;
 // returns normally unless a kill fires (a stop returns once the process is continued).
 void at(std::string_view point);
 

@@ -108,7 +108,9 @@ write_conf() {
     echo "ReturnToService=2"
     echo "SlurmdTimeout=10"
     echo "SlurmctldTimeout=10"
-    echo "KillWait=30"
+    # KillWait: how long a task that ignores SIGTERM (a rank waiting in a collective for a dead node) runs on;
+    # Slurm's default is 30 s.
+    echo "KillWait=10"
     echo "MinJobAge=600"
     echo "JobCompType=jobcomp/none"
     echo "AccountingStorageType=accounting_storage/none"

@@ -1,8 +1,8 @@
 // Stop requests end to end (core/signals.h): `train`, `tile` and `infer` signalled with SIGUSR1 or SIGTERM at a
 // fault-injection point (core/fault.h do=usr1|term, raised in the process itself: never a timer) exit with code 75,
 // having recorded the work done, and a rerun ends exactly as the uninterrupted job: train checkpoints at the step
-// boundary every rank agreed on (one or two ranks, the signal on one rank only) and `--resume auto` ends bit for bit
-// where the uninterrupted run ends (allreduce, easgd); tile keeps the shards finished (SIGUSR1: the one in hand too;
+// boundary every rank agreed on (one, two or four ranks, the signal on one rank only) and `--resume auto` ends bit for
+// bit where the uninterrupted run ends (allreduce, easgd, two-level); tile keeps the shards finished (SIGUSR1: the one in hand too;
 // SIGTERM: not the one in hand) and the rerun extracts only the rest; infer finishes the slide in hand on SIGUSR1,
 // leaves it on SIGTERM, and the rerun does only what is left.
 #include <algorithm>
@@ -108,6 +108,11 @@ bool exited(const testing::Run& r, int code) { return contains(r.out, "exit " + 
 std::string strategy_settings(const std::string& strategy) {
   std::string settings = " --set distributed.strategy=" + strategy;
   if (strategy == "allreduce") settings += " --set distributed.bucket_mb=0.0001";
+  // Two node groups of two ranks on one host, whose leaders exchange by EASGD; batch 2, so that 4 ranks take 6 steps an
+  // epoch.
+  if (strategy == "two-level") {
+    settings += " --set distributed.inter=easgd --set distributed.ranks_per_node=2 --set train.batch_size=2";
+  }
   return settings;
 }
 
@@ -162,9 +167,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Stop{"allreduce", 1, "train.step after=3 do=usr1"},
                       // The signal reaches one rank only: the ranks agree, and both stop at the same step.
                       Stop{"easgd", 2, "train.step after=3 rank=1 do=usr1"},
-                      Stop{"allreduce", 2, "train.step after=3 rank=0 do=term"}),
+                      Stop{"allreduce", 2, "train.step after=3 rank=0 do=term"},
+                      // The signal reaches a rank of the second node group that is not its leader.
+                      Stop{"two-level", 4, "train.step after=3 rank=3 do=usr1"}),
     [](const auto& instance) {
-      return instance.param.strategy + "_" + std::to_string(instance.param.ranks) + "_ranks_" +
+      std::string strategy = instance.param.strategy;
+      std::replace(strategy.begin(), strategy.end(), '-', '_');
+      return strategy + "_" + std::to_string(instance.param.ranks) + "_ranks_" +
              (contains(instance.param.fault, "usr1") ? "usr1" : "term");
     });
 
@@ -224,13 +233,29 @@ TEST_F(Signals, TileStopsAtTheNextTileOnTermAndTheRerunRedoesTheShard) {
   EXPECT_FALSE(contains(rerun.err, "shard-00001.h5: kept")) << rerun.err;
   EXPECT_TRUE(testing::shard_tiles(dir_->file("tiles-term")) == expected);
 
-  const std::string two = tile_job("tiles-term-2");
+  // Two ranks, SIGTERM on rank 1 only, in its second shard (20 tiles a shard: its first is finished and recorded):
+  // the job ends as a failing rank ends it (core::abort_job, which also ends rank 0 wherever it is), exit 75. Nothing
+  // is under a final name (no manifest, no shard-N.h5: shards are put in place only once every rank has extracted
+  // its own), and the rerun keeps exactly the shards recorded, whichever rank finished them, and extracts the rest.
+  const std::string two = tile_job("tiles-term-2", 20);
+  const fs::path out2 = dir_->file("tiles-term-2");
   const auto r2 = faulted("tile.tile after=30 rank=1 do=term", 2, "tile " + two);
   ASSERT_TRUE(exited(r2, kInterrupted)) << r2.out;
   EXPECT_TRUE(contains(r2.out, "rank 1: interrupted: SIGTERM")) << r2.out;
+  EXPECT_FALSE(fs::exists(out2 / "manifest.json"));
+  EXPECT_TRUE(shard_files(out2).empty()) << "a shard under its final name before every rank finished";
+  std::vector<std::string> recorded;  // "shard-00003.h5" for each record "shard-00003.h5.json"
+  for (const auto& entry : fs::directory_iterator(out2 / ".tessera-tile-shards")) {
+    const auto name = entry.path().filename().string();
+    if (name.starts_with("shard-") && name.ends_with(".h5.json")) recorded.push_back(name.substr(0, name.size() - 5));
+  }
+  EXPECT_GE(recorded.size(), 1u) << "rank 1's first shard is recorded";
   const auto rerun2 = run_mpi(2, "tile " + two);
   ASSERT_EQ(rerun2.code, 0) << rerun2.err;
-  EXPECT_TRUE(testing::shard_tiles(dir_->file("tiles-term-2")) == expected);
+  EXPECT_EQ(occurrences(rerun2.err, ": kept from an earlier run"), static_cast<int>(recorded.size())) << rerun2.err;
+  for (const auto& name : recorded) EXPECT_TRUE(contains(rerun2.err, name + ": kept from an earlier run")) << name;
+  EXPECT_GT(shard_files(out2).size(), recorded.size()) << "the rerun extracted the shards left";
+  EXPECT_TRUE(testing::shard_tiles(out2) == expected);
 }
 
 bool same_map(const fs::path& a, const fs::path& b) {
@@ -286,6 +311,35 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   }
 }
 
+// SIGTERM on one rank of two in the middle of the first slide: that rank stops at its next batch and ends the job as a
+// failing rank does (core::abort_job, rank 0 wherever it is), exit 75. Nothing is left under a final name (no map, no
+// detections, no infer.json: rank 0 writes a slide's outputs only once every rank's scores are in), and the rerun
+// removes what was left unfinished and ends with the uninterrupted job's maps.
+TEST_F(Signals, InferTermOnOneRankLeavesNothingHalfWritten) {
+  const auto whole = run(infer_args("infer-whole-term2"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const fs::path out = dir_->file("infer-term-2");
+  const auto r = faulted("infer.batch after=1 rank=1 do=term", 2, infer_args("infer-term-2"));
+  ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
+  EXPECT_TRUE(contains(r.out, "rank 1: interrupted: SIGTERM")) << r.out;
+  EXPECT_FALSE(fs::exists(out / "infer.json"));
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const auto name = entry.path().filename().string();
+    EXPECT_FALSE(name.ends_with(".heatmap.h5") || name.ends_with(".detections.csv")) << name << " under a final name";
+  }
+  const auto rerun = run_mpi(2, infer_args("infer-term-2"));
+  ASSERT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_FALSE(contains(rerun.err, ": up to date")) << rerun.err;
+  const auto ids = slide_ids(dir_->file("infer-whole-term2/infer.json"));
+  EXPECT_EQ(slide_ids(out / "infer.json"), ids);
+  for (const auto& entry : fs::directory_iterator(out)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+  for (const auto& id : ids) {
+    EXPECT_TRUE(same_map(dir_->file("infer-whole-term2/" + id + ".heatmap.h5"), out / (id + ".heatmap.h5"))) << id;
+  }
+}
+
 // Under Slurm (its variables in the environment) the job is traced: metrics.jsonl's "slurm" line, the checkpoint's
 // /meta, infer.json's "slurm"; outside Slurm none of them.
 TEST_F(Signals, TheSlurmJobIsRecordedWhereTheResultsAre) {
@@ -324,13 +378,33 @@ TEST_F(Signals, TheSlurmJobIsRecordedWhereTheResultsAre) {
   EXPECT_TRUE(testing::read_jsonl(dir_->file("model/metrics.jsonl"), "slurm").empty());
 }
 
+// do=wait holds the process at the point until a signal comes, however long that takes (a batch system's warning in the
+// Slurm tests), and the verb then stops as the signal asks: here the test sends SIGUSR1 once the process says it waits.
+TEST_F(Signals, TheWaitActionHoldsTheProcessUntilASignal) {
+  const fs::path out = dir_->file("waited");
+  const std::string log = dir_->file("waited.log");
+  const auto r = run_script("TESSERA_FAULT='train.step after=2 do=wait' $TESSERA train " + train_job() +
+                            " --epochs 2 --out " + out.string() + " >" + log + " 2>&1 &\n" +
+                            "pid=$!\n"
+                            "until grep -q 'waits for SIGUSR1 or SIGTERM' " + log +
+                            "; do kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
+                            "kill -USR1 $pid\n"
+                            "wait $pid\n"
+                            "echo \"exit $?\"\n"
+                            "cat " + log + "\n");
+  ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
+  EXPECT_TRUE(contains(r.out, "fault injected at train.step: process ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "SIGUSR1: stopped at step 2")) << r.out;
+  EXPECT_EQ(io::read_checkpoint((out / "checkpoint.h5").string()).meta.step, 2);
+}
+
 // A malformed action is refused naming the known ones.
 TEST_F(Signals, TheFaultActionsIncludeTheSignals) {
   const auto r = run_script(
       "TESSERA_FAULT='train.step do=hup' $TESSERA train --help >/dev/null 2>&1; echo $?\n"
       "TESSERA_FAULT='train.step do=hup' $TESSERA train --help 2>&1 >/dev/null | head -1\n");
   EXPECT_TRUE(contains(r.out, "2\n")) << r.out;
-  EXPECT_TRUE(contains(r.out, "do=kill|stop|usr1|term|enospc|eio")) << r.out;
+  EXPECT_TRUE(contains(r.out, "do=kill|stop|wait|usr1|term|enospc|eio")) << r.out;
 }
 
 }  // namespace

@@ -14,6 +14,14 @@
 #     requeue   train.sbatch whose rank 0 stops at step 3 (do=stop: a fault-injection point; the job's log says so);
 #               then `scancel --signal=USR1` and SIGCONT: every rank stops at that step, checkpoints, exits 75, the
 #               script requeues the job and the requeued run (--resume auto) ends with the uninterrupted weights
+#     nodefail  train.sbatch with a node range (--nodes=1-2) on t1 and t2, rank 2 (on t2) held at step 3; t2's slurmd
+#               and tasks are killed: Slurm fails the step naming t2, marks t2 down, requeues the job, which starts
+#               again on t1 alone (2 ranks) and resumes from the step-2 checkpoint from the centre, ending with the
+#               weights of the same job killed at that step under mpirun and resumed on 2 ranks
+#     timelimit train.sbatch under a real time limit (1 minute, --signal=USR1@30): rank 0 waits after step 3 (do=wait: a
+#               fault-injection point held until a signal, so the test does not depend on speed) until Slurm's
+#               warning reaches every rank; they stop at step 3, checkpoint, exit 75, the script requeues the job and
+#               it ends with the uninterrupted run's weights
 #
 # Exits 77 (CTest: skipped) with the reason when the cluster cannot start here (not root, no ip netns, no Slurm).
 set -euo pipefail
@@ -58,6 +66,7 @@ export OMPI_MCA_osc=sm,pt2pt
 export TESSERA=$tessera
 
 one_host() { mpirun --allow-run-as-root --oversubscribe -n 4 "$@"; }
+testhosts=$(dirname "$testcluster")/testhosts.sh
 
 # Waits until job JOB (and every task of an array) has left the queue; then its state must be COMPLETED. Slurm's
 # own end of the job is the event: no time is assumed (CTest's timeout bounds a hang).
@@ -91,6 +100,63 @@ same_h5() {
     fail "$what: $a and $b differ in $object"
   }
 }
+
+# Two training outputs end with the same easgd state: the checkpoint's weights and centre and, when the replicas
+# differ at the end, each rank's replica file beside the checkpoint, in the one set the checkpoint names (the set's
+# name differs between runs): both runs have them, or neither, and they agree.
+same_checkpoint() {
+  local a_dir=$1 b_dir=$2 what=$3 object rank
+  for object in /params /buffers /easgd; do
+    same_h5 "$a_dir/checkpoint.h5" "$b_dir/checkpoint.h5" "$object" "$what"
+  done
+  shopt -s nullglob
+  for rank in 0 1 2 3; do
+    local a_files=("$a_dir"/checkpoint.replicas/*/rank-"$rank".h5)
+    local b_files=("$b_dir"/checkpoint.replicas/*/rank-"$rank".h5)
+    if [ ${#a_files[@]} -ne ${#b_files[@]} ] || [ ${#a_files[@]} -gt 1 ]; then
+      fail "$what: rank $rank's replica files: ${a_files[*]} and ${b_files[*]}"
+    fi
+    [ ${#a_files[@]} -eq 1 ] || continue
+    for object in /params /buffers /optimizer; do
+      same_h5 "${a_files[0]}" "${b_files[0]}" "$object" "$what, rank $rank's replica"
+    done
+  done
+  shopt -u nullglob
+}
+
+# A tessera for the job scripts ($TESSERA) that runs under TESSERA_FAULT=$1 in the job's first run only (Slurm counts
+# restarts: SLURM_RESTART_COUNT): $work/tessera-first-run-stops.
+first_run_fault() {
+  cat >"$work/tessera-first-run-stops" <<EOF
+#!/bin/sh
+if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then export TESSERA_FAULT='$1'; fi
+exec "$tessera" "\$@"
+EOF
+  chmod +x "$work/tessera-first-run-stops"
+}
+
+# Waits for the line `marker` in the job's log `log` (a fault-injection point reached), failing when the job ends first.
+wait_for_line() {
+  local job=$1 log=$2 marker=$3
+  until grep -q "$marker" "$log" 2>/dev/null; do
+    job_active "$job" || fail "job $job ended before '$marker' ($(job_states "$job")): $(cat "$log")"
+    sleep 0.5
+  done
+}
+
+# True when process PID has signal number SIG pending (sent, not yet delivered: the process is stopped).
+signal_pending() {
+  local pid=$1 sig=$2 masks
+  masks=$(awk '$1 == "SigPnd:" || $1 == "ShdPnd:" {print $2}' "/proc/$pid/status" 2>/dev/null) || return 1
+  local mask
+  for mask in $masks; do
+    (((16#$mask >> (sig - 1)) & 1)) && return 0
+  done
+  return 1
+}
+
+# The seconds since `start` (a `date +%s.%N`), to one decimal.
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 data() {
   "$tessera" synth --out "$work/synth" --slides 4 --size 1024 --seed 3 --set preview.enabled=false \
@@ -240,21 +306,20 @@ case "$part" in
     train_job
     # The job's first run only (Slurm counts restarts) stops rank 0 after step 3 (of 5 per epoch at batch 2): a point,
     # not a time.
-    cat >"$work/tessera-first-run-stops" <<EOF
-#!/bin/sh
-if [ "\${SLURM_RESTART_COUNT:-0}" = 0 ]; then export TESSERA_FAULT='train.step after=3 rank=0 do=stop'; fi
-exec "$tessera" "\$@"
-EOF
-    chmod +x "$work/tessera-first-run-stops"
+    first_run_fault 'train.step after=3 rank=0 do=stop'
     job=$(submit requeue --export="ALL,TESSERA=$work/tessera-first-run-stops" "$examples/train.sbatch" \
       "$work/train.yaml" --out "$work/requeued" --set distributed.strategy=easgd --set train.batch_size=2)
     log=$work/requeue-$job.out
     # The event: rank 0 says it stopped at the point (then every rank waits for it at the step boundary).
-    until grep -q "fault injected at train.step: stopping process" "$log" 2>/dev/null; do
-      job_active "$job" || fail "the job ended before its fault point ($(job_states "$job")): $(cat "$log")"
-      sleep 0.5
-    done
+    wait_for_line "$job" "$log" "fault injected at train.step: stopping process"
+    # SIGCONT only once rank 0 holds SIGUSR1 pending (the two scancel requests travel apart and may arrive in either
+    # order; continued first, rank 0 would take the next step before the signal comes).
+    pid=$(grep -o "fault injected at train.step: stopping process [0-9]*" "$log" | grep -o '[0-9]*$')
     scancel --signal=USR1 "$job"
+    until signal_pending "$pid" 10; do
+      kill -0 "$pid" 2>/dev/null || fail "rank 0 (process $pid) ended before SIGUSR1 reached it: $(tail -20 "$log")"
+      sleep 0.2
+    done
     scancel --signal=CONT "$job"
     wait_done "$job" "the requeued train.sbatch"
     grep -q "SIGUSR1: stopped at step 3" "$log" || fail "no stop at step 3: $(tail -20 "$log")"
@@ -265,23 +330,98 @@ EOF
     one_host "$tessera" train "$work/train.yaml" --out "$work/uninterrupted" --set distributed.strategy=easgd \
       --set train.batch_size=2 \
       >"$work/uninterrupted.log" 2>&1 || fail "the uninterrupted run: $(tail -5 "$work/uninterrupted.log")"
-    for object in /params /buffers /easgd; do
-      same_h5 "$work/uninterrupted/checkpoint.h5" "$work/requeued/checkpoint.h5" "$object" "requeued easgd"
-    done
-    # When the replicas differ at the end, each rank's is a file of its own beside the checkpoint, in the one set the
-    # checkpoint names (the set's name differs between runs): both runs have them, or neither, and they agree.
-    shopt -s nullglob
-    for rank in 0 1 2 3; do
-      a=("$work"/uninterrupted/checkpoint.replicas/*/rank-$rank.h5)
-      b=("$work"/requeued/checkpoint.replicas/*/rank-$rank.h5)
-      [ ${#a[@]} -eq ${#b[@]} ] && [ ${#a[@]} -le 1 ] || fail "rank $rank's replica files: ${a[*]} and ${b[*]}"
-      [ ${#a[@]} -eq 1 ] || continue
-      for object in /params /buffers /optimizer; do
-        same_h5 "${a[0]}" "${b[0]}" "$object" "requeued easgd, rank $rank's replica"
-      done
-    done
-    shopt -u nullglob
+    same_checkpoint "$work/uninterrupted" "$work/requeued" "requeued easgd"
     echo "requeue: USR1 at step 3 on every rank, checkpoint, exit 75, requeued, resumed: the uninterrupted weights"
+    ;;
+
+  nodefail)
+    data
+    train_job
+    # 4 ranks (t1: 0-1, t2: 2-3), batch 2: 6 steps an epoch, a checkpoint every 2 steps. Rank 2 holds after step 3 (a
+    # point, not a time): the others wait for it in step 4's exchange, the last checkpoint is step 2's.
+    first_run_fault 'train.step after=3 rank=2 do=stop'
+    settings=(--set distributed.strategy=easgd --set train.batch_size=2 --set train.checkpoint_every=2)
+    job=$(submit nodefail --export="ALL,TESSERA=$work/tessera-first-run-stops" --nodes=1-2 "$examples/train.sbatch" \
+      "$work/train.yaml" --out "$work/node-left" "${settings[@]}")
+    log=$work/nodefail-$job.out
+    wait_for_line "$job" "$log" "fault injected at train.step: stopping process"
+    grep -q "4 ranks on 2 host(s): t1: ranks 0-1; t2: ranks 2-3" "$log" || fail "not 4 ranks on t1 and t2: $(head -3 "$log")"
+    # t2 dies: its slurmd, slurmstepd and tasks (every process in its namespace) are killed at once.
+    start=$(date +%s.%N)
+    "$testhosts" pids t2 | xargs -r kill -9
+    # Slurm notices (SlurmdTimeout), marks t2 down and requeues the job: wait for each event, timed.
+    until [[ "$(sinfo -h -n t2 -o %T 2>/dev/null)" =~ ^down ]]; do sleep 0.5; done
+    noticed=$(since "$start")
+    until [ "$(scontrol -o show job "$job" | grep -o 'Restarts=[0-9]*')" = Restarts=1 ]; do
+      job_active "$job" || fail "job $job ended without a requeue ($(job_states "$job")): $(tail -20 "$log")"
+      sleep 0.5
+    done
+    requeued=$(since "$start")
+    until [[ "$(job_states "$job")" =~ RUNNING ]] && grep -q "Restarts=1 .*NodeList=t" <(scontrol -o show job "$job"); do
+      job_active "$job" || break
+      sleep 0.5
+    done
+    restarted=$(since "$start")
+    wait_done "$job" "train.sbatch after t2 died"
+    ended=$(since "$start")
+    grep -q "srun: error: Node failure on t2" "$log" || fail "no message naming t2: $(tail -20 "$log")"
+    grep -q "2 ranks on 1 host(s): t1: ranks 0-1" "$log" || fail "the requeued run is not on t1 alone: $(tail -20 "$log")"
+    grep -q "written by a run on 4 rank(s), this one has 2: .*(the centre; every replica starts from it)" "$log" ||
+      fail "the requeued run did not resume from the centre: $(tail -20 "$log")"
+    grep -q "resuming from .* at step 2 " "$log" || fail "the requeued run did not resume at step 2: $(tail -20 "$log")"
+    # The same job under mpirun on one host, killed at the same point, then resumed on 2 ranks.
+    TESSERA_FAULT='train.step after=3 rank=2 do=kill' one_host "$tessera" train "$work/train.yaml" \
+      --out "$work/killed" "${settings[@]}" >"$work/killed.log" 2>&1 && fail "the killed run ended: $(tail -5 "$work/killed.log")"
+    mpirun --allow-run-as-root --oversubscribe -n 2 "$tessera" train "$work/train.yaml" --out "$work/killed" \
+      "${settings[@]}" --resume auto >"$work/resumed.log" 2>&1 || fail "the resumed run: $(tail -5 "$work/resumed.log")"
+    same_checkpoint "$work/killed" "$work/node-left" "resumed on the node left"
+    echo "nodefail: t2 killed; Slurm marked it down after ${noticed} s, requeued the job after ${requeued} s, started it" \
+      "on t1 after ${restarted} s; it ended after ${ended} s with the weights of the same job resumed on 2 ranks"
+    ;;
+
+  timelimit)
+    data
+    train_job
+    first_run_fault 'train.step after=3 rank=0 do=wait'
+    settings=(--set distributed.strategy=easgd --set train.batch_size=2)
+    # Slurm looks at time limits about every 30 s and sends the warning at the first look that finds the job within
+    # N + 30 s of its limit, so with a limit of a minute the warning may come before srun has started the ranks (and
+    # reach none) or while a rank is still starting (before its handlers: SIGUSR1 would end it). So the job starts
+    # with 10 minutes; once rank 0 waits at its point (every rank started), its limit becomes 1 minute from its
+    # start, as --time=1 would have made it (more only when it has run 30 s by then), and Slurm's own warning and
+    # limit take their course. When the warning
+    # has stopped the job, the limit goes back to 10 minutes for the requeued run (which Slurm starts no sooner than
+    # cred_expire, 10 s, after the requeue).
+    start=$(date +%s.%N)
+    job=$(submit timelimit --export="ALL,TESSERA=$work/tessera-first-run-stops" --time=10 --signal=USR1@30 \
+      "$examples/train.sbatch" "$work/train.yaml" --out "$work/timed" "${settings[@]}")
+    log=$work/timelimit-$job.out
+    wait_for_line "$job" "$log" "fault injected at train.step: process [0-9]* waits for SIGUSR1 or SIGTERM"
+    waiting=$(since "$start")
+    # One minute, or more when the job has run so long that less than 30 s would be left (a slow start).
+    runtime=$(scontrol -o show job "$job" | grep -o 'RunTime=[0-9:]*' | cut -d= -f2)
+    ran=$(awk -F: '{print $1 * 3600 + $2 * 60 + $3}' <<<"$runtime")
+    limit=$(((ran + 30) / 60 + 1))
+    scontrol update JobId="$job" TimeLimit="$limit"
+    wait_for_line "$job" "$log" "SIGUSR1: stopped at step 3"
+    signalled=$(since "$start")
+    scontrol update JobId="$job" TimeLimit=10
+    until [ "$(scontrol -o show job "$job" | grep -o 'Restarts=[0-9]*')" = Restarts=1 ]; do
+      job_active "$job" || fail "job $job ended without a requeue ($(job_states "$job")): $(tail -20 "$log")"
+      sleep 0.5
+    done
+    requeued=$(since "$start")
+    wait_done "$job" "train.sbatch under a time limit"
+    ended=$(since "$start")
+    grep -q "srun: error: .*: tasks 0-1: Exited with exit code 75" "$log" || fail "no exit 75: $(tail -20 "$log")"
+    grep -q "requeueing job $job" "$log" || fail "the script did not requeue: $(tail -20 "$log")"
+    grep -q "resuming from .* at step 3 " "$log" || fail "the requeued run did not resume at step 3: $(tail -20 "$log")"
+    one_host "$tessera" train "$work/train.yaml" --out "$work/uninterrupted" "${settings[@]}" \
+      >"$work/uninterrupted.log" 2>&1 || fail "the uninterrupted run: $(tail -5 "$work/uninterrupted.log")"
+    same_checkpoint "$work/uninterrupted" "$work/timed" "easgd under a time limit"
+    echo "timelimit: rank 0 waited at step 3 after ${waiting} s; the limit set to $limit minute(s), Slurm's SIGUSR1 stopped" \
+      "every rank after ${signalled} s, the job was requeued after ${requeued} s and ended after ${ended} s with the" \
+      "uninterrupted weights"
     ;;
 
   *) fail "unknown part '$part'" ;;
