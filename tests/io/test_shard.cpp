@@ -754,6 +754,8 @@ io::Manifest sample_manifest() {
   m.shards = {{"shard-00000.h5", 1000, 700, 300, {"a", "b"}}, {"shard-00001.h5", 12, 12, 0, {"b"}}};
   m.slides = {{"a", "/data/a.svs", "tumor", "train", 600, 300, 300}, {"b", "/data/b b.tif", "", "", 412, 412, 0}};
   m.slides[0].origin = "synthetic";  // slide b: a manifest from before origins were recorded
+  m.slides[0].qc_dropped_tiles = {{"pen_green", 7}};  // slide b: none (QC off, or a manifest from before)
+  m.slides[0].qc_kept_tiles = {{"fold", 3}, {"pen_red", 2}};
   m.failures = {{"c", "file '/data/c.svs': openslide: cannot read tile"}};
   return m;
 }
@@ -788,6 +790,8 @@ TEST(Manifest, RoundTrip) {
     EXPECT_EQ(r.slides[i].normal, m.slides[i].normal);
     EXPECT_EQ(r.slides[i].tumour, m.slides[i].tumour);
     EXPECT_EQ(r.slides[i].origin, m.slides[i].origin);
+    EXPECT_EQ(r.slides[i].qc_dropped_tiles, m.slides[i].qc_dropped_tiles);
+    EXPECT_EQ(r.slides[i].qc_kept_tiles, m.slides[i].qc_kept_tiles);
   }
   ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_EQ(r.failures[0].slide, "c");
@@ -862,6 +866,10 @@ TEST_F(ManifestBroken, EachProblemIsNamed) {
             "field 'slides[0].origin': expected 'synthetic' or 'real', got 'scanned'");
   EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "origin": true}]})"),
             "field 'slides[0].origin': expected a string, got boolean");
+  EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "qc_kept_tiles": {"fold": -2}}]})"),
+            "field 'slides[0].qc_kept_tiles.fold': expected a count (an integer >= 0)");
+  EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "qc_kept_tiles": [1]}]})"),
+            "field 'slides[0].qc_kept_tiles': expected an object of counts");
 }
 
 // The tiling's tissue settings come from the effective job the manifest carries: what training records in the
