@@ -180,7 +180,7 @@ void append_record(std::string& buffer, const std::string& record) {
 // options.max_fraction of the tile, and kShardArtefactExcluded when the excluded artefacts together are), and a tile
 // over max_fraction in excluded artefacts its class covering most of it (worst_artefact). Unless `keep`, those tiles
 // are dropped, counted by that class. A slide-level flag is a warning, or with refuse_flagged an InputError naming
-// the slide. Returns QC's result (for the preview) and the counts of dropped tiles.
+// the slide. Fills `qc` with QC's result (for the preview); returns the counts of dropped tiles.
 std::map<std::string, std::int64_t> mark_artefact_tiles(const io::Slide& slide, SlidePlan& plan,
                                                          const QcOptions& options, bool keep, QcResult& qc) {
   qc = run_qc(slide, options);
@@ -226,8 +226,10 @@ std::map<std::string, std::int64_t> mark_artefact_tiles(const io::Slide& slide, 
     }
     if (excluded[cell] > options.max_fraction) {
       t.artefacts |= io::kShardArtefactExcluded;
-      t.worst_artefact = static_cast<std::int8_t>(index(Artefact::blur));  // severe blur lies outside every
-      double most = -1.0;                                                  // class mask's action
+      // The class covering most of the tile; blur when no class has a mask here (severe blur is the only excluded
+      // area outside every excluding class's mask).
+      t.worst_artefact = static_cast<std::int8_t>(index(Artefact::blur));
+      double most = -1.0;
       for (const auto& [k, fractions] : by_class) {
         if (fractions[cell] > most) {
           most = fractions[cell];
