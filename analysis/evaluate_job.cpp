@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "core/metrics.h"
 #include "io/image.h"
+#include "io/qc_masks.h"
 #include "io/slide.h"
 
 namespace tessera::analysis {
@@ -77,6 +78,35 @@ double read_slide_score(const std::string& path) {
   return score;
 }
 
+// Per lesion of `mask` (by label - 1), the share of its mask pixels whose centre lies on an excluded QC pixel (bit 14
+// of <slide>.qc.png; the QC pixel under that level-0 point, none outside the QC mask).
+std::vector<double> lesion_excluded_shares(const EvaluationMask& mask, const cv::Mat1w& qc_bits,
+                                           std::int64_t slide_width) {
+  const double qc_downsample = io::qc_mask_downsample(slide_width, qc_bits.cols);
+  std::vector<std::int64_t> total(mask.lesions().size(), 0), excluded(mask.lesions().size(), 0);
+  const cv::Mat1i& labels = mask.labels();
+  for (int r = 0; r < labels.rows; ++r) {
+    const double y0 = (mask.origin().y + r + 0.5) * mask.downsample();
+    const auto qr = static_cast<int>(std::floor(y0 / qc_downsample));
+    for (int c = 0; c < labels.cols; ++c) {
+      const int label = labels(r, c);
+      if (label <= 0) continue;
+      const auto k = static_cast<std::size_t>(label - 1);
+      ++total[k];
+      const double x0 = (mask.origin().x + c + 0.5) * mask.downsample();
+      const auto qc = static_cast<int>(std::floor(x0 / qc_downsample));
+      if (qr >= 0 && qc >= 0 && qr < qc_bits.rows && qc < qc_bits.cols && (qc_bits(qr, qc) & io::kQcExcludedBit) != 0) {
+        ++excluded[k];
+      }
+    }
+  }
+  std::vector<double> shares(total.size(), 0.0);
+  for (std::size_t k = 0; k < total.size(); ++k) {
+    if (total[k] > 0) shares[k] = static_cast<double>(excluded[k]) / static_cast<double>(total[k]);
+  }
+  return shares;
+}
+
 SlideEvaluation evaluate_slide(const io::DatasetRow& s, const EvaluateJob& job) {
   SlideEvaluation r;
   r.slide = s;
@@ -123,11 +153,48 @@ SlideEvaluation evaluate_slide(const io::DatasetRow& s, const EvaluateJob& job) 
     r.froc = match_detections(s.id, detections, &mask);
     r.lesions = mask.lesions();
     r.downsample = mask.downsample();
+    r.qc_file = find_file(dir, {fmt::format("{}.qc.png", s.id), fmt::format("{0}/{0}.qc.png", s.id)});
+    if (!r.qc_file.empty()) {
+      if (width <= 0) {
+        throw core::InputError(
+            fmt::format("slide '{}' not found: its width is needed to place the QC masks {}", s.id, r.qc_file),
+            s.slide.empty() ? job.dataset : s.slide);
+      }
+      r.lesion_excluded = lesion_excluded_shares(mask, io::read_qc_masks_png(r.qc_file), width);
+    }
   } catch (core::Error& e) {
     e.add_context("annotation", s.annotation);
     throw;
   }
   return r;
+}
+
+FrocOutsideExcluded froc_outside_excluded(const std::vector<SlideEvaluation>& evaluated) {
+  FrocOutsideExcluded out;
+  std::vector<SlideFroc> per_slide;
+  for (const auto& r : evaluated) {
+    SlideFroc f = r.froc;
+    if (r.tumour && r.qc_file.empty()) out.tumour_slides_without_masks.push_back(r.slide.id);
+    if (r.tumour && !r.qc_file.empty()) {
+      ++out.slides_with_masks;
+      SlideFroc kept = f;
+      kept.lesion_p.clear();
+      kept.lesion_label.clear();
+      for (std::size_t i = 0; i < f.lesion_p.size(); ++i) {
+        const auto label = static_cast<std::size_t>(f.lesion_label[i]);
+        if (r.lesion_excluded.at(label - 1) >= kMostlyExcluded) {
+          ++out.excluded_lesions;
+          continue;
+        }
+        kept.lesion_p.push_back(f.lesion_p[i]);
+        kept.lesion_label.push_back(f.lesion_label[i]);
+      }
+      f = std::move(kept);
+    }
+    per_slide.push_back(std::move(f));
+  }
+  out.froc = compute_froc(per_slide);
+  return out;
 }
 
 // ---- patch predictions ------------------------------------------------------------------------------------------
@@ -241,6 +308,7 @@ json slide_json(const SlideEvaluation& r) {
             {"split", r.slide.split},
             {"detections_file", r.detections_file.empty() ? json(nullptr) : json(r.detections_file)},
             {"report_file", r.report_file.empty() ? json(nullptr) : json(r.report_file)},
+            {"qc_file", r.qc_file.empty() ? json(nullptr) : json(r.qc_file)},
             {"score", r.score ? json(*r.score) : json(nullptr)},
             {"detections", f.detections},
             {"lesions", f.lesions()},
@@ -260,6 +328,7 @@ json slide_json(const SlideEvaluation& r) {
                 {"box",
                  {lesion.box.x * r.downsample, lesion.box.y * r.downsample, lesion.box.width * r.downsample,
                   lesion.box.height * r.downsample}}};
+      if (!r.lesion_excluded.empty()) l["excluded_fraction"] = r.lesion_excluded.at(static_cast<std::size_t>(lesion.label - 1));
       if (!lesion.itc && entry < f.lesion_p.size() && f.lesion_label[entry] == lesion.label) {
         l["p"] = f.lesion_p[entry++];
       }
@@ -279,6 +348,18 @@ json evaluation_json(const EvaluateJob& job, const EvaluateResult& result) {
                   {"slides", result.slides},
                   {"evaluated_slides", result.evaluated.size()}};
   summary["froc"] = result.froc ? froc_json(*result.froc, job.froc) : json(nullptr);
+  summary["froc_outside_excluded"] = nullptr;
+  if (const auto& outside = result.froc_outside_excluded) {
+    json j = froc_json(outside->froc, job.froc);
+    j["slides_with_qc_masks"] = outside->slides_with_masks;
+    j["excluded_lesions"] = outside->excluded_lesions;
+    j["tumour_slides_without_qc_masks"] = outside->tumour_slides_without_masks;
+    j["rule"] = fmt::format(
+        "lesions with at least {:g} of their area in excluded artefacts (<slide>.qc.png bit 14) left out; false "
+        "positives as in froc",
+        kMostlyExcluded);
+    summary["froc_outside_excluded"] = std::move(j);
+  }
   summary["slide_auc"] = number(result.slide_auc);
   json roc_points = json::array();
   for (const auto& p : result.slide_roc) {
@@ -365,6 +446,9 @@ EvaluateResult run_evaluation(const EvaluateJob& job) {
     std::vector<SlideFroc> per_slide;
     for (const auto& r : evaluated) per_slide.push_back(r.froc);
     result.froc = compute_froc(per_slide);
+    if (std::any_of(evaluated.begin(), evaluated.end(), [](const auto& r) { return !r.qc_file.empty(); })) {
+      result.froc_outside_excluded = froc_outside_excluded(evaluated);
+    }
     if (result.missing_reports.size() < evaluated.size()) {
       std::vector<float> scores;
       std::vector<std::uint8_t> labels;
@@ -436,6 +520,16 @@ std::string evaluation_summary(const EvaluateJob& job, const EvaluateResult& res
         "detected, {} false positives\n",
         score_text(froc->score), score_text(froc->score_interpolated), fmt::join(at, " "), froc->lesions,
         froc->itc_lesions, froc->detected_lesions, froc->false_positives);
+    if (const auto& outside = result.froc_outside_excluded) {
+      text += fmt::format(
+          "FROC outside excluded areas {} (interpolated {}); {} lesions, {} left out as mostly under excluded "
+          "artefacts; QC masks for {} tumour slide(s){}\n",
+          score_text(outside->froc.score), score_text(outside->froc.score_interpolated), outside->froc.lesions,
+          outside->excluded_lesions, outside->slides_with_masks,
+          outside->tumour_slides_without_masks.empty()
+              ? std::string()
+              : fmt::format(" (none for {}: every lesion counted)", fmt::join(outside->tumour_slides_without_masks, ", ")));
+    }
     text += result.scored_slides > 0
                 ? fmt::format("slide AUC {} ({} slides)\n", score_text(result.slide_auc), result.scored_slides)
                 : std::string("slide AUC n/a (no <slide>.report.json found)\n");

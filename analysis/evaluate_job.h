@@ -9,7 +9,10 @@
 //                <slide>.report.json (its "slide_score"), also found as <slide>/<slide>.* or <slide>.csv
 //   predictions  optional `tessera predict` CSV (slide_id,x,y,label,p_tumor) for the patch-level AUC
 // Scores (analysis/evaluation.h states every rule): lesion-level FROC on the slides' annotations, slide-level ROC
-// AUC of the reports' scores, patch-level ROC AUC of the predictions.
+// AUC of the reports' scores, patch-level ROC AUC of the predictions. When the detections folder holds quality
+// control's masks (<slide>.qc.png, which infer writes when QC ran; io/qc_masks.h) for a tumour slide, also the FROC
+// over the lesions mostly (more than half their area) outside excluded areas (FrocOutsideExcluded); the usual FROC
+// stays CAMELYON16's.
 // Outputs (each written to a temporary name and renamed): <output>/evaluation.json; froc.png when a slide was
 // evaluated; roc.png when the slide or the patch scores have both classes.
 //
@@ -65,6 +68,24 @@ struct SlideEvaluation {
   double mpp = 0.0;             // tumour slides: the level-0 µm/px the mask was made at
   std::vector<Lesion> lesions;  // tumour slides: the mask's lesions (boxes in mask pixels)
   double downsample = 0.0;      // tumour slides: level-0 pixels per mask pixel
+  // Tumour slides with quality control's masks (<slide>.qc.png in the detections folder, io/qc_masks.h): the file,
+  // and per lesion (by label - 1) the share of its mask area in excluded artefacts (bit 14). Empty without the file.
+  std::string qc_file;
+  std::vector<double> lesion_excluded;
+};
+
+// Lesions with more than this share of their area in excluded artefacts are left out of the FROC "outside excluded
+// areas" (a lesion counts when its area is mostly, more than half, outside them).
+inline constexpr double kMostlyExcluded = 0.5;
+
+// The FROC over lesions mostly outside quality control's excluded areas: the evaluated slides' matches with the
+// lesions whose excluded share is at least kMostlyExcluded left out (their hits are neither true nor false
+// positives); false positives and normal slides as in the usual FROC. Slides without QC masks keep every lesion.
+struct FrocOutsideExcluded {
+  FrocResult froc;
+  int slides_with_masks = 0;   // tumour slides whose <slide>.qc.png was found
+  int excluded_lesions = 0;    // countable lesions left out (mostly under excluded areas)
+  std::vector<std::string> tumour_slides_without_masks;
 };
 
 // The patch predictions of the evaluated slides and their ROC.
@@ -88,6 +109,8 @@ struct EvaluateResult {
   std::vector<std::string> missing_detections;
   std::vector<std::string> missing_reports;
   std::optional<FrocResult> froc;  // when a slide was evaluated
+  // When a tumour slide had QC masks: the FROC counting only lesions mostly outside excluded areas.
+  std::optional<FrocOutsideExcluded> froc_outside_excluded;
   double slide_auc = std::numeric_limits<double>::quiet_NaN();
   std::vector<RocPoint> slide_roc;       // empty when no report was found or a class is absent
   std::size_t scored_slides = 0;         // slides in the slide AUC (0 when no report was found)

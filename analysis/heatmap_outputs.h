@@ -93,6 +93,7 @@ struct QcOutcome {
   double downsample = 1.0;           // level-0 pixels per mask pixel
   cv::Mat1b excluded, flagged;       // unions (255 = in)
   std::vector<std::pair<std::string, cv::Mat1b>> masks;  // per class with its action: "fold (exclude)"
+  cv::Mat1w bits;  // the masks as <slide>.qc.png holds them (io/qc_masks.h), which infer writes; empty when QC was off
 };
 
 // The artefacts a region touches (its outline dilated by one mask pixel overlaps the class's mask), as "name

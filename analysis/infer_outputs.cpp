@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "core/hash.h"
+#include "io/qc_masks.h"
 #include "io/slide.h"
 
 namespace tessera::analysis {
@@ -115,6 +116,13 @@ WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const Scori
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outputs).count();
     by_output.emplace_back("analysis and thumbnail", thumbnail_seconds);
     written = write_slide_outputs(out.string(), result, output_options, &by_output);
+    if (!input.qc.bits.empty()) {  // QC ran: its masks beside the outputs (the viewer's QC layer, evaluate's FROC)
+      const auto start = std::chrono::steady_clock::now();
+      const std::string path = (out / (input.id + ".qc.png")).string();
+      io::write_qc_masks_png(path, input.qc.bits);
+      written.push_back(path);
+      by_output.emplace_back("qc.png", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
   } catch (const core::Error& e) {
     if (e.kind() != core::ErrorKind::input) throw;
     spdlog::error("slide {} failed while writing its outputs: {}", position, e.what());

@@ -106,6 +106,7 @@ analysis::QcOutcome qc_outcome(const engine::SlideInferenceStats& stats) {
   out.downsample = qc.tissue.downsample;
   out.excluded = qc.excluded();
   out.flagged = qc.flagged();
+  out.bits = prep::encode_qc_masks(qc);
   const double mm2_per_pixel = qc.tissue.mpp * qc.tissue.mpp * 1e-6;
   out.excluded_mm2 = cv::countNonZero(out.excluded) * mm2_per_pixel;
   out.flagged_mm2 = cv::countNonZero(out.flagged) * mm2_per_pixel;

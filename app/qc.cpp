@@ -4,7 +4,7 @@
 // Output folder:
 //   <slide>.qc.png          the masks: a 16-bit grey PNG at the QC level, bit k = class k (qc.h's order: blur,
 //                           pen_green, pen_blue, pen_black, pen_red, fold, bubble, overexposed, underexposed),
-//                           bit 15 = tissue
+//                           bit 13 = flagged, bit 14 = excluded (the unions by action), bit 15 = tissue (io/qc_masks.h)
 //   <slide>.qc-preview.png  the slide at the QC level with each class tinted and outlined, and a legend
 //   qc.csv                  one row per slide: tissue area, each class's fraction of the tissue, sharpness,
 //                           brightness, stain, excluded and flagged fractions, flags, usable yes/no and the reasons
@@ -75,10 +75,7 @@ json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::
     const cv::Mat1f sharpness = blur ? prep::measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
     result = prep::run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);
   }
-  std::vector<std::uint8_t> png;
-  cv::imencode(".png", prep::encode_qc_masks(result), png);
-  core::write_file_atomic((out / (input.id + ".qc.png")).string(),
-                          std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
+  io::write_qc_masks_png((out / (input.id + ".qc.png")).string(), prep::encode_qc_masks(result));
   io::write_png((out / (input.id + ".qc-preview.png")).string(), prep::render_qc_preview(rgb, result));
   json record = prep::qc_summary_json(input.id, input.path, result);
   record["seconds"] = core::seconds_since(start);

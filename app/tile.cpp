@@ -42,6 +42,9 @@ Action setup_tile(CLI::App& command) {
   add_key_flag(command, options->job, "--on-corrupt-tile", {"tile.on_corrupt_tile"},
                "fail: a slide with a damaged tile fails (default); skip: leave damaged tiles out, count them in the "
                "manifest (tile.on_corrupt_tile)");
+  add_key_flag(command, options->job, "--artefact-tiles", {"tile.artefact_tiles"},
+               "drop: leave out tiles over qc.max_fraction in excluded artefacts (default); keep: keep them, marked in "
+               "the shard's 'artefacts' dataset (tile.artefact_tiles)");
   add_key_flag(command, options->job, "--preview", {"preview.enabled"},
                "Only plan and write previews/<slide>.png (tissue mask, tile grid by label); no shards", FlagForm::on);
   options->preview = &options->job.key_flags.back();

@@ -266,6 +266,10 @@ std::uint64_t Dataset::size() const {
   return n;
 }
 
+bool has_dataset(const Hdf5Checker& h5, hid_t parent, const std::string& name) {
+  return h5.check(H5Lexists(parent, name.c_str(), H5P_DEFAULT), "cannot look up dataset '" + name + "'") > 0;
+}
+
 Dataset open_dataset(const Hdf5Checker& h5, hid_t parent, const std::string& name, const std::string& what_given) {
   const std::string what = what_given.empty() ? "cannot open dataset '" + name + "'" : what_given;
   if (h5.check(H5Lexists(parent, name.c_str(), H5P_DEFAULT), what) == 0) h5.fail("missing dataset '" + name + "'");
@@ -320,6 +324,7 @@ std::vector<T> read_dataset(const Hdf5Checker& h5, const Dataset& d, const std::
   template void write_dataset<T>(const Hdf5Checker&, const Handle&, const std::vector<T>&, const std::string&); \
   template std::vector<T> read_dataset<T>(const Hdf5Checker&, const Dataset&, const std::string&);
 TESSERA_HDF5_DATASET_TYPE(std::uint8_t)
+TESSERA_HDF5_DATASET_TYPE(std::uint16_t)
 TESSERA_HDF5_DATASET_TYPE(std::uint32_t)
 TESSERA_HDF5_DATASET_TYPE(std::int32_t)
 TESSERA_HDF5_DATASET_TYPE(std::int64_t)

@@ -144,6 +144,7 @@ class Hdf5Checker {
 // The C++ type of a value is the type it is stored as, little-endian as h5py and numpy write it:
 //   std::string    variable-length UTF-8 string     float          float32
 //   std::uint8_t   uint8                            double         float64
+//   std::uint16_t  uint16
 //   std::uint32_t  uint32                           std::int32_t   int32
 //   std::int64_t   int64                            std::uint64_t  uint64
 // An attribute is a scalar, or a one-dimensional array for a std::vector of these. The writers name the stored
@@ -165,6 +166,11 @@ template <>
 struct NumberType<std::uint8_t> {
   static hid_t file() { return H5T_STD_U8LE; }
   static hid_t memory() { return H5T_NATIVE_UINT8; }
+};
+template <>
+struct NumberType<std::uint16_t> {
+  static hid_t file() { return H5T_STD_U16LE; }
+  static hid_t memory() { return H5T_NATIVE_UINT16; }
 };
 template <>
 struct NumberType<std::uint32_t> {
@@ -326,6 +332,9 @@ struct Dataset {
   std::vector<hsize_t> dims;   // empty for a scalar
   std::uint64_t size() const;  // number of elements
 };
+
+// Whether `parent` has a link `name` ("cannot look up dataset 'name'" when HDF5 cannot tell).
+bool has_dataset(const Hdf5Checker& h5, hid_t parent, const std::string& name);
 
 // Opens dataset `name` in `parent`: a missing one is "missing dataset 'name'", a failing call `what` (by default
 // "cannot open dataset 'name'").

@@ -89,17 +89,20 @@ struct ShardWriter::Impl {
   Handle fractions;
   Handle coords;
   Handle slide_index;
+  Handle artefacts;  // only with attributes.artefacts
 
   // The small per-tile datasets are kept in memory and written once by finish().
   std::vector<std::uint8_t> label_values;
   std::vector<float> fraction_values;
   std::vector<std::int64_t> coord_values;
   std::vector<std::uint32_t> slide_values;
+  std::vector<std::uint16_t> artefact_values;
   std::vector<bool> written;
   std::int64_t written_count = 0;
   bool finished = false;
 
   void close_quietly() {
+    artefacts.close();
     slide_index.close();
     coords.close();
     fractions.close();
@@ -130,6 +133,7 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
   impl.fraction_values.assign(n, 0.0f);
   impl.coord_values.assign(2 * n, 0);
   impl.slide_values.assign(n, 0);
+  impl.artefact_values.assign(attributes.artefacts ? n : 0, 0);
   impl.written.assign(n, false);
 
   QuietHdf5 quiet;
@@ -150,6 +154,7 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
     impl.fractions = hdf5::create_dataset<float>(h5, file, "tumor_fraction", {hn});
     impl.coords = hdf5::create_dataset<std::int64_t>(h5, file, "coords", {hn, 2});
     impl.slide_index = hdf5::create_dataset<std::uint32_t>(h5, file, "slide_index", {hn});
+    if (attributes.artefacts) impl.artefacts = hdf5::create_dataset<std::uint16_t>(h5, file, "artefacts", {hn});
 
     Handle slide_ids = hdf5::create_dataset<std::string>(h5, file, "slides", {static_cast<hsize_t>(slides.size())});
     hdf5::write_dataset(h5, slide_ids, slides, "cannot write dataset 'slides'");
@@ -188,6 +193,10 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
       throw core::InternalError("ShardWriter: slide index " + std::to_string(r.slide_index) + " but the shard has " +
                                 std::to_string(impl.slide_count) + " slides ('" + impl.path + "')");
     }
+    if ((r.artefacts & ~kShardArtefactBits) != 0 || (r.artefacts != 0 && !impl.attributes.artefacts)) {
+      throw core::InternalError("ShardWriter: artefact bits " + std::to_string(r.artefacts) +
+                                " not writable to '" + impl.path + "'");
+    }
   }
   if (count == 0) return;
   if (images == nullptr) throw core::InternalError("ShardWriter: no image data");
@@ -216,6 +225,7 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
     impl.coord_values[2 * i] = r.x;
     impl.coord_values[2 * i + 1] = r.y;
     impl.slide_values[i] = r.slide_index;
+    if (impl.attributes.artefacts) impl.artefact_values[i] = r.artefacts;
     if (!impl.written[i]) {
       impl.written[i] = true;
       ++impl.written_count;
@@ -249,6 +259,10 @@ void ShardWriter::finish() {
     hdf5::write_dataset(h5, impl.fractions, impl.fraction_values, "cannot write dataset 'tumor_fraction'");
     hdf5::write_dataset(h5, impl.coords, impl.coord_values, "cannot write dataset 'coords'");
     hdf5::write_dataset(h5, impl.slide_index, impl.slide_values, "cannot write dataset 'slide_index'");
+    if (impl.attributes.artefacts) {
+      hdf5::write_dataset(h5, impl.artefacts, impl.artefact_values, "cannot write dataset 'artefacts'");
+      h5.close(impl.artefacts, "cannot close dataset 'artefacts'");
+    }
     h5.close(impl.slide_index, "cannot close dataset 'slide_index'");
     h5.close(impl.coords, "cannot close dataset 'coords'");
     h5.close(impl.fractions, "cannot close dataset 'tumor_fraction'");
@@ -388,6 +402,27 @@ ShardFile ShardFile::open(const std::string& path) {
         h5.fail("slide_index[" + std::to_string(i) + "] = " + std::to_string(shard.slide_index_[i]) +
                 " is out of range (" + std::to_string(shard.slides_.size()) + " slides)");
       }
+    }
+
+    // Optional (quality control's per-tile bits): absent reads as no artefact. Read wide, like the labels, so a
+    // stored value outside uint16 or with a bit no class has is refused rather than clipped into a valid one.
+    shard.attributes_.artefacts = hdf5::has_dataset(h5, file.get(), "artefacts");
+    shard.artefacts_.assign(count, 0);
+    if (shard.attributes_.artefacts) {
+      hdf5::Dataset artefacts = hdf5::open_dataset(h5, file.get(), "artefacts");
+      hdf5::expect_class(h5, artefacts, H5T_INTEGER, "integers");
+      hdf5::expect_shape(h5, artefacts, {n});
+      const std::vector<std::int64_t> stored = hdf5::read_dataset<std::int64_t>(h5, artefacts);
+      for (std::size_t i = 0; i < count; ++i) {
+        if (stored[i] < 0 || (stored[i] & ~static_cast<std::int64_t>(kShardArtefactBits)) != 0) {
+          h5.fail("artefacts[" + std::to_string(i) + "] = " + std::to_string(stored[i]) +
+                  " has bits no artefact class has (known: 0-" + std::to_string(kShardArtefactClasses - 1) +
+                  " and 9, excluded)");
+        }
+        shard.artefacts_[i] = static_cast<std::uint16_t>(stored[i]);
+      }
+      h5.close(artefacts.type, "cannot close a datatype");
+      h5.close(artefacts.dataset, "cannot close a dataset");
     }
 
     for (hdf5::Dataset* d : {&images, &labels, &fractions, &coords, &slide_index, &slides}) {
@@ -698,14 +733,16 @@ Manifest read_manifest(const std::string& path) {
     if (!slide.origin.empty() && slide.origin != slide_origin(true) && slide.origin != slide_origin(false)) {
       f.fail(field + ".origin", "expected 'synthetic' or 'real', got '" + slide.origin + "'");
     }
-    if (s.contains("qc_dropped_tiles")) {
-      const json& dropped = s["qc_dropped_tiles"];
-      if (!dropped.is_object()) f.fail(field + ".qc_dropped_tiles", "expected an object of counts");
-      for (const auto& [name, value] : dropped.items()) {
+    for (const auto& [key, counts] : {std::pair{"qc_dropped_tiles", &slide.qc_dropped_tiles},
+                                      std::pair{"qc_kept_tiles", &slide.qc_kept_tiles}}) {
+      if (!s.contains(key)) continue;
+      const json& by_class = s[key];
+      if (!by_class.is_object()) f.fail(field + "." + key, "expected an object of counts");
+      for (const auto& [name, value] : by_class.items()) {
         if (!value.is_number_integer() || value.get<std::int64_t>() < 0) {
-          f.fail(field + ".qc_dropped_tiles." + name, "expected a count (an integer >= 0)");
+          f.fail(field + "." + key + "." + name, "expected a count (an integer >= 0)");
         }
-        slide.qc_dropped_tiles[name] = value.get<std::int64_t>();
+        (*counts)[name] = value.get<std::int64_t>();
       }
     }
     manifest.slides.push_back(std::move(slide));
@@ -750,6 +787,7 @@ void write_manifest(const std::string& path, const Manifest& manifest) {
                              {"corrupt_tiles", s.corrupt_tiles}});
     if (!s.origin.empty()) doc["slides"].back()["origin"] = s.origin;
     if (!s.qc_dropped_tiles.empty()) doc["slides"].back()["qc_dropped_tiles"] = s.qc_dropped_tiles;
+    if (!s.qc_kept_tiles.empty()) doc["slides"].back()["qc_kept_tiles"] = s.qc_kept_tiles;
   }
   doc["failures"] = ordered_json::array();
   for (const auto& failure : manifest.failures) {

@@ -6,6 +6,7 @@
 //   coords          int64   [N, 2]        level-0 (x, y) of each tile's top-left
 //   slide_index     uint32  [N]           row in `slides`
 //   slides          string  [S]           slide ids (variable-length UTF-8)
+//   artefacts       uint16  [N]           optional: quality control's artefact bits per tile (kShardArtefact*)
 //   attributes: format = "tessera-shard", version, tile_size, mpp, stain_normalization
 //
 // A shard is written under a temporary name and renamed when complete, so no reader ever sees a
@@ -32,10 +33,20 @@ inline constexpr int shard_format_version = 1;
 // its checkpoint's class_names.
 inline const std::vector<std::string> kLabelNames = {"normal", "tumor"};
 
+// The optional `artefacts` dataset (written by `tessera tile` when quality control ran): per tile, bit k (k = 0..8,
+// the class order of preprocessing/qc.h and of `<slide>.qc.png`) set when class k covers more than qc.max_fraction
+// of the tile, and kShardArtefactExcluded when the excluded artefacts together do (the tiles tile.artefact_tiles:
+// drop leaves out). A shard without the dataset (QC off, tessera import, or written before it) reads as all zeros:
+// no artefact.
+inline constexpr int kShardArtefactClasses = 9;
+inline constexpr std::uint16_t kShardArtefactExcluded = 1u << 9;
+inline constexpr std::uint16_t kShardArtefactBits = ((1u << kShardArtefactClasses) - 1u) | kShardArtefactExcluded;
+
 struct ShardAttributes {
   int tile_size = 0;
   double mpp = 0.0;
   std::string stain_normalization = "none";
+  bool artefacts = false;  // the shard holds the `artefacts` dataset (not part of the manifest's attributes)
 };
 
 struct ShardTileRecord {
@@ -44,6 +55,7 @@ struct ShardTileRecord {
   std::int64_t x = 0;
   std::int64_t y = 0;
   std::uint32_t slide_index = 0;
+  std::uint16_t artefacts = 0;  // written only when ShardAttributes::artefacts
 };
 
 class ShardWriter {
@@ -86,6 +98,9 @@ class ShardFile {
   const std::vector<std::int64_t>& coords() const { return coords_; }  // x0, y0, x1, y1, ...
   const std::vector<std::uint32_t>& slide_indices() const { return slide_index_; }
   const std::vector<std::string>& slides() const { return slides_; }
+  // Per tile, the artefact bits (kShardArtefact*); zeros when the shard has no `artefacts` dataset
+  // (attributes().artefacts false).
+  const std::vector<std::uint16_t>& artefacts() const { return artefacts_; }
 
   // Reads tiles [first, first + count) into `out` (count · tile_bytes() bytes): one pread.
   void read_images(std::int64_t first, std::int64_t count, std::uint8_t* out) const;
@@ -105,6 +120,7 @@ class ShardFile {
   std::vector<std::int64_t> coords_;
   std::vector<std::uint32_t> slide_index_;
   std::vector<std::string> slides_;
+  std::vector<std::uint16_t> artefacts_;
   std::uint64_t images_offset_ = 0;
   std::shared_ptr<int> fd_;  // shared file descriptor, closed with the last copy
 };
@@ -134,6 +150,9 @@ struct ManifestSlide {
   // Planned tiles dropped by quality control (preprocessing/qc.h), by the artefact class covering most of each;
   // empty when QC was off or dropped nothing (and in manifests written before the field).
   std::map<std::string, std::int64_t> qc_dropped_tiles{};
+  // Tiles over qc.max_fraction kept in the shards (tile.artefact_tiles: keep, their artefacts bit
+  // kShardArtefactExcluded set), by the class covering most of each; empty otherwise.
+  std::map<std::string, std::int64_t> qc_kept_tiles{};
 };
 
 struct ManifestFailure {

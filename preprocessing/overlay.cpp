@@ -1,8 +1,10 @@
 #include "preprocessing/overlay.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <opencv2/imgproc.hpp>
 
@@ -28,6 +30,23 @@ void draw_outlines(cv::Mat& thumbnail, const std::vector<io::Annotation>& annota
     for (const auto& hole : a.holes) rings.push_back(to_thumbnail(hole, scale));
   }
   cv::polylines(thumbnail, rings, true, rgb, thickness, cv::LINE_AA);
+}
+
+void draw_mask_outline(cv::Mat& thumbnail, const cv::Mat1b& mask, double downsample, double scale,
+                       const cv::Scalar& rgb, int thickness) {
+  if (mask.empty() || cv::countNonZero(mask) == 0 || !(scale > 0.0)) return;
+  // Nearest mask pixel under each thumbnail pixel's centre.
+  cv::Mat1b fitted;
+  const double a = scale / downsample;  // mask pixels per thumbnail pixel
+  cv::resize(mask, fitted, cv::Size(static_cast<int>(std::lround(mask.cols / a)),
+                                    static_cast<int>(std::lround(mask.rows / a))),
+             0, 0, cv::INTER_NEAREST);
+  cv::Mat1b canvas = cv::Mat1b::zeros(thumbnail.size());
+  const cv::Rect common(0, 0, std::min(canvas.cols, fitted.cols), std::min(canvas.rows, fitted.rows));
+  fitted(common).copyTo(canvas(common));
+  std::vector<std::vector<cv::Point>> contours;
+  cv::findContours(canvas, contours, cv::RETR_LIST, cv::CHAIN_APPROX_SIMPLE);
+  cv::drawContours(thumbnail, contours, -1, rgb, thickness, cv::LINE_8);
 }
 
 void draw_scale_bar(cv::Mat& thumbnail, double um_per_pixel) {

@@ -671,11 +671,14 @@ void add_cohort_flags(std::vector<QcResult*>& results, double z) {
 
 cv::Mat1w encode_qc_masks(const QcResult& result) {
   cv::Mat1w out = cv::Mat1w::zeros(result.tissue.mask.size());
+  const cv::Mat1b excluded = result.excluded(), flagged = result.flagged();
   for (int r = 0; r < out.rows; ++r) {
     auto* o = out.ptr<std::uint16_t>(r);
     const auto* t = result.tissue.mask.ptr<std::uint8_t>(r);
     for (int c = 0; c < out.cols; ++c) {
-      std::uint16_t bits = t[c] != 0 ? std::uint16_t{1u << 15} : std::uint16_t{0};
+      std::uint16_t bits = t[c] != 0 ? io::kQcTissueBit : std::uint16_t{0};
+      if (excluded(r, c) != 0) bits = static_cast<std::uint16_t>(bits | io::kQcExcludedBit);
+      if (flagged(r, c) != 0) bits = static_cast<std::uint16_t>(bits | io::kQcFlaggedBit);
       for (int k = 0; k < kArtefactCount; ++k) {
         const cv::Mat1b& m = result.masks[static_cast<std::size_t>(k)];
         if (!m.empty() && m(r, c) != 0) bits = static_cast<std::uint16_t>(bits | (1u << k));

@@ -31,6 +31,7 @@
 #include <opencv2/core.hpp>
 
 #include "core/config.h"
+#include "io/qc_masks.h"
 #include "io/slide.h"
 #include "preprocessing/tissue.h"
 
@@ -117,7 +118,8 @@ cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOp
 // Appends the flag to the results' flags.
 void add_cohort_flags(std::vector<QcResult*>& results, double z = 3.5);
 
-// Masks of one slide as one 16-bit PNG's pixels: bit k set = class k (all_artefacts() order), bit 15 = tissue.
+// Masks of one slide as one 16-bit PNG's pixels (io/qc_masks.h): bit k set = class k (all_artefacts() order), bit 13
+// the flagged union, bit 14 the excluded one (excluded()), bit 15 = tissue.
 cv::Mat1w encode_qc_masks(const QcResult& result);
 // Intersection over union of two masks (255 = in); 1 when both are empty.
 double mask_iou(const cv::Mat1b& a, const cv::Mat1b& b);

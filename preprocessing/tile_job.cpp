@@ -106,6 +106,7 @@ struct TileSettings {
   int preview_size = 0;
   fs::path previews;
   std::optional<QcOptions> qc;  // none: QC off
+  bool keep_artefact_tiles = false;  // tile.artefact_tiles: keep (tiles over qc.max_fraction stay, marked)
 };
 
 // One slide's plan as every rank needs it for extraction.
@@ -117,6 +118,7 @@ struct PlanResult {
   double assume_mpp = 0.0;  // the mpp to open the slide with (override or job default)
   bool synthetic = false;   // made by tessera synth (io/provenance.h): the manifest records its origin
   std::map<std::string, std::int64_t> qc_dropped;  // tiles QC dropped, by artefact class
+  std::map<std::string, std::int64_t> qc_kept;     // tiles over qc.max_fraction kept (tile.artefact_tiles: keep)
   std::vector<PlannedTile> tiles;
 };
 
@@ -132,7 +134,8 @@ std::string serialize(const PlanResult& p) {
             {"slide_mpp", p.slide_mpp},
             {"assume_mpp", p.assume_mpp},
             {"synthetic", p.synthetic},
-            {"qc_dropped", p.qc_dropped}};
+            {"qc_dropped", p.qc_dropped},
+            {"qc_kept", p.qc_kept}};
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
   j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(PlannedTile)));
   const auto packed = json::to_cbor(j);
@@ -158,6 +161,7 @@ std::vector<PlanResult> deserialize(const std::string& bytes) {
     p.assume_mpp = j["assume_mpp"];
     p.synthetic = j["synthetic"];
     p.qc_dropped = j["qc_dropped"].get<std::map<std::string, std::int64_t>>();
+    p.qc_kept = j["qc_kept"].get<std::map<std::string, std::int64_t>>();
     const auto& blob = j["tiles"].get_binary();
     p.tiles.resize(blob.size() / sizeof(PlannedTile));
     if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(PlannedTile));
@@ -172,12 +176,14 @@ void append_record(std::string& buffer, const std::string& record) {
   buffer += record;
 }
 
-// Quality control on the slide; the planned tiles with more than options.max_fraction of their area in excluded
-// artefacts are dropped. Returns how many, by the class covering most of each. A slide-level flag is a warning, or
-// with refuse_flagged an InputError naming the slide.
-std::map<std::string, std::int64_t> drop_artefact_tiles(const io::Slide& slide, SlidePlan& plan,
-                                                        const QcOptions& options) {
-  const QcResult qc = run_qc(slide, options);
+// Quality control on the slide: every planned tile gets its artefact bits (io::kShardArtefact*: class k over
+// options.max_fraction of the tile, and kShardArtefactExcluded when the excluded artefacts together are), and a tile
+// over max_fraction in excluded artefacts its class covering most of it (worst_artefact). Unless `keep`, those tiles
+// are dropped, counted by that class. A slide-level flag is a warning, or with refuse_flagged an InputError naming
+// the slide. Fills `qc` with QC's result (for the preview); returns the counts of dropped tiles.
+std::map<std::string, std::int64_t> mark_artefact_tiles(const io::Slide& slide, SlidePlan& plan,
+                                                         const QcOptions& options, bool keep, QcResult& qc) {
+  qc = run_qc(slide, options);
   for (const auto& flag : qc.flags) {
     if (options.refuse_flagged) {
       throw core::InputError("quality control flags the slide (qc.refuse_flagged): " + flag, slide.path());
@@ -202,33 +208,52 @@ std::map<std::string, std::int64_t> drop_artefact_tiles(const io::Slide& slide, 
     return tissue_fractions(m, xs, ys, plan.footprint);
   };
   const std::vector<double> excluded = fractions_of(qc.excluded());
-  std::vector<std::pair<std::string, std::vector<double>>> by_class;
+  std::vector<std::pair<int, std::vector<double>>> by_class;
   for (const Artefact a : all_artefacts()) {
     const auto i = static_cast<std::size_t>(index(a));
-    if (cv::countNonZero(qc.masks[i]) > 0) by_class.emplace_back(to_string(a), fractions_of(qc.masks[i]));
+    if (cv::countNonZero(qc.masks[i]) > 0) by_class.emplace_back(index(a), fractions_of(qc.masks[i]));
   }
   std::vector<PlannedTile> kept;
   kept.reserve(plan.tiles.size());
-  for (const auto& t : plan.tiles) {
+  for (auto t : plan.tiles) {
     const auto col = static_cast<std::size_t>(std::lower_bound(xs.begin(), xs.end(), t.x) - xs.begin());
     const auto row = static_cast<std::size_t>(std::lower_bound(ys.begin(), ys.end(), t.y) - ys.begin());
     const std::size_t cell = row * xs.size() + col;
-    if (excluded[cell] <= options.max_fraction) {
-      kept.push_back(t);
-      continue;
+    t.artefacts = 0;
+    t.worst_artefact = -1;
+    for (const auto& [k, fractions] : by_class) {
+      if (fractions[cell] > options.max_fraction) t.artefacts |= static_cast<std::uint16_t>(1u << k);
     }
-    std::string worst = "blur";  // severe blur is the only excluded area outside every class mask's action
-    double most = -1.0;
-    for (const auto& [name, fractions] : by_class) {
-      if (fractions[cell] > most) {
-        most = fractions[cell];
-        worst = name;
+    if (excluded[cell] > options.max_fraction) {
+      t.artefacts |= io::kShardArtefactExcluded;
+      // The class covering most of the tile; blur when no class has a mask here (severe blur is the only excluded
+      // area outside every excluding class's mask).
+      t.worst_artefact = static_cast<std::int8_t>(index(Artefact::blur));
+      double most = -1.0;
+      for (const auto& [k, fractions] : by_class) {
+        if (fractions[cell] > most) {
+          most = fractions[cell];
+          t.worst_artefact = static_cast<std::int8_t>(k);
+        }
+      }
+      if (!keep) {
+        ++dropped[to_string(all_artefacts()[static_cast<std::size_t>(t.worst_artefact)])];
+        continue;
       }
     }
-    ++dropped[worst];
+    kept.push_back(t);
   }
   plan.tiles = std::move(kept);
   return dropped;
+}
+
+// The tiles of the plan kept over qc.max_fraction in excluded artefacts (tile.artefact_tiles: keep), by class.
+std::map<std::string, std::int64_t> count_kept_artefact_tiles(const SlidePlan& plan) {
+  std::map<std::string, std::int64_t> kept;
+  for (const auto& t : plan.tiles) {
+    if (t.worst_artefact >= 0) ++kept[to_string(all_artefacts()[static_cast<std::size_t>(t.worst_artefact)])];
+  }
+  return kept;
 }
 
 PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
@@ -253,8 +278,13 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     }
     const auto tissue = detect_tissue(slide, settings.tissue);
     auto plan = plan_slide(slide, tissue, annotations, settings.classes, settings.grid);
-    if (settings.qc) result.qc_dropped = drop_artefact_tiles(slide, plan, *settings.qc);
+    std::optional<QcResult> qc;
+    if (settings.qc) {
+      qc.emplace();
+      result.qc_dropped = mark_artefact_tiles(slide, plan, *settings.qc, settings.keep_artefact_tiles, *qc);
+    }
     cap_tiles(plan, settings.max_tiles, settings.max_normal_per_tumour, settings.seed ^ core::fnv1a(input.id));
+    result.qc_kept = count_kept_artefact_tiles(plan);
     if (plan.tiles.empty()) {
       spdlog::warn("{}: no tiles ({:.2f} mm2 of tissue at min fraction {:g}); the slide is skipped", input.path,
                    tissue.tissue_area_mm2(), settings.grid.min_tissue);
@@ -263,7 +293,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
       std::vector<io::Annotation> tumour, exclusion;
       io::split_annotations(annotations, settings.classes, tumour, exclusion);
       io::write_png((settings.previews / (input.id + ".png")).string(),
-                    render_plan_preview(slide, tissue, plan, tumour, settings.preview_size));
+                    render_plan_preview(slide, tissue, plan, tumour, settings.preview_size, qc ? &*qc : nullptr));
     }
     result.footprint = plan.footprint;
     result.slide_mpp = plan.slide_mpp;
@@ -399,7 +429,8 @@ class Extractor {
       // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
       core::fault::at("tile.tile");
       core::throw_if_terminated(std::filesystem::path(path).filename().string());
-      records.push_back({planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide]});
+      records.push_back(
+          {planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide], planned.artefacts});
       images.resize(images.size() + tile_bytes, 255);
       if (!failed.contains(plan.input.id)) {
         try {
@@ -525,7 +556,8 @@ std::int64_t rewrite_without(const std::string& from, const std::string& to, con
     const auto i = static_cast<std::size_t>(keep[k]);
     shard.read_images(keep[k], 1, image.data());
     const io::ShardTileRecord record{shard.labels()[i], shard.tumor_fractions()[i], shard.coords()[2 * i],
-                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]]};
+                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]],
+                                     shard.artefacts()[i]};
     writer.write(static_cast<std::int64_t>(k), {record}, image.data());
   }
   writer.finish();
@@ -547,6 +579,10 @@ const core::Schema& tile_schema() {
                 "A tile whose pixels cannot be decoded (damaged file): fail the slide, or skip the tile and count it "
                 "in the manifest",
                 {"fail", "skip"})
+        .string("tile.artefact_tiles", "drop",
+                "Tiles with more than qc.max_fraction of their area in excluded artefacts: drop them, or keep them "
+                "(e.g. as hard negatives) with their artefact bits in the shard's 'artefacts' dataset",
+                {"drop", "keep"})
         .number("labels.tumour_threshold", 0.5, "A tile is tumour when its annotated tumour fraction is at least this",
                 0.0001, 1)
         .string("labels.ambiguous", "drop", "Tiles with 0 < tumour fraction < threshold: drop, or keep as normal",
@@ -636,6 +672,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   settings.tissue.mask_mpp = tissue.mask_mpp;
   settings.tissue.reject_pen_marks = tissue.reject_pen_marks;
   if (qc_enabled(config)) settings.qc = qc_options(config);
+  settings.keep_artefact_tiles = config.get_string("tile.artefact_tiles") == "keep";
   settings.classes.tumour = config.get_string_list("labels.tumour_classes");
   settings.classes.exclusion = config.get_string_list("labels.exclusion_classes");
   settings.max_tiles = config.get_int("sampling.max_tiles_per_slide");
@@ -771,6 +808,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   attributes.tile_size = settings.grid.tile_size;
   attributes.mpp = settings.grid.mpp;
   attributes.stain_normalization = normalizer ? normalizer->describe() : "none";
+  attributes.artefacts = settings.qc.has_value();  // QC ran: every tile has its artefact bits
 
   const bool skip_corrupt = config.get_string("tile.on_corrupt_tile") == "skip";
   Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")),
@@ -908,6 +946,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       slide.split = p.input.split;
       slide.origin = io::slide_origin(p.synthetic);
       slide.qc_dropped_tiles = p.qc_dropped;
+      slide.qc_kept_tiles = p.qc_kept;
     }
     std::int64_t shard_count = 0;
     for (const auto& rank_spans : spans) shard_count += static_cast<std::int64_t>(rank_spans.size());

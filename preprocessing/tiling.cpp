@@ -303,7 +303,7 @@ void cap_tiles(SlidePlan& plan, std::int64_t max_tiles, double max_normal_per_tu
 }
 
 cv::Mat render_plan_preview(const io::Slide& slide, const TissueMask& tissue, const SlidePlan& plan,
-                            const std::vector<io::Annotation>& tumour, int max_side) {
+                            const std::vector<io::Annotation>& tumour, int max_side, const QcResult* qc) {
   // RGB colours.
   const cv::Scalar kNormal(0, 170, 0);
   const cv::Scalar kTumour(230, 0, 0);
@@ -354,10 +354,18 @@ cv::Mat render_plan_preview(const io::Slide& slide, const TissueMask& tissue, co
   draw_outlines(thumb, tumour, scale, kTumourOutline, thumb.cols >= 1200 ? 2 : 1);
 
   // Legend: a swatch and a count per class, on a white box in the top-left corner.
-  const std::vector<std::pair<cv::Scalar, std::string>> entries = {
+  std::vector<std::pair<cv::Scalar, std::string>> entries = {
       {kTumour, "tumour " + std::to_string(plan.count(1))},
       {kNormal, "normal " + std::to_string(plan.count(0) - ambiguous)},
       {kAmbiguous, "ambiguous " + std::to_string(ambiguous)}};
+  if (qc != nullptr) {
+    // Quality control's areas over the tiles, as infer's overlay outlines them.
+    const double downsample = qc->tissue.downsample;
+    draw_mask_outline(thumb, qc->excluded(), downsample, scale, kQcExcludedRgb);
+    draw_mask_outline(thumb, qc->flagged(), downsample, scale, kQcFlaggedRgb);
+    entries.emplace_back(kQcExcludedRgb, "QC excluded");
+    entries.emplace_back(kQcFlaggedRgb, "QC flagged");
+  }
   const double font_scale = std::max(0.4, thumb.cols / 1600.0);
   const int margin = std::max(6, thumb.cols / 100);
   int baseline = 0;

@@ -18,6 +18,7 @@
 
 #include "io/annotations.h"
 #include "io/slide.h"
+#include "preprocessing/qc.h"
 #include "preprocessing/tissue.h"
 
 namespace tessera::prep {
@@ -40,6 +41,10 @@ struct PlannedTile {
   float tissue_fraction = 0.0f;
   float tumour_fraction = 0.0f;
   std::uint8_t label = 0;  // 0 normal, 1 tumour
+  // Quality control (tile_job): the shard's artefact bits (io::kShardArtefact*), and the class covering most of the
+  // tile when it is over qc.max_fraction in excluded artefacts (-1 otherwise).
+  std::uint16_t artefacts = 0;
+  std::int8_t worst_artefact = -1;
 };
 
 struct SlidePlan {
@@ -71,8 +76,10 @@ std::vector<double> tissue_fractions(const TissueMask& tissue, const std::vector
 void cap_tiles(SlidePlan& plan, std::int64_t max_tiles, double max_normal_per_tumour, std::uint64_t seed);
 
 // A preview a person checks at a glance: slide thumbnail, tissue mask contour, the grid's tiles as
-// rectangles coloured by label (normal green, tumour red, ambiguous-kept orange), and tumour polygons.
+// rectangles coloured by label (normal green, tumour red, ambiguous-kept orange), and tumour polygons. With `qc`
+// (quality control ran), its excluded areas outlined in grey and its flagged ones in amber (kQcExcludedRgb,
+// kQcFlaggedRgb, as infer's overlay draws them), with a legend entry each.
 cv::Mat render_plan_preview(const io::Slide& slide, const TissueMask& tissue, const SlidePlan& plan,
-                            const std::vector<io::Annotation>& tumour, int max_side);
+                            const std::vector<io::Annotation>& tumour, int max_side, const QcResult* qc = nullptr);
 
 }  // namespace tessera::prep

@@ -149,6 +149,17 @@ void open_slide(ViewerSlide& s, double assume_mpp) {
                                        s.heatmap->slide_height, slide->width(), slide->height()),
                            s.slide_path);
   }
+  if (s.qc) {
+    // A mask of this slide: its rows cover the height at the downsample its columns give the width (tissue.h's
+    // rounding up, give or take one row).
+    const double downsample = io::qc_mask_downsample(slide->width(), s.qc->cols);
+    const double rows = static_cast<double>(slide->height()) / downsample;
+    if (std::abs(rows - s.qc->rows) > 1.0) {
+      throw core::InputError(fmt::format("the QC masks ({}.qc.png, {}x{}) are not those of this {}x{} slide", s.id,
+                                         s.qc->cols, s.qc->rows, slide->width(), slide->height()),
+                             s.slide_path);
+    }
+  }
   s.slide = std::move(slide);
 }
 
@@ -249,6 +260,9 @@ ViewerJob open_infer_folder(const fs::path& folder, const JobOptions& options) {
       if (!s.heatmap) s.error = "no heatmap: " + (folder / (id + ".heatmap.h5")).string() + " is missing";
       const auto report_path = output_file(folder, id + ".report.json");
       if (!report_path.empty()) s.report = read_json_file(report_path);
+      if (const auto qc_path = output_file(folder, id + ".qc.png"); !qc_path.empty()) {
+        s.qc = std::make_shared<const cv::Mat1w>(io::read_qc_masks_png(qc_path));
+      }
       s.regions = regions_json(s.report, report_path, output_file(folder, id + ".geojson"));
       if (s.error.empty()) open_slide(s, assume_mpp);
     });

@@ -1,6 +1,7 @@
 // What `tessera view` serves: the slides of one job, opened once at start. Two kinds of input:
 //   - a folder of `tessera infer` outputs: its infer.json names the slides (id, slide file) and the failures; each
-//     slide gets its `<id>.heatmap.h5`, `<id>.report.json` and `<id>.geojson` from the folder, and its ground truth
+//     slide gets its `<id>.heatmap.h5`, `<id>.report.json`, `<id>.geojson` and, when quality control ran,
+//     `<id>.qc.png` (io/qc_masks.h: the QC layer) from the folder, and its ground truth
 //     from the dataset.csv that infer.config.yaml names (input.csv), when it has an annotation column;
 //   - slides alone: files, globs or one dataset.csv (io/slide_list.h), shown without a heatmap (with the
 //     dataset's annotations as ground truth).
@@ -22,6 +23,7 @@
 
 #include "analysis/heatmap_outputs.h"
 #include "io/heatmap.h"
+#include "io/qc_masks.h"
 #include "io/slide.h"
 
 namespace tessera::viewer {
@@ -37,6 +39,7 @@ struct ViewerSlide {
   std::string error;                           // why it cannot be shown; "" = it can
   std::shared_ptr<const io::Slide> slide;      // null when it cannot be shown
   std::shared_ptr<const io::Heatmap> heatmap;  // null = no heatmap layer
+  std::shared_ptr<const cv::Mat1w> qc;         // <id>.qc.png's bits; null = no QC layer
   nlohmann::json report;                       // <id>.report.json (null when absent)
   nlohmann::json regions;       // [{id, size_class, area_mm2, longest_diameter_um, max_prob, bounds, outline}]
   nlohmann::json ground_truth;  // [{group, tumour, outer, holes}] (null when the job names none)

@@ -211,6 +211,7 @@ struct Server::Impl {
       out["vendor"] = s.slide->vendor();
       out["dzi"] = {{"tile_size", deep_zoom(s).tile_size}, {"max_level", deep_zoom(s).max_level()}};
     }
+    out["has_qc"] = s.qc != nullptr && s.slide != nullptr;
     if (s.heatmap && s.slide) {
       const io::Heatmap& h = *s.heatmap;
       out["heatmap"] = {{"rows", h.rows},
@@ -314,7 +315,13 @@ struct Server::Impl {
       if (!t || *t > kMaxThreshold) return fail(res, 400, "the threshold must be an integer 0..100 (percent)");
       res.set_content(deep_zoom(*s).descriptor("png"), "application/xml");
     });
-    http.Get(R"(/dzi/([^/]+)/(slide|heatmap-[^/]+)_files/([^/]+)/([^/_]+)_([^/_.]+)\.(jpeg|png))",
+    http.Get(R"(/dzi/([^/]+)/qc\.dzi)", [this](const httplib::Request& req, httplib::Response& res) {
+      const ViewerSlide* s = shown(req.matches[1], res);
+      if (s == nullptr) return;
+      if (!s->qc) return fail(res, 404, "slide '" + s->id + "' has no quality control masks");
+      res.set_content(deep_zoom(*s).descriptor("png"), "application/xml");
+    });
+    http.Get(R"(/dzi/([^/]+)/(slide|qc|heatmap-[^/]+)_files/([^/]+)/([^/_]+)_([^/_.]+)\.(jpeg|png))",
              [this](const httplib::Request& req, httplib::Response& res) { tile(req, res); });
   }
 
@@ -322,8 +329,10 @@ struct Server::Impl {
     const ViewerSlide* s = shown(req.matches[1], res);
     if (s == nullptr) return;
     const std::string layer = req.matches[2];
-    const bool heatmap = layer != "slide";
-    if (heatmap != (req.matches[6] == "png")) return fail(res, 404, "not found");
+    const bool qc = layer == "qc";
+    const bool heatmap = layer != "slide" && !qc;
+    if ((heatmap || qc) != (req.matches[6] == "png")) return fail(res, 404, "not found");
+    if (qc && !s->qc) return fail(res, 404, "slide '" + s->id + "' has no quality control masks");
     std::optional<std::int64_t> threshold;
     if (heatmap) {
       if (!s->heatmap) return fail(res, 404, "slide '" + s->id + "' has no heatmap");
@@ -347,7 +356,11 @@ struct Server::Impl {
                               dz.columns(static_cast<int>(*level)), dz.rows(static_cast<int>(*level))));
     }
     const std::string key = fmt::format("{}/{}/{}/{}_{}", s->id, layer, *level, *column, *row);
-    if (heatmap) {
+    if (qc) {
+      send_cached(req, res, key, "image/png", [&] {
+        return encode_png(qc_tile(*s->qc, s->slide->width(), dz, static_cast<int>(*level), *rect));
+      });
+    } else if (heatmap) {
       send_cached(req, res, key, "image/png", [&] {
         return encode_png(heatmap_tile(*s->heatmap, dz, static_cast<int>(*level), *rect, job.overlay,
                                        static_cast<double>(*threshold) / kMaxThreshold));

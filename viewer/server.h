@@ -12,6 +12,8 @@
 //   GET /dzi/<id>/slide.dzi, /dzi/<id>/slide_files/<level>/<col>_<row>.jpeg          the slide, DeepZoom
 //   GET /dzi/<id>/heatmap-<t>.dzi, /dzi/<id>/heatmap-<t>_files/<level>/<col>_<row>.png  the heatmap, cells with
 //                                                P < t/100 transparent (t an integer 0..100)
+//   GET /dzi/<id>/qc.dzi, /dzi/<id>/qc_files/<level>/<col>_<row>.png  quality control's areas (<id>.qc.png, when
+//                                                infer wrote it): excluded grey, flagged amber
 //
 // Security: binds 127.0.0.1 unless told otherwise; slides are addressed by id, never by path, so no request
 // names a file: an unknown id, any other path, a `..` segment (also percent-encoded), a backslash or an empty

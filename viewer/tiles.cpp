@@ -7,6 +7,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "io/qc_masks.h"
 
 namespace tessera::viewer {
 
@@ -41,6 +42,35 @@ cv::Mat heatmap_tile(const io::Heatmap& heatmap, const DeepZoom& dz, int level, 
   return analysis::render_map_rgba(heatmap, static_cast<double>(rect.x) * scale, static_cast<double>(rect.y) * scale,
                                    scale, cv::Size(static_cast<int>(rect.width), static_cast<int>(rect.height)),
                                    overlay, min_prob);
+}
+
+cv::Mat qc_tile(const cv::Mat1w& qc_bits, std::int64_t slide_width, const DeepZoom& dz, int level,
+                const TileRect& rect) {
+  const cv::Vec4b excluded(110, 110, 110, kQcLayerAlpha), flagged(255, 170, 0, kQcLayerAlpha);
+  const double scale = dz.scale(level);
+  const double downsample = io::qc_mask_downsample(slide_width, qc_bits.cols);
+  cv::Mat image(static_cast<int>(rect.height), static_cast<int>(rect.width), CV_8UC4, cv::Scalar(0, 0, 0, 0));
+  std::vector<int> cols(static_cast<std::size_t>(image.cols));
+  for (int x = 0; x < image.cols; ++x) {
+    cols[static_cast<std::size_t>(x)] =
+        static_cast<int>(std::floor((static_cast<double>(rect.x + x) + 0.5) * scale / downsample));
+  }
+  for (int y = 0; y < image.rows; ++y) {
+    const auto r = static_cast<int>(std::floor((static_cast<double>(rect.y + y) + 0.5) * scale / downsample));
+    if (r < 0 || r >= qc_bits.rows) continue;
+    const auto* bits = qc_bits.ptr<std::uint16_t>(r);
+    auto* pixel = image.ptr<cv::Vec4b>(y);
+    for (int x = 0; x < image.cols; ++x) {
+      const int c = cols[static_cast<std::size_t>(x)];
+      if (c < 0 || c >= qc_bits.cols) continue;
+      if ((bits[c] & io::kQcExcludedBit) != 0) {
+        pixel[x] = excluded;
+      } else if ((bits[c] & io::kQcFlaggedBit) != 0) {
+        pixel[x] = flagged;
+      }
+    }
+  }
+  return image;
 }
 
 std::string encode_jpeg(const cv::Mat& rgb, int quality) {

@@ -4,6 +4,7 @@
 // the overlay's colour and opacity), encoded as PNG with transparency.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <opencv2/core.hpp>
@@ -22,6 +23,13 @@ cv::Mat slide_tile(const io::Slide& slide, const DeepZoom& dz, int level, const 
 // RGBA pixels of one heatmap tile; cells below `min_prob` are transparent.
 cv::Mat heatmap_tile(const io::Heatmap& heatmap, const DeepZoom& dz, int level, const TileRect& rect,
                      const analysis::OverlayOptions& overlay, double min_prob);
+
+// RGBA pixels of one tile of quality control's layer from `qc_bits` (<slide>.qc.png, io/qc_masks.h; `slide_width`
+// level-0 pixels wide): each pixel takes the mask pixel under its centre; excluded areas grey, flagged ones amber
+// (infer's overlay's colours), at kQcLayerAlpha; elsewhere transparent.
+inline constexpr int kQcLayerAlpha = 150;
+cv::Mat qc_tile(const cv::Mat1w& qc_bits, std::int64_t slide_width, const DeepZoom& dz, int level,
+                const TileRect& rect);
 
 std::string encode_jpeg(const cv::Mat& rgb, int quality);  // RGB CV_8UC3
 std::string encode_png(const cv::Mat& rgba);               // RGBA CV_8UC4

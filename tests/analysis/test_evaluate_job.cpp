@@ -25,6 +25,7 @@
 #include "analysis/evaluate_job.h"
 #include "core/error.h"
 #include "io/annotations.h"
+#include "io/qc_masks.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::analysis {
@@ -494,6 +495,91 @@ TEST_F(EvaluateJobTest, ASlideFileGivesTheResolutionAndClipsTheMask) {
   // The mpp column wins over the slide's own resolution.
   write_dataset("t,slide.tif,tumor,t.xml,0.25,\n");
   EXPECT_DOUBLE_EQ(run_evaluation(job()).evaluated.at(0).mpp, 0.25);
+}
+
+// With quality control's masks beside the detections (<slide>.qc.png), evaluate also reports the FROC over lesions
+// mostly outside excluded areas: a lesion under excluded ink leaves it, one only partly under it stays; the usual
+// FROC is unchanged. A mask that is not a 16-bit PNG fails the slide naming it.
+TEST_F(EvaluateJobTest, QcMasksGiveTheFrocOverLesionsOutsideExcludedAreas) {
+  // A 2048 × 2048 slide at 1 µm/px: a mask pixel is 32 level-0 pixels (32 µm, so a lesion 10 mask pixels wide is no
+  // ITC); the QC masks are 256 px (8 level-0 px).
+  io::TiffWriterOptions options;
+  options.mpp = 1.0;
+  testing::write_pattern_slide((root() / "slide.tif").string(), 2048, 2048, options);
+  // A (free), B (under excluded ink, grown border included), C (its first four annotated columns under excluded ink).
+  io::write_asap_xml((root() / "t.xml").string(),
+                     {cells(5, 5, 15, 15, "_0"), cells(40, 40, 50, 50, "_0"), cells(20, 40, 30, 50, "_0")});
+  write_dataset("t,slide.tif,tumor,t.xml,,\n");
+  write_detections(det() / "t.detections.csv", {{{0.9, centre(10), centre(10)},
+                                                  {0.8, centre(25), centre(45)},
+                                                  {0.7, centre(45), centre(45)},
+                                                  {0.5, centre(5), centre(55)}}});  // B hit; one false positive
+  const EvaluateResult plain = run_evaluation(job());
+  ASSERT_TRUE(plain.failed.empty()) << plain.failed[0].error;
+  ASSERT_TRUE(plain.froc.has_value());
+  EXPECT_FALSE(plain.froc_outside_excluded.has_value()) << "no masks, no second FROC";
+  EXPECT_TRUE(read_json(root() / "out" / "evaluation.json")["froc_outside_excluded"].is_null());
+
+  cv::Mat1w qc(256, 256, io::kQcTissueBit);
+  constexpr double kQcPx = 8.0;  // level-0 pixels per QC pixel
+  const auto exclude = [&](double x0, double y0, double x1, double y1) {
+    qc(cv::Rect(cv::Point(static_cast<int>(x0 / kQcPx), static_cast<int>(y0 / kQcPx)),
+                cv::Point(static_cast<int>(x1 / kQcPx), static_cast<int>(y1 / kQcPx))))
+        .setTo(io::kQcTissueBit | io::kQcExcludedBit | (1u << 1));
+  };
+  exclude(33 * kPx, 33 * kPx, 57 * kPx, 57 * kPx);  // B with its grown border
+  exclude(20 * kPx, 40 * kPx, 24 * kPx, 50 * kPx);  // C's first four columns
+  io::write_qc_masks_png((det() / "t.qc.png").string(), qc);
+  const EvaluateResult r = run_evaluation(job());
+  ASSERT_TRUE(r.failed.empty()) << r.failed[0].error;
+  ASSERT_EQ(r.evaluated.size(), 1u);
+  const SlideEvaluation& t = r.evaluated[0];
+  EXPECT_EQ(t.qc_file, (det() / "t.qc.png").string());
+  ASSERT_EQ(t.lesion_excluded.size(), 3u);
+  // Lesion labels follow the raster order of their first mask pixel: A, then C (column 20), then B (column 40).
+  ASSERT_EQ(t.lesions.size(), 3u);
+  const auto share_at = [&](int column) {
+    for (const auto& lesion : t.lesions) {
+      if (lesion.box.contains(cv::Point(column, lesion.box.y + 1))) {
+        return t.lesion_excluded[static_cast<std::size_t>(lesion.label - 1)];
+      }
+    }
+    ADD_FAILURE() << "no lesion at column " << column;
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(share_at(10), 0.0);
+  EXPECT_DOUBLE_EQ(share_at(45), 1.0);
+  EXPECT_GT(share_at(25), 0.05);
+  EXPECT_LT(share_at(25), kMostlyExcluded);
+
+  // The usual FROC as without masks; the second leaves B out, its hit neither true nor false positive.
+  ASSERT_TRUE(r.froc.has_value());
+  EXPECT_EQ(r.froc->lesions, 3);
+  EXPECT_EQ(r.froc->detected_lesions, 3);
+  EXPECT_EQ(r.froc->score, plain.froc->score);
+  ASSERT_TRUE(r.froc_outside_excluded.has_value());
+  const auto& outside = *r.froc_outside_excluded;
+  EXPECT_EQ(outside.froc.lesions, 2);
+  EXPECT_EQ(outside.froc.detected_lesions, 2);
+  EXPECT_EQ(outside.froc.false_positives, 1);
+  EXPECT_EQ(outside.excluded_lesions, 1);
+  EXPECT_EQ(outside.slides_with_masks, 1);
+  const json written = read_json(root() / "out" / "evaluation.json");
+  EXPECT_EQ(written["froc_outside_excluded"]["lesions"], 2);
+  EXPECT_EQ(written["froc_outside_excluded"]["excluded_lesions"], 1);
+  EXPECT_EQ(written["per_slide"][0]["qc_file"], t.qc_file);
+  EXPECT_TRUE(contains(evaluation_summary(job(), r), "FROC outside excluded areas")) << evaluation_summary(job(), r);
+
+  // Ink over B's detection only, not B: the lesion stays (the rule is about the lesion's area).
+  qc.setTo(io::kQcTissueBit);
+  exclude(44 * kPx, 44 * kPx, 46 * kPx, 46 * kPx);
+  io::write_qc_masks_png((det() / "t.qc.png").string(), qc);
+  EXPECT_EQ(run_evaluation(job()).froc_outside_excluded->froc.lesions, 3);
+
+  write_text(det() / "t.qc.png", "not a png");
+  const EvaluateResult broken = run_evaluation(job());
+  ASSERT_EQ(broken.failed.size(), 1u);
+  EXPECT_TRUE(contains(broken.failed[0].error, "t.qc.png")) << broken.failed[0].error;
 }
 
 TEST(EvaluationCharts, DrawTheCurvesTheyAreGiven) {

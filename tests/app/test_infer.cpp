@@ -30,6 +30,7 @@
 #include "io/dicom_writer.h"
 #include "io/heatmap.h"
 #include "io/image.h"
+#include "io/qc_masks.h"
 #include "io/slide.h"
 #include "preprocessing/qc.h"
 #include "preprocessing/tiling.h"
@@ -326,11 +327,11 @@ TEST_F(Infer, TheMapFindsTheTumourOfASlideTheModelDidNotTrainOn) {
   const std::string id = "tumor_002";
   const auto r = infer(slide(id), "truth", "--set outputs=[]");
   ASSERT_EQ(r.code, 0) << r.err;
-  for (const char* suffix :
-       {".heatmap.h5", ".overlay.png", ".heatmap.tif", ".geojson", ".xml", ".detections.csv", ".report.json"}) {
+  for (const char* suffix : {".heatmap.h5", ".overlay.png", ".heatmap.tif", ".geojson", ".xml", ".detections.csv",
+                             ".report.json", ".qc.png"}) {
     EXPECT_TRUE(fs::exists(dir_->file("truth/" + id + suffix))) << suffix;
   }
-  EXPECT_EQ(read_json(dir_->file("truth/infer.json"))["slides"][0]["outputs"].size(), 7u);
+  EXPECT_EQ(read_json(dir_->file("truth/infer.json"))["slides"][0]["outputs"].size(), 8u) << "7 and QC's masks";
   EXPECT_TRUE(fs::exists(dir_->file("truth/infer.config.yaml")));
   const io::Heatmap map = heatmap("truth", id);
   std::vector<io::Annotation> tumour, exclusion;
@@ -504,6 +505,16 @@ TEST_F(Infer, QualityControlExcludesArtefactCellsAndReportsThem) {
   const auto text = io::read_png_text(dir_->file("qc_on/normal_001.overlay.png"));
   ASSERT_TRUE(text.contains("QC"));
   EXPECT_TRUE(contains(text.at("QC"), "excluded")) << text.at("QC");
+  // QC's masks beside the outputs: the excluded bit is exactly what infer excluded by, the flagged bit empty here.
+  const cv::Mat1w bits = io::read_qc_masks_png(dir_->file("qc_on/normal_001.qc.png"));
+  ASSERT_EQ(bits.size(), qc.excluded().size());
+  EXPECT_EQ(cv::countNonZero(io::qc_mask_of(bits, io::kQcExcludedBit) != qc.excluded()), 0);
+  EXPECT_EQ(cv::countNonZero(io::qc_mask_of(bits, io::kQcFlaggedBit) != qc.flagged()), 0);
+  EXPECT_GT(cv::countNonZero(io::qc_mask_of(bits, io::kQcExcludedBit)), 0);
+  EXPECT_FALSE(fs::exists(dir_->file("qc_off/normal_001.qc.png"))) << "no QC, no masks";
+  const cv::Mat1w flag_bits = io::read_qc_masks_png(dir_->file("qc_flag/normal_001.qc.png"));
+  EXPECT_EQ(cv::countNonZero(io::qc_mask_of(flag_bits, io::kQcExcludedBit)), 0) << "every action flag";
+  EXPECT_GT(cv::countNonZero(io::qc_mask_of(flag_bits, io::kQcFlaggedBit)), 0);
 }
 
 TEST_F(Infer, RefusesJobMistakesNamingTheKey) {

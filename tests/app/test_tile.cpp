@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -15,6 +16,8 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "io/annotations.h"
 #include "io/dataset.h"
@@ -91,32 +94,39 @@ TEST_F(Tile, WritesShardsAndAManifestThatAgree) {
 }
 
 // Quality control in tile: tiles mostly under marker ink are dropped, counted per slide and class in the manifest;
-// with qc.enabled: false every tile stays.
-TEST_F(Tile, QualityControlDropsArtefactTilesAndCountsThem) {
+// with tile.artefact_tiles: keep they stay, counted as kept, each with its artefact bits in the shard, which agree
+// with the masks `tessera qc` writes for the slide; with qc.enabled: false every tile stays, without the field.
+TEST_F(Tile, QualityControlDropsOrKeepsArtefactTilesAndCountsThem) {
   const std::string inked = dir_->file("inked");
   auto r = run("synth --out " + inked +
                " --slides 1 --size 2048 --seed 78 --set slides.mpp=1.0 --set slides.tumour_fraction=0 --set "
                "preview.enabled=false"
                " --set artefacts.pen_marks=true --set artefacts.red_ink=true --set artefacts.blur=false");
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto tile_job = [&](const std::string& name, const std::string& extra) {
+  const auto tile_job = [&](const std::string& name, const std::string& tile_extra, const std::string& extra) {
     const std::string path = dir_->file(name + ".yaml");
     std::ofstream(path) << "input:\n  csv: " << inked << "/dataset.csv\n"
                         << "output: " << dir_->file(name) << "\n"
                         << "tile:\n  size: 32\n  mpp: 1.0\n"
-                        << "tissue:\n  min_fraction: 0.3\n  reject_pen_marks: false\n"
+                        << tile_extra << "tissue:\n  min_fraction: 0.3\n  reject_pen_marks: false\n"
                         << extra;
     return path;
   };
-  r = run("tile " + tile_job("qc_on", ""));
+  r = run("tile " + tile_job("qc_on", "", ""));
   ASSERT_EQ(r.code, 0) << r.err;
-  r = run("tile " + tile_job("qc_off", "qc:\n  enabled: false\n"));
+  r = run("tile " + tile_job("qc_keep", "  artefact_tiles: keep\n", ""));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("tile " + tile_job("qc_off", "", "qc:\n  enabled: false\n"));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto on = io::read_manifest(dir_->file("qc_on/manifest.json"));
+  const auto keep = io::read_manifest(dir_->file("qc_keep/manifest.json"));
   const auto off = io::read_manifest(dir_->file("qc_off/manifest.json"));
   ASSERT_EQ(on.slides.size(), 1u);
+  ASSERT_EQ(keep.slides.size(), 1u);
   ASSERT_EQ(off.slides.size(), 1u);
   EXPECT_TRUE(off.slides[0].qc_dropped_tiles.empty());
+  EXPECT_TRUE(off.slides[0].qc_kept_tiles.empty());
+  EXPECT_TRUE(on.slides[0].qc_kept_tiles.empty());
   std::int64_t dropped = 0, ink_tiles = 0;
   for (const auto& [name, count] : on.slides[0].qc_dropped_tiles) {
     dropped += count;
@@ -125,6 +135,108 @@ TEST_F(Tile, QualityControlDropsArtefactTilesAndCountsThem) {
   EXPECT_GT(ink_tiles, 10);
   EXPECT_GT(ink_tiles, dropped / 2) << "the ink is most of what was dropped";
   EXPECT_EQ(on.slides[0].tiles + dropped, off.slides[0].tiles);
+  // Kept: the same tiles by the same classes, none dropped, every tile of the slide in the shards.
+  EXPECT_TRUE(keep.slides[0].qc_dropped_tiles.empty());
+  EXPECT_EQ(keep.slides[0].qc_kept_tiles, on.slides[0].qc_dropped_tiles);
+  EXPECT_EQ(keep.slides[0].tiles, off.slides[0].tiles);
+
+  // The shards' artefact bits against QC's masks of the slide (<slide>.qc.png: bit k = class k, at the QC level).
+  r = run("qc --csv " + inked + "/dataset.csv --out " + dir_->file("qc_masks"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string id = keep.slides[0].id;
+  const cv::Mat masks = cv::imread(dir_->file("qc_masks/" + id + ".qc.png"), cv::IMREAD_UNCHANGED);
+  ASSERT_EQ(masks.type(), CV_16UC1);
+  const double downsample = 2048.0 / masks.cols;  // level-0 pixels per mask pixel (the slide is 2048 px wide)
+  const double max_fraction = 0.1;                // qc.max_fraction's default
+  // The share of the 32 px tile at (x, y) that class k's mask covers, by area.
+  const auto share = [&](std::int64_t x, std::int64_t y, int k) {
+    double covered = 0.0;
+    for (int row = 0; row < masks.rows; ++row) {
+      const double oy = std::min<double>(y + 32, (row + 1) * downsample) - std::max<double>(y, row * downsample);
+      if (oy <= 0) continue;
+      for (int col = 0; col < masks.cols; ++col) {
+        const double ox = std::min<double>(x + 32, (col + 1) * downsample) - std::max<double>(x, col * downsample);
+        if (ox > 0 && (masks.at<std::uint16_t>(row, col) >> k & 1u) != 0) covered += ox * oy;
+      }
+    }
+    return covered / (32.0 * 32.0);
+  };
+  std::int64_t excluded = 0, clear_set = 0, clear_unset = 0;
+  std::map<int, std::int64_t> set_by_class;
+  for (const auto& entry : keep.shards) {
+    const auto shard = io::ShardFile::open(dir_->file("qc_keep/" + entry.file));
+    ASSERT_TRUE(shard.attributes().artefacts);
+    for (std::size_t i = 0; i < shard.artefacts().size(); ++i) {
+      const std::uint16_t bits = shard.artefacts()[i];
+      if ((bits & io::kShardArtefactExcluded) != 0) ++excluded;
+      for (int k = 0; k < io::kShardArtefactClasses; ++k) {
+        const double f = share(shard.coords()[2 * i], shard.coords()[2 * i + 1], k);
+        const bool bit = (bits >> k & 1u) != 0;
+        if (bit) ++set_by_class[k];
+        // Clear cases only: the tile rule weighs the mask pixels the same way, but a share at the threshold
+        // may round either way.
+        if (f > max_fraction + 0.05) {
+          EXPECT_TRUE(bit) << "class " << k << " covers " << f << " of tile " << i << " of " << entry.file;
+          ++clear_set;
+        } else if (f < max_fraction - 0.05) {
+          EXPECT_FALSE(bit) << "class " << k << " covers " << f << " of tile " << i << " of " << entry.file;
+          ++clear_unset;
+        }
+      }
+    }
+  }
+  std::int64_t kept = 0;
+  for (const auto& [name, count] : keep.slides[0].qc_kept_tiles) kept += count;
+  EXPECT_EQ(excluded, kept) << "the manifest counts the tiles the shards mark as excluded";
+  EXPECT_GT(clear_set, 10);
+  EXPECT_GT(clear_unset, 100);
+  EXPECT_FALSE(set_by_class.empty());
+  // Dropping leaves no tile marked excluded; QC off writes no field.
+  for (const auto& entry : on.shards) {
+    const auto shard = io::ShardFile::open(dir_->file("qc_on/" + entry.file));
+    ASSERT_TRUE(shard.attributes().artefacts);
+    for (const auto bits : shard.artefacts()) EXPECT_EQ(bits & io::kShardArtefactExcluded, 0);
+  }
+  for (const auto& entry : off.shards) {
+    EXPECT_FALSE(io::ShardFile::open(dir_->file("qc_off/" + entry.file)).attributes().artefacts);
+  }
+}
+
+// tile's preview draws quality control's areas: excluded grey, flagged amber (the overlay's colours), and a
+// preview with QC off has none.
+TEST_F(Tile, PreviewDrawsQualityControlAreas) {
+  const std::string inked = dir_->file("inked-preview");
+  auto r = run("synth --out " + inked +
+               " --slides 1 --size 2048 --seed 78 --set slides.mpp=1.0 --set slides.tumour_fraction=0 --set "
+               "preview.enabled=false --set artefacts.pen_marks=true --set artefacts.blur=false");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto preview = [&](const std::string& name, const std::string& extra) {
+    const std::string path = dir_->file(name + ".yaml");
+    std::ofstream(path) << "input:\n  csv: " << inked << "/dataset.csv\n"
+                        << "output: " << dir_->file(name) << "\n"
+                        << "tile:\n  size: 32\n  mpp: 1.0\n"
+                        << "preview:\n  size: 512\n" << extra;
+    const auto rr = run("tile --preview " + path);
+    EXPECT_EQ(rr.code, 0) << rr.err;
+    const auto folder = fs::path(dir_->file(name)) / "previews";
+    EXPECT_TRUE(fs::is_directory(folder));
+    const auto file = fs::directory_iterator(folder)->path();
+    cv::Mat bgr = cv::imread(file.string(), cv::IMREAD_COLOR);
+    EXPECT_FALSE(bgr.empty()) << file;
+    return bgr;
+  };
+  // Pixels of exactly the colour (RGB) in the picture, outside its legend (the top band).
+  const auto count = [](const cv::Mat& bgr, const cv::Scalar& rgb) {
+    const cv::Mat below = bgr(cv::Rect(0, 60, bgr.cols, bgr.rows - 60));
+    cv::Mat1b hit;
+    cv::inRange(below, cv::Scalar(rgb[2], rgb[1], rgb[0]), cv::Scalar(rgb[2], rgb[1], rgb[0]), hit);
+    return cv::countNonZero(hit);
+  };
+  const cv::Scalar grey(110, 110, 110);
+  const cv::Mat on = preview("preview_qc_on", "");
+  const cv::Mat off = preview("preview_qc_off", "qc:\n  enabled: false\n");
+  // (The slide itself may hold a few pixels of that grey: the same in both.)
+  EXPECT_GT(count(on, grey), count(off, grey) + 50) << "the ink's outline";
 }
 
 TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {

@@ -5,7 +5,7 @@ Starts `tessera view` on the viewer tests' job (tests/viewer/fixture.h: a slide 
 block), opens the page in headless Chromium through chromium-driver, and checks what a pathologist would: the index
 lists the slides (the failed one with its error); the heatmap layer puts the tumour colour over the tumour block and
 not over normal tissue (pixels of screenshots against the heatmap tile's own RGBA, composited); the opacity slider
-and the toggle change it; P under the mouse; clicking a region zooms to its box; traversal requests are refused.
+and the toggle change it; quality control's layer greys the excluded ink and its checkbox hides it; P under the mouse; clicking a region zooms to its box; traversal requests are refused.
 Every wait is for an event the page reports (window.tessera.state, OpenSeadragon's fully-loaded and animation
 events, animation frames), never a sleep. Screenshots are kept in the artifacts folder. Exits 77 (skipped) with a
 message when Chromium, chromium-driver or Selenium is missing.
@@ -49,6 +49,8 @@ if not CHROMIUM or not DRIVER:
 TUMOUR = (1280, 768)   # level-0 centre of the fixture's tumour block (P = 0.95)
 NORMAL = (384, 1408)   # level-0 centre of a normal cell (P = 0.02)
 REGION = [1024, 512, 512, 512]
+EXCLUDED = (256, 1792)  # level-0 centre of the fixture's excluded ink (its qc.png: bit 14)
+QC_GREY = (110, 110, 110, 150)  # the QC layer's excluded colour and alpha (viewer/tiles.h)
 
 
 class Failure(Exception):
@@ -188,6 +190,22 @@ def main():
         check(near(seen_faint, composite(under_tumour, tumour_rgba, 0.3), 12) and not near(seen_faint, seen_tumour, 20),
               f"the opacity slider at 0.3 fades the tumour colour ({seen_faint})")
 
+        # Quality control's layer: the excluded ink greyed over whatever is under it; its checkbox hides it.
+        wait_for(driver, "return tessera.state.qcLoaded", "the QC tiles")
+        excluded_at = page_point(driver, *EXCLUDED)
+        frames(driver)
+        qc_on = screenshot(driver, artifacts, "5-qc-on.png")
+        driver.find_element(By.ID, "qc-toggle").click()  # off
+        frames(driver)
+        qc_off = screenshot(driver, artifacts, "6-qc-off.png")
+        driver.find_element(By.ID, "qc-toggle").click()  # on again
+        frames(driver)
+        seen_on, seen_off = mean_rgb(qc_on, excluded_at), mean_rgb(qc_off, excluded_at)
+        print(f"excluded ink: QC layer off {seen_off}, on {seen_on}")
+        check(near(seen_on, composite(seen_off, QC_GREY, 1.0), 12) and not near(seen_on, seen_off, 20),
+              "the QC layer greys the excluded ink, and its checkbox hides it")
+        check(near(mean_rgb(qc_on, normal_at), mean_rgb(qc_off, normal_at), 3), "no QC colour over clean tissue")
+
         # P and µm under the mouse.
         viewer = driver.find_element(By.ID, "viewer")
         rect = driver.execute_script("return document.getElementById('viewer').getBoundingClientRect().toJSON()")
@@ -212,7 +230,7 @@ def main():
               and bounds[2] * bounds[3] <= 4 * w * h, "clicking the region zooms to its box")
         driver.find_element(By.ID, "truth-toggle").click()
         frames(driver)
-        screenshot(driver, artifacts, "5-region-and-ground-truth.png")
+        screenshot(driver, artifacts, "7-region-and-ground-truth.png")
 
         # Traversal is refused.
         for path in ("/static/..%2f..%2fCMakeLists.txt", "/dzi/..%2F..%2Fetc%2Fpasswd/slide.dzi", "/static/%2e%2e/x"):

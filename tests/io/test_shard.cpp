@@ -294,6 +294,49 @@ TEST(ShardFile, RoundTripIsExact) {
   EXPECT_THROW(shard.read_images(-1, 1, block.data()), core::InternalError);
 }
 
+// Quality control's per-tile artefact bits: written when the attributes ask for them and read back as written; a
+// shard without the dataset (QC off, tessera import, or written before it) reads as no artefact.
+TEST(ShardFile, ArtefactBitsRoundTripAndAbsentReadsAsNone) {
+  TempDir dir;
+  constexpr std::int64_t n = 50;
+  const auto bits_of = [](std::int64_t i) {
+    return static_cast<std::uint16_t>(i % 3 == 0 ? 0 : i % 3 == 1 ? (1u << 1) | io::kShardArtefactExcluded : 1u << 8);
+  };
+  const std::string with = dir.file("with.h5");
+  {
+    auto a = attributes(8);
+    a.artefacts = true;
+    io::ShardWriter writer(with, a, n, slide_ids);
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto record = tile_record(i, slide_of(i));
+      record.artefacts = bits_of(i);
+      writer.write(i, {record}, tile_pixels(i, 8).data());
+    }
+    writer.finish();
+  }
+  const auto shard = io::ShardFile::open(with);
+  EXPECT_TRUE(shard.attributes().artefacts);
+  ASSERT_EQ(shard.artefacts().size(), static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(shard.artefacts()[static_cast<std::size_t>(i)], bits_of(i)) << i;
+
+  const std::string without = dir.file("without.h5");
+  write_shard(without, n, 8);
+  const auto plain = io::ShardFile::open(without);
+  EXPECT_FALSE(plain.attributes().artefacts);
+  EXPECT_EQ(plain.artefacts(), std::vector<std::uint16_t>(static_cast<std::size_t>(n), 0));
+
+  // Bits where the shard has no field for them, or bits no class has, are a writer's bug.
+  io::ShardWriter no_field(dir.file("no-field.h5"), attributes(8), 1, slide_ids);
+  auto record = tile_record(0, 0);
+  record.artefacts = 1u << 2;
+  EXPECT_THROW(no_field.write(0, {record}, tile_pixels(0, 8).data()), core::InternalError);
+  auto a = attributes(8);
+  a.artefacts = true;
+  io::ShardWriter unknown_bit(dir.file("unknown-bit.h5"), a, 1, slide_ids);
+  record.artefacts = 1u << 12;
+  EXPECT_THROW(unknown_bit.write(0, {record}, tile_pixels(0, 8).data()), core::InternalError);
+}
+
 TEST(ShardFile, MatOverloadAndEmptyShard) {
   TempDir dir;
   const std::string path = dir.file("mats.h5");
@@ -674,6 +717,32 @@ TEST_F(ShardBroken, RuleBreakingShards) {
   EXPECT_EQ(open_error(tile_size), "dataset 'images' has shape [200, 8, 8, 3], expected [200, 16, 16, 3]");
 }
 
+// A stored artefacts value with a bit no class has, or of another shape, is refused (never read as another value).
+TEST_F(ShardBroken, ArtefactBitsOutsideTheClasses) {
+  const auto with_artefacts = [&](const std::string& name, std::vector<std::int32_t> values) {
+    return edited(name, [values](hid_t file) {
+      const hsize_t count = values.size();
+      H5Id space{H5Screate_simple(1, &count, nullptr), H5Sclose};
+      H5Id dataset{H5Dcreate2(file, "artefacts", H5T_STD_I32LE, space.id, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   H5Dclose};
+      H5Dwrite(dataset.id, H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+    });
+  };
+  const auto n = static_cast<std::size_t>(io::ShardFile::open(good_).size());
+  std::vector<std::int32_t> values(n, 0);
+  values[3] = 1 << 12;
+  EXPECT_EQ(open_error(with_artefacts("bit12.h5", values)),
+            "artefacts[3] = 4096 has bits no artefact class has (known: 0-8 and 9, excluded)");
+  values[3] = -1;
+  EXPECT_EQ(open_error(with_artefacts("negative.h5", values)),
+            "artefacts[3] = -1 has bits no artefact class has (known: 0-8 and 9, excluded)");
+  EXPECT_EQ(open_error(with_artefacts("short.h5", std::vector<std::int32_t>(n - 1, 0))),
+            "dataset 'artefacts' has shape [" + std::to_string(n - 1) + "], expected [" + std::to_string(n) + "]");
+  values[3] = (1 << 5) | (1 << 9);
+  const auto read = io::ShardFile::open(with_artefacts("good-bits.h5", values));
+  EXPECT_EQ(read.artefacts()[3], (1u << 5) | io::kShardArtefactExcluded);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Manifest
 
@@ -685,6 +754,8 @@ io::Manifest sample_manifest() {
   m.shards = {{"shard-00000.h5", 1000, 700, 300, {"a", "b"}}, {"shard-00001.h5", 12, 12, 0, {"b"}}};
   m.slides = {{"a", "/data/a.svs", "tumor", "train", 600, 300, 300}, {"b", "/data/b b.tif", "", "", 412, 412, 0}};
   m.slides[0].origin = "synthetic";  // slide b: a manifest from before origins were recorded
+  m.slides[0].qc_dropped_tiles = {{"pen_green", 7}};  // slide b: none (QC off, or a manifest from before)
+  m.slides[0].qc_kept_tiles = {{"fold", 3}, {"pen_red", 2}};
   m.failures = {{"c", "file '/data/c.svs': openslide: cannot read tile"}};
   return m;
 }
@@ -719,6 +790,8 @@ TEST(Manifest, RoundTrip) {
     EXPECT_EQ(r.slides[i].normal, m.slides[i].normal);
     EXPECT_EQ(r.slides[i].tumour, m.slides[i].tumour);
     EXPECT_EQ(r.slides[i].origin, m.slides[i].origin);
+    EXPECT_EQ(r.slides[i].qc_dropped_tiles, m.slides[i].qc_dropped_tiles);
+    EXPECT_EQ(r.slides[i].qc_kept_tiles, m.slides[i].qc_kept_tiles);
   }
   ASSERT_EQ(r.failures.size(), 1u);
   EXPECT_EQ(r.failures[0].slide, "c");
@@ -793,6 +866,10 @@ TEST_F(ManifestBroken, EachProblemIsNamed) {
             "field 'slides[0].origin': expected 'synthetic' or 'real', got 'scanned'");
   EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "origin": true}]})"),
             "field 'slides[0].origin': expected a string, got boolean");
+  EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "qc_kept_tiles": {"fold": -2}}]})"),
+            "field 'slides[0].qc_kept_tiles.fold': expected a count (an integer >= 0)");
+  EXPECT_EQ(error_for(head + attributes + R"("shards": [], "slides": [{"id": "x", "qc_kept_tiles": [1]}]})"),
+            "field 'slides[0].qc_kept_tiles': expected an object of counts");
 }
 
 // The tiling's tissue settings come from the effective job the manifest carries: what training records in the

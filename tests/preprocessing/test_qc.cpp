@@ -267,6 +267,7 @@ TEST(Qc, StainFarFromTheCohortIsFlagged) {
   EXPECT_TRUE(results[4].flags.empty());
 }
 
+// Bit k = class k, 13 = flagged, 14 = excluded (by each class's action; severe blur excluded), 15 = tissue.
 TEST(Qc, MasksEncodeAsBitsOfOnePng) {
   QcResult r;
   r.tissue.mask = cv::Mat1b::zeros(4, 4);
@@ -274,10 +275,19 @@ TEST(Qc, MasksEncodeAsBitsOfOnePng) {
   for (auto& m : r.masks) m = cv::Mat1b::zeros(4, 4);
   r.masks[static_cast<std::size_t>(index(Artefact::fold))](1, 1) = 255;
   r.masks[static_cast<std::size_t>(index(Artefact::underexposed))](2, 3) = 255;
+  r.masks[static_cast<std::size_t>(index(Artefact::blur))](0, 2) = 255;  // blur flags by default
+  r.masks[static_cast<std::size_t>(index(Artefact::blur))](3, 0) = 255;
+  r.severe_blur = cv::Mat1b::zeros(4, 4);
+  r.severe_blur(3, 0) = 255;  // and severe blur is excluded
   const cv::Mat1w bits = encode_qc_masks(r);
-  EXPECT_EQ(bits(1, 1), (1u << 15) | (1u << index(Artefact::fold)));
-  EXPECT_EQ(bits(2, 3), 1u << index(Artefact::underexposed));
+  EXPECT_EQ(bits(1, 1), (1u << 15) | (1u << index(Artefact::fold)) | io::kQcExcludedBit);
+  EXPECT_EQ(bits(2, 3), (1u << index(Artefact::underexposed)) | io::kQcExcludedBit);
+  EXPECT_EQ(bits(0, 2), (1u << index(Artefact::blur)) | io::kQcFlaggedBit);
+  EXPECT_EQ(bits(3, 0), (1u << index(Artefact::blur)) | io::kQcFlaggedBit | io::kQcExcludedBit);
   EXPECT_EQ(bits(0, 0), 0u);
+  // With fold's action set to flag, its pixel is flagged instead.
+  r.options.action[static_cast<std::size_t>(index(Artefact::fold))] = QcAction::flag;
+  EXPECT_EQ(encode_qc_masks(r)(1, 1), (1u << 15) | (1u << index(Artefact::fold)) | io::kQcFlaggedBit);
 }
 
 }  // namespace

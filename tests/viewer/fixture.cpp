@@ -9,6 +9,7 @@
 
 #include "analysis/heatmap_outputs.h"
 #include "io/annotations.h"
+#include "io/qc_masks.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::testing {
@@ -54,6 +55,15 @@ ViewFixture make_view_fixture(const std::string& dir) {
   out.outputs = {"heatmap.h5", "geojson", "report.json"};
   out.geojson.tiles = false;
   analysis::write_slide_outputs(f.infer_dir, analysis::analyse_heatmap(h, out), out);
+
+  cv::Mat1w qc(256, 256, io::kQcTissueBit);
+  constexpr std::uint16_t kPenGreen = 1u << 1, kBlur = 1u << 0;
+  const auto mark = [&](const int (&area)[4], std::uint16_t bits) {
+    qc(cv::Rect(area[0] / 8, area[1] / 8, area[2] / 8, area[3] / 8)).setTo(io::kQcTissueBit | bits);
+  };
+  mark(kViewQcExcluded, kPenGreen | io::kQcExcludedBit);
+  mark(kViewQcFlagged, kBlur | io::kQcFlaggedBit);
+  io::write_qc_masks_png((fs::path(f.infer_dir) / (std::string(kViewSlideId) + ".qc.png")).string(), qc);
 
   const nlohmann::json record = {
       {"slides", {{{"id", kViewSlideId}, {"slide", f.slide_path}}}},

@@ -19,6 +19,7 @@
 
 #include "analysis/heatmap_outputs.h"
 #include "core/error.h"
+#include "io/qc_masks.h"
 #include "io/slide.h"
 #include "tests/testing/testing.h"
 #include "tests/viewer/fixture.h"
@@ -26,6 +27,7 @@
 #include "viewer/job.h"
 #include "viewer/server.h"
 #include "viewer/tile_cache.h"
+#include "viewer/tiles.h"
 
 namespace tessera::viewer {
 namespace {
@@ -260,6 +262,52 @@ TEST_F(ViewerServer, HeatmapTilesAreTransparentPngsWithTheTumourColourOverTheTum
   const cv::Mat cut_bgra = cv::imdecode(cut_bytes, cv::IMREAD_UNCHANGED);
   EXPECT_EQ(cut_bgra.at<cv::Vec4b>(150, 40)[3], 0);
   EXPECT_EQ(cut_bgra.at<cv::Vec4b>(96, 160), at_tumour);
+}
+
+// The QC layer: <slide>.qc.png's excluded areas grey, flagged ones amber, elsewhere transparent, on the slide's
+// DeepZoom grid.
+TEST_F(ViewerServer, QcTilesAreExcludedGreyAndFlaggedAmber) {
+  const auto detail = nlohmann::json::parse(get(std::string("/api/slides/") + kViewSlideId)->body);
+  EXPECT_EQ(detail["has_qc"], true);
+  const std::string base = std::string("/dzi/") + kViewSlideId;
+  EXPECT_EQ(status(base + "/qc.dzi"), 200);
+  EXPECT_EQ(status(base + "/qc_files/8/0_0.jpeg"), 404) << "the QC layer is PNG";
+  const auto res = get(base + "/qc_files/8/0_0.png");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "image/png");
+  const std::vector<uchar> bytes(res->body.begin(), res->body.end());
+  const cv::Mat bgra = cv::imdecode(bytes, cv::IMREAD_UNCHANGED);
+  ASSERT_EQ(bgra.type(), CV_8UC4);
+  // Level 8: 8 level-0 px per pixel, so pixel (x, y) is level-0 (8x + 4, 8y + 4).
+  const auto at = [&](int x0, int y0) { return bgra.at<cv::Vec4b>(y0 / 8, x0 / 8); };
+  const auto& ex = testing::kViewQcExcluded;
+  const auto& fl = testing::kViewQcFlagged;
+  EXPECT_EQ(at(ex[0] + 100, ex[1] + 100), cv::Vec4b(110, 110, 110, kQcLayerAlpha));
+  EXPECT_EQ(at(ex[0] + ex[2] - 12, ex[1] + ex[3] - 12), cv::Vec4b(110, 110, 110, kQcLayerAlpha));
+  EXPECT_EQ(at(fl[0] + 100, fl[1] + 100), cv::Vec4b(0, 170, 255, kQcLayerAlpha)) << "amber (BGRA)";
+  EXPECT_EQ(at(ex[0] + ex[2] + 20, ex[1] + 100)[3], 0) << "just right of the excluded area";
+  EXPECT_EQ(at(1280, 768)[3], 0) << "tissue without artefacts";
+}
+
+// Without <slide>.qc.png there is no QC layer; masks of another slide's size are the slide's error, naming them.
+TEST(ViewerJob, QcMasksAreOptionalAndMustFitTheSlide) {
+  testing::TempDir tmp;
+  const auto fixture = testing::make_view_fixture(tmp.path().string());
+  const fs::path masks = fs::path(fixture.infer_dir) / (std::string(kViewSlideId) + ".qc.png");
+  fs::remove(masks);
+  const auto without = open_job({fixture.infer_dir}, {});
+  const ViewerSlide* s = without.find(kViewSlideId);
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->error, "");
+  EXPECT_EQ(s->qc, nullptr);
+  io::write_qc_masks_png(masks.string(), cv::Mat1w(100, 256, io::kQcTissueBit));
+  const auto wrong = open_job({fixture.infer_dir}, {});
+  s = wrong.find(kViewSlideId);
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(s->error.find("the QC masks (case_001.qc.png, 256x100) are not those of this 2048x2048 slide"),
+            std::string::npos)
+      << s->error;
 }
 
 TEST_F(ViewerServer, TilesCarryAnEtagAndARevalidationIsNotModified) {

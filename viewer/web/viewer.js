@@ -1,5 +1,5 @@
 // The page of `tessera view`: the job's index, and one slide at a time as a deep-zoom image with its heatmap layer,
-// region outlines and ground truth. Talks to the server of viewer/server.h only. `window.tessera` exposes the
+// quality control's layer (when infer wrote <slide>.qc.png), region outlines and ground truth. Talks to the server of viewer/server.h only. `window.tessera` exposes the
 // viewer and what has loaded (`state`), so that a test can wait for events instead of sleeping.
 'use strict';
 
@@ -9,8 +9,10 @@ const tessera = {
   grid: null,       // the heatmap's probabilities (/api/slides/<id>/heatmap)
   slideItem: null,
   heatmapItem: null,
+  qcItem: null,     // quality control's layer: excluded areas grey, flagged ones amber
   selected: null,   // the region last clicked
-  state: { index: false, slideLoaded: false, heatmapLoaded: false, animating: false, zooms: 0, error: null },
+  state: { index: false, slideLoaded: false, heatmapLoaded: false, qcLoaded: false, animating: false, zooms: 0,
+           error: null },
 };
 window.tessera = tessera;
 
@@ -81,8 +83,9 @@ async function showIndex() {
 
 function destroyViewer() {
   if (tessera.viewer) tessera.viewer.destroy();
-  Object.assign(tessera, { viewer: null, slide: null, grid: null, slideItem: null, heatmapItem: null, selected: null });
-  Object.assign(tessera.state, { slideLoaded: false, heatmapLoaded: false, animating: false, zooms: 0 });
+  Object.assign(tessera,
+                { viewer: null, slide: null, grid: null, slideItem: null, heatmapItem: null, qcItem: null, selected: null });
+  Object.assign(tessera.state, { slideLoaded: false, heatmapLoaded: false, qcLoaded: false, animating: false, zooms: 0 });
 }
 
 function heatmapUrl(id) {
@@ -109,6 +112,18 @@ function addHeatmap() {
   });
 }
 
+// Quality control's layer, above the heatmap; the checkbox shows or hides it.
+function addQc() {
+  tessera.viewer.addTiledImage({
+    tileSource: `/dzi/${encodeURIComponent(tessera.slide.id)}/qc.dzi`,
+    opacity: $('qc-toggle').checked ? 1 : 0,
+    success: (event) => {
+      tessera.qcItem = event.item;
+      watchLoaded(event.item, 'qcLoaded');
+    },
+  });
+}
+
 function watchLoaded(item, flag) {
   const update = () => { tessera.state[flag] = item.getFullyLoaded(); };
   item.addHandler('fully-loaded-change', update);
@@ -126,6 +141,7 @@ async function showSlide(id) {
   $('slide-score').textContent = s.error ? s.error : `slide score ${fmtProb(s.score)}`;
   if (s.error) return;
   $('heatmap-controls').hidden = !s.heatmap;
+  $('qc-controls').hidden = !s.has_qc;
   $('threshold').value = 0;
   $('threshold-value').textContent = '0.00';
   if (s.heatmap) {
@@ -156,6 +172,7 @@ async function showSlide(id) {
     tessera.slideItem = viewer.world.getItemAt(0);
     watchLoaded(tessera.slideItem, 'slideLoaded');
     if (s.heatmap) addHeatmap();
+    if (s.has_qc) addQc();
     draw();
   });
   viewer.addHandler('open-failed', (e) => { tessera.state.error = e.message; });
@@ -304,6 +321,9 @@ $('opacity').addEventListener('input', () => {
 });
 $('heatmap-toggle').addEventListener('change', () => {
   if (tessera.heatmapItem) tessera.heatmapItem.setOpacity(heatmapOpacity());
+});
+$('qc-toggle').addEventListener('change', () => {
+  if (tessera.qcItem) tessera.qcItem.setOpacity($('qc-toggle').checked ? 1 : 0);
 });
 $('threshold').addEventListener('change', () => {
   $('threshold-value').textContent = (Number($('threshold').value) / 100).toFixed(2);
