@@ -27,7 +27,7 @@ inline constexpr const char* kInferRecordFolder = ".tessera-infer";
 std::string file_identity(const std::string& path);
 
 // What every slide's outputs depend on: the checkpoint file and the effective infer job, less the keys that pick
-// the slides, the folder or the threads (they change no slide's outputs).
+// the slides, the folder, the threads or how slides are distributed over ranks (they change no slide's outputs).
 std::string infer_job_key(const core::Config& config, const std::string& checkpoint_path);
 
 // The record key of one slide: the job's key (checkpoint and settings), the slide file and its mpp override.
