@@ -3,15 +3,25 @@
 // The slides are input.slides (files, globs) or input.csv (a dataset.csv: columns slide, and optionally split,
 // slide_id, mpp; input.splits picks rows by split), as in every verb (io/slide_list.h). The model, its tile size, µm/px
 // and stain normalization come from the checkpoint (engine/slide_inference.h), so the slides are read as the model's
-// training tiles were. Slides go one after another and every rank works on each slide (a contiguous share of its
-// tiles), so a large slide uses every rank; rank 0 gathers each map and writes the slide's outputs on a second thread
-// while the next slide is scored.
+// training tiles were.
 //
-// Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
-// analysis/heatmap_outputs.h (`outputs` picks some; default all):
+// Ranks (infer.distribute). slides: each slide goes whole to one rank, the largest files first; a rank that is
+// done with a slide takes the next from a counter on rank 0 (one MPI_Fetch_and_op: rank 0 serves no requests and
+// scores slides too, letting MPI progress between its batches for transports that need it), plans, scores it with
+// its own threads and writes its outputs, on a second thread while it scores its next slide. No rank waits for
+// another until the end, when rank 0 gathers what each did for infer.json. tiles: slides go one after another and
+// every rank scores a contiguous share of each slide's tiles, so one large slide uses every rank; rank 0 plans each
+// slide, gathers its map and writes its outputs on a second thread while the next slide is scored. auto (the
+// default) takes slides when there are at least as many slides to do as ranks, else tiles. Either way a slide's
+// outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the slide each rank
+// holds (slides: the rank pushes the counter past the end; tiles: the ranks agree between slides).
+//
+// Outputs in the output folder (by the rank that scored the slide, rank 0 with tiles; each written atomically): per
+// slide the outputs of analysis/heatmap_outputs.h (`outputs` picks some; default all):
 //   <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson, .xml, .detections.csv, .report.json
-// and for the job infer.json (per slide: outputs, cells, tiles, seconds, max probability, regions; the failures)
-// and infer.config.yaml (the effective job).
+// and for the job (rank 0) infer.json (per slide: outputs, cells, tiles, seconds, max probability, regions; the
+// failures; per rank: slides scored, seconds, and the time it waited for work or for other ranks) and
+// infer.config.yaml (the effective job).
 // A slide that fails (missing, corrupt, unreadable region) is reported naming its file, the others go on, and the
 // failures are listed at the end with exit code 3. The resume records are analysis/infer_outputs.h's.
 #include <algorithm>
@@ -324,6 +334,11 @@ int run_infer(const InferOptions& options) {
   if (mode == Distribution::slides) own.emplace(world.split(world.rank(), 0));
   const core::Comm& scoring = own ? *own : world;
   inference_options.progress = mode == Distribution::tiles || world.is_root();  // one progress line: rank 0's
+  // Rank 0 holds the slide counter: between its batches it lets MPI serve the other ranks' requests for a slide
+  // (needed where the target's MPI serves one-sided operations, as Open MPI's osc/pt2pt over TCP does).
+  if (mode == Distribution::slides && world.is_root() && world.size() > 1) {
+    inference_options.after_batch = [&world] { world.poll(); };
+  }
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   if (world.is_root()) {
