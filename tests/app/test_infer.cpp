@@ -306,6 +306,11 @@ TEST_F(Infer, OneAndTwoRanksGiveTheSameMapBitForBit) {
   }
   EXPECT_EQ(read_json(dir_->file("ranks2/infer.json"))["ranks"].get<int>(), 2);
   EXPECT_EQ(read_json(dir_->file("ranks2/infer.json"))["distribute"], "tiles");
+  // Fewer slides than ranks: by default (infer.distribute auto) the ranks split the slide's tiles.
+  const auto lone = infer(slide("tumor_002"), "ranks2-lone", "--batch 7", 2);
+  ASSERT_EQ(lone.code, 0) << lone.err;
+  EXPECT_EQ(read_json(dir_->file("ranks2-lone/infer.json"))["distribute"], "tiles");
+  EXPECT_TRUE(same_bits(heatmap("ranks1", "tumor_002").prob, heatmap("ranks2-lone", "tumor_002").prob));
 
   // Test-time augmentation: the mean over four views differs from the one view, and is still a probability.
   const auto flips = infer(slide("tumor_002"), "tta_flips", "--tta flips");
