@@ -13,8 +13,8 @@
 // every rank scores a contiguous share of each slide's tiles, so one large slide uses every rank; rank 0 plans each
 // slide, gathers its map and writes its outputs on a second thread while the next slide is scored. auto (the
 // default) takes slides when there are at least as many slides to do as ranks, else tiles. Either way a slide's
-// outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the slide each rank
-// holds (slides: the rank pushes the counter past the end; tiles: the ranks agree between slides).
+// outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the slide each
+// rank holds (slides: the rank pushes the counter past the end; tiles: the ranks agree between slides).
 //
 // Outputs in the output folder (by the rank that scored the slide, rank 0 with tiles; each written atomically): per
 // slide the outputs of analysis/heatmap_outputs.h (`outputs` picks some; default all):
@@ -225,9 +225,14 @@ struct RankReport {
     json w = json::array();
     for (const auto& [s, entry] : written) w.push_back({{"index", s}, {"entry", entry}});
     json f = json::array();
-    for (const auto& [s, failure] : failed) f.push_back({{"index", s}, {"id", failure.first}, {"error", failure.second}});
-    return {{"rank", rank},     {"written", w},        {"failed", f},
-            {"slides", slides}, {"tiles", tiles},      {"seconds", seconds},
+    for (const auto& [s, failure] : failed)
+      f.push_back({{"index", s}, {"id", failure.first}, {"error", failure.second}});
+    return {{"rank", rank},
+            {"written", w},
+            {"failed", f},
+            {"slides", slides},
+            {"tiles", tiles},
+            {"seconds", seconds},
             {"idle_seconds", idle_seconds}};
   }
 };
@@ -517,9 +522,10 @@ int run_infer(const InferOptions& options) {
         inputs.size() - failed.size(), inputs.size(), total_tiles, seconds,
         static_cast<double>(total_tiles) / std::max(seconds, 1e-9), where);
     if (world.size() > 1) {
-      spdlog::info("idle (waiting for work or for other ranks) at most {:.1f}% of a rank's time (rank {}); per rank "
-                   "in infer.json",
-                   100.0 * largest_idle, idlest);
+      spdlog::info(
+          "idle (waiting for work or for other ranks) at most {:.1f}% of a rank's time (rank {}); per rank "
+          "in infer.json",
+          100.0 * largest_idle, idlest);
     }
     if (!failed.empty()) {
       std::fprintf(stderr, "tessera infer: %zu of %zu slides failed (the others' outputs are in %s):\n", failed.size(),

@@ -250,15 +250,16 @@ std::vector<std::string> slide_ids(const fs::path& infer_json) {
 }
 
 // SIGUSR1 while the second slide is scored (on rank 1 of two, each slide's tiles split over both): its outputs and
-// record are finished, the job stops before the third; the rerun skips the two and ends with the uninterrupted job's maps. SIGTERM in the middle of a
-// slide: that slide is left to the rerun.
+// record are finished, the job stops before the third; the rerun skips the two and ends with the uninterrupted job's
+// maps. SIGTERM in the middle of a slide: that slide is left to the rerun.
 TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   const auto whole = run(infer_args("infer-whole"));
   ASSERT_EQ(whole.code, 0) << whole.err;
   const auto ids = slide_ids(dir_->file("infer-whole/infer.json"));
   ASSERT_EQ(ids.size(), 4u) << whole.err;
 
-  const auto r = faulted("infer.slide-scored after=2 rank=1 do=usr1", 2, infer_args("infer-usr1") + " --distribute tiles");
+  const auto r =
+      faulted("infer.slide-scored after=2 rank=1 do=usr1", 2, infer_args("infer-usr1") + " --distribute tiles");
   ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
   EXPECT_TRUE(contains(r.out, "SIGUSR1: stopped before slide 3/4")) << r.out;
   EXPECT_FALSE(fs::exists(dir_->file("infer-usr1/infer.json"))) << "the job's summary is the rerun's";
