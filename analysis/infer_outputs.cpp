@@ -31,7 +31,7 @@ std::string file_identity(const std::string& path) {
 }
 
 // What every slide's outputs depend on: the checkpoint file and the effective job, less the keys that pick the
-// slides, the folder or the threads (they change no slide's outputs).
+// slides, the folder, the threads or how slides are distributed over ranks (they change no slide's outputs).
 std::string infer_job_key(const core::Config& config, const std::string& checkpoint_path) {
   core::Config keyed = config;
   keyed.assign("input.slides", std::vector<std::string>{}, "infer_job_key");
@@ -39,6 +39,7 @@ std::string infer_job_key(const core::Config& config, const std::string& checkpo
   keyed.assign("input.splits", std::vector<std::string>{}, "infer_job_key");
   keyed.assign("output", std::string(), "infer_job_key");
   keyed.assign("infer.threads", std::int64_t{0}, "infer_job_key");
+  keyed.assign("infer.distribute", std::string("auto"), "infer_job_key");
   return file_identity(checkpoint_path) + "\n" + keyed.to_yaml();
 }
 

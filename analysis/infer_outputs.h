@@ -1,8 +1,8 @@
 // What `tessera infer` writes for each slide besides the heatmap outputs themselves: the call that writes a scored
 // slide's outputs (analysis/heatmap_outputs.h) and its summary entry, and the resume records.
 //
-// Resume: a record per finished slide. Once a slide's outputs are all written, rank 0 records them in
-// `<output>/.tessera-infer/<slide id>.json` with a key made of the checkpoint (path, size, modification time), the
+// Resume: a record per finished slide. Once a slide's outputs are all written, the rank that wrote them records them
+// in `<output>/.tessera-infer/<slide id>.json` with a key made of the checkpoint (path, size, modification time), the
 // settings that shape the outputs and the slide file (path, size, modification time, mpp override). A rerun skips a
 // slide whose record has this run's key and whose outputs are all there (--force redoes every slide), so a job
 // killed after N slides redoes only the rest.
@@ -27,7 +27,7 @@ inline constexpr const char* kInferRecordFolder = ".tessera-infer";
 std::string file_identity(const std::string& path);
 
 // What every slide's outputs depend on: the checkpoint file and the effective infer job, less the keys that pick
-// the slides, the folder or the threads (they change no slide's outputs).
+// the slides, the folder, the threads or how slides are distributed over ranks (they change no slide's outputs).
 std::string infer_job_key(const core::Config& config, const std::string& checkpoint_path);
 
 // The record key of one slide: the job's key (checkpoint and settings), the slide file and its mpp override.
@@ -73,9 +73,10 @@ struct WrittenSlide {
   std::string error;
 };
 
-// Writes the outputs of one scored slide into `out` (rank 0), then its record with `key`. The slide's old record
-// goes first, so outputs being rewritten are never taken for the recorded ones. A slide whose analysis or picture
-// fails with an input error is returned as failed, with what was written so far kept (each file is complete).
+// Writes the outputs of one scored slide into `out` (the rank that holds its map: rank 0 when the ranks split its
+// tiles), then its record with `key`. The slide's old record goes first, so outputs being rewritten are never taken
+// for the recorded ones. A slide whose analysis or picture fails with an input error is returned as failed, with what
+// was written so far kept (each file is complete).
 // Fault point "infer.slide-finished" (core/fault.h) fires after the outputs and the record are complete.
 WrittenSlide write_slide(const SlideToWrite& input, io::Heatmap map, const ScoringStats& stats,
                          const std::string& position, const std::filesystem::path& out,

@@ -3,15 +3,25 @@
 // The slides are input.slides (files, globs) or input.csv (a dataset.csv: columns slide, and optionally split,
 // slide_id, mpp; input.splits picks rows by split), as in every verb (io/slide_list.h). The model, its tile size, µm/px
 // and stain normalization come from the checkpoint (engine/slide_inference.h), so the slides are read as the model's
-// training tiles were. Slides go one after another and every rank works on each slide (a contiguous share of its
-// tiles), so a large slide uses every rank; rank 0 gathers each map and writes the slide's outputs on a second thread
-// while the next slide is scored.
+// training tiles were.
 //
-// Outputs in the output folder (rank 0, each written atomically): per slide the outputs of
-// analysis/heatmap_outputs.h (`outputs` picks some; default all):
+// Ranks (infer.distribute). slides: each slide goes whole to one rank, the largest files first; a rank that is
+// done with a slide takes the next from a counter on rank 0 (one MPI_Fetch_and_op: rank 0 serves no requests and
+// scores slides too, letting MPI progress between its batches for transports that need it), plans, scores it with
+// its own threads and writes its outputs, on a second thread while it scores its next slide. No rank waits for
+// another until the end, when rank 0 gathers what each did for infer.json. tiles: slides go one after another and
+// every rank scores a contiguous share of each slide's tiles, so one large slide uses every rank; rank 0 plans each
+// slide, gathers its map and writes its outputs on a second thread while the next slide is scored. auto (the
+// default) takes slides when there are at least as many slides to do as ranks, else tiles. Either way a slide's
+// outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the slide each
+// rank holds (slides: the rank pushes the counter past the end; tiles: the ranks agree between slides).
+//
+// Outputs in the output folder (by the rank that scored the slide, rank 0 with tiles; each written atomically): per
+// slide the outputs of analysis/heatmap_outputs.h (`outputs` picks some; default all):
 //   <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson, .xml, .detections.csv, .report.json
-// and for the job infer.json (per slide: outputs, cells, tiles, seconds, max probability, regions; the failures)
-// and infer.config.yaml (the effective job).
+// and for the job (rank 0) infer.json (per slide: outputs, cells, tiles, seconds, max probability, regions; the
+// failures; per rank: slides scored, seconds, and the time it waited for work or for other ranks) and
+// infer.config.yaml (the effective job).
 // A slide that fails (missing, corrupt, unreadable region) is reported naming its file, the others go on, and the
 // failures are listed at the end with exit code 3. The resume records are analysis/infer_outputs.h's.
 #include <algorithm>
@@ -21,7 +31,10 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -35,6 +48,7 @@
 #include "core/comm.h"
 #include "core/error.h"
 #include "core/fault.h"
+#include "core/measure.h"
 #include "core/output_dir.h"
 #include "core/signals.h"
 #include "engine/context.h"
@@ -74,7 +88,12 @@ const core::Schema& infer_schema() {
         .string("infer.precision", "fp32",
                 "Number format of the convolutions and linear layers: fp32, or bf16 where the CPU has AVX-512 BF16 "
                 "(else fp32, said once in the log)",
-                {"fp32", "bf16"});
+                {"fp32", "bf16"})
+        .string("infer.distribute", "auto",
+                "How slides go to the ranks under MPI: slides (each slide whole to one rank, largest first, handed "
+                "out as ranks ask), tiles (every slide's tiles split over all ranks), auto (slides when there are at "
+                "least as many slides to do as ranks, else tiles)",
+                {"auto", "slides", "tiles"});
     prep::declare_tissue_keys(schema, "unset: the checkpoint's (its tiling's), else this default");
     prep::declare_qc_keys(schema);
     analysis::declare_output_keys(schema);
@@ -124,6 +143,105 @@ analysis::QcOutcome qc_outcome(const engine::SlideInferenceStats& stats) {
   }
   return out;
 }
+
+// How the slides of a job go to the ranks (infer.distribute; the header comment above says when which).
+enum class Distribution { tiles, slides };
+
+const char* to_string(Distribution mode) { return mode == Distribution::slides ? "slides" : "tiles"; }
+
+// auto: whole slides when there are at least as many slides to do as ranks (each rank then has one to start with),
+// else the tiles of each slide over every rank. One rank: tiles (its single rank scores every tile either way).
+Distribution choose_distribution(const std::string& key, int ranks, std::size_t pending) {
+  if (key == "slides") return Distribution::slides;
+  if (key == "tiles") return Distribution::tiles;
+  return ranks > 1 && pending >= static_cast<std::size_t>(ranks) ? Distribution::slides : Distribution::tiles;
+}
+
+// Hands out the slides to do (indices into the job's input list, in `order`) and says when the ranks stop.
+//   tiles   every rank takes every slide, in order; before each, the ranks agree whether to stop (core::agree_stop),
+//           a collective every rank reaches.
+//   slides  each slide goes to the one rank that takes it: the rank adds 1 to a counter on rank 0 with one
+//           MPI_Fetch_and_op (one-sided: rank 0 runs no server loop and scores slides itself) and takes order[t],
+//           t the value it got. A rank asked to stop (SIGUSR1, or SIGTERM between slides) takes no more and pushes
+//           the counter past the end, so every other rank stops after the slide it holds.
+// wait_seconds() is this rank's time in these calls: waiting for work, or for the other ranks to agree.
+class SlideQueue {
+ public:
+  struct Next {
+    std::optional<std::size_t> slide;  // none: no more for this rank
+    core::StopRequest stop = core::StopRequest::none;
+  };
+
+  // Collective (a window is created in slides mode).
+  SlideQueue(const core::Comm& world, Distribution mode, std::vector<std::int64_t> order)
+      : world_(world), mode_(mode), order_(std::move(order)) {
+    if (mode_ != Distribution::slides) return;
+    counter_.emplace(world_, world_.is_root() ? sizeof(std::int64_t) : 0, sizeof(std::int64_t));
+    if (world_.is_root()) {
+      counter_->lock(0, true);
+      *static_cast<std::int64_t*>(counter_->local()) = 0;
+      counter_->unlock(0);
+    }
+    world_.barrier();  // nobody takes a ticket before the counter is 0
+  }
+
+  Next next() {
+    const auto start = std::chrono::steady_clock::now();
+    Next result;
+    if (mode_ == Distribution::tiles) {
+      result.stop = core::agree_stop(world_);
+      if (result.stop == core::StopRequest::none && position_ < order_.size()) {
+        result.slide = static_cast<std::size_t>(order_[position_++]);
+      }
+    } else {
+      result.stop = core::stop_requested();
+      const auto past_end = static_cast<std::int64_t>(order_.size());
+      counter_->lock(0, false);
+      const std::int64_t ticket = counter_->fetch_add(result.stop == core::StopRequest::none ? 1 : past_end, 0, 0);
+      counter_->unlock(0);
+      if (result.stop == core::StopRequest::none && ticket < past_end) {
+        result.slide = static_cast<std::size_t>(order_[static_cast<std::size_t>(ticket)]);
+      }
+    }
+    wait_seconds_ += core::seconds_since(start);
+    return result;
+  }
+
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  const core::Comm& world_;
+  Distribution mode_;
+  std::vector<std::int64_t> order_;
+  std::optional<core::Window> counter_;  // slides: the next ticket, one int64 on rank 0
+  std::size_t position_ = 0;             // tiles
+  double wait_seconds_ = 0.0;
+};
+
+// What one rank did, sent to rank 0 at the end of the job (JSON: a few entries per slide, once per job).
+struct RankReport {
+  std::map<std::size_t, json> written;  // slide index → summary entry (the slides this rank wrote)
+  std::map<std::size_t, std::pair<std::string, std::string>> failed;  // slide index → id, error
+  std::int64_t slides = 0;  // slides this rank scored (tiles: its share of each)
+  std::int64_t tiles = 0;   // tiles of the slides this rank planned (tiles: rank 0 counts them)
+  double seconds = 0.0;     // wall time from the first slide to the end of the last rank's
+  double idle_seconds = 0.0;
+
+  json to_json(int rank) const {
+    json w = json::array();
+    for (const auto& [s, entry] : written) w.push_back({{"index", s}, {"entry", entry}});
+    json f = json::array();
+    for (const auto& [s, failure] : failed)
+      f.push_back({{"index", s}, {"id", failure.first}, {"error", failure.second}});
+    return {{"rank", rank},
+            {"written", w},
+            {"failed", f},
+            {"slides", slides},
+            {"tiles", tiles},
+            {"seconds", seconds},
+            {"idle_seconds", idle_seconds}};
+  }
+};
 
 struct InferOptions {
   JobOptions job;
@@ -183,25 +301,58 @@ int run_infer(const InferOptions& options) {
   inference_options.tissue.mask_mpp = tissue.mask_mpp;
   inference_options.tissue.reject_pen_marks = tissue.reject_pen_marks;
   if (prep::qc_enabled(config)) inference_options.qc = prep::qc_options(config);
-  engine::SlideInference inference(model, checkpoint_path, inference_options);
 
-  // Slides finished by an earlier run of this job are skipped (rank 0 decides, every rank follows).
+  // Slides finished by an earlier run of this job are skipped; the others are the slides to do, in the order they
+  // are handed out (rank 0 decides, every rank follows): input order when each slide's tiles are split, largest
+  // file first when whole slides are handed out (a large slide started last would keep one rank busy alone).
   const std::string job = analysis::infer_job_key(config, checkpoint_path);
+  const std::string distribute_key = config.get_string("infer.distribute");
   std::vector<std::string> keys;
   for (const auto& input : inputs) keys.push_back(analysis::slide_key(job, input.path, input.mpp));
-  std::vector<std::uint8_t> skip(inputs.size(), 0);
-  std::map<std::string, json> finished;  // id → summary entry (rank 0)
+  std::vector<std::int64_t> order;
+  std::map<std::size_t, json> finished;  // slide index → summary entry (rank 0)
   if (world.is_root()) {
     analysis::remove_unfinished(out);
     fs::create_directories(out / analysis::kInferRecordFolder);
-    for (std::size_t s = 0; s < inputs.size() && !options.force; ++s) {
-      if (auto entry = analysis::finished_slide(out, inputs[s].id, keys[s])) {
-        finished[inputs[s].id] = std::move(*entry);
-        skip[s] = 1;
+    for (std::size_t s = 0; s < inputs.size(); ++s) {
+      if (!options.force) {
+        if (auto entry = analysis::finished_slide(out, inputs[s].id, keys[s])) {
+          spdlog::info(
+              "slide {}/{} {}: up to date (its outputs are from an earlier run with this checkpoint and these "
+              "settings; --force redoes it)",
+              s + 1, inputs.size(), inputs[s].id);
+          finished[s] = std::move(*entry);
+          continue;
+        }
       }
+      order.push_back(static_cast<std::int64_t>(s));
+    }
+    if (choose_distribution(distribute_key, world.size(), order.size()) == Distribution::slides) {
+      std::vector<std::uintmax_t> bytes(inputs.size(), 0);
+      for (const std::int64_t s : order) {
+        std::error_code error;  // a missing file sorts last and fails when its rank opens it
+        const std::uintmax_t size = fs::file_size(inputs[static_cast<std::size_t>(s)].path, error);
+        bytes[static_cast<std::size_t>(s)] = error ? 0 : size;
+      }
+      std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
+        return bytes[static_cast<std::size_t>(a)] > bytes[static_cast<std::size_t>(b)];
+      });
     }
   }
-  world.broadcast(skip, 0);
+  world.broadcast(order, 0);
+  const std::size_t pending = order.size();
+  const Distribution mode = choose_distribution(distribute_key, world.size(), pending);
+  // Whole slides: each rank plans, scores and writes its slides alone, on a communicator of its own.
+  std::optional<core::Comm> own;
+  if (mode == Distribution::slides) own.emplace(world.split(world.rank(), 0));
+  const core::Comm& scoring = own ? *own : world;
+  inference_options.progress = mode == Distribution::tiles || world.is_root();  // one progress line: rank 0's
+  // Rank 0 holds the slide counter: between its batches it lets MPI serve the other ranks' requests for a slide
+  // (needed where the target's MPI serves one-sided operations, as Open MPI's osc/pt2pt over TCP does).
+  if (mode == Distribution::slides && world.is_root() && world.size() > 1) {
+    inference_options.after_batch = [&world] { world.poll(); };
+  }
+  engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   if (world.is_root()) {
     fs::create_directories(out);
@@ -216,61 +367,58 @@ int run_infer(const InferOptions& options) {
         model.meta.tissue ? "the checkpoint's tiling unless set" : "the job's; the checkpoint records none",
         world.size(), engine::threads());
     spdlog::info("the model's training data: {}", io::describe(model.meta.provenance));
+    if (world.size() > 1) {
+      spdlog::info("{} slide(s) to do on {} ranks: {} (infer.distribute {})", pending, world.size(),
+                   mode == Distribution::slides ? "whole slides, largest first, to the rank that asks"
+                                                : "every slide's tiles split over the ranks",
+                   distribute_key);
+    }
   }
 
   const auto t_start = std::chrono::steady_clock::now();
-  std::map<std::string, std::string> failed;  // id → error
-  json slides = json::array();
-  std::int64_t total_tiles = 0;
+  RankReport report;
+  double scoring_wait = 0.0;  // tiles: this rank's time waiting for the others inside the slides
 
-  // Rank 0 writes a slide's outputs on a second thread while every rank scores the next slide (one slide in
-  // flight: memory stays at one extra map and thumbnail). Its outcome joins the summary in slide order.
+  // The scoring rank of a slide (rank 0 with tiles, each rank with whole slides) writes its outputs on a second
+  // thread while it scores its next slide (one slide in flight: memory stays at one extra map and thumbnail).
   std::future<analysis::WrittenSlide> writing;
+  std::size_t writing_slide = 0;
   auto collect = [&] {
     if (!writing.valid()) return;
     analysis::WrittenSlide done = writing.get();  // rethrows an internal error of the writer
     if (done.error.empty()) {
-      slides.push_back(std::move(done.entry));
+      report.written[writing_slide] = std::move(done.entry);
     } else {
-      failed[done.id] = done.error;
+      report.failed[writing_slide] = {done.id, done.error};
     }
   };
-  for (std::size_t s = 0; s < inputs.size(); ++s) {
+  SlideQueue queue(world, mode, order);
+  core::StopRequest stop = core::StopRequest::none;
+  for (;;) {
+    const SlideQueue::Next next = queue.next();
+    if (!next.slide) {
+      stop = next.stop;
+      break;
+    }
+    const std::size_t s = *next.slide;
     const auto& input = inputs[s];
-    // Between slides every rank agrees whether to stop (SIGUSR1: the slide in hand is finished; core/signals.h).
-    if (const auto stop = core::agree_stop(world); stop != core::StopRequest::none) {
-      collect();  // the last slide's outputs and record are complete before the job ends
-      if (world.is_root()) {
-        spdlog::warn("{}: stopped before slide {}/{} {}; the slides done are recorded, run the job again for the rest",
-                     core::signal_name(stop), s + 1, inputs.size(), input.id);
-      }
-      return core::exit_interrupted;
-    }
-    if (skip[s]) {
-      if (!world.is_root()) continue;
-      collect();  // the summary stays in slide order
-      spdlog::info(
-          "slide {}/{} {}: up to date (its outputs are from an earlier run with this checkpoint and these "
-          "settings; --force redoes it)",
-          s + 1, inputs.size(), input.id);
-      slides.push_back(finished[input.id]);
-      continue;
-    }
+    const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
     engine::SlideInferenceStats stats;
     io::Heatmap map;
     try {
-      map = inference.run(input.path, input.id, world, &stats, input.mpp);
+      map = inference.run(input.path, input.id, scoring, &stats, input.mpp);
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;
-      failed[input.id] = e.what();
-      if (world.is_root()) spdlog::error("slide {}/{} failed: {}", s + 1, inputs.size(), e.what());
+      report.failed[s] = {input.id, e.what()};
+      if (scoring.is_root()) spdlog::error("slide {} failed: {}", position, e.what());
       continue;
     }
-    total_tiles += stats.tiles;
+    ++report.slides;
+    scoring_wait += stats.rank_wait_seconds;
     core::fault::at("infer.slide-scored");
-    if (!world.is_root()) continue;
+    if (!scoring.is_root()) continue;
+    report.tiles += stats.tiles;
     collect();
-    const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
     // A model that saw only synthetic slides, on a slide tessera synth did not make: said once here, and in the
     // slide's report.json and overlay (io/provenance.h).
     const std::string caution = io::model_caution(model.meta.provenance, stats.synthetic_slide);
@@ -282,6 +430,7 @@ int run_infer(const InferOptions& options) {
     }
     const analysis::QcOutcome qc = qc_outcome(stats);
     for (const auto& flag : qc.flags) spdlog::warn("slide {} {}: quality control: {}", position, input.id, flag);
+    writing_slide = s;
     writing = std::async(
         std::launch::async, [&, input, stats, position, caution, qc, key = keys[s], map = std::move(map)]() mutable {
           const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
@@ -291,43 +440,116 @@ int run_infer(const InferOptions& options) {
                                        inference_options.assume_mpp, threshold, key);
         });
   }
-  collect();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  if (!world.is_root()) return failed.empty() ? core::exit_ok : core::exit_input;
+  collect();  // this rank's last outputs and record are complete before the job ends or stops
 
-  json failures = json::array();
-  for (const auto& [id, error] : failed) failures.push_back({{"id", id}, {"error", error}});
-  const json summary = {{"checkpoint", checkpoint_path},
-                        {"training_data", io::to_string(io::training_data(model.meta.provenance))},
-                        {"ranks", world.size()},
-                        {"threads_per_rank", engine::threads()},
-                        {"stride", inference.stride()},
-                        {"tta", engine::to_string(inference_options.tta)},
-                        {"precision", engine::to_string(precision)},
-                        {"threshold", threshold},
-                        {"tiles", total_tiles},
-                        {"seconds", seconds},
-                        {"tiles_per_second", static_cast<double>(total_tiles) / std::max(seconds, 1e-9)},
-                        {"slides", slides},
-                        {"failures", failures},
-                        {"slurm", slurm_record()}};
-  core::write_file_atomic((out / "infer.json").string(), summary.dump(2) + "\n");
+  // The end of the job: every rank waits for the last (its idle time), they agree on a stop request that came in
+  // during the last slides, and rank 0 gathers what each did.
+  const auto end_start = std::chrono::steady_clock::now();
+  world.barrier();
+  report.idle_seconds = queue.wait_seconds() + scoring_wait + core::seconds_since(end_start);
+  report.seconds = core::seconds_since(t_start);
+  const double seconds = report.seconds;
+  stop = std::max(stop, core::agree_stop(world));
+  // Rank 0, once every rank's report is in: the slides' entries in slide order (those of earlier runs included),
+  // the failures, and infer.json; or, when a stop request left slides not started, the message and no summary (the
+  // rerun's is the job's).
+  auto summarize_job = [&](const std::vector<std::string>& parts) -> std::int64_t {
+    std::map<std::size_t, json> entries = std::move(finished);
+    std::map<std::size_t, std::pair<std::string, std::string>> failures;  // with tiles, every rank reports them
+    std::set<std::size_t> attempted;
+    std::int64_t total_tiles = 0;
+    json per_rank = json::array();
+    double largest_idle = 0.0;
+    int idlest = 0;
+    for (const auto& part : parts) {
+      const json r = json::parse(part);
+      for (const auto& w : r["written"]) {
+        attempted.insert(w["index"].get<std::size_t>());
+        entries[w["index"].get<std::size_t>()] = w["entry"];
+      }
+      for (const auto& f : r["failed"]) {
+        attempted.insert(f["index"].get<std::size_t>());
+        failures[f["index"].get<std::size_t>()] = {f["id"], f["error"]};
+      }
+      total_tiles += r["tiles"].get<std::int64_t>();
+      const double wall = r["seconds"].get<double>();
+      const double idle_fraction = r["idle_seconds"].get<double>() / std::max(wall, 1e-9);
+      if (idle_fraction >= largest_idle) {
+        largest_idle = idle_fraction;
+        idlest = r["rank"].get<int>();
+      }
+      per_rank.push_back({{"rank", r["rank"]},
+                          {"slides", r["slides"]},
+                          {"seconds", wall},
+                          {"idle_seconds", r["idle_seconds"]},
+                          {"idle_fraction", idle_fraction}});
+    }
+    if (attempted.size() < pending) {
+      // Only a stop request leaves slides not started: every rank takes slides until none is left.
+      if (stop == core::StopRequest::none) {
+        throw core::InternalError(fmt::format("infer: {} of {} slides were handed out", attempted.size(), pending));
+      }
+      const auto first = static_cast<std::size_t>(*std::find_if(order.begin(), order.end(), [&](std::int64_t s) {
+        return attempted.count(static_cast<std::size_t>(s)) == 0;
+      }));
+      spdlog::warn(
+          "{}: stopped before slide {}/{} {} ({} of {} slide(s) not started); the slides done are recorded, run the "
+          "job again for the rest",
+          core::signal_name(stop), first + 1, inputs.size(), inputs[first].id, pending - attempted.size(),
+          inputs.size());
+      return core::exit_interrupted;
+    }
 
-  const std::string where = fs::absolute(out).lexically_normal().string();
-  spdlog::info(
-      "{} of {} slide(s) done, {} tiles in {:.1f} s ({:.0f} tiles/s); outputs in {} "
-      "(<slide>.<output> per slide; summary infer.json)",
-      inputs.size() - failed.size(), inputs.size(), total_tiles, seconds,
-      static_cast<double>(total_tiles) / std::max(seconds, 1e-9), where);
-  if (!failed.empty()) {
-    std::fprintf(stderr, "tessera infer: %zu of %zu slides failed (the others' outputs are in %s):\n", failed.size(),
-                 inputs.size(), where.c_str());
-    for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
-    return core::exit_input;
-  }
-  return core::exit_ok;
+    json slides = json::array();
+    for (auto& [s, entry] : entries) slides.push_back(std::move(entry));
+    std::map<std::string, std::string> failed;  // id → error
+    for (const auto& [s, failure] : failures) failed[failure.first] = failure.second;
+    json failure_list = json::array();
+    for (const auto& [id, error] : failed) failure_list.push_back({{"id", id}, {"error", error}});
+    const json summary = {{"checkpoint", checkpoint_path},
+                          {"training_data", io::to_string(io::training_data(model.meta.provenance))},
+                          {"ranks", world.size()},
+                          {"threads_per_rank", engine::threads()},
+                          {"distribute", to_string(mode)},
+                          {"stride", inference.stride()},
+                          {"tta", engine::to_string(inference_options.tta)},
+                          {"precision", engine::to_string(precision)},
+                          {"threshold", threshold},
+                          {"tiles", total_tiles},
+                          {"seconds", seconds},
+                          {"tiles_per_second", static_cast<double>(total_tiles) / std::max(seconds, 1e-9)},
+                          {"per_rank", per_rank},
+                          {"slides", slides},
+                          {"failures", failure_list},
+                          {"slurm", slurm_record()}};
+    core::write_file_atomic((out / "infer.json").string(), summary.dump(2) + "\n");
+
+    const std::string where = fs::absolute(out).lexically_normal().string();
+    spdlog::info(
+        "{} of {} slide(s) done, {} tiles in {:.1f} s ({:.0f} tiles/s); outputs in {} "
+        "(<slide>.<output> per slide; summary infer.json)",
+        inputs.size() - failed.size(), inputs.size(), total_tiles, seconds,
+        static_cast<double>(total_tiles) / std::max(seconds, 1e-9), where);
+    if (world.size() > 1) {
+      spdlog::info(
+          "idle (waiting for work or for other ranks) at most {:.1f}% of a rank's time (rank {}); per rank "
+          "in infer.json",
+          100.0 * largest_idle, idlest);
+    }
+    if (!failed.empty()) {
+      std::fprintf(stderr, "tessera infer: %zu of %zu slides failed (the others' outputs are in %s):\n", failed.size(),
+                   inputs.size(), where.c_str());
+      for (const auto& [id, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
+      return core::exit_input;
+    }
+    return core::exit_ok;
+  };
+  const auto reports = world.gather_bytes(report.to_json(world.rank()).dump(), 0);
+  std::int64_t code = core::exit_ok;
+  if (world.is_root()) code = summarize_job(reports);
+  world.broadcast(&code, sizeof code, 0);
+  return static_cast<int>(code);
 }
-
 }  // namespace
 
 Action setup_infer(CLI::App& command) {
@@ -356,14 +578,18 @@ Action setup_infer(CLI::App& command) {
                "fp32 or bf16 (where the CPU has AVX-512 BF16) (infer.precision)");
   add_key_flag(command, options->job, "--threads", {"infer.threads"},
                "OpenMP threads per rank, 0 = all cores (infer.threads)");
+  add_key_flag(command, options->job, "--distribute", {"infer.distribute"},
+               "Under MPI: slides (whole slides to the ranks), tiles (each slide's tiles over every rank) or auto "
+               "(infer.distribute)");
   command.add_flag("--force", options->force,
                    "Redo every slide, also those whose outputs an earlier run made with the same checkpoint and "
                    "settings (skipped otherwise)");
   command.footer(
       "Writes per slide <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson (QuPath), .xml (ASAP), "
       ".detections.csv (CAMELYON16) and .report.json into the output folder, and infer.json. Runs the "
-      "same under mpirun/srun: every rank reads and scores a share of each slide's tiles, rank 0 writes. A failing "
-      "slide is reported and the rest go on (exit code 3 at the end).");
+      "same under mpirun/srun: with at least as many slides as ranks each rank takes whole slides (largest first) "
+      "and writes their outputs, else every rank scores a share of each slide's tiles and rank 0 writes "
+      "(infer.distribute). A failing slide is reported and the rest go on (exit code 3 at the end).");
   return [options] { return run_infer(*options); };
 }
 

@@ -244,6 +244,11 @@ Comm::~Comm() {
 
 void Comm::barrier() const { TESSERA_MPI_CHECK(MPI_Barrier(comm_)); }
 
+void Comm::poll() const {
+  int flag = 0;
+  TESSERA_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE));
+}
+
 void Comm::allreduce(float* data, std::size_t count, ReduceOp op) const {
   allreduce_chunked(comm_, data, count, MPI_FLOAT, op);
 }

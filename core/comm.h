@@ -75,6 +75,11 @@ class Comm {
   MPI_Comm handle() const { return comm_; }
 
   void barrier() const;
+  // Lets MPI make progress (one MPI_Iprobe; it receives nothing). A rank that computes for long and holds a window
+  // other ranks operate on calls it now and then: over transports where the target's MPI serves one-sided operations
+  // (Open MPI's osc/pt2pt, used over TCP), an operation aimed at a rank that never enters MPI waits until it does.
+  // Where the network or shared memory serves them (osc/sm, RDMA) it costs a function call.
+  void poll() const;
 
   // In-place allreduce over `count` elements, in pieces of at most 4 MB (core/comm.cpp: large single messages are
   // an order of magnitude slower per byte with Open MPI's shared-memory transport).

@@ -31,10 +31,10 @@
 //   train.step                 every rank, after each optimizer step and its logging       (engine/trainer.cpp)
 //   tile.shard-finished        after a shard and its resume record are complete  (preprocessing/tile_job.cpp)
 //   import.shard-finished      after a shard and its resume record are complete  (preprocessing/import_job.cpp)
-//   infer.slide-finished       rank 0, after a slide's outputs and its record are complete
-//                                                                                    (analysis/infer_outputs.cpp)
-//   infer.slide-scored         every rank, after a slide's heatmap is scored and gathered, before it is written
-//                                                                                    (app/infer.cpp)
+//   infer.slide-finished       the rank writing a slide (rank 0 when its tiles are split over the ranks), after its
+//                              outputs and its record are complete                (analysis/infer_outputs.cpp)
+//   infer.slide-scored         every rank scoring a slide, after its heatmap is scored (and gathered), before it is
+//                              written                                                      (app/infer.cpp)
 //   infer.batch                every rank, after each batch of a slide's tiles is scored (engine/slide_inference.cpp)
 //   tile.tile                  each tile read into a shard                          (preprocessing/tile_job.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)

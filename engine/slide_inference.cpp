@@ -300,7 +300,9 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
       plan_bytes = std::string(1, 'e') + e.what();
     }
   }
+  const auto plan_wait_start = Clock::now();
   comm.broadcast(plan_bytes, 0);
+  double rank_wait = core::seconds_since(plan_wait_start);
   if (plan_bytes.empty() || plan_bytes[0] != 'k')
     throw_slide_failure(plan_bytes.substr(std::min<std::size_t>(1, plan_bytes.size())));
   const Plan plan = unpack_plan(plan_bytes);
@@ -366,6 +368,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
           for (std::size_t i = 0; i < n; ++i) mine[offset + i] = static_cast<float>(sum[i] / views);
           if (progress) progress->advance(batch.size);
           core::fault::at("infer.batch");
+          if (options_.after_batch) options_.after_batch();
           // SIGTERM: this slide is left to the rerun (core/signals.h); the reader's batch in flight is waited for.
           core::throw_if_terminated("slide '" + slide_id + "'");
         }
@@ -379,10 +382,12 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
   }
 
   // 3. Agree on failure, then gather the scores on rank 0.
+  const auto gather_start = Clock::now();
   const std::string first_failure = agree_on_failure(comm, failure);
   if (!first_failure.empty()) throw_slide_failure(first_failure);
   std::string bytes(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(float));
   const auto parts = comm.gather_bytes(bytes, 0);
+  rank_wait += core::seconds_since(gather_start);
 
   io::Heatmap map;
   map.slide_id = slide_id;
@@ -422,6 +427,7 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
     stats->tissue_area_mm2 = h.tissue_area_mm2;
     stats->synthetic_slide = h.synthetic != 0;
     stats->read_wait_seconds = read_wait;
+    stats->rank_wait_seconds = rank_wait;
     stats->qc_excluded_cells = h.qc_excluded;
     stats->qc = qc;
   }

@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -65,9 +66,12 @@ struct SlideInferenceOptions {
   // slide-level flag fails the slide.
   std::optional<prep::QcOptions> qc;
   bool progress = true;  // a core::Progress per slide
+  // Called on the calling thread after each batch is scored (infer: rank 0 lets MPI serve the slide counter other
+  // ranks take slides from while it scores its own; app/infer.cpp). None: nothing.
+  std::function<void()> after_batch;
 };
 
-// What one run() did (the same on every rank, except read_wait_seconds).
+// What one run() did (the same on every rank, except read_wait_seconds and rank_wait_seconds).
 struct SlideInferenceStats {
   std::int64_t cells = 0;              // rows × cols
   std::int64_t tiles = 0;              // tissue cells scored, all ranks
@@ -75,6 +79,7 @@ struct SlideInferenceStats {
   double plan_seconds = 0.0;           // open + tissue mask + grid (rank 0)
   double tissue_area_mm2 = 0.0;        // the tissue mask's area (prep::TissueMask::tissue_area_mm2)
   double read_wait_seconds = 0.0;      // this rank: time the model waited for the reader
+  double rank_wait_seconds = 0.0;      // this rank: time in the plan broadcast, failure agreement and gather
   bool synthetic_slide = false;        // the slide carries tessera synth's marker (io/provenance.h)
   std::int64_t qc_excluded_cells = 0;  // tissue cells not scored because of excluded artefacts
   // Rank 0 only (null elsewhere, and when QC is off): the QC stage's masks and findings.

@@ -19,13 +19,14 @@ const core::Schema& schema() {
     io::declare_input_keys(s)
         .string("output", "infer", "Folder")
         .integer("infer.stride", 0, "Stride", 0, 65536)
-        .integer("infer.threads", 0, "Threads", 0, 1024);
+        .integer("infer.threads", 0, "Threads", 0, 1024)
+        .string("infer.distribute", "auto", "Distribution", {"auto", "slides", "tiles"});
     return s;
   }();
   return instance;
 }
 
-TEST(InferJobKey, TheSlidesTheFolderAndTheThreadsChangeNoSlidesOutputsButTheSettingsDo) {
+TEST(InferJobKey, TheSlidesTheFolderTheThreadsAndTheDistributionChangeNoSlidesOutputsButTheSettingsDo) {
   testing::TempDir dir;
   const std::string checkpoint = dir.file("checkpoint.h5");
   std::ofstream(checkpoint) << "weights";
@@ -36,6 +37,8 @@ TEST(InferJobKey, TheSlidesTheFolderAndTheThreadsChangeNoSlidesOutputsButTheSett
   EXPECT_EQ(key("input:\n  slides: [a.svs, b.svs]\n"), base);
   EXPECT_EQ(key("input:\n  csv: d.csv\n  splits: [test]\n"), base);
   EXPECT_EQ(key("output: elsewhere\ninfer:\n  threads: 2\n"), base);
+  EXPECT_EQ(key("infer:\n  distribute: slides\n"), base);
+  EXPECT_EQ(key("infer:\n  distribute: tiles\n"), base);
   EXPECT_NE(key("infer:\n  stride: 48\n"), base);
   std::ofstream(checkpoint) << " retrained";
   EXPECT_NE(key("input:\n  slides: [a.svs]\n"), base) << "another checkpoint file";

@@ -1,7 +1,8 @@
 // `tessera infer` end to end on small synthetic slides with a tiny model trained for the suite: the heatmap's
 // geometry follows the slide, the model's resolution and the stride, and it scores exactly the tissue cells; a
-// cell on the tiling grid scores as `predict` scores that tile from the shards; one and two ranks give the same
-// map bit for bit; test-time augmentation changes the scores and keeps them probabilities; the map finds the
+// cell on the tiling grid scores as `predict` scores that tile from the shards; one and two ranks splitting each
+// slide's tiles give the same map bit for bit, and two and three ranks taking whole slides give every output file of
+// one rank; test-time augmentation changes the scores and keeps them probabilities; the map finds the
 // annotated tumour of a slide the model did not train on, and so does the DICOM Segmentation of that slide as a DICOM
 // series; a slide that cannot be opened or read fails alone (on two ranks, only one of which reads the broken part),
 // and job mistakes are refused naming the key.
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -286,7 +288,8 @@ TEST_F(Infer, OneAndTwoRanksGiveTheSameMapBitForBit) {
   // two ranks each take several, and a last partial one.
   const auto one = infer(dir_->file("synth/dataset.csv"), "ranks1", "--splits val --batch 7");
   ASSERT_EQ(one.code, 0) << one.err;
-  const auto two = infer(slide("tumor_002") + "," + slide("normal_002"), "ranks2", "--batch 7", 2);
+  const auto two =
+      infer(slide("tumor_002") + "," + slide("normal_002"), "ranks2", "--batch 7 --set infer.distribute=tiles", 2);
   ASSERT_EQ(two.code, 0) << two.err;
   std::vector<std::string> ids;
   const json summary = read_json(dir_->file("ranks1/infer.json"));
@@ -303,6 +306,12 @@ TEST_F(Infer, OneAndTwoRanksGiveTheSameMapBitForBit) {
     EXPECT_GT(a.scored_cells(), 0) << id;
   }
   EXPECT_EQ(read_json(dir_->file("ranks2/infer.json"))["ranks"].get<int>(), 2);
+  EXPECT_EQ(read_json(dir_->file("ranks2/infer.json"))["distribute"], "tiles");
+  // Fewer slides than ranks: by default (infer.distribute auto) the ranks split the slide's tiles.
+  const auto lone = infer(slide("tumor_002"), "ranks2-lone", "--batch 7", 2);
+  ASSERT_EQ(lone.code, 0) << lone.err;
+  EXPECT_EQ(read_json(dir_->file("ranks2-lone/infer.json"))["distribute"], "tiles");
+  EXPECT_TRUE(same_bits(heatmap("ranks1", "tumor_002").prob, heatmap("ranks2-lone", "tumor_002").prob));
 
   // Test-time augmentation: the mean over four views differs from the one view, and is still a probability.
   const auto flips = infer(slide("tumor_002"), "tta_flips", "--tta flips");
@@ -419,7 +428,7 @@ TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
 
   const std::string slides =
       slide("tumor_001") + "," + (bad / "truncated.svs").string() + "," + broken + "," + slide("normal_002");
-  const auto two = infer(slides, "failures", "", 2);
+  const auto two = infer(slides, "failures", "--distribute tiles", 2);
   EXPECT_EQ(two.code, 3) << two.err;
   EXPECT_TRUE(contains(two.err, "truncated.svs")) << two.err;
   EXPECT_TRUE(contains(two.err, "unreadable.tif") && contains(two.err, "cannot decode")) << two.err;
@@ -436,6 +445,136 @@ TEST_F(Infer, ASlideThatCannotBeOpenedOrReadFailsAloneOnTwoRanks) {
   ASSERT_EQ(clean.code, 0) << clean.err;
   for (const std::string id : {"tumor_001", "normal_002"}) {
     EXPECT_TRUE(same_bits(heatmap("failures", id).prob, heatmap("clean", id).prob)) << id;
+  }
+}
+
+// A summary or record less what says how long things took (keys "seconds", "…_seconds", "…_seconds_by_output",
+// "tiles_per_second"): what must not depend on the ranks.
+json without_timings(const json& value) {
+  if (value.is_array()) {
+    json out = json::array();
+    for (const auto& v : value) out.push_back(without_timings(v));
+    return out;
+  }
+  if (!value.is_object()) return value;
+  json out = json::object();
+  for (const auto& [key, v] : value.items()) {
+    if (key == "seconds" || key == "tiles_per_second" || contains(key, "_seconds")) continue;
+    out[key] = without_timings(v);
+  }
+  return out;
+}
+
+// The files of an output folder (its record folder included) by path relative to it, less the folder's lock (which
+// names the process that held it).
+std::vector<std::string> files_under(const fs::path& folder) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::recursive_directory_iterator(folder)) {
+    if (!entry.is_regular_file() || entry.path().filename() == ".tessera.lock") continue;
+    names.push_back(fs::relative(entry.path(), folder).string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string file_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Whole slides handed out to the ranks (more slides than ranks): each rank plans, scores and writes its own slides,
+// and whichever rank took which, every output is one rank's. Compared file by file: the heatmaps field by field and
+// their probabilities bit for bit (the bytes of two heatmap.h5 differ even between two one-rank runs: HDF5 stamps
+// objects with their creation time), the JSON files less their timings, the job file less its output folder, every
+// other file (overlay, TIFF, GeoJSON, XML, CSV) byte for byte. A slide that cannot be opened fails alone.
+TEST_F(Infer, WholeSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
+  const fs::path extra = dir_->file("whole-extra");
+  fs::create_directories(extra);
+  // A fifth slide, larger than the suite's (it is handed out first), and one cut short.
+  const auto r = run("synth --out " + (extra / "synth").string() +
+                     " --slides 1 --size 3072 --seed 11 --set preview.enabled=false --set slides.tumour_fraction=1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  fs::path made = extra / "synth/slides/tumor_001.svs";
+  if (!fs::exists(made)) made = extra / "synth/slides/tumor_001.tif";
+  const fs::path large = extra / ("large" + made.extension().string());
+  fs::copy_file(made, large);
+  fs::copy_file(slide("tumor_001"), extra / "truncated.svs");
+  fs::resize_file(extra / "truncated.svs", fs::file_size(extra / "truncated.svs") / 3);
+  const std::string slides = slide("tumor_001") + "," + slide("normal_001") + "," + (extra / "truncated.svs").string() +
+                             "," + large.string() + "," + slide("tumor_002") + "," + slide("normal_002");
+  const std::string all_outputs = "--set outputs=[] --batch 7";
+
+  const auto one = infer(slides, "whole1", all_outputs);
+  EXPECT_EQ(one.code, 3) << one.err;
+  EXPECT_TRUE(contains(one.err, "1 of 6 slides failed")) << one.err;
+  const fs::path reference = dir_->file("whole1");
+  const auto names = files_under(reference);
+  ASSERT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return contains(n, "heatmap.h5"); }),
+            5);
+  for (const int ranks : {2, 3}) {
+    const std::string out = "whole" + std::to_string(ranks);
+    const auto many = infer(slides, out, all_outputs, ranks);
+    EXPECT_EQ(many.code, 3) << many.err;
+    EXPECT_TRUE(contains(many.err, "1 of 6 slides failed") && contains(many.err, "truncated.svs")) << many.err;
+    const fs::path folder = dir_->file(out);
+    ASSERT_EQ(files_under(folder), names) << ranks << " ranks";
+    for (const auto& name : names) {
+      SCOPED_TRACE(name + " on " + std::to_string(ranks) + " ranks");
+      const fs::path a = reference / name;
+      const fs::path b = folder / name;
+      if (contains(name, ".heatmap.h5")) {
+        const io::Heatmap x = io::read_heatmap(a.string());
+        const io::Heatmap y = io::read_heatmap(b.string());
+        EXPECT_EQ(x.slide_id, y.slide_id);
+        EXPECT_EQ(x.slide_path, y.slide_path);
+        EXPECT_EQ(x.slide_width, y.slide_width);
+        EXPECT_EQ(x.slide_height, y.slide_height);
+        EXPECT_EQ(x.slide_mpp, y.slide_mpp);
+        EXPECT_EQ(x.tile_mpp, y.tile_mpp);
+        EXPECT_EQ(x.origin_x, y.origin_x);
+        EXPECT_EQ(x.origin_y, y.origin_y);
+        EXPECT_EQ(x.step, y.step);
+        EXPECT_EQ(x.tile, y.tile);
+        EXPECT_EQ(x.rows, y.rows);
+        EXPECT_EQ(x.cols, y.cols);
+        EXPECT_EQ(x.checkpoint, y.checkpoint);
+        EXPECT_TRUE(same_bits(x.prob, y.prob));
+        EXPECT_GT(x.scored_cells(), 0);
+      } else if (name == "infer.json") {
+        json x = without_timings(read_json(a));
+        json y = without_timings(read_json(b));
+        EXPECT_EQ(x["distribute"], "tiles");
+        EXPECT_EQ(y["distribute"], "slides");
+        EXPECT_EQ(y["ranks"], ranks);
+        ASSERT_EQ(y["per_rank"].size(), static_cast<std::size_t>(ranks));
+        int scored = 0;
+        const json per_rank = read_json(b)["per_rank"];
+        for (const auto& rank : per_rank) {
+          scored += rank["slides"].get<int>();
+          EXPECT_GE(rank["idle_fraction"].get<double>(), 0.0);
+          EXPECT_LE(rank["idle_fraction"].get<double>(), 1.0);
+        }
+        EXPECT_EQ(scored, 5) << "each slide that opens scored by one rank";
+        for (const char* key : {"ranks", "threads_per_rank", "distribute", "per_rank"}) {
+          x.erase(key);
+          y.erase(key);
+        }
+        EXPECT_EQ(x, y);
+        EXPECT_EQ(x["slides"].size(), 5u);
+        EXPECT_EQ(x["failures"].size(), 1u);
+      } else if (fs::path(name).extension() == ".json") {
+        EXPECT_EQ(without_timings(read_json(a)), without_timings(read_json(b)));
+      } else if (name == "infer.config.yaml") {
+        std::string text = file_text(b);
+        const std::string folder_text = folder.string();
+        const auto at = text.find(folder_text);
+        ASSERT_NE(at, std::string::npos) << "the job file names its output folder";
+        text.replace(at, folder_text.size(), reference.string());
+        EXPECT_EQ(file_text(a), text);
+      } else {
+        EXPECT_TRUE(file_text(a) == file_text(b)) << "the bytes differ";
+      }
+    }
   }
 }
 

@@ -274,20 +274,21 @@ std::vector<std::string> slide_ids(const fs::path& infer_json) {
   return ids;
 }
 
-// SIGUSR1 while the second slide is scored (on rank 1 of two): its outputs and record are finished, the job stops
-// before the third; the rerun skips the two and ends with the uninterrupted job's maps. SIGTERM in the middle of a
-// slide: that slide is left to the rerun.
+// SIGUSR1 while the second slide is scored (on rank 1 of two, each slide's tiles split over both): its outputs and
+// record are finished, the job stops before the third; the rerun skips the two and ends with the uninterrupted job's
+// maps. SIGTERM in the middle of a slide: that slide is left to the rerun.
 TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   const auto whole = run(infer_args("infer-whole"));
   ASSERT_EQ(whole.code, 0) << whole.err;
   const auto ids = slide_ids(dir_->file("infer-whole/infer.json"));
   ASSERT_EQ(ids.size(), 4u) << whole.err;
 
-  const auto r = faulted("infer.slide-scored after=2 rank=1 do=usr1", 2, infer_args("infer-usr1"));
+  const auto r =
+      faulted("infer.slide-scored after=2 rank=1 do=usr1", 2, infer_args("infer-usr1") + " --distribute tiles");
   ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
   EXPECT_TRUE(contains(r.out, "SIGUSR1: stopped before slide 3/4")) << r.out;
   EXPECT_FALSE(fs::exists(dir_->file("infer-usr1/infer.json"))) << "the job's summary is the rerun's";
-  const auto rerun = run_mpi(2, infer_args("infer-usr1"));
+  const auto rerun = run_mpi(2, infer_args("infer-usr1") + " --distribute tiles");
   ASSERT_EQ(rerun.code, 0) << rerun.err;
   EXPECT_EQ(occurrences(rerun.err, ": up to date"), 2) << rerun.err;
   EXPECT_EQ(slide_ids(dir_->file("infer-usr1/infer.json")), ids);
@@ -311,15 +312,15 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
   }
 }
 
-// SIGTERM on one rank of two in the middle of the first slide: that rank stops at its next batch and ends the job as a
-// failing rank does (core::abort_job, rank 0 wherever it is), exit 75. Nothing is left under a final name (no map, no
+// Split tiles (infer.distribute tiles): SIGTERM on one rank of two in the middle of the first slide: that rank stops
+// at its next batch and ends the job as a failing rank does (core::abort_job, rank 0 wherever it is), exit 75. Nothing is left under a final name (no map, no
 // detections, no infer.json: rank 0 writes a slide's outputs only once every rank's scores are in), and the rerun
 // removes what was left unfinished and ends with the uninterrupted job's maps.
 TEST_F(Signals, InferTermOnOneRankLeavesNothingHalfWritten) {
   const auto whole = run(infer_args("infer-whole-term2"));
   ASSERT_EQ(whole.code, 0) << whole.err;
   const fs::path out = dir_->file("infer-term-2");
-  const auto r = faulted("infer.batch after=1 rank=1 do=term", 2, infer_args("infer-term-2"));
+  const auto r = faulted("infer.batch after=1 rank=1 do=term", 2, infer_args("infer-term-2") + " --distribute tiles");
   ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
   EXPECT_TRUE(contains(r.out, "rank 1: interrupted: SIGTERM")) << r.out;
   EXPECT_FALSE(fs::exists(out / "infer.json"));
@@ -327,7 +328,7 @@ TEST_F(Signals, InferTermOnOneRankLeavesNothingHalfWritten) {
     const auto name = entry.path().filename().string();
     EXPECT_FALSE(name.ends_with(".heatmap.h5") || name.ends_with(".detections.csv")) << name << " under a final name";
   }
-  const auto rerun = run_mpi(2, infer_args("infer-term-2"));
+  const auto rerun = run_mpi(2, infer_args("infer-term-2") + " --distribute tiles");
   ASSERT_EQ(rerun.code, 0) << rerun.err;
   EXPECT_FALSE(contains(rerun.err, ": up to date")) << rerun.err;
   const auto ids = slide_ids(dir_->file("infer-whole-term2/infer.json"));
@@ -337,6 +338,41 @@ TEST_F(Signals, InferTermOnOneRankLeavesNothingHalfWritten) {
   }
   for (const auto& id : ids) {
     EXPECT_TRUE(same_map(dir_->file("infer-whole-term2/" + id + ".heatmap.h5"), out / (id + ".heatmap.h5"))) << id;
+  }
+}
+
+// Whole slides to the ranks: SIGUSR1 on each rank once it has scored its first slide. Each finishes that slide (its
+// outputs and record), takes no other, and the job stops with slides left (at most one per rank is done of four),
+// whichever rank took which; the rerun skips exactly the slides recorded and ends with the uninterrupted job's maps.
+TEST_F(Signals, InferOnWholeSlidesFinishesTheSlideEachRankHoldsOnUsr1) {
+  const auto whole = run(infer_args("infer-whole-slides"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const auto ids = slide_ids(dir_->file("infer-whole-slides/infer.json"));
+  ASSERT_EQ(ids.size(), 4u) << whole.err;
+
+  const std::string args = infer_args("infer-slides-usr1") + " --distribute slides";
+  const auto r = faulted("infer.slide-scored after=1 do=usr1", 2, args);
+  ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
+  EXPECT_TRUE(contains(r.out, "SIGUSR1: stopped before slide")) << r.out;
+  EXPECT_FALSE(fs::exists(dir_->file("infer-slides-usr1/infer.json"))) << "the job's summary is the rerun's";
+  int recorded = 0;
+  for (const auto& entry : fs::directory_iterator(dir_->file("infer-slides-usr1/.tessera-infer"))) {
+    if (entry.path().extension() != ".json") continue;
+    ++recorded;
+    const std::string id = entry.path().stem().string();
+    EXPECT_TRUE(fs::exists(dir_->file("infer-slides-usr1/" + id + ".heatmap.h5"))) << id;
+  }
+  EXPECT_GE(recorded, 1);
+  EXPECT_LE(recorded, 2) << "each of the two ranks stops after its first slide";
+
+  const auto rerun = run_mpi(2, infer_args("infer-slides-usr1") + " --distribute slides");
+  ASSERT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_EQ(occurrences(rerun.err, ": up to date"), recorded) << rerun.err;
+  EXPECT_EQ(slide_ids(dir_->file("infer-slides-usr1/infer.json")), ids);
+  for (const auto& id : ids) {
+    EXPECT_TRUE(same_map(dir_->file("infer-whole-slides/" + id + ".heatmap.h5"),
+                         dir_->file("infer-slides-usr1/" + id + ".heatmap.h5")))
+        << id;
   }
 }
 
