@@ -172,6 +172,83 @@ void keep_round(cv::Mat1b& mask) {
   mask &= out;
 }
 
+// Bubbles whose rim is not a closed line (broken where ink, a fold or an exposure field crosses it): circles that
+// the rim fragments in `lines` support. Candidates come from the Hough transform; a candidate is kept when rim
+// pixels lie along at least kMinRimSupport of its circumference and form a line there (at most `max_width` px wide,
+// with a gap on both sides), which grey specks in tissue do not. Returns the discs (rim included), radius
+// min_radius..max_radius pixels.
+constexpr double kMinRimSupport = 0.55;
+constexpr double kRimTolerancePx = 1.5;  // a rim pixel this close to the circle supports it
+// A rim is a line: past its edges, inside and outside, there is a gap of this many pixels where it supports the
+// circle, at all but kMaxBesideRim of those places (a speckled grey blob, such as dark tissue in an under-exposed
+// field, supports every circle drawn in it).
+constexpr double kRimClearancePx = 3.0;
+constexpr double kMaxBesideRim = 0.3;
+cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_radius, double max_width) {
+  cv::Mat1b out = cv::Mat1b::zeros(lines.size());
+  if (cv::countNonZero(lines) == 0 || max_radius <= min_radius) return out;
+  cv::Mat1b smooth;
+  cv::GaussianBlur(lines, smooth, cv::Size(0, 0), 1.0);
+  // Candidates from both of OpenCV's Hough variants: the gradient one finds circles with wide gaps, the "ALT" one
+  // places circles more exactly; both are loose (few votes, little perfectness), as the support test decides.
+  const int r0 = static_cast<int>(std::floor(min_radius)), r1 = static_cast<int>(std::ceil(max_radius));
+  constexpr double kMinCentreDistance = 2.0;  // near-duplicates are resolved below, by support
+  std::vector<cv::Vec3f> candidates, more;
+  constexpr double kAltScale = 1.5;  // accumulator at 2/3 of the mask's resolution (OpenCV's advice for ALT)
+  constexpr double kAltCanny = 300.0, kAltMinPerfectness = 0.3;
+  cv::HoughCircles(smooth, candidates, cv::HOUGH_GRADIENT_ALT, kAltScale, kMinCentreDistance, kAltCanny,
+                   kAltMinPerfectness, r0, r1);
+  constexpr double kCanny = 100.0, kMinVotes = 12.0;
+  cv::HoughCircles(smooth, more, cv::HOUGH_GRADIENT, 1.0, kMinCentreDistance, kCanny, kMinVotes, r0, r1);
+  candidates.insert(candidates.end(), more.begin(), more.end());
+  if (candidates.empty()) return out;
+  cv::Mat1f distance;  // to the nearest rim pixel
+  cv::distanceTransform(255 - lines, distance, cv::DIST_L2, cv::DIST_MASK_PRECISE);
+  // Each candidate's support; the best supported of near-concentric candidates (one bubble seen at several radii
+  // and centres) is the bubble.
+  struct Supported {
+    cv::Vec3f circle;
+    double support;
+  };
+  std::vector<Supported> kept;
+  for (const cv::Vec3f& circle : candidates) {
+    const double cx = circle[0], cy = circle[1], radius = circle[2];
+    const int samples = std::max(32, static_cast<int>(std::lround(2.0 * M_PI * radius)));
+    int supported = 0, beside = 0;
+    for (int k = 0; k < samples; ++k) {
+      const double t = 2.0 * M_PI * k / samples;
+      const auto near_line = [&](double r, double tolerance) {
+        const int x = static_cast<int>(std::lround(cx + r * std::cos(t)));
+        const int y = static_cast<int>(std::lround(cy + r * std::sin(t)));
+        return x >= 0 && y >= 0 && x < lines.cols && y < lines.rows && distance(y, x) <= tolerance;
+      };
+      if (!near_line(radius, kRimTolerancePx)) continue;
+      ++supported;
+      // The line's extent across the circle here, then a gap on either side.
+      double outer = radius + kRimTolerancePx, inner = radius - kRimTolerancePx;
+      while (outer < radius + max_width && near_line(outer + 1.0, 0.0)) outer += 1.0;
+      while (inner > radius - max_width && near_line(inner - 1.0, 0.0)) inner -= 1.0;
+      if (near_line(outer + kRimClearancePx, 0.0) || near_line(inner - kRimClearancePx, 0.0)) ++beside;
+    }
+    const double support = static_cast<double>(supported) / samples;
+    if (beside > kMaxBesideRim * supported) continue;
+    if (support >= kMinRimSupport) kept.push_back({circle, support});
+  }
+  std::sort(kept.begin(), kept.end(), [](const Supported& a, const Supported& b) { return a.support > b.support; });
+  std::vector<cv::Vec3f> bubbles;
+  for (const Supported& s : kept) {
+    const bool duplicate = std::any_of(bubbles.begin(), bubbles.end(), [&](const cv::Vec3f& b) {
+      return std::hypot(s.circle[0] - b[0], s.circle[1] - b[1]) < 0.5 * std::min(s.circle[2], b[2]);
+    });
+    if (duplicate) continue;
+    bubbles.push_back(s.circle);
+    // The rim itself is part of the bubble: the disc reaches its outer edge.
+    cv::circle(out, cv::Point(static_cast<int>(std::lround(s.circle[0])), static_cast<int>(std::lround(s.circle[1]))),
+               static_cast<int>(std::lround(s.circle[2] + 1.0)), cv::Scalar(255), cv::FILLED);
+  }
+  return out;
+}
+
 // Each 8-connected component of `mask` filled to its convex hull.
 cv::Mat1b convex_hulls(const cv::Mat1b& mask) {
   std::vector<std::vector<cv::Point>> contours;
@@ -431,7 +508,11 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   cv::Mat1b wide_rim;
   cv::morphologyEx(rim, wide_rim, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide_rim, wide_rim, elliptic(5));  // and the fringe of a wide grey area is no rim either
-  const cv::Mat1b thin = rim & ~wide_rim;
+  // The blurred edge of a coloured ink stroke is paler and less saturated than its core: neutral enough for a rim,
+  // and it outlines the stroke as a closed grey loop. Nothing next to coloured ink is a rim.
+  cv::Mat1b ink_fringe = ink_green | ink_blue | ink_red;
+  cv::dilate(ink_fringe, ink_fringe, elliptic(5));
+  const cv::Mat1b thin = rim & ~wide_rim & ~ink_fringe;
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -471,13 +552,16 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   }
 
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
+  cv::Mat1b rims = cv::Mat1b::zeros(size);  // the grey lines, kept out of the sharpness reference
   if (on(Artefact::bubble)) {
-    cv::Mat1b lines;
+    cv::Mat1b& lines = rims;
     cv::morphologyEx(thin, lines, cv::MORPH_CLOSE, elliptic(3));
     remove_small(lines, min_pixels / 4.0);
     mask(Artefact::bubble) = fill_enclosed(lines);
     remove_small(mask(Artefact::bubble), min_pixels);
     keep_round(mask(Artefact::bubble));
+    const double min_radius = std::max(3.0, std::sqrt(min_pixels / M_PI));
+    mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
   }
 
   // The section's outline: tissue with its gaps closed and holes filled (for exposure).
@@ -555,11 +639,13 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
   if (on(Artefact::blur) && !sharpness.empty()) {
     cv::Mat1b sharp_tissue = tissue.clone();
-    // Ink, folds and bubbles have sharpness of their own; they are not the tissue's reference.
+    // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
+    // inside a bubble is still tissue, and may be out of focus as any other.)
     for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red,
-                             Artefact::fold, Artefact::bubble}) {
+                             Artefact::fold}) {
       sharp_tissue &= ~mask(a);
     }
+    sharp_tissue &= ~rims;
     cv::Mat1b inner;
     cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
     std::vector<float> values;

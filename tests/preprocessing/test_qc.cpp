@@ -155,6 +155,28 @@ TEST(Qc, BubblesAreFound) {
   }
 }
 
+// Ink drawn across a bubble's rim breaks the grey line (the rim there is ink): the bubble is still found, from the
+// arcs that remain.
+TEST(Qc, BubbleCrossedByInkIsFound) {
+  for (const std::uint64_t seed : {2700, 2702, 2718}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.bubbles = true;
+    o.pen_marks = true;
+    o.red_ink = true;
+    const Checked c = run_on_synthetic(o);
+    // The seed is one where ink truly crosses a rim: truth ink on the bubble's outline.
+    const cv::Mat1b& bubble = c.truth.artefacts[static_cast<std::size_t>(index(Artefact::bubble))];
+    cv::Mat1b ink = cv::Mat1b::zeros(bubble.size()), inner;
+    for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red}) {
+      const cv::Mat1b& m = c.truth.artefacts[static_cast<std::size_t>(index(a))];
+      if (!m.empty()) ink |= m;
+    }
+    cv::erode(bubble, inner, cv::Mat());
+    ASSERT_GE(cv::countNonZero(bubble & ~inner & ink), 10) << "seed " << seed << ": no ink across a rim";
+    EXPECT_GT(iou_of(c, Artefact::bubble), 0.7) << "seed " << seed;
+  }
+}
+
 TEST(Qc, OutOfFocusTissueIsFound) {
   for (const std::uint64_t seed : {2501, 2502}) {
     synth::SynthSlideOptions o = slide_options(seed);
