@@ -155,6 +155,43 @@ TEST(Qc, BubblesAreFound) {
   }
 }
 
+// The true tumour at the QC masks' size (annotation outlines filled; exclusion holes are not subtracted).
+cv::Mat1b tumour_at_qc(const Checked& c) {
+  cv::Mat1b out = cv::Mat1b::zeros(c.qc.tissue.mask.size());
+  const double f = 1.0 / c.qc.tissue.downsample;
+  for (const io::Annotation& a : c.truth.tumour) {
+    std::vector<cv::Point> outline;
+    for (const cv::Point2d& p : a.outer) outline.emplace_back(cvRound(p.x * f), cvRound(p.y * f));
+    cv::fillPoly(out, std::vector<std::vector<cv::Point>>{outline}, cv::Scalar(255));
+  }
+  return out;
+}
+
+// Tumour is dark in haematoxylin; the fold rule (H and E both raised against the tissue around) must not take dense
+// tumour nests for folds. On tumour slides, with and without a fold drawn, the fold mask outside the true fold covers
+// a small share of the true tumour at most.
+TEST(Qc, FoldsAreNotFoundOnTumour) {
+  int tumour_slides = 0;
+  for (const std::uint64_t seed : {2801, 2802, 2804}) {
+    for (const bool folds : {false, true}) {
+      synth::SynthSlideOptions o = slide_options(seed);
+      o.tumour = true;
+      o.folds = folds;
+      const Checked c = run_on_synthetic(o);
+      const cv::Mat1b tumour = tumour_at_qc(c);
+      const int tumour_pixels = cv::countNonZero(tumour);
+      if (tumour_pixels < 100) continue;
+      ++tumour_slides;
+      cv::Mat1b true_fold = truth_at_qc(c, Artefact::fold);
+      cv::dilate(true_fold, true_fold, cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(5, 5)));
+      const cv::Mat1b& fold = c.qc.masks[static_cast<std::size_t>(index(Artefact::fold))];
+      const double share = static_cast<double>(cv::countNonZero(fold & ~true_fold & tumour)) / tumour_pixels;
+      EXPECT_LT(share, 0.02) << "seed " << seed << (folds ? " with" : " without") << " a fold drawn";
+    }
+  }
+  EXPECT_GE(tumour_slides, 6);  // every slide has tumour
+}
+
 // Ink drawn across a bubble's rim breaks the grey line (the rim there is ink): the bubble is still found, from the
 // arcs that remain.
 TEST(Qc, BubbleCrossedByInkIsFound) {
