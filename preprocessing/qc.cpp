@@ -62,6 +62,8 @@ constexpr double kMinContrast = 2.0;
 
 // Local medians of the stain concentrations for folds are taken over a window of about this many µm.
 constexpr double kFoldWindowUm = 800.0;
+// A fold's fainter pixels, joined to its core: raised by this share of the full ratio's excess (qc.fold_ratio).
+constexpr double kFoldWeakShare = 0.6;
 // Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
 constexpr double kConcentrationLevels = 100.0;
 
@@ -619,18 +621,45 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     remove_small(mask(Artefact::underexposed), min_pixels);
   }
 
-  // Folds: both stains raised against the tissue around.
+  // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
+  // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it).
   if (on(Artefact::fold) && !tissue_h.empty()) {
-    cv::Mat1b fold = cv::Mat1b::zeros(size);
+    cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
+    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
+    for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
+      const cv::Mat1b domain = mask(a) & tissue;
+      if (cv::countNonZero(domain) < min_pixels) continue;
+      std::vector<float> hs, es;
+      for (int r = 0; r < size.height; ++r) {
+        for (int c = 0; c < size.width; ++c) {
+          if (domain(r, c) == 0) continue;
+          hs.push_back(h_smooth(r, c));
+          es.push_back(e_smooth(r, c));
+        }
+      }
+      local_tissue_median(h_smooth, domain, window, median_of(hs)).copyTo(h_ref, domain);
+      local_tissue_median(e_smooth, domain, window, median_of(es)).copyTo(e_ref, domain);
+    }
+    // Hysteresis: where a fold thins out or fades (its ends, a crossing), its pixels are raised less; they count
+    // when they join pixels raised by the full ratio.
+    const double weak_ratio = 1.0 + kFoldWeakShare * (options.fold_ratio - 1.0);
+    cv::Mat1b fold = cv::Mat1b::zeros(size), weak = cv::Mat1b::zeros(size);
     for (int r = 0; r < size.height; ++r) {
       for (int c = 0; c < size.width; ++c) {
         if (tissue(r, c) == 0) continue;
-        const float hl = std::max(h_local(r, c), kMinConcentration), el = std::max(e_local(r, c), kMinConcentration);
+        const float hl = std::max(h_ref(r, c), kMinConcentration), el = std::max(e_ref(r, c), kMinConcentration);
         if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
+        if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
       }
     }
-    for (const auto& [a, ink] : inks) fold &= ~*ink;
+    for (const auto& [a, ink] : inks) {
+      fold &= ~*ink;
+      weak &= ~*ink;
+    }
     cv::morphologyEx(fold, fold, cv::MORPH_OPEN, elliptic(3));
+    cv::morphologyEx(weak, weak, cv::MORPH_OPEN, elliptic(3));
+    keep_touching(weak, fold);
+    fold |= weak;
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
     mask(Artefact::fold) &= tissue;
     remove_small(mask(Artefact::fold), min_pixels);
