@@ -319,6 +319,8 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
       .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
+      .number("qc.margin_um", 48.0,
+              "Excluded areas reach this many um beyond the artefacts found (their faded edges)", 0, 1000)
       .number("qc.max_fraction", 0.1,
               "A tile (tile) or cell (infer) with more of its area in excluded artefacts is excluded", 0, 1)
       .boolean("qc.refuse_flagged", false,
@@ -347,6 +349,7 @@ QcOptions qc_options(const core::Config& config) {
   o.min_tissue_mm2 = config.get_number("qc.min_tissue_mm2");
   o.min_artefact_um2 = config.get_number("qc.min_artefact_um2");
   o.max_fraction = config.get_number("qc.max_fraction");
+  o.margin_um = config.get_number("qc.margin_um");
   o.refuse_flagged = config.get_bool("qc.refuse_flagged");
   for (const Artefact a : kAll) {
     const std::string name = to_string(a);
@@ -364,6 +367,10 @@ cv::Mat1b QcResult::excluded() const {
     if (options.action[i] == QcAction::exclude && !masks[i].empty()) out |= masks[i];
   }
   if (!severe_blur.empty()) out |= severe_blur;
+  // A margin: a mask's edge is where its artefact fades, and tissue just beside ink, a fold or a bubble still scores
+  // like tumour (measured on twins, README "Slide quality control").
+  const int margin = tissue.mpp > 0.0 ? static_cast<int>(std::lround(options.margin_um / tissue.mpp)) : 0;
+  if (margin > 0 && cv::countNonZero(out) > 0) cv::dilate(out, out, elliptic(2 * margin + 1));
   return out;
 }
 

@@ -250,7 +250,15 @@ TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
     if (a != Artefact::blur) expected_excluded |= all.qc.masks[static_cast<std::size_t>(index(a))];
   }
   expected_excluded |= all.qc.severe_blur;
-  EXPECT_EQ(cv::countNonZero(all.qc.excluded() != expected_excluded), 0);
+  // With a margin of qc.margin_um around it (48 µm: 6 QC pixels at 8 µm/px).
+  QcResult no_margin = all.qc;
+  no_margin.options.margin_um = 0.0;
+  EXPECT_EQ(cv::countNonZero(no_margin.excluded() != expected_excluded), 0);
+  ASSERT_DOUBLE_EQ(all.qc.options.margin_um, 48.0);
+  cv::Mat1b with_margin;
+  cv::dilate(expected_excluded, with_margin, cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(13, 13)));
+  EXPECT_EQ(cv::countNonZero(all.qc.excluded() != with_margin), 0);
+  EXPECT_GT(cv::countNonZero(with_margin), cv::countNonZero(expected_excluded));
   EXPECT_EQ(cv::countNonZero(all.qc.flagged() != all.qc.masks[static_cast<std::size_t>(index(Artefact::blur))]), 0);
 }
 
