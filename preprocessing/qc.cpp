@@ -185,7 +185,8 @@ constexpr double kRimTolerancePx = 1.5;  // a rim pixel this close to the circle
 // circle, at all but kMaxBesideRim of those places (a speckled grey blob, such as dark tissue in an under-exposed
 // field, supports every circle drawn in it).
 constexpr double kRimClearancePx = 3.0;
-constexpr double kMaxBesideRim = 0.3;
+constexpr double kMaxBesideRim = 0.1;
+constexpr double kMinRimArc = 0.2;  // the longest unbroken supporting arc, a share of the circumference
 cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_radius, double max_width) {
   cv::Mat1b out = cv::Mat1b::zeros(lines.size());
   if (cv::countNonZero(lines) == 0 || max_radius <= min_radius) return out;
@@ -217,6 +218,7 @@ cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_
     const double cx = circle[0], cy = circle[1], radius = circle[2];
     const int samples = std::max(32, static_cast<int>(std::lround(2.0 * M_PI * radius)));
     int supported = 0, beside = 0;
+    std::vector<std::uint8_t> on_rim(static_cast<std::size_t>(samples), 0);
     for (int k = 0; k < samples; ++k) {
       const double t = 2.0 * M_PI * k / samples;
       const auto near_line = [&](double r, double tolerance) {
@@ -226,6 +228,7 @@ cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_
       };
       if (!near_line(radius, kRimTolerancePx)) continue;
       ++supported;
+      on_rim[static_cast<std::size_t>(k)] = 1;
       // The line's extent across the circle here, then a gap on either side.
       double outer = radius + kRimTolerancePx, inner = radius - kRimTolerancePx;
       while (outer < radius + max_width && near_line(outer + 1.0, 0.0)) outer += 1.0;
@@ -234,6 +237,14 @@ cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_
     }
     const double support = static_cast<double>(supported) / samples;
     if (beside > kMaxBesideRim * supported) continue;
+    // The longest unbroken arc (around the circle): a rim broken in a few places keeps long arcs, dark specks in
+    // tissue that happen to lie near a circle do not.
+    int longest = 0, run = 0;
+    for (int k = 0; k < 2 * samples && longest < samples; ++k) {
+      run = on_rim[static_cast<std::size_t>(k % samples)] != 0 ? run + 1 : 0;
+      longest = std::max(longest, run);
+    }
+    if (longest < kMinRimArc * samples) continue;
     if (support >= kMinRimSupport) kept.push_back({circle, support});
   }
   std::sort(kept.begin(), kept.end(), [](const Supported& a, const Supported& b) { return a.support > b.support; });
