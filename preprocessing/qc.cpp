@@ -62,6 +62,8 @@ constexpr double kMinContrast = 2.0;
 
 // Local medians of the stain concentrations for folds are taken over a window of about this many µm.
 constexpr double kFoldWindowUm = 800.0;
+// A fold's fainter pixels, joined to its core: raised by this share of the full ratio's excess (qc.fold_ratio).
+constexpr double kFoldWeakShare = 0.6;
 // Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
 constexpr double kConcentrationLevels = 100.0;
 
@@ -172,6 +174,94 @@ void keep_round(cv::Mat1b& mask) {
   mask &= out;
 }
 
+// Bubbles whose rim is not a closed line (broken where ink, a fold or an exposure field crosses it): circles that
+// the rim fragments in `lines` support. Candidates come from the Hough transform; a candidate is kept when rim
+// pixels lie along at least kMinRimSupport of its circumference and form a line there (at most `max_width` px wide,
+// with a gap on both sides), which grey specks in tissue do not. Returns the discs (rim included), radius
+// min_radius..max_radius pixels.
+constexpr double kMinRimSupport = 0.55;
+constexpr double kRimTolerancePx = 1.5;  // a rim pixel this close to the circle supports it
+// A rim is a line: past its edges, inside and outside, there is a gap of this many pixels where it supports the
+// circle, at all but kMaxBesideRim of those places (a speckled grey blob, such as dark tissue in an under-exposed
+// field, supports every circle drawn in it).
+constexpr double kRimClearancePx = 3.0;
+constexpr double kMaxBesideRim = 0.1;
+constexpr double kMinRimArc = 0.2;  // the longest unbroken supporting arc, a share of the circumference
+cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_radius, double max_width) {
+  cv::Mat1b out = cv::Mat1b::zeros(lines.size());
+  if (cv::countNonZero(lines) == 0 || max_radius <= min_radius) return out;
+  cv::Mat1b smooth;
+  cv::GaussianBlur(lines, smooth, cv::Size(0, 0), 1.0);
+  // Candidates from both of OpenCV's Hough variants: the gradient one finds circles with wide gaps, the "ALT" one
+  // places circles more exactly; both are loose (few votes, little perfectness), as the support test decides.
+  const int r0 = static_cast<int>(std::floor(min_radius)), r1 = static_cast<int>(std::ceil(max_radius));
+  constexpr double kMinCentreDistance = 2.0;  // near-duplicates are resolved below, by support
+  std::vector<cv::Vec3f> candidates, more;
+  constexpr double kAltScale = 1.5;  // accumulator at 2/3 of the mask's resolution (OpenCV's advice for ALT)
+  constexpr double kAltCanny = 300.0, kAltMinPerfectness = 0.3;
+  cv::HoughCircles(smooth, candidates, cv::HOUGH_GRADIENT_ALT, kAltScale, kMinCentreDistance, kAltCanny,
+                   kAltMinPerfectness, r0, r1);
+  constexpr double kCanny = 100.0, kMinVotes = 12.0;
+  cv::HoughCircles(smooth, more, cv::HOUGH_GRADIENT, 1.0, kMinCentreDistance, kCanny, kMinVotes, r0, r1);
+  candidates.insert(candidates.end(), more.begin(), more.end());
+  if (candidates.empty()) return out;
+  cv::Mat1f distance;  // to the nearest rim pixel
+  cv::distanceTransform(255 - lines, distance, cv::DIST_L2, cv::DIST_MASK_PRECISE);
+  // Each candidate's support; the best supported of near-concentric candidates (one bubble seen at several radii
+  // and centres) is the bubble.
+  struct Supported {
+    cv::Vec3f circle;
+    double support;
+  };
+  std::vector<Supported> kept;
+  for (const cv::Vec3f& circle : candidates) {
+    const double cx = circle[0], cy = circle[1], radius = circle[2];
+    const int samples = std::max(32, static_cast<int>(std::lround(2.0 * M_PI * radius)));
+    int supported = 0, beside = 0;
+    std::vector<std::uint8_t> on_rim(static_cast<std::size_t>(samples), 0);
+    for (int k = 0; k < samples; ++k) {
+      const double t = 2.0 * M_PI * k / samples;
+      const auto near_line = [&](double r, double tolerance) {
+        const int x = static_cast<int>(std::lround(cx + r * std::cos(t)));
+        const int y = static_cast<int>(std::lround(cy + r * std::sin(t)));
+        return x >= 0 && y >= 0 && x < lines.cols && y < lines.rows && distance(y, x) <= tolerance;
+      };
+      if (!near_line(radius, kRimTolerancePx)) continue;
+      ++supported;
+      on_rim[static_cast<std::size_t>(k)] = 1;
+      // The line's extent across the circle here, then a gap on either side.
+      double outer = radius + kRimTolerancePx, inner = radius - kRimTolerancePx;
+      while (outer < radius + max_width && near_line(outer + 1.0, 0.0)) outer += 1.0;
+      while (inner > radius - max_width && near_line(inner - 1.0, 0.0)) inner -= 1.0;
+      if (near_line(outer + kRimClearancePx, 0.0) || near_line(inner - kRimClearancePx, 0.0)) ++beside;
+    }
+    const double support = static_cast<double>(supported) / samples;
+    if (beside > kMaxBesideRim * supported) continue;
+    // The longest unbroken arc (around the circle): a rim broken in a few places keeps long arcs, dark specks in
+    // tissue that happen to lie near a circle do not.
+    int longest = 0, run = 0;
+    for (int k = 0; k < 2 * samples && longest < samples; ++k) {
+      run = on_rim[static_cast<std::size_t>(k % samples)] != 0 ? run + 1 : 0;
+      longest = std::max(longest, run);
+    }
+    if (longest < kMinRimArc * samples) continue;
+    if (support >= kMinRimSupport) kept.push_back({circle, support});
+  }
+  std::sort(kept.begin(), kept.end(), [](const Supported& a, const Supported& b) { return a.support > b.support; });
+  std::vector<cv::Vec3f> bubbles;
+  for (const Supported& s : kept) {
+    const bool duplicate = std::any_of(bubbles.begin(), bubbles.end(), [&](const cv::Vec3f& b) {
+      return std::hypot(s.circle[0] - b[0], s.circle[1] - b[1]) < 0.5 * std::min(s.circle[2], b[2]);
+    });
+    if (duplicate) continue;
+    bubbles.push_back(s.circle);
+    // The rim itself is part of the bubble: the disc reaches its outer edge.
+    cv::circle(out, cv::Point(static_cast<int>(std::lround(s.circle[0])), static_cast<int>(std::lround(s.circle[1]))),
+               static_cast<int>(std::lround(s.circle[2] + 1.0)), cv::Scalar(255), cv::FILLED);
+  }
+  return out;
+}
+
 // Each 8-connected component of `mask` filled to its convex hull.
 cv::Mat1b convex_hulls(const cv::Mat1b& mask) {
   std::vector<std::vector<cv::Point>> contours;
@@ -240,6 +330,8 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
       .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
+      .number("qc.margin_um", 48.0,
+              "Excluded areas reach this many um beyond the artefacts found (their faded edges)", 0, 1000)
       .number("qc.max_fraction", 0.1,
               "A tile (tile) or cell (infer) with more of its area in excluded artefacts is excluded", 0, 1)
       .boolean("qc.refuse_flagged", false,
@@ -268,6 +360,7 @@ QcOptions qc_options(const core::Config& config) {
   o.min_tissue_mm2 = config.get_number("qc.min_tissue_mm2");
   o.min_artefact_um2 = config.get_number("qc.min_artefact_um2");
   o.max_fraction = config.get_number("qc.max_fraction");
+  o.margin_um = config.get_number("qc.margin_um");
   o.refuse_flagged = config.get_bool("qc.refuse_flagged");
   for (const Artefact a : kAll) {
     const std::string name = to_string(a);
@@ -285,6 +378,10 @@ cv::Mat1b QcResult::excluded() const {
     if (options.action[i] == QcAction::exclude && !masks[i].empty()) out |= masks[i];
   }
   if (!severe_blur.empty()) out |= severe_blur;
+  // A margin: a mask's edge is where its artefact fades, and tissue just beside ink, a fold or a bubble still scores
+  // like tumour (measured on twins, README "Slide quality control").
+  const int margin = tissue.mpp > 0.0 ? static_cast<int>(std::lround(options.margin_um / tissue.mpp)) : 0;
+  if (margin > 0 && cv::countNonZero(out) > 0) cv::dilate(out, out, elliptic(2 * margin + 1));
   return out;
 }
 
@@ -431,7 +528,11 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   cv::Mat1b wide_rim;
   cv::morphologyEx(rim, wide_rim, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide_rim, wide_rim, elliptic(5));  // and the fringe of a wide grey area is no rim either
-  const cv::Mat1b thin = rim & ~wide_rim;
+  // The blurred edge of a coloured ink stroke is paler and less saturated than its core: neutral enough for a rim,
+  // and it outlines the stroke as a closed grey loop. Nothing next to coloured ink is a rim.
+  cv::Mat1b ink_fringe = ink_green | ink_blue | ink_red;
+  cv::dilate(ink_fringe, ink_fringe, elliptic(5));
+  const cv::Mat1b thin = rim & ~wide_rim & ~ink_fringe;
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -471,13 +572,16 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   }
 
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
+  cv::Mat1b rims = cv::Mat1b::zeros(size);  // the grey lines, kept out of the sharpness reference
   if (on(Artefact::bubble)) {
-    cv::Mat1b lines;
+    cv::Mat1b& lines = rims;
     cv::morphologyEx(thin, lines, cv::MORPH_CLOSE, elliptic(3));
     remove_small(lines, min_pixels / 4.0);
     mask(Artefact::bubble) = fill_enclosed(lines);
     remove_small(mask(Artefact::bubble), min_pixels);
     keep_round(mask(Artefact::bubble));
+    const double min_radius = std::max(3.0, std::sqrt(min_pixels / M_PI));
+    mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
   }
 
   // The section's outline: tissue with its gaps closed and holes filled (for exposure).
@@ -535,18 +639,45 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     remove_small(mask(Artefact::underexposed), min_pixels);
   }
 
-  // Folds: both stains raised against the tissue around.
+  // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
+  // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it).
   if (on(Artefact::fold) && !tissue_h.empty()) {
-    cv::Mat1b fold = cv::Mat1b::zeros(size);
+    cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
+    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
+    for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
+      const cv::Mat1b domain = mask(a) & tissue;
+      if (cv::countNonZero(domain) < min_pixels) continue;
+      std::vector<float> hs, es;
+      for (int r = 0; r < size.height; ++r) {
+        for (int c = 0; c < size.width; ++c) {
+          if (domain(r, c) == 0) continue;
+          hs.push_back(h_smooth(r, c));
+          es.push_back(e_smooth(r, c));
+        }
+      }
+      local_tissue_median(h_smooth, domain, window, median_of(hs)).copyTo(h_ref, domain);
+      local_tissue_median(e_smooth, domain, window, median_of(es)).copyTo(e_ref, domain);
+    }
+    // Hysteresis: where a fold thins out or fades (its ends, a crossing), its pixels are raised less; they count
+    // when they join pixels raised by the full ratio.
+    const double weak_ratio = 1.0 + kFoldWeakShare * (options.fold_ratio - 1.0);
+    cv::Mat1b fold = cv::Mat1b::zeros(size), weak = cv::Mat1b::zeros(size);
     for (int r = 0; r < size.height; ++r) {
       for (int c = 0; c < size.width; ++c) {
         if (tissue(r, c) == 0) continue;
-        const float hl = std::max(h_local(r, c), kMinConcentration), el = std::max(e_local(r, c), kMinConcentration);
+        const float hl = std::max(h_ref(r, c), kMinConcentration), el = std::max(e_ref(r, c), kMinConcentration);
         if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
+        if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
       }
     }
-    for (const auto& [a, ink] : inks) fold &= ~*ink;
+    for (const auto& [a, ink] : inks) {
+      fold &= ~*ink;
+      weak &= ~*ink;
+    }
     cv::morphologyEx(fold, fold, cv::MORPH_OPEN, elliptic(3));
+    cv::morphologyEx(weak, weak, cv::MORPH_OPEN, elliptic(3));
+    keep_touching(weak, fold);
+    fold |= weak;
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
     mask(Artefact::fold) &= tissue;
     remove_small(mask(Artefact::fold), min_pixels);
@@ -555,11 +686,13 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
   if (on(Artefact::blur) && !sharpness.empty()) {
     cv::Mat1b sharp_tissue = tissue.clone();
-    // Ink, folds and bubbles have sharpness of their own; they are not the tissue's reference.
+    // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
+    // inside a bubble is still tissue, and may be out of focus as any other.)
     for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red,
-                             Artefact::fold, Artefact::bubble}) {
+                             Artefact::fold}) {
       sharp_tissue &= ~mask(a);
     }
+    sharp_tissue &= ~rims;
     cv::Mat1b inner;
     cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
     std::vector<float> values;

@@ -75,6 +75,8 @@ struct QcOptions {
   // A tile/cell with more of its area in excluded artefacts is excluded. Low, because a cell half on ink or a fold
   // still scores like tumour (measured on twins, README "Slide quality control").
   double max_fraction = 0.1;
+  // Excluded areas (QcResult::excluded) reach this far beyond the artefacts' masks: their edges fade.
+  double margin_um = 48.0;
   bool refuse_flagged = false;  // a slide-level flag is a per-slide error (InputError) instead of a warning
 };
 
@@ -96,7 +98,8 @@ struct QcResult {
   double stain_h = 0.0, stain_e = 0.0;  // median H and E concentrations of the tissue (Ruifrok vectors, OD units)
   double stain_angle = 0.0;             // degrees: the median tissue OD's hue angle in the H–E plane
   std::vector<std::string> flags;       // slide-level: "too little tissue", "not brightfield", ...
-  // The union of the classes whose action is exclude (and severe blur), and of those that flag.
+  // The union of the classes whose action is exclude (and severe blur) with a margin of options.margin_um around it,
+  // and the union of those that flag.
   cv::Mat1b excluded() const;
   cv::Mat1b flagged() const;
   QcOptions options;

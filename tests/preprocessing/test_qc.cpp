@@ -155,6 +155,65 @@ TEST(Qc, BubblesAreFound) {
   }
 }
 
+// The true tumour at the QC masks' size (annotation outlines filled; exclusion holes are not subtracted).
+cv::Mat1b tumour_at_qc(const Checked& c) {
+  cv::Mat1b out = cv::Mat1b::zeros(c.qc.tissue.mask.size());
+  const double f = 1.0 / c.qc.tissue.downsample;
+  for (const io::Annotation& a : c.truth.tumour) {
+    std::vector<cv::Point> outline;
+    for (const cv::Point2d& p : a.outer) outline.emplace_back(cvRound(p.x * f), cvRound(p.y * f));
+    cv::fillPoly(out, std::vector<std::vector<cv::Point>>{outline}, cv::Scalar(255));
+  }
+  return out;
+}
+
+// Tumour is dark in haematoxylin; the fold rule (H and E both raised against the tissue around) must not take dense
+// tumour nests for folds. On tumour slides, with and without a fold drawn, the fold mask outside the true fold covers
+// a small share of the true tumour at most.
+TEST(Qc, FoldsAreNotFoundOnTumour) {
+  int tumour_slides = 0;
+  for (const std::uint64_t seed : {2801, 2802, 2804}) {
+    for (const bool folds : {false, true}) {
+      synth::SynthSlideOptions o = slide_options(seed);
+      o.tumour = true;
+      o.folds = folds;
+      const Checked c = run_on_synthetic(o);
+      const cv::Mat1b tumour = tumour_at_qc(c);
+      const int tumour_pixels = cv::countNonZero(tumour);
+      if (tumour_pixels < 100) continue;
+      ++tumour_slides;
+      cv::Mat1b true_fold = truth_at_qc(c, Artefact::fold);
+      cv::dilate(true_fold, true_fold, cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(5, 5)));
+      const cv::Mat1b& fold = c.qc.masks[static_cast<std::size_t>(index(Artefact::fold))];
+      const double share = static_cast<double>(cv::countNonZero(fold & ~true_fold & tumour)) / tumour_pixels;
+      EXPECT_LT(share, 0.02) << "seed " << seed << (folds ? " with" : " without") << " a fold drawn";
+    }
+  }
+  EXPECT_GE(tumour_slides, 6);  // every slide has tumour
+}
+
+// Ink drawn across a bubble's rim breaks the grey line (the rim there is ink): the bubble is still found, from the
+// arcs that remain.
+TEST(Qc, BubbleCrossedByInkIsFound) {
+  for (const std::uint64_t seed : {2700, 2702, 2718}) {
+    synth::SynthSlideOptions o = slide_options(seed);
+    o.bubbles = true;
+    o.pen_marks = true;
+    o.red_ink = true;
+    const Checked c = run_on_synthetic(o);
+    // The seed is one where ink truly crosses a rim: truth ink on the bubble's outline.
+    const cv::Mat1b& bubble = c.truth.artefacts[static_cast<std::size_t>(index(Artefact::bubble))];
+    cv::Mat1b ink = cv::Mat1b::zeros(bubble.size()), inner;
+    for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red}) {
+      const cv::Mat1b& m = c.truth.artefacts[static_cast<std::size_t>(index(a))];
+      if (!m.empty()) ink |= m;
+    }
+    cv::erode(bubble, inner, cv::Mat());
+    ASSERT_GE(cv::countNonZero(bubble & ~inner & ink), 10) << "seed " << seed << ": no ink across a rim";
+    EXPECT_GT(iou_of(c, Artefact::bubble), 0.7) << "seed " << seed;
+  }
+}
+
 TEST(Qc, OutOfFocusTissueIsFound) {
   for (const std::uint64_t seed : {2501, 2502}) {
     synth::SynthSlideOptions o = slide_options(seed);
@@ -191,7 +250,15 @@ TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
     if (a != Artefact::blur) expected_excluded |= all.qc.masks[static_cast<std::size_t>(index(a))];
   }
   expected_excluded |= all.qc.severe_blur;
-  EXPECT_EQ(cv::countNonZero(all.qc.excluded() != expected_excluded), 0);
+  // With a margin of qc.margin_um around it (48 µm: 6 QC pixels at 8 µm/px).
+  QcResult no_margin = all.qc;
+  no_margin.options.margin_um = 0.0;
+  EXPECT_EQ(cv::countNonZero(no_margin.excluded() != expected_excluded), 0);
+  ASSERT_DOUBLE_EQ(all.qc.options.margin_um, 48.0);
+  cv::Mat1b with_margin;
+  cv::dilate(expected_excluded, with_margin, cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(13, 13)));
+  EXPECT_EQ(cv::countNonZero(all.qc.excluded() != with_margin), 0);
+  EXPECT_GT(cv::countNonZero(with_margin), cv::countNonZero(expected_excluded));
   EXPECT_EQ(cv::countNonZero(all.qc.flagged() != all.qc.masks[static_cast<std::size_t>(index(Artefact::blur))]), 0);
 }
 
