@@ -293,7 +293,7 @@ case "$part" in
     [ "$(jq '.missing_detections | length' "$work/slurm-infer/evaluation/evaluation.json")" -eq 0 ] ||
       fail "the summary's evaluate missed detections: $(jq -c .missing_detections "$work/slurm-infer/evaluation/evaluation.json")"
     # The figures, overall and per slide (the per-slide entries less the files they name: other folders).
-    for key in froc slide_auc 'per_slide | map(del(.detections_file, .report_file))'; do
+    for key in froc slide_auc 'per_slide | map(del(.detections_file, .report_file, .qc_file))'; do
       a=$(jq -c ".$key" "$work/local-evaluation/evaluation.json")
       b=$(jq -c ".$key" "$work/slurm-infer/evaluation/evaluation.json")
       [ "$a" = "$b" ] || fail "evaluate's $key: $b under Slurm, $a without"
