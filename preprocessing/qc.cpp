@@ -97,21 +97,6 @@ double white_distance(const cv::Vec3b& rgb) {
   return std::sqrt(dr * dr + dg * dg + db * db);
 }
 
-// Removes 8-connected components smaller than `min_area` pixels.
-void remove_small(cv::Mat1b& mask, double min_area) {
-  if (min_area <= 1.0 || cv::countNonZero(mask) == 0) return;
-  cv::Mat labels, stats, centroids;
-  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
-  for (int i = 1; i < n; ++i) keep[static_cast<std::size_t>(i)] = stats.at<int>(i, cv::CC_STAT_AREA) >= min_area;
-  for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
-    auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < mask.cols; ++c) {
-      if (m[c] != 0 && keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
-    }
-  }
-}
 
 // The interiors of closed outlines in `lines` (holes of its foreground), with the outlines.
 cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
@@ -568,7 +553,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   for (const auto& [a, ink] : inks) {
     if (!on(a)) continue;
     cv::morphologyEx(*ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
-    remove_small(mask(a), min_pixels);
+    remove_small_objects(mask(a), min_pixels);
   }
 
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
@@ -576,9 +561,9 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   if (on(Artefact::bubble)) {
     cv::Mat1b& lines = rims;
     cv::morphologyEx(thin, lines, cv::MORPH_CLOSE, elliptic(3));
-    remove_small(lines, min_pixels / 4.0);
+    remove_small_objects(lines, min_pixels / 4.0);
     mask(Artefact::bubble) = fill_enclosed(lines);
-    remove_small(mask(Artefact::bubble), min_pixels);
+    remove_small_objects(mask(Artefact::bubble), min_pixels);
     keep_round(mask(Artefact::bubble));
     const double min_radius = std::max(3.0, std::sqrt(min_pixels / M_PI));
     mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
@@ -619,7 +604,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
     keep_touching(over, section);
     mask(Artefact::overexposed) = over;
-    remove_small(mask(Artefact::overexposed), min_pixels);
+    remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
   if (on(Artefact::underexposed) && !background.empty()) {
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
@@ -628,15 +613,15 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     cv::Mat1b dark_glass = (grey < limit) & grey_glass & ~thin;
     for (const auto& [a, ink] : inks) dark_glass &= ~*ink;
     cv::morphologyEx(dark_glass, dark_glass, cv::MORPH_OPEN, elliptic(5));
-    remove_small(dark_glass, min_pixels / 4.0);
+    remove_small_objects(dark_glass, min_pixels / 4.0);
     // Darkened tissue counts only where it joins darkened glass: dense tissue alone is no exposure fault.
     cv::Mat1b under = dark_glass | (wide & tissue & ~ink_black);
     for (const auto& [a, ink] : inks) under &= ~*ink;
     keep_touching(under, dark_glass);
     cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
-    remove_small(under, min_pixels / 4.0);
+    remove_small_objects(under, min_pixels / 4.0);
     mask(Artefact::underexposed) = convex_hulls(under);
-    remove_small(mask(Artefact::underexposed), min_pixels);
+    remove_small_objects(mask(Artefact::underexposed), min_pixels);
   }
 
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
@@ -680,7 +665,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     fold |= weak;
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
     mask(Artefact::fold) &= tissue;
-    remove_small(mask(Artefact::fold), min_pixels);
+    remove_small_objects(mask(Artefact::fold), min_pixels);
   }
 
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
@@ -721,7 +706,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
       }
       cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
       blur &= tissue;
-      remove_small(blur, min_pixels);
+      remove_small_objects(blur, min_pixels);
       mask(Artefact::blur) = blur;
       result.severe_blur = severe & blur;
     }

@@ -145,21 +145,6 @@ bool looks_like_ink(const cv::Vec3b& rgb) {
   return hue >= kInkHueMin && hue < kInkHueMax;
 }
 
-// Removes 8-connected foreground components smaller than `min_area` pixels.
-void remove_small_objects(cv::Mat1b& mask, double min_area) {
-  if (min_area <= 1.0) return;
-  cv::Mat labels, stats, centroids;
-  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
-  for (int i = 1; i < n; ++i) keep[static_cast<std::size_t>(i)] = stats.at<int>(i, cv::CC_STAT_AREA) >= min_area;
-  for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
-    auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < mask.cols; ++c) {
-      if (m[c] != 0 && keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
-    }
-  }
-}
 
 // Fills holes (4-connected background components that do not touch the border) smaller than `max_area`.
 void fill_small_holes(cv::Mat1b& mask, double max_area) {
@@ -272,6 +257,21 @@ TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, cons
   remove_small_objects(mask, options.min_object_um2 / um2_per_pixel);
   result.mask = mask;
   return result;
+}
+
+void remove_small_objects(cv::Mat1b& mask, double min_area) {
+  if (min_area <= 1.0 || cv::countNonZero(mask) == 0) return;
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  for (int i = 1; i < n; ++i) keep[static_cast<std::size_t>(i)] = stats.at<int>(i, cv::CC_STAT_AREA) >= min_area;
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (m[c] != 0 && keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
+    }
+  }
 }
 
 cv::Mat read_slide_image(const io::Slide& slide, double mpp, double* downsample, SourceLevel source) {

@@ -40,6 +40,9 @@ struct TissueMask {
   double tissue_area_mm2() const;
 };
 
+// Removes the 8-connected foreground components of `mask` smaller than `min_area` pixels (tissue masks, QC masks).
+void remove_small_objects(cv::Mat1b& mask, double min_area);
+
 // How read_slide_image picks the pyramid level it averages from.
 enum class SourceLevel {
   // A level at least 4x finer than the image while that level has at most 128 Mpx, else the coarsest level at least
