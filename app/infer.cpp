@@ -183,6 +183,23 @@ class SlideQueue {
       counter_->unlock(0);
     }
     world_.barrier();  // nobody takes a ticket before the counter is 0
+    // One shared passive-target epoch for the whole queue: a ticket is then one fetch-and-add and its flush. Where
+    // rank 0's MPI serves one-sided operations (Open MPI's osc/pt2pt over TCP), a lock and an unlock per ticket would
+    // each wait for rank 0 to enter MPI (between its batches) as well.
+    counter_->lock_all();
+    locked_ = true;
+  }
+  SlideQueue(const SlideQueue&) = delete;
+  SlideQueue& operator=(const SlideQueue&) = delete;
+  // While unwinding from a failure the epoch is left open, as the window is (core::Window): unlocking can wait for
+  // a rank that will never serve it, and the abort that follows ends both.
+  ~SlideQueue() = default;
+
+  // Ends the queue's epoch once this rank takes no more tickets (before the job's closing collectives).
+  void close() {
+    if (!locked_) return;
+    locked_ = false;
+    counter_->unlock_all();
   }
 
   Next next() {
@@ -196,9 +213,7 @@ class SlideQueue {
     } else {
       result.stop = core::stop_requested();
       const auto past_end = static_cast<std::int64_t>(order_.size());
-      counter_->lock(0, false);
       const std::int64_t ticket = counter_->fetch_add(result.stop == core::StopRequest::none ? 1 : past_end, 0, 0);
-      counter_->unlock(0);
       if (result.stop == core::StopRequest::none && ticket < past_end) {
         result.slide = static_cast<std::size_t>(order_[static_cast<std::size_t>(ticket)]);
       }
@@ -214,6 +229,7 @@ class SlideQueue {
   Distribution mode_;
   std::vector<std::int64_t> order_;
   std::optional<core::Window> counter_;  // slides: the next ticket, one int64 on rank 0
+  bool locked_ = false;                  // slides: inside the queue's epoch (lock_all)
   std::size_t position_ = 0;             // tiles
   double wait_seconds_ = 0.0;
 };
@@ -347,11 +363,6 @@ int run_infer(const InferOptions& options) {
   if (mode == Distribution::slides) own.emplace(world.split(world.rank(), 0));
   const core::Comm& scoring = own ? *own : world;
   inference_options.progress = mode == Distribution::tiles || world.is_root();  // one progress line: rank 0's
-  // Rank 0 holds the slide counter: between its batches it lets MPI serve the other ranks' requests for a slide
-  // (needed where the target's MPI serves one-sided operations, as Open MPI's osc/pt2pt over TCP does).
-  if (mode == Distribution::slides && world.is_root() && world.size() > 1) {
-    inference_options.after_batch = [&world] { world.poll(); };
-  }
   engine::SlideInference inference(model, checkpoint_path, inference_options);
 
   if (world.is_root()) {
@@ -393,6 +404,11 @@ int run_infer(const InferOptions& options) {
     }
   };
   SlideQueue queue(world, mode, order);
+  // Rank 0 holds the slide counter: while it plans, scores and writes its own slides, a thread lets MPI serve the
+  // other ranks' requests for a slide (needed where the target's MPI serves one-sided operations, as Open MPI's
+  // osc/pt2pt over TCP does; elsewhere they never wait for rank 0).
+  std::optional<core::ProgressThread> serving;
+  if (mode == Distribution::slides && world.is_root() && world.size() > 1) serving.emplace(world);
   core::StopRequest stop = core::StopRequest::none;
   for (;;) {
     const SlideQueue::Next next = queue.next();
@@ -441,6 +457,8 @@ int run_infer(const InferOptions& options) {
         });
   }
   collect();  // this rank's last outputs and record are complete before the job ends or stops
+  serving.reset();
+  queue.close();
 
   // The end of the job: every rank waits for the last (its idle time), they agree on a stop request that came in
   // during the last slides, and rank 0 gathers what each did.

@@ -244,6 +244,13 @@ Comm::~Comm() {
 
 void Comm::barrier() const { TESSERA_MPI_CHECK(MPI_Barrier(comm_)); }
 
+namespace detail {
+std::recursive_mutex& mpi_lock() {
+  static std::recursive_mutex lock;
+  return lock;
+}
+}  // namespace detail
+
 void Comm::poll() const {
   int flag = 0;
   TESSERA_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE));
@@ -436,6 +443,39 @@ std::int64_t Window::fetch_add(std::int64_t value, int rank, std::size_t offset)
       MPI_Fetch_and_op(&value, &previous, MPI_INT64_T, rank, static_cast<MPI_Aint>(offset), MPI_SUM, win_));
   TESSERA_MPI_CHECK(MPI_Win_flush(rank, win_));  // `previous` is only defined once the operation completed
   return previous;
+}
+
+}  // namespace tessera::core
+
+namespace tessera::core {
+
+ProgressThread::ProgressThread(const Comm& comm, std::chrono::microseconds period) {
+  int level = MPI_THREAD_SINGLE;
+  TESSERA_MPI_CHECK(MPI_Query_thread(&level));
+  if (level < MPI_THREAD_SERIALIZED) return;
+  thread_ = std::thread([this, &comm, period] {
+    try {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!stop_) {
+        lock.unlock();
+        comm.poll();
+        lock.lock();
+        wake_.wait_for(lock, period, [this] { return stop_; });
+      }
+    } catch (const std::exception& e) {  // an MPI failure in a poll: nothing on this thread can recover from it
+      abort_job(std::string("MPI progress thread: ") + e.what(), exit_code_for(ErrorKind::internal));
+    }
+  });
+}
+
+ProgressThread::~ProgressThread() {
+  if (!thread_.joinable()) return;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
 }
 
 }  // namespace tessera::core

@@ -12,17 +12,25 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <ratio>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 // Checks the return code of an MPI call: on failure throws InternalError naming the call text, file:line,
 // the MPI error string and the world rank. For raw MPI calls outside the facade, on handles whose error
-// handler is MPI_ERRORS_RETURN (MPI_COMM_WORLD and everything the facade creates).
-#define TESSERA_MPI_CHECK(call) ::tessera::core::detail::check_mpi((call), #call, __FILE__, __LINE__)
+// handler is MPI_ERRORS_RETURN (MPI_COMM_WORLD and everything the facade creates). The call runs holding the
+// process's MPI lock (detail::MpiCall), so that a ProgressThread never calls MPI at the same time.
+#define TESSERA_MPI_CHECK(call)                                            \
+  do {                                                                     \
+    const ::tessera::core::detail::MpiCall tessera_mpi_call_;              \
+    ::tessera::core::detail::check_mpi((call), #call, __FILE__, __LINE__); \
+  } while (false)
 
 namespace tessera::core {
 
@@ -31,10 +39,21 @@ namespace detail {
 inline void check_mpi(int code, const char* call, const char* file, int line) {
   if (code != MPI_SUCCESS) throw_mpi_error(code, call, file, line);
 }
+// The process's MPI lock, held for the length of one MPI call (TESSERA_MPI_CHECK). MPI_THREAD_SERIALIZED allows
+// any thread to call MPI, one at a time; the lock makes that so when a ProgressThread polls beside the thread
+// that works. Recursive: reporting a failed call may make MPI calls of its own.
+std::recursive_mutex& mpi_lock();
+struct MpiCall {
+  MpiCall() { mpi_lock().lock(); }
+  ~MpiCall() { mpi_lock().unlock(); }
+  MpiCall(const MpiCall&) = delete;
+  MpiCall& operator=(const MpiCall&) = delete;
+};
 }  // namespace detail
 
 // Initializes MPI for the life of main(). Threading level: MPI_THREAD_SERIALIZED (the main thread calls MPI, and
-// allreduce's communication thread while the main thread does not; loader threads never do). Needs FUNNELED.
+// allreduce's communication thread while the main thread does not, and a ProgressThread taking turns with it through
+// detail::MpiCall; loader threads never do). Needs FUNNELED.
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);
@@ -181,6 +200,28 @@ class Window {
   int disp_unit_ = 1;
   Kind kind_ = Kind::allocate;
   int uncaught_at_creation_ = 0;  // std::uncaught_exceptions() when created: detects unwinding in ~Window
+};
+
+// While alive, a thread of its own lets MPI progress (Comm::poll on `comm` every `period`), so that one-sided
+// operations aimed at this rank complete while the rank computes: where the target's MPI serves them (Open MPI's
+// osc/pt2pt, used over TCP) they would otherwise wait until the rank's next MPI call. Its polls and the other
+// threads' MPI calls take turns (detail::MpiCall). Under an MPI that offers less than MPI_THREAD_SERIALIZED no
+// thread is started (running() is false) and the rank progresses only in its own MPI calls.
+class ProgressThread {
+ public:
+  // `comm` must outlive the thread.
+  explicit ProgressThread(const Comm& comm, std::chrono::microseconds period = std::chrono::milliseconds(1));
+  ~ProgressThread();  // stops the thread and waits for it
+  ProgressThread(const ProgressThread&) = delete;
+  ProgressThread& operator=(const ProgressThread&) = delete;
+
+  bool running() const { return thread_.joinable(); }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 }  // namespace tessera::core

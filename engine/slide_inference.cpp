@@ -368,7 +368,6 @@ io::Heatmap SlideInference::run(const std::string& slide_path, const std::string
           for (std::size_t i = 0; i < n; ++i) mine[offset + i] = static_cast<float>(sum[i] / views);
           if (progress) progress->advance(batch.size);
           core::fault::at("infer.batch");
-          if (options_.after_batch) options_.after_batch();
           // SIGTERM: this slide is left to the rerun (core/signals.h); the reader's batch in flight is waited for.
           core::throw_if_terminated("slide '" + slide_id + "'");
         }

@@ -26,7 +26,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,9 +65,6 @@ struct SlideInferenceOptions {
   // slide-level flag fails the slide.
   std::optional<prep::QcOptions> qc;
   bool progress = true;  // a core::Progress per slide
-  // Called on the calling thread after each batch is scored (infer: rank 0 lets MPI serve the slide counter other
-  // ranks take slides from while it scores its own; app/infer.cpp). None: nothing.
-  std::function<void()> after_batch;
 };
 
 // What one run() did (the same on every rank, except read_wait_seconds and rank_wait_seconds).

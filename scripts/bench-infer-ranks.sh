@@ -12,8 +12,12 @@
 # Reinhard stain normalization; untrained weights score as fast as trained ones); the slides come from
 # `tessera synth` (SIZE x SIZE px at 0.25 um/px). Both are made once in the work folder.
 #
+# HOSTS=1 adds two runs of 4 ranks x 1 thread with whole slides: on this machine alone (4x1-slides), and across two
+# test hosts of scripts/testhosts.sh, 2 ranks each, over TCP (4x1-hosts; root and network namespaces needed; the
+# hosts are made at 10 Gbit/s and removed at the end). On a 2-core machine these 4 ranks share the same 2 cores.
+#
 #   scripts/bench-infer-ranks.sh [work folder]        (default data/bench-infer-ranks)
-#   SLIDES=16 SIZE=4096 ROUNDS=3 TESSERA=build/app/tessera MPIEXEC="mpirun ..." scripts/bench-infer-ranks.sh
+#   SLIDES=16 SIZE=4096 ROUNDS=3 HOSTS=0 TESSERA=build/app/tessera MPIEXEC="mpirun ..." scripts/bench-infer-ranks.sh
 set -eu
 
 TESSERA=${TESSERA:-build/app/tessera}
@@ -22,8 +26,13 @@ WORK=${1:-data/bench-infer-ranks}
 SLIDES=${SLIDES:-16}
 SIZE=${SIZE:-4096}
 ROUNDS=${ROUNDS:-3}
+HOSTS=${HOSTS:-0}
+TESTHOSTS=$(dirname "$0")/testhosts.sh
 
 mkdir -p "$WORK"
+# Absolute paths: the ranks on the test hosts start in their own namespaces.
+WORK=$(realpath "$WORK")
+TESSERA=$(realpath "$TESSERA")
 if [ ! -f "$WORK/model/checkpoint.h5" ]; then
   "$TESSERA" bench infer-slide --size 1024 --rounds 1 --no-python --workdir "$WORK/model" >"$WORK/model.log" 2>&1
 fi
@@ -46,6 +55,14 @@ run() {
   echo "$start $end" | awk '{ printf "%.3f\n", $2 - $1 }' >"$out/wall.txt"
 }
 
+names="1x2 2x1-slides 2x1-tiles"
+if [ "$HOSTS" = 1 ]; then
+  "$TESTHOSTS" check
+  trap '"$TESTHOSTS" down' EXIT
+  "$TESTHOSTS" up 2 --rate 10gbit >/dev/null
+  names="$names 4x1-slides 4x1-hosts"
+fi
+
 mkdir -p "$WORK/runs"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 round=1
@@ -53,15 +70,20 @@ while [ "$round" -le "$ROUNDS" ]; do
   run 1x2 "" "--threads 2"
   run 2x1-slides "$MPIEXEC -n 2" "--threads 1 --distribute slides"
   run 2x1-tiles "$MPIEXEC -n 2" "--threads 1 --distribute tiles"
+  if [ "$HOSTS" = 1 ]; then
+    run 4x1-slides "$MPIEXEC -n 4" "--threads 1 --distribute slides"
+    run 4x1-hosts "$TESTHOSTS mpirun --host t1:2,t2:2 -n 4" "--threads 1 --distribute slides"
+  fi
   round=$((round + 1))
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$WORK/runs" "$ROUNDS" <<'EOF'
+# shellcheck disable=SC2086  # one argument per run name
+python3 - "$WORK/runs" "$ROUNDS" $names <<'EOF'
 import json, statistics, sys
-runs, rounds = sys.argv[1], int(sys.argv[2])
+runs, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 figures = {}
-for name in ("1x2", "2x1-slides", "2x1-tiles"):
+for name in names:
     rows = []
     for r in range(1, rounds + 1):
         with open(f"{runs}/{name}-{r}/infer.json") as f:
@@ -75,6 +97,6 @@ for name in ("1x2", "2x1-slides", "2x1-tiles"):
     print(f"{name:11s} infer.json seconds best {best[0]:.2f} median {statistics.median(r[0] for r in rows):.2f}; "
           f"wall best {min(r[1] for r in rows):.2f} median {statistics.median(r[1] for r in rows):.2f}; "
           f"{best[2]['tiles']} tiles, {len(best[2]['slides'])} slides; idle {idle}")
-for name in ("2x1-slides", "2x1-tiles"):
+for name in names[1:]:
     print(f"{name} against 1x2 (best seconds): {figures['1x2'] / figures[name]:.2f}x")
 EOF

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -414,6 +415,34 @@ TEST(Window, ZeroByteWindows) {
   }
   world.broadcast(&total, sizeof total, 0);
   EXPECT_EQ(total, std::int64_t{world.size()} * (world.size() + 1) / 2);
+}
+
+// Rank 0 makes no MPI call while its ProgressThread lives, yet every other rank's fetch-and-add on its window
+// completes. Under osc/pt2pt (the test mpi.comm.progress-pt2pt; Open MPI's transport over TCP) only the thread's
+// polls serve them: without it rank 0 would wait for the counter until it gives up. Elsewhere (osc/sm) they land
+// without rank 0's MPI. The give-up time only bounds a failing run.
+TEST(ProgressThread, ServesOneSidedRequestsWhileTheRankMakesNoMpiCall) {
+  auto world = Comm::world();
+  Window counter(world, world.is_root() ? sizeof(std::int64_t) : 0, sizeof(std::int64_t));
+  if (world.is_root()) {
+    counter.lock(0, true);
+    *static_cast<std::int64_t*>(counter.local()) = 0;
+    counter.unlock(0);
+  }
+  world.barrier();
+  if (world.is_root()) {
+    const ProgressThread serving(world);
+    EXPECT_TRUE(serving.running());
+    const std::atomic_ref<std::int64_t> value(*static_cast<std::int64_t*>(counter.local()));
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+    while (value.load() < world.size() - 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    EXPECT_EQ(value.load(), world.size() - 1);
+  } else {
+    counter.lock_all();
+    EXPECT_LT(counter.fetch_add(1, 0, 0), world.size() - 1);
+    counter.unlock_all();
+  }
+  world.barrier();  // a failed run's requests complete here, in rank 0's MPI
 }
 
 TEST(Window, SharedPointerOnTheNodeCommunicator) {
