@@ -8,7 +8,8 @@
 # The second program (e.g. a build from before the rate followed the batch one update averages) runs the easgd rows
 # at 8 and 16 ranks again, marked "old". ROWS picks runs ("strategy:ranks ...", strategy one of allreduce, easgd4,
 # easgd8, two-level; e.g. ROWS="easgd8:16"), OLD_ROWS the old program's. Runs stay in data/convergence/ (CONVERGENCE_DIR):
-# a rerun skips the finished ones, so the table fills in as runs end.
+# a rerun skips the finished ones, so the table fills in as runs end. EPOCHS=N trains the chosen rows for N epochs
+# instead of the config's (folders marked -eN), e.g. to see how many epochs a row needs to meet the one-rank run.
 set -euo pipefail
 tessera=$(realpath "${1:-build/app/tessera}")
 old=${2:+$(realpath "$2")}
@@ -38,7 +39,7 @@ settings() {
 # One run: train unless finished, then its figures into the run folder's row.json.
 train() {
   local program=$1 strategy=$2 ranks=$3 tag=$4
-  local out="$root/runs/$strategy-$ranks$tag"
+  local out="$root/runs/$strategy-$ranks$tag${EPOCHS:+-e$EPOCHS}"
   [ -f "$out/row.json" ] && return 0
   rm -rf "$out"
   local threads=1
@@ -49,7 +50,8 @@ train() {
   echo "$(date -u +%H:%M:%S) $strategy on $ranks rank(s)$tag (load $load)"
   # shellcheck disable=SC2046
   mpirun -n "$ranks" --oversubscribe --bind-to none "$program" train "$config" --out "$out" \
-    --set data.shards="$root/shards" --set train.threads="$threads" $(settings "$strategy") >"$out.log" 2>&1 || status=$?
+    --set data.shards="$root/shards" --set train.threads="$threads" \
+    ${EPOCHS:+--set train.epochs=$EPOCHS} $(settings "$strategy") >"$out.log" 2>&1 || status=$?
   if [ "$status" != 0 ]; then
     echo "  failed (exit $status): $out.log" >&2
     return 0
@@ -81,11 +83,12 @@ fi
 /usr/bin/python3 - "$root" <<'PY'
 import glob, json, sys
 rows = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/runs/*/row.json")]
-base = [r for r in rows if r["ranks"] == 1 and r["program"] == "new"]
+# The one-rank run of the config's epochs (an EPOCHS row of one rank would have more).
+base = sorted((r for r in rows if r["ranks"] == 1 and r["program"] == "new"), key=lambda r: r["epochs"])
 order = {"allreduce": 0, "easgd4": 1, "easgd8": 2, "two-level": 3}
-rows.sort(key=lambda r: (r["program"] != "new", r["ranks"], order[r["strategy"]]))
-print("| strategy | ranks | code | per-worker rate | per-rank batch | global batch | steps | val AUC | val loss | wall s | goal |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+rows.sort(key=lambda r: (r["program"] != "new", r["epochs"], r["ranks"], order[r["strategy"]]))
+print("| strategy | ranks | code | epochs | per-worker rate | per-rank batch | global batch | steps | val AUC | val loss | wall s | goal |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     goal = "-"
     if base and r is not base[0]:
@@ -94,7 +97,7 @@ for r in rows:
         goal = "met" if met else "not met (AUC %+.4f, loss %+.0f%%)" % (
             r["val_auc"] - b["val_auc"], 100 * (r["val_loss"] / b["val_loss"] - 1))
     name = {"easgd4": "easgd, tau 4", "easgd8": "easgd, tau 8", "two-level": "two-level (4 per node, inter easgd, tau 4)"}
-    print("| %s | %d | %s | %.5g | %d | %d | %d | %.4f | %.4f | %d | %s |" % (
-        name.get(r["strategy"], r["strategy"]), r["ranks"], r["program"], r["peak_lr"], r["batch"],
+    print("| %s | %d | %s | %d | %.5g | %d | %d | %d | %.4f | %.4f | %d | %s |" % (
+        name.get(r["strategy"], r["strategy"]), r["ranks"], r["program"], r["epochs"], r["peak_lr"], r["batch"],
         r["global_batch"], r["steps"], r["val_auc"], r["val_loss"], r["wall_seconds"], goal))
 PY
