@@ -6,7 +6,7 @@
 // SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd); every
 // rank's replica file is published as a set whatever point a job is killed at, and a checkpoint of the earlier
 // layout (replicas inside) still resumes; async-easgd validates and saves one centre, taken once; ranks whose
-// shares of the tiles differ (3 and 8 ranks) finish; a rank that dies takes the job down.
+// shares of the tiles differ (3, 8 and 16 ranks) finish; a rank that dies takes the job down.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
