@@ -6,7 +6,7 @@
 // SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd); every
 // rank's replica file is published as a set whatever point a job is killed at, and a checkpoint of the earlier
 // layout (replicas inside) still resumes; async-easgd validates and saves one centre, taken once; ranks whose
-// shares of the tiles differ (3 and 8 ranks) finish; a rank that dies takes the job down.
+// shares of the tiles differ (3, 8 and 16 ranks) finish; a rank that dies takes the job down.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -631,11 +631,12 @@ INSTANTIATE_TEST_SUITE_P(Strategies, KilledJob,
                                   "_to_" + std::to_string(instance.param.resume_ranks);
                          });
 
-// Three and eight ranks on tiles that divide by neither. Training: every rank takes the same number of steps (an
-// equal part of the shuffled tiles each, the remainder left out of the epoch; at 8 ranks one batch each). Validation,
-// where every tile counts: the parts differ by a tile and, at a batch size that divides the smallest part, by a
-// batch (at 8 ranks some ranks score one batch, others two, one of them a single tile). The job must finish (a
-// watchdog ends it otherwise) and score every validation tile once.
+// Three, eight and sixteen ranks on tiles that divide by none. Training: every rank takes the same number of steps
+// (an equal part of the shuffled tiles each, the remainder left out of the epoch; at 8 and 16 ranks one batch each).
+// Validation, where every tile counts: the parts differ by a tile and, at a batch size that divides the smallest
+// part, by a batch (at 8 ranks some ranks score one batch, others two, one of them a single tile; at 16 ranks every
+// part, of 2 or 3 tiles, is under a batch). The job must finish (a watchdog ends it otherwise) and score every
+// validation tile once. The 16-rank cases are `extended` (tests/app/CMakeLists.txt).
 struct Uneven {
   std::string strategy;
   int ranks = 3;
@@ -654,8 +655,14 @@ TEST_P(UnequalShares, RanksFinishAndValidateEveryTileOnce) {
   // Validation part r is [r·n/p, (r+1)·n/p): the smallest has n/p tiles, the largest one more.
   const std::int64_t smallest = val_tiles / ranks;
   std::int64_t batch = 4;
-  while (batch < 16 && smallest % batch != 0) ++batch;
-  ASSERT_EQ(smallest % batch, 0) << "no batch size between 4 and 16 divides " << smallest;
+  if (smallest < batch) {
+    // Parts under a batch (at 16 ranks 2 or 3 validation tiles): every rank scores one short batch, and trains on
+    // one batch of its share per epoch.
+    batch = train_tiles / ranks;
+  } else {
+    while (batch < 16 && smallest % batch != 0) ++batch;
+    ASSERT_EQ(smallest % batch, 0) << "no batch size between 4 and 16 divides " << smallest;
+  }
   ASSERT_GE(train_tiles / ranks / batch, 1) << "a step per epoch";
 
   const fs::path out = dir_->file("unequal-" + strategy + "-" + std::to_string(ranks));
@@ -675,7 +682,8 @@ TEST_P(UnequalShares, RanksFinishAndValidateEveryTileOnce) {
 INSTANTIATE_TEST_SUITE_P(Strategies, UnequalShares,
                          ::testing::Values(Uneven{"allreduce", 3}, Uneven{"easgd", 3}, Uneven{"async-easgd", 3},
                                            Uneven{"two-level", 3}, Uneven{"allreduce", 8}, Uneven{"easgd", 8},
-                                           Uneven{"async-easgd", 8}, Uneven{"two-level", 8}),
+                                           Uneven{"async-easgd", 8}, Uneven{"two-level", 8}, Uneven{"allreduce", 16},
+                                           Uneven{"easgd", 16}, Uneven{"async-easgd", 16}, Uneven{"two-level", 16}),
                          [](const auto& instance) {
                            return test_name(instance.param.strategy) + "_" + std::to_string(instance.param.ranks);
                          });
