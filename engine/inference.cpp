@@ -153,6 +153,7 @@ ActivationRanges calibrate(LoadedModel& loaded, io::ShardDataset& data, std::int
   TileScorer scorer(*loaded.model);
   io::Batch batch;
   std::int64_t seen = 0;
+  data.start_epoch(0);
   while (seen < tiles && data.next(batch)) {
     if (batch.size > tiles - seen) {
       // Only the tiles asked for: the batch cut to the rest.
