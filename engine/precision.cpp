@@ -54,9 +54,16 @@ void use_int8(Module& module, const ActivationRanges& ranges) {
       [&](Conv2d& conv) {
         const ValueRange& in = range_of(ranges, conv.name() + ".input");
         const ValueRange& out = range_of(ranges, conv.name() + ".output");
-        const bool in_signed = in.min < 0.0f;
+        if (in.min < 0.0f) {
+          // A signed input is the normalised image: s8 would keep 127 levels of a range its 256 pixel values
+          // span, and that rounding at the first layer reaches every later one (on IDC, the 99th percentile of
+          // |ΔP| per patch went from 0.032 to 0.006 with this convolution in fp32). Its output is quantized by
+          // the next convolution's src reorder.
+          conv.set_compute_type(dnnl::memory::data_type::f32);
+          return;
+        }
         const bool out_signed = !conv.options().relu;
-        conv.set_int8(scale_for(in.abs_max(), in_signed), in_signed,
+        conv.set_int8(scale_for(in.abs_max(), false), false,
                       scale_for(out_signed ? out.abs_max() : out.max, out_signed));
       },
       [&](const std::string& name, ResidualAdd& join) {

@@ -10,12 +10,13 @@
 //        activations stay bfloat16 from one convolution to the next (pooling, residual additions and ReLU run
 //        on bfloat16 too); the global pooling's output, the linear layers' outputs and so the logits and the
 //        probabilities are float32.
-// int8   post-training quantization (oneDNN's VNNI / AMX int8 kernels): every convolution takes u8 (or s8)
-//        activations with one scale per tensor and s8 weights with one scale per output channel, accumulates in
-//        s32, and writes u8 after a fused ReLU (s8 otherwise) in the next tensor's scale; max pooling runs on the
-//        u8 values, the residual sums on u8/s8 with scales (engine/layers/add.h); the global pooling dequantizes,
-//        and the linear layers and so the logits are float32. The activation scales come from a calibration
-//        (ActivationRanges): the largest |value| of each activation over the calibration tiles (the "max"
+// int8   post-training quantization (oneDNN's VNNI / AMX int8 kernels): every convolution on a non-negative
+//        input takes u8 activations with one scale per tensor and s8 weights with one scale per output channel,
+//        accumulates in s32, and writes u8 after a fused ReLU (s8 otherwise) in the next tensor's scale; a
+//        convolution whose input goes below 0 (the first, on the normalised image) stays fp32 (see precision.cpp); max
+//        pooling runs on the u8 values, the residual sums on u8/s8 with scales (engine/layers/add.h); the global
+//        pooling dequantizes, and the linear layers and so the logits are float32. The activation scales come from a
+//        calibration (ActivationRanges): the largest |value| of each activation over the calibration tiles (the "max"
 //        method), divided by 255 for u8 (a tensor never negative there) or 127 for s8; the weight scales are
 //        max |w| / 127 per output channel of the folded weights, computed at set-up.
 //

@@ -7,7 +7,8 @@
 //
 // int8: `tessera quantize` writes the calibration into (a copy of) the checkpoint, int8 asked of a checkpoint
 // without one, or with a damaged one, is refused naming the file; calibrated, int8 predictions keep the fp32 AUC
-// within 0.002 and the heatmap's 99th percentile of |ΔP| ≤ 0.02; without VNNI (ONEDNN_MAX_CPU_ISA=AVX2) int8
+// within 0.002 and the heatmap's 99th percentile of |ΔP| ≤ 0.02 (here exactly fp32's: the tiny CNN's only
+// convolution is on the image, which int8 keeps in fp32); without VNNI (ONEDNN_MAX_CPU_ISA=AVX2) int8
 // runs in fp32 with one log line. One test for all of it (the suite's model is trained once per test process).
 // The int8 comparisons are left out, saying why, on a CPU without VNNI.
 #include <algorithm>
@@ -299,7 +300,10 @@ TEST_F(Precision, Int8IsCalibratedByQuantizeAndKeepsAucAndHeatmap) {
     RecordProperty("p99_abs_dp", std::to_string(p99));
     RecordProperty("max_abs_dp", std::to_string(largest));
     EXPECT_LE(p99, 0.02) << "largest |ΔP| " << largest;
-    EXPECT_GT(largest, 0.0);  // int8 really ran
+    // The suite's tiny CNN has one convolution, on the signed image, which int8 keeps in fp32 (engine/precision.h):
+    // here int8 must give fp32's very numbers. int8's own error is bounded by the engine tests (tests/engine) on
+    // the compact CNN and ResNet-18, and measured on real patches in the README.
+    EXPECT_EQ(largest, 0.0);
   } else {
     std::cout << "this CPU (oneDNN ISA " << engine::cpu_isa_name()
               << ") has no VNNI: int8 is not compared with fp32 here, only refused, calibrated and fallen back\n";
