@@ -181,8 +181,9 @@ Action setup_bench(CLI::App& command) {
       command, "infer", "Inference speed of a model (batch norm folded) vs PyTorch under inference_mode", *infer);
   infer_cmd
       ->add_option("--precision", infer->precision,
-                   "Also measure the model in bf16 against fp32 in the same rounds (fp32: fp32 alone)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))
+                   "Also measure the model in bf16 or int8 against fp32 in the same rounds (fp32: fp32 alone; int8 is "
+                   "calibrated on the benchmark's own batch)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}))
       ->capture_default_str();
 
   auto comm = std::make_shared<bench::CommBenchOptions>();

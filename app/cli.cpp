@@ -20,6 +20,8 @@ const std::vector<Verb>& verbs() {
       {"train", "Train a tumour/normal CNN on tile shards (oneDNN; one replica per MPI rank)", setup_train},
       {"predict", "Score the tiles of shards with a trained checkpoint: P(tumour) per tile as CSV, AUC summary",
        setup_predict},
+      {"quantize", "Calibrate a trained checkpoint for int8 inference: activation ranges stored in the checkpoint",
+       setup_quantize},
       {"infer", "Run a trained checkpoint over whole slides: tumour-probability heatmaps per slide (parallel)",
        setup_infer},
       {"evaluate", "Score detections and predictions against the ground truth: CAMELYON16 FROC, slide and patch AUC",

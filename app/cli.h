@@ -79,6 +79,7 @@ Action setup_tile(CLI::App& command);
 Action setup_import(CLI::App& command);
 Action setup_train(CLI::App& command);
 Action setup_predict(CLI::App& command);
+Action setup_quantize(CLI::App& command);
 Action setup_infer(CLI::App& command);
 Action setup_evaluate(CLI::App& command);
 Action setup_bench(CLI::App& command);

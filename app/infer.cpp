@@ -86,9 +86,10 @@ const core::Schema& infer_schema() {
         .number("infer.threshold", 0.5, "P(tumour) at and above which a cell counts as tumour in the summaries", 0, 1)
         .integer("infer.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
         .string("infer.precision", "fp32",
-                "Number format of the convolutions and linear layers: fp32, or bf16 where the CPU has AVX-512 BF16 "
-                "(else fp32, said once in the log)",
-                {"fp32", "bf16"})
+                "Number format of the convolutions and linear layers: fp32, bf16 where the CPU has AVX-512 BF16, "
+                "or int8 where it has VNNI and the checkpoint is calibrated (tessera quantize) (else fp32, said once "
+                "in the log)",
+                {"fp32", "bf16", "int8"})
         .string("infer.distribute", "auto",
                 "How slides go to the ranks under MPI: slides (each slide whole to one rank, largest first, handed "
                 "out as ranks ask), tiles (every slide's tiles split over all ranks), auto (slides when there are at "
@@ -292,7 +293,7 @@ int run_infer(const InferOptions& options) {
 
   engine::LoadedModel model = engine::load_model(checkpoint);
   const engine::Precision precision = engine::use_precision(
-      *model.model, engine::parse_precision(config.get_string("infer.precision"), "infer.precision"));
+      model, checkpoint, engine::parse_precision(config.get_string("infer.precision"), "infer.precision"));
   const std::string checkpoint_path = fs::absolute(checkpoint).lexically_normal().string();
   // Tissue is found as the tiling found it for training, unless the job says otherwise: each tissue.* key the
   // job leaves unset takes the checkpoint's value (a checkpoint from before they were recorded has none; the
@@ -593,7 +594,8 @@ Action setup_infer(CLI::App& command) {
                "Also write <slide>.seg.dcm, a DICOM Segmentation (slides read from DICOM only; dicom_seg.enabled)",
                FlagForm::on);
   add_key_flag(command, options->job, "--precision", {"infer.precision"},
-               "fp32 or bf16 (where the CPU has AVX-512 BF16) (infer.precision)");
+               "fp32, bf16 (where the CPU has AVX-512 BF16) or int8 (VNNI; calibrated by tessera quantize) "
+               "(infer.precision)");
   add_key_flag(command, options->job, "--threads", {"infer.threads"},
                "OpenMP threads per rank, 0 = all cores (infer.threads)");
   add_key_flag(command, options->job, "--distribute", {"infer.distribute"},

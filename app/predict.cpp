@@ -49,8 +49,8 @@
 #include "engine/inference.h"
 #include "engine/precision.h"
 #include "engine/slide_inference.h"
-#include "io/image.h"
 #include "io/annotations.h"
+#include "io/image.h"
 #include "io/shard.h"
 #include "io/shard_dataset.h"
 
@@ -73,9 +73,10 @@ const core::Schema& predict_schema() {
                  65536)
         .integer("predict.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
         .string("predict.precision", "fp32",
-                "Number format of the convolutions and linear layers: fp32, or bf16 where the CPU has AVX-512 BF16 "
-                "(else fp32, said once in the log)",
-                {"fp32", "bf16"})
+                "Number format of the convolutions and linear layers: fp32, bf16 where the CPU has AVX-512 BF16, "
+                "or int8 where it has VNNI and the checkpoint is calibrated (tessera quantize) (else fp32, said once "
+                "in the log)",
+                {"fp32", "bf16", "int8"})
         .string("predict.tta", "none",
                 "Test-time augmentation, probabilities averaged over the views: none, flips (4 mirror images), d8 "
                 "(8 rotations and mirror images)",
@@ -137,8 +138,8 @@ cv::Mat roc_picture(const std::map<std::string, std::pair<std::vector<float>, st
     const auto curve = analysis::roc_curve(values.first, values.second);
     if (curve.empty()) continue;  // one class only
     const cv::Scalar colour = colours[k++ % colours.size()];
-    analysis::PlotSeries series{fmt::format("{}: AUC {:.4f} ({} tiles)", split, core::roc_auc(values.first, values.second),
-                                            values.first.size()),
+    analysis::PlotSeries series{fmt::format("{}: AUC {:.4f} ({} tiles)", split,
+                                            core::roc_auc(values.first, values.second), values.first.size()),
                                 {},
                                 colour};
     for (const auto& point : curve) series.points.emplace_back(point.fpr, point.tpr);
@@ -203,9 +204,9 @@ int run_predict(const PredictOptions& options) {
   core::prepare_output_file(world, out.string());
   engine::Context::get().set_threads(static_cast<int>(config.get_int("predict.threads")));
 
-  const engine::LoadedModel model = engine::load_model(checkpoint);
+  engine::LoadedModel model = engine::load_model(checkpoint);
   const engine::Precision precision = engine::use_precision(
-      *model.model, engine::parse_precision(config.get_string("predict.precision"), "predict.precision"));
+      model, checkpoint, engine::parse_precision(config.get_string("predict.precision"), "predict.precision"));
   if (!fs::is_directory(shards)) throw core::InputError("the shard folder does not exist", shards);
   const std::string manifest_path = (fs::path(shards) / "manifest.json").string();
   const io::Manifest manifest = io::read_manifest(manifest_path);
@@ -229,9 +230,9 @@ int run_predict(const PredictOptions& options) {
       std::none_of(manifest.slides.begin(), manifest.slides.end(), [&](const io::ManifestSlide& slide) {
         return slide.split == threshold_from && data_options.slides.count(slide.id) > 0;
       })) {
-    throw core::ConfigError(fmt::format("no slide of {} is in split '{}', which should choose the threshold", shards,
-                                        threshold_from),
-                            config.source(), 0, "predict.threshold_from");
+    throw core::ConfigError(
+        fmt::format("no slide of {} is in split '{}', which should choose the threshold", shards, threshold_from),
+        config.source(), 0, "predict.threshold_from");
   }
   io::ShardDataset data(shards, data_options);
   engine::check_compatible(model, checkpoint, data, manifest_path);
@@ -348,16 +349,17 @@ int run_predict(const PredictOptions& options) {
   summary["tiles_per_second"] = static_cast<double>(all.size()) / std::max(seconds, 1e-9);
   const fs::path summary_file = summary_path(out);
   const fs::path roc_file = roc_path(out);
-  io::write_png(roc_file.string(), roc_picture(by_split, threshold, threshold_text, fs::path(checkpoint).filename().string()));
+  io::write_png(roc_file.string(),
+                roc_picture(by_split, threshold, threshold_text, fs::path(checkpoint).filename().string()));
   core::write_file_atomic(summary_file.string(), summary.dump(2) + "\n");
 
   std::string split_text;
   for (const auto& [split, values] : by_split) {
     const Score s = score(values.first, values.second, threshold);
-    split_text += fmt::format("\n  {}: AUC {:.4f}, balanced accuracy {:.4f}, F1 {:.4f}, sensitivity {:.4f}, "
-                              "specificity {:.4f} ({} tiles)",
-                              split, s.auc, s.at.balanced_accuracy(), s.at.f1(), s.at.sensitivity(),
-                              s.at.specificity(), s.tiles);
+    split_text += fmt::format(
+        "\n  {}: AUC {:.4f}, balanced accuracy {:.4f}, F1 {:.4f}, sensitivity {:.4f}, "
+        "specificity {:.4f} ({} tiles)",
+        split, s.auc, s.at.balanced_accuracy(), s.at.f1(), s.at.sensitivity(), s.at.specificity(), s.tiles);
   }
   spdlog::info("{} tiles in {:.2f} s ({:.0f} tiles/s): AUC {:.4f}; at threshold {:.4f} ({}):{}\nwrote {}, {} and {}",
                all.size(), seconds, static_cast<double>(all.size()) / std::max(seconds, 1e-9), overall.auc, threshold,
@@ -379,10 +381,12 @@ Action setup_predict(CLI::App& command) {
                "Comma-separated splits to predict, e.g. test,val (data.splits; default: every slide)", FlagForm::list);
   add_key_flag(command, options->job, "--batch", {"predict.batch_size"}, "Tiles per forward pass (predict.batch_size)");
   add_key_flag(command, options->job, "--precision", {"predict.precision"},
-               "fp32 or bf16 (where the CPU has AVX-512 BF16) (predict.precision)");
+               "fp32, bf16 (where the CPU has AVX-512 BF16) or int8 (VNNI; calibrated by tessera quantize) "
+               "(predict.precision)");
   add_key_flag(command, options->job, "--threads", {"predict.threads"},
                "OpenMP threads per rank, 0 = all cores (predict.threads)");
-  add_key_flag(command, options->job, "--tta", {"predict.tta"}, "Test-time augmentation: none, flips, d8 (predict.tta)");
+  add_key_flag(command, options->job, "--tta", {"predict.tta"},
+               "Test-time augmentation: none, flips, d8 (predict.tta)");
   add_key_flag(command, options->job, "--threshold", {"predict.threshold"},
                "P(tumour) at and above which a tile is called tumour (predict.threshold)", FlagForm::value,
                {"predict.threshold_from"});

@@ -124,14 +124,24 @@ class TesseraRunner {
     }
     parameter_count_ = model_->parameter_count();
     params_ = model_->parameters();
-    if (kind_ == ModelBenchKind::infer) model_->fold_batchnorm();  // eval mode, batch norm in the convolutions
-    if (kind_ == ModelBenchKind::infer) precision_ = engine::use_precision(*model_, precision);
-
     input_ = engine::Tensor::plain({o.batch, 3, o.size, o.size});
     std::mt19937 rng(static_cast<std::uint32_t>(kSeed));
     std::normal_distribution<float> normal(0.0f, 1.0f);
     float* x = input_.data();
     for (std::int64_t i = 0; i < input_.numel(); ++i) x[i] = normal(rng);
+
+    if (kind_ == ModelBenchKind::infer) {
+      model_->fold_batchnorm();  // eval mode, batch norm in the convolutions
+      // int8 is calibrated on the benchmark's own batch (one fp32 forward): the scales change the values, not
+      // the work.
+      engine::ActivationRanges ranges;
+      if (precision == engine::Precision::int8) {
+        const engine::Calibrator calibrator(*model_);
+        (void)model_->forward(input_);
+        ranges = calibrator.ranges();
+      }
+      precision_ = engine::use_precision(*model_, precision, &ranges);
+    }
     std::uniform_int_distribution<int> label(0, kClasses - 1);
     labels_.resize(static_cast<std::size_t>(o.batch));
     for (int& l : labels_) l = label(rng);
@@ -402,7 +412,7 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
     }
   }
 
-  // infer --precision bf16: the same model again in reduced precision, measured beside fp32 in every round.
+  // infer --precision bf16|int8: the same model again in reduced precision, measured beside fp32 in every round.
   std::unique_ptr<TesseraRunner> reduced;
   std::string reduced_missing;
   const engine::Precision wanted = engine::parse_precision(o.precision, "--precision");
@@ -410,7 +420,8 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
     reduced = std::make_unique<TesseraRunner>(kind, o, wanted);
     if (reduced->precision() != wanted) {
       reduced_missing =
-          fmt::format("not measured: needs AVX-512 BF16, oneDNN's instruction set here is {}", engine::cpu_isa_name());
+          fmt::format("not measured: needs {}, oneDNN's instruction set here is {}",
+                      wanted == engine::Precision::int8 ? "VNNI" : "AVX-512 BF16", engine::cpu_isa_name());
       reduced.reset();
     }
   }

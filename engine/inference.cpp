@@ -101,6 +101,16 @@ LoadedModel load_model(const std::string& checkpoint) {
   const io::Checkpoint file =
       io::read_checkpoint(checkpoint, checkpoint_layout(params, buffers), io::ReplicaRead::skip);
   load_checkpoint_tensors(file, params, buffers);
+  for (const auto& [name, tensor] : file.quantization) {
+    const bool pair = tensor.shape == std::vector<std::int64_t>{2} && tensor.data.size() == 2;
+    if (!pair || !std::isfinite(tensor.data[0]) || !std::isfinite(tensor.data[1]) || tensor.data[0] > tensor.data[1]) {
+      throw core::InputError(fmt::format("tensor '{}' in /quantization is not a range [min, max] of finite numbers "
+                                         "(shape {}); calibrate again with tessera quantize",
+                                         name, io::describe_shape(tensor.shape)),
+                             checkpoint);
+    }
+    loaded.calibration[name] = ValueRange{tensor.data[0], tensor.data[1], true};
+  }
 
   const auto& names = meta.class_names;
   const auto tumour =
@@ -116,6 +126,54 @@ LoadedModel load_model(const std::string& checkpoint) {
   }
   loaded.model->fold_batchnorm();
   return loaded;
+}
+
+Precision use_precision(LoadedModel& loaded, const std::string& checkpoint, Precision requested) {
+  if (requested == Precision::int8) {
+    if (loaded.calibration.empty()) {
+      throw core::InputError(fmt::format("int8 needs a calibration and the checkpoint has none (no /quantization): "
+                                         "run tessera quantize --checkpoint {} --shards <shard folder> first",
+                                         checkpoint),
+                             checkpoint);
+    }
+    for (const std::string& name : calibration_points(*loaded.model)) {
+      if (loaded.calibration.count(name) == 0) {
+        throw core::InputError(fmt::format("/quantization has no range for '{}' (calibrated for another model?): "
+                                           "run tessera quantize again",
+                                           name),
+                               checkpoint);
+      }
+    }
+  }
+  return use_precision(*loaded.model, requested, &loaded.calibration);
+}
+
+ActivationRanges calibrate(LoadedModel& loaded, io::ShardDataset& data, std::int64_t tiles, const std::string& folder) {
+  Calibrator calibrator(*loaded.model);
+  TileScorer scorer(*loaded.model);
+  io::Batch batch;
+  std::int64_t seen = 0;
+  data.start_epoch(0);
+  while (seen < tiles && data.next(batch)) {
+    if (batch.size > tiles - seen) {
+      // Only the tiles asked for: the batch cut to the rest.
+      const auto keep = static_cast<std::size_t>(tiles - seen);
+      const std::size_t per_tile = batch.images.size() / static_cast<std::size_t>(batch.size);
+      batch.images.resize(keep * per_tile);
+      batch.labels.resize(keep);
+      batch.size = static_cast<int>(keep);
+    }
+    (void)scorer.probabilities(batch);
+    seen += batch.size;
+  }
+  if (seen == 0) throw core::InputError("no tile to calibrate on", folder);
+  return calibrator.ranges();
+}
+
+io::TensorMap calibration_tensors(const ActivationRanges& ranges) {
+  io::TensorMap tensors;
+  for (const auto& [name, range] : ranges) tensors[name] = io::CheckpointTensor{{2}, {range.min, range.max}};
+  return tensors;
 }
 
 std::string TilePredictions::pack() const {

@@ -18,6 +18,7 @@
 
 #include "engine/layers/loss.h"
 #include "engine/models/model.h"
+#include "engine/precision.h"
 #include "engine/tensor.h"
 #include "io/checkpoint.h"
 #include "io/shard_dataset.h"
@@ -71,13 +72,25 @@ struct LoadedModel {
   io::CheckpointMeta meta;
   std::unique_ptr<Model> model;  // eval mode, batch norm folded
   int positive_class = 1;        // the class whose probability is "p_tumor"
+  ActivationRanges calibration;  // the checkpoint's /quantization (int8); empty when it has none
 };
 
 // Builds the model /meta names (architecture, input size, classes), reads the checkpoint against that model's
 // tensors and folds batch norm. InputError naming the file when it is missing, truncated or not a checkpoint,
-// when a tensor does not fit the architecture, or when the classes have no tumour class (two classes: class 1
-// unless the names say otherwise).
+// when a tensor does not fit the architecture, when the classes have no tumour class (two classes: class 1
+// unless the names say otherwise), or when a /quantization range is not [min, max] of finite numbers.
 LoadedModel load_model(const std::string& checkpoint);
+
+// use_precision (engine/precision.h) with the checkpoint's calibration. int8 asked of a checkpoint without
+// /quantization, or one that lacks a range this model needs, is an InputError naming `checkpoint` (which says to
+// run `tessera quantize`), whether or not this CPU would then fall back to fp32.
+Precision use_precision(LoadedModel& loaded, const std::string& checkpoint, Precision requested);
+
+// int8 calibration: runs the folded fp32 model over the first `tiles` tiles of `data` (every tile when fewer)
+// with a Calibrator attached and returns the ranges. InputError naming `data`'s folder when it yields no tile.
+ActivationRanges calibrate(LoadedModel& loaded, io::ShardDataset& data, std::int64_t tiles, const std::string& folder);
+// The ranges as /quantization tensors ([min, max] each).
+io::TensorMap calibration_tensors(const ActivationRanges& ranges);
 
 // Tile predictions of one rank (or, after a gather, of all), one entry per tile, and their byte form for the gather
 // (pack on every rank, append_packed in rank order on rank 0: the rows come out in the same order on any rank count).

@@ -32,6 +32,17 @@ dnnl::memory::desc plain_desc(const dims_t& dims) {
 
 bool is_plain(const dnnl::memory::desc& desc) { return desc == plain_desc(desc.dims()); }
 
+bool is_integer(dnnl::memory::data_type type) {
+  using dt = dnnl::memory::data_type;
+  return type == dt::u8 || type == dt::s8 || type == dt::s32;
+}
+
+dnnl::memory::desc with_data_type(const dnnl::memory::desc& desc, dnnl::memory::data_type type) {
+  dnnl::memory::desc result = desc;
+  result.data.data_type = dnnl::memory::convert_to_c(type);
+  return result;
+}
+
 std::int64_t product(const dims_t& dims) {
   std::int64_t n = 1;
   for (auto d : dims) n *= d;
@@ -74,6 +85,9 @@ std::vector<float> Tensor::to_plain() const {
   }
   dnnl::memory dst(plain_desc(desc_.dims()), Context::get().engine(), values.data());
   run_reorder(memory_, dst);
+  if (scale_ != 1.0f) {
+    for (float& v : values) v *= scale_;
+  }
   return values;
 }
 
@@ -102,20 +116,44 @@ Tensor Tensor::reordered_to(const dnnl::memory::desc& desc) const {
   return result;
 }
 
-const Tensor& Reorderer::operator()(const Tensor& src, const dnnl::memory::desc& want) {
-  if (src.desc() == want) return src;
-  if (dst_.empty() || dst_.desc() != want || src_desc_ != src.desc()) {
+const Tensor& Reorderer::operator()(const Tensor& src, const dnnl::memory::desc& want, float want_scale) {
+  const float factor = src.scale() / want_scale;
+  if (src.desc() == want && factor == 1.0f) return src;
+  if (dst_.empty() || dst_.desc() != want || src_desc_ != src.desc() || factor_ != factor) {
     if (src.dims() != want.dims()) {
       throw core::InternalError("tensor reorder: dims " + dims_text(src.dims()) + " cannot become " +
                                 dims_text(want.dims()));
     }
+    dnnl::primitive_attr attr;
+    if (factor != 1.0f) attr.set_output_scales(0, {factor});
     reorder_ = dnnl::reorder(
-        dnnl::reorder::primitive_desc(Context::get().engine(), src.desc(), Context::get().engine(), want));
+        dnnl::reorder::primitive_desc(Context::get().engine(), src.desc(), Context::get().engine(), want, attr));
     src_desc_ = src.desc();
+    factor_ = factor;
     if (dst_.empty() || dst_.desc() != want) dst_ = Tensor(want);
   }
   execute_reorder(reorder_, src.memory(), dst_.memory());
+  dst_.set_scale(is_integer(want.data_type()) ? want_scale : 1.0f);
   return dst_;
+}
+
+void ValueRange::include(const Tensor& tensor) {
+  if (tensor.empty()) return;
+  if (tensor.data_type() != dnnl::memory::data_type::f32) {
+    throw core::InternalError("value range: only float32 tensors are observed");
+  }
+  const auto count = static_cast<std::int64_t>(tensor.desc().get_size() / sizeof(float));
+  if (count == 0) return;
+  const float* x = tensor.data();
+  float lo = seen ? min : x[0], hi = seen ? max : x[0];
+#pragma omp parallel for reduction(min : lo) reduction(max : hi) schedule(static)
+  for (std::int64_t i = 0; i < count; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  min = lo;
+  max = hi;
+  seen = true;
 }
 
 void AccumulatingReorder::operator()(const dnnl::memory& src, const dnnl::memory& dst) {

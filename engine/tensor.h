@@ -9,8 +9,13 @@
 //
 // dims() are always the logical PyTorch dims (N, C, H, W), whatever the layout; to_plain()/from_plain() speak
 // PyTorch's NCHW (or NC) element order.
+//
+// Reduced-precision inference (engine/precision.h) also passes bfloat16 tensors and, in int8, quantized ones: u8
+// or s8 values with one scale per tensor, real value = scale() × stored value (oneDNN's model with zero point 0).
+// The scale travels with the handle; a float tensor's scale is 1. A Reorderer into a float desc dequantizes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -27,6 +32,10 @@ dnnl::memory::format_tag plain_tag(int ndims);
 dnnl::memory::desc plain_desc(const dims_t& dims);
 // True when `desc` is the plain dense layout of its dims.
 bool is_plain(const dnnl::memory::desc& desc);
+// True for u8, s8 and s32: a quantized tensor's data types.
+bool is_integer(dnnl::memory::data_type type);
+// `desc` with another data type and the same dims and layout (activations only: no extra flags).
+dnnl::memory::desc with_data_type(const dnnl::memory::desc& desc, dnnl::memory::data_type type);
 // Product of the dims (logical elements, not counting blocked-layout padding).
 std::int64_t product(const dims_t& dims);
 
@@ -49,6 +58,10 @@ class Tensor {
   const dnnl::memory& memory() const { return memory_; }
   // The raw buffer, in the tensor's layout (for plain tensors: NCHW order).
   float* data() const { return static_cast<float*>(memory_.get_data_handle()); }
+  dnnl::memory::data_type data_type() const { return desc_.data_type(); }
+  // Quantized tensors: real value = scale() × stored value. 1 for float tensors.
+  float scale() const { return scale_; }
+  void set_scale(float scale) { scale_ = scale; }
 
   // The elements in NCHW (NC) order; reorders from a blocked layout.
   std::vector<float> to_plain() const;
@@ -62,6 +75,18 @@ class Tensor {
  private:
   dnnl::memory::desc desc_;
   dnnl::memory memory_;
+  float scale_ = 1.0f;
+};
+
+// The smallest and largest value of the float32 tensors seen: int8 calibration (engine/precision.h) watches
+// activations with it. The zero padding of a blocked layout counts as a value (it only ever widens the range to 0).
+struct ValueRange {
+  float min = 0.0f;
+  float max = 0.0f;
+  bool seen = false;
+
+  void include(const Tensor& tensor);  // InternalError for a tensor that is not float32
+  float abs_max() const { return std::max(-min, max); }
 };
 
 // Brings tensors into a wanted layout repeatedly without creating a primitive or a buffer per call: the reorder
@@ -70,12 +95,15 @@ class Tensor {
 // input batch before a convolution that runs in nChw8c, or a diff_dst in another blocked layout).
 class Reorderer {
  public:
-  // `src` itself when its desc equals `want`; otherwise the reordered copy (owned here, valid until the next
-  // call).
-  const Tensor& operator()(const Tensor& src, const dnnl::memory::desc& want);
+  // `src` itself when its desc equals `want` (and its scale `want_scale`); otherwise the reordered copy (owned
+  // here, valid until the next call). Values are rescaled by src.scale() / want_scale on the way: an integer src
+  // into a float desc is dequantized, a float src into an integer desc quantized with scale `want_scale` (which
+  // must then be given; it is 1 for float descs), an integer one requantized.
+  const Tensor& operator()(const Tensor& src, const dnnl::memory::desc& want, float want_scale = 1.0f);
 
  private:
   dnnl::memory::desc src_desc_;
+  float factor_ = 1.0f;
   dnnl::reorder reorder_;
   Tensor dst_;
 };

@@ -34,6 +34,7 @@ namespace {
 constexpr const char* checkpoint_format_name = "tessera-checkpoint";
 constexpr const char* params_group = "params";
 constexpr const char* buffers_group = "buffers";
+constexpr const char* quantization_group = "quantization";
 constexpr const char* meta_group = "meta";
 constexpr const char* optimizer_group = "optimizer";
 constexpr const char* easgd_group = "easgd";
@@ -151,6 +152,7 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
   validate_tensors(h5, buffers_group, c.buffers);
   validate_optimizer(h5, optimizer_group, c.optimizer);
   validate_tensors(h5, "easgd/center", c.easgd_center);
+  validate_tensors(h5, quantization_group, c.quantization);
   for (std::size_t rank = 0; rank < c.replicas.size(); ++rank) {
     const std::string path = replica_path(rank);
     validate_tensors(h5, path + "/" + params_group, c.replicas[rank].params);
@@ -359,6 +361,7 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   add(c.buffers);
   for (const auto& slot : c.optimizer.slots) add(slot.second);
   add(c.easgd_center);
+  add(c.quantization);
   for (const auto& replica : c.replicas) {
     add(replica.params);
     add(replica.buffers);
@@ -390,6 +393,9 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   if (!c.replicas.empty()) writer.create_replicas(c.replicas);
   if (!c.replica_files.empty()) writer.write_replica_files(c.replica_files);
   if (!c.state.empty()) writer.write_state(c.state);
+  if (!c.quantization.empty()) {
+    writer.create_tensors(file.get(), quantization_group, quantization_group, c.quantization);
+  }
   // Metadata that HDF5 holds in temporary file space gets its real address at a flush: flushing before the
   // data keeps all of it ahead of the tensors.
   h5.check(H5Fflush(file.get(), H5F_SCOPE_LOCAL), "cannot flush the file");
@@ -1226,6 +1232,7 @@ Checkpoint read_checkpoint(const std::string& path, ReplicaRead replicas) {
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(nullptr);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();
+  c.quantization = r.read_all_tensors(r.file(), quantization_group, quantization_group);
   if (replicas == ReplicaRead::all && !c.replica_files.empty()) {
     c.replicas = read_replica_files(path, c.replica_files, nullptr);
   }
@@ -1245,6 +1252,7 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(&expected);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();
+  c.quantization = r.read_all_tensors(r.file(), quantization_group, quantization_group);
   if (replicas == ReplicaRead::all && !c.replica_files.empty()) {
     c.replicas = read_replica_files(path, c.replica_files, &expected);
   }

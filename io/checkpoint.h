@@ -28,6 +28,9 @@
 //   /replica_files            attributes set (string), bytes (int64 [n]): the replicas are in files of their own,
 //                                      one per rank, written in parallel (below); absent otherwise
 //   /state                    attributes the trainer keeps for resuming (RNG words, data-loader position, ...)
+//   /quantization/<name>      float32 [2]  int8 calibration (`tessera quantize`, engine/precision.h): the
+//                                      [min, max] an activation took on the calibration tiles in fp32, named
+//                                      "<conv>.input", "<conv>.output", "<block>.output"; absent until calibrated
 //
 // Replica files. A checkpoint whose every rank has a replica of its own (EASGD-type training on n ranks) does not hold
 // them: each rank writes its own, in parallel, beside the checkpoint, and the checkpoint is their index:
@@ -167,6 +170,7 @@ struct Checkpoint {
                                   // file or from the replica files the index names
   ReplicaFiles replica_files;     // written as /replica_files (then `replicas` must be empty); read back as is
   StateMap state;
+  TensorMap quantization;  // empty = not calibrated for int8
 
   bool operator==(const Checkpoint&) const = default;
 };

@@ -1,5 +1,7 @@
 #include "engine/layers/conv.h"
 
+#include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "engine/context.h"
@@ -51,10 +53,23 @@ void Conv2d::set_relu(bool relu) {
 }
 
 void Conv2d::set_compute_type(memory::data_type type) {
-  if (type != dt::f32 && type != dt::bf16) fail("compute type must be f32 or bf16");
+  if (type != dt::f32 && type != dt::bf16) fail("compute type must be f32 or bf16 (int8: set_int8)");
   if (type != dt::f32 && mode() == Mode::train) fail("reduced precision is for inference: switch to eval mode first");
   if (compute_ == type) return;
   compute_ = type;
+  invalidate_setup();
+}
+
+void Conv2d::set_int8(float src_scale, bool src_signed, float dst_scale) {
+  if (mode() == Mode::train) fail("reduced precision is for inference: switch to eval mode first");
+  if (!(src_scale > 0.0f) || !std::isfinite(src_scale) || !(dst_scale > 0.0f) || !std::isfinite(dst_scale)) {
+    fail("int8 scales must be positive finite numbers");
+  }
+  if (compute_ == dt::s8 && src_scale_ == src_scale && src_signed_ == src_signed && dst_scale_ == dst_scale) return;
+  compute_ = dt::s8;
+  src_scale_ = src_scale;
+  src_signed_ = src_signed;
+  dst_scale_ = dst_scale;
   invalidate_setup();
 }
 
@@ -78,12 +93,34 @@ memory::desc Conv2d::do_setup(const memory::desc& src) {
   const dims_t strides = {options_.stride, options_.stride};
   const dims_t dilates = {options_.dilation - 1, options_.dilation - 1};  // oneDNN counts the gaps
   const dims_t padding = {options_.padding, options_.padding};
-  const memory::desc src_any(in, compute_, tag::any);
+  const bool int8 = compute_ == dt::s8;
+  const dt src_type = int8 ? (src_signed_ ? dt::s8 : dt::u8) : compute_;
+  const dt dst_type = int8 ? (options_.relu ? dt::u8 : dt::s8) : compute_;
+  const memory::desc src_any(in, src_type, tag::any);
   const memory::desc weights_any(weight_.shape, compute_, tag::any);
   const memory::desc bias_md = options_.bias ? memory::desc({options_.out}, dt::f32, tag::a) : memory::desc();
-  const memory::desc dst_any({in[0], options_.out, oh, ow}, compute_, tag::any);
+  const memory::desc dst_any({in[0], options_.out, oh, ow}, dst_type, tag::any);
 
   dnnl::primitive_attr attr = Context::default_attr();
+  if (int8) {
+    // Per output channel: the weights' scale from their own range; the primitive's output scale turns the s32
+    // accumulator (src steps × weight steps) into dst steps.
+    const std::size_t per_channel = weight_.value.size() / static_cast<std::size_t>(options_.out);
+    weight_scales_.assign(static_cast<std::size_t>(options_.out), 1.0f);
+    std::vector<float> output_scales(weight_scales_.size());
+    bias_int8_.assign(weight_scales_.size(), 0.0f);
+    for (std::size_t o = 0; o < weight_scales_.size(); ++o) {
+      const auto first = weight_.value.begin() + static_cast<std::ptrdiff_t>(o * per_channel);
+      float largest = 0.0f;
+      for (auto w = first; w != first + static_cast<std::ptrdiff_t>(per_channel); ++w) {
+        largest = std::max(largest, std::abs(*w));
+      }
+      if (largest > 0.0f) weight_scales_[o] = largest / 127.0f;
+      output_scales[o] = src_scale_ * weight_scales_[o] / dst_scale_;
+      if (options_.bias) bias_int8_[o] = bias_.value[o] / (src_scale_ * weight_scales_[o]);
+    }
+    attr.set_output_scales(1 << 1, output_scales);
+  }
   if (options_.relu) {
     dnnl::post_ops ops;
     ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
@@ -101,6 +138,7 @@ memory::desc Conv2d::do_setup(const memory::desc& src) {
     fail(std::string("oneDNN cannot create the forward convolution: ") + e.what());
   }
   dst_ = Tensor(fwd_pd_.dst_desc());
+  if (int8) dst_.set_scale(dst_scale_);
   src_saved_ = Tensor();
   weights_saved_ = memory();
   weights_low_ = memory();
@@ -113,22 +151,38 @@ memory Conv2d::weights_memory() {
   if (compute_ == dt::f32) return weights_reorder_(plain, fwd_pd_.weights_desc()).memory();
   // Eval mode only: the weights are fixed, so they are converted once per setup (a copy of their own, not the
   // Reorderer's buffer).
-  if (!weights_low_) weights_low_ = plain.reordered_to(fwd_pd_.weights_desc()).memory();
+  if (weights_low_) return weights_low_;
+  if (compute_ == dt::bf16) {
+    weights_low_ = plain.reordered_to(fwd_pd_.weights_desc()).memory();
+    return weights_low_;
+  }
+  // int8: w / weight scale[o], rounded and saturated by the reorder (which also fills in the compensation that
+  // oneDNN's s8-src kernels keep beside the weights).
+  std::vector<float> inverse(weight_scales_.size());
+  for (std::size_t o = 0; o < inverse.size(); ++o) inverse[o] = 1.0f / weight_scales_[o];
+  dnnl::primitive_attr attr;
+  attr.set_output_scales(1 << 0, inverse);
+  const auto& engine = Context::get().engine();
+  weights_low_ = memory(fwd_pd_.weights_desc(), engine);
+  dnnl::reorder(dnnl::reorder::primitive_desc(engine, plain.desc(), engine, fwd_pd_.weights_desc(), attr))
+      .execute(Context::get().stream(), {{DNNL_ARG_FROM, plain.memory()}, {DNNL_ARG_TO, weights_low_}});
   return weights_low_;
 }
 
 memory Conv2d::bias_memory() {
-  const Tensor plain(wrap_plain(bias_.value, bias_.shape));
+  const Tensor plain(compute_ == dt::s8 ? wrap_plain(bias_int8_, bias_.shape) : wrap_plain(bias_.value, bias_.shape));
   return bias_reorder_(plain, fwd_pd_.bias_desc()).memory();
 }
 
 const Tensor& Conv2d::do_forward(const Tensor& src) {
-  src_saved_ = src_reorder_(src, fwd_pd_.src_desc());
+  if (observe_src_ != nullptr) observe_src_->include(src);
+  src_saved_ = src_reorder_(src, fwd_pd_.src_desc(), compute_ == dt::s8 ? src_scale_ : 1.0f);
   weights_saved_ = weights_memory();
   std::unordered_map<int, memory> args = {
       {DNNL_ARG_SRC, src_saved_.memory()}, {DNNL_ARG_WEIGHTS, weights_saved_}, {DNNL_ARG_DST, dst_.memory()}};
   if (options_.bias) args.emplace(DNNL_ARG_BIAS, bias_memory());
   Context::get().execute(fwd_, fwd_pd_, std::move(args));
+  if (observe_dst_ != nullptr) observe_dst_->include(dst_);
   return dst_;
 }
 

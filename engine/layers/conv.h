@@ -21,9 +21,18 @@
 // bfloat16 (the bias stays float32; oneDNN accumulates in float32). An fp32 input is converted on the way in by
 // the same src reorder; the bf16 weights are made once per setup from the float32 Param and kept, since an
 // eval-mode model's weights do not change.
+//
+// int8 (inference only, engine/precision.h): set_int8 makes src u8 (s8 where the calibrated input can be
+// negative) with one scale, the weights s8 with one scale per output channel (max |w| of the channel / 127), and
+// dst u8 after a fused ReLU, else s8, with the calibrated output scale; oneDNN accumulates in s32 and applies
+// src scale × weight scale[o] / dst scale per output channel (set_output_scales, mask 1 << 1). The bias stays
+// float32 in the accumulator's units (bias[o] / (src scale × weight scale[o])), as oneDNN 2.x adds it before
+// the output scale. An input in another type or scale is quantized (or requantized) by the src reorder.
+// observe() records the float32 src and dst ranges of each forward (calibration, in fp32).
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "engine/module.h"
 
@@ -63,7 +72,17 @@ class Conv2d : public Module {
   // mode; backward refuses). Takes effect at the next forward. Changing the weights afterwards needs another
   // call (or a new setup) to be seen.
   void set_compute_type(dnnl::memory::data_type type);
+  // s8 after set_int8.
   dnnl::memory::data_type compute_type() const { return compute_; }
+  // int8 inference (see the header comment): `src_scale` and `dst_scale` are real value per step of the stored
+  // integers, `src_signed` chooses s8 over u8 for src. InternalError in train mode or for a scale that is not a
+  // positive finite number. Takes effect at the next forward; set_compute_type(f32) returns to float32.
+  void set_int8(float src_scale, bool src_signed, float dst_scale);
+  // Calibration: while set, every forward (float32 only) widens these ranges by its src and dst. nullptr stops.
+  void observe(ValueRange* src, ValueRange* dst) {
+    observe_src_ = src;
+    observe_dst_ = dst;
+  }
 
   // Output spatial size for an input size, or <= 0 when the input is too small.
   int output_size(int input) const;
@@ -80,6 +99,13 @@ class Conv2d : public Module {
 
   Conv2dOptions options_;
   dnnl::memory::data_type compute_ = dnnl::memory::data_type::f32;
+  float src_scale_ = 1.0f;  // int8: the scales set_int8 was given
+  bool src_signed_ = false;
+  float dst_scale_ = 1.0f;
+  std::vector<float> weight_scales_;  // int8, per setup: max |w| / 127 per output channel
+  std::vector<float> bias_int8_;      // int8, per setup: the bias in accumulator units
+  ValueRange* observe_src_ = nullptr;
+  ValueRange* observe_dst_ = nullptr;
   Param weight_;
   Param bias_;
 

@@ -24,6 +24,7 @@ memory::desc AdaptiveAvgPool2d::do_setup(const memory::desc& src) {
   dst_ = Tensor::plain({d[0], d[1]});
   dst_4d_ = memory(plain_desc({d[0], d[1], 1, 1}), engine, dst_.data());
   to_dst_ = dnnl::reorder(pooled_.memory(), dst_4d_);
+  to_dst_scale_ = 1.0f;
   backward_pd_ = {};
   backward_ = {};
   diff_src_ = Tensor();
@@ -34,6 +35,14 @@ memory::desc AdaptiveAvgPool2d::do_setup(const memory::desc& src) {
 const Tensor& AdaptiveAvgPool2d::do_forward(const Tensor& src) {
   auto& context = Context::get();
   context.execute(forward_, forward_pd_, {{DNNL_ARG_SRC, src.memory()}, {DNNL_ARG_DST, pooled_.memory()}});
+  if (src.scale() != to_dst_scale_) {
+    // A quantized src (int8 inference): the averages come out in its steps and are dequantized on the way out.
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(0, {src.scale()});
+    const auto& engine = context.engine();
+    to_dst_ = dnnl::reorder(dnnl::reorder::primitive_desc(engine, pooled_.desc(), engine, dst_4d_.get_desc(), attr));
+    to_dst_scale_ = src.scale();
+  }
   to_dst_.execute(context.stream(), {{DNNL_ARG_FROM, pooled_.memory()}, {DNNL_ARG_TO, dst_4d_}});
   return dst_;
 }

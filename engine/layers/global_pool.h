@@ -6,7 +6,8 @@
 //
 // The averaging runs as a oneDNN pooling with an H×W kernel in src's layout; only the N×C×1×1 result (a few
 // thousand values) is reordered into the plain N×C output, so a blocked producer costs no reorder of its
-// activations. A bf16 src (reduced-precision inference) is pooled in bf16 and the N×C output is float32.
+// activations. A bf16 src (reduced-precision inference) is pooled in bf16 and the N×C output is float32; a
+// quantized src (int8) is pooled in its own type and dequantized with its scale into the float32 output.
 #pragma once
 
 #include <string>
@@ -36,11 +37,12 @@ class AdaptiveAvgPool2d : public Module {
   dnnl::pooling_forward forward_;
   dnnl::pooling_backward::primitive_desc backward_pd_;  // built on the first backward
   dnnl::pooling_backward backward_;
-  Tensor pooled_;         // N×C×1×1 in the pooling primitive's layout
-  Tensor dst_;            // N×C plain
-  dnnl::memory dst_4d_;   // dst_'s buffer seen as N×C×1×1 nchw
-  dnnl::reorder to_dst_;  // pooled_ → dst_4d_
-  Tensor diff_dst_4d_;    // diff_dst as N×C×1×1 in the pooling primitive's layout
+  Tensor pooled_;              // N×C×1×1 in the pooling primitive's layout
+  Tensor dst_;                 // N×C plain
+  dnnl::memory dst_4d_;        // dst_'s buffer seen as N×C×1×1 nchw
+  dnnl::reorder to_dst_;       // pooled_ → dst_4d_
+  float to_dst_scale_ = 1.0f;  // the output scale to_dst_ applies (a quantized src's scale)
+  Tensor diff_dst_4d_;         // diff_dst as N×C×1×1 in the pooling primitive's layout
   dnnl::reorder from_diff_dst_;
   Tensor diff_src_;
   Reorderer diff_dst_reorder_;  // a diff_dst that is not plain nc

@@ -63,6 +63,7 @@ const Tensor& Pool2d::do_forward(const Tensor& src) {
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src.memory()}, {DNNL_ARG_DST, dst_.memory()}};
   if (workspace_) args.emplace(DNNL_ARG_WORKSPACE, workspace_);
   Context::get().execute(forward_, forward_pd_, std::move(args));
+  dst_.set_scale(src.scale());  // a quantized src stays quantized, in the same steps
   return dst_;
 }
 

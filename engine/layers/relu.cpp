@@ -25,6 +25,7 @@ memory::desc ReLU::do_setup(const memory::desc& src) {
 
 const Tensor& ReLU::do_forward(const Tensor& src) {
   Context::get().execute(fwd_, fwd_pd_, {{DNNL_ARG_SRC, src.memory()}, {DNNL_ARG_DST, dst_.memory()}});
+  dst_.set_scale(src.scale());  // a quantized src stays quantized, in the same steps
   return dst_;
 }
 

@@ -69,6 +69,7 @@ const Tensor& AdaptiveAvgPool2dTo::do_forward(const Tensor& src) {
   }
   if (path_ == Path::uniform) {
     Context::get().execute(forward_, forward_pd_, {{DNNL_ARG_SRC, src.memory()}, {DNNL_ARG_DST, dst_.memory()}});
+    dst_.set_scale(src.scale());  // a quantized src stays quantized, in the same steps
     return dst_;
   }
   const Tensor& in = src_reorder_(src, plain_desc(src.dims()));

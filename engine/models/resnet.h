@@ -51,6 +51,8 @@ class ResidualBlock : public Block {
   BatchNorm2d& bn(std::size_t i) { return *bns_.at(i); }
   // nullptr for an identity shortcut.
   Sequential* downsample() { return downsample_.get(); }
+  // main + shortcut, then ReLU (int8 inference sets its scale, calibration watches it).
+  ResidualAdd& join() { return join_; }
 
  protected:
   // One main-path convolution: output channels, kernel (padding kernel/2), stride.

@@ -1,7 +1,8 @@
-// Reduced-precision inference (engine/precision.h): names, refusals, and bf16 forward passes of every model of
-// the registry against their fp32 results. The bf16 comparisons run only where oneDNN's ISA on this CPU has
-// AVX-512 BF16 (they skip with a message elsewhere); the fp32 fallback on such CPUs is tested end to end by the
-// app tests (test_precision in tests/app), which start the program with ONEDNN_MAX_CPU_ISA=AVX2.
+// Reduced-precision inference (engine/precision.h): names, refusals, and bf16 and int8 forward passes of every
+// model of the registry against their fp32 results; int8 calibration (what it records, what int8 refuses without
+// it). The int8 comparisons run only where oneDNN's ISA has VNNI. The bf16 comparisons run only where oneDNN's ISA on
+// this CPU has AVX-512 BF16 (they skip with a message elsewhere); the fp32 fallback on such CPUs is tested end to end
+// by the app tests (test_precision in tests/app), which start the program with ONEDNN_MAX_CPU_ISA=AVX2.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/layers/add.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/linear.h"
 #include "engine/models/model.h"
@@ -63,7 +65,9 @@ std::vector<float> softmax2(const std::vector<float>& logits) {
 }
 
 TEST(Precision, NamesRoundTripAndUnknownNamesAreConfigErrors) {
-  for (Precision p : {Precision::fp32, Precision::bf16}) EXPECT_EQ(parse_precision(to_string(p), "k"), p);
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::int8}) {
+    EXPECT_EQ(parse_precision(to_string(p), "k"), p);
+  }
   try {
     parse_precision("fp16", "infer.precision");
     FAIL() << "fp16 was accepted";
@@ -144,6 +148,139 @@ INSTANTIATE_TEST_SUITE_P(Registry, Bf16Models,
                          ::testing::Values(Case{"tiny_cnn", 16}, Case{"compact", 32}, Case{"resnet18", 32},
                                            Case{"vgg11", 32}, Case{"alexnet", 64}, Case{"lenet5", 32},
                                            Case{"vgg11_bn", 32}),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return std::string(param_info.param.architecture);
+                         });
+
+// The ranges of one fp32 forward of `x`.
+ActivationRanges calibrated(Model& model, const Tensor& x) {
+  const Calibrator calibrator(model);
+  (void)model.forward(x);
+  return calibrator.ranges();
+}
+
+TEST(Int8, CalibrationRecordsEveryQuantizedActivationAndInt8IsRefusedWithoutIt) {
+  auto model = folded_model("resnet18", 32);
+  const Tensor x = image_batch(2, 32);
+  const std::vector<float> before = model->forward(x).to_plain();
+  const ActivationRanges ranges = calibrated(*model, x);
+  const std::vector<std::string> points = calibration_points(*model);
+  // 20 convolutions (17 on the main paths, 3 downsamples) with input and output, 8 block sums.
+  EXPECT_EQ(points.size(), 2u * 20u + 8u);
+  ASSERT_EQ(ranges.size(), points.size());
+  for (const std::string& name : points) {
+    const ValueRange& r = ranges.at(name);
+    EXPECT_TRUE(r.seen) << name;
+    EXPECT_LE(r.min, r.max) << name;
+  }
+  EXPECT_LT(ranges.at("conv1.input").min, 0.0f);   // normalised images are signed
+  EXPECT_EQ(ranges.at("conv1.output").min, 0.0f);  // after the fused ReLU
+  EXPECT_GT(ranges.at("layer4.1.output").max, 0.0f);
+  // Watching changed nothing, and a detached model computes as before.
+  EXPECT_EQ(model->forward(x).to_plain(), before);
+
+  EXPECT_THROW(use_precision(*model, Precision::int8), core::InternalError);  // no ranges
+  ActivationRanges partial = ranges;
+  partial.erase("layer2.0.downsample.0.output");
+  EXPECT_THROW(use_precision(*model, Precision::int8, &partial), core::InternalError);
+  ModelOptions o;
+  o.architecture = "tiny_cnn";
+  o.input_size = 16;
+  auto unfolded = make_model(o);
+  EXPECT_THROW(Calibrator{*unfolded}, core::InternalError);
+  Conv2d conv("c", {.in = 3, .out = 4, .kernel = 3, .padding = 1});
+  EXPECT_THROW(conv.set_int8(0.1f, true, 0.1f), core::InternalError);  // train mode
+}
+
+// One convolution, quantized by hand's rules: its int8 output is within the rounding the scales allow.
+TEST(Int8, ConvolutionWithBiasMatchesFp32WithinItsQuantizationSteps) {
+  if (!cpu_supports(Precision::int8)) {
+    GTEST_SKIP() << "this CPU (oneDNN ISA " << cpu_isa_name() << ") has no VNNI: int8 is not run here";
+  }
+  for (const bool relu : {true, false}) {
+    Conv2d conv("c", {.in = 8, .out = 16, .kernel = 3, .padding = 1, .bias = true, .relu = relu});
+    conv.set_mode(Mode::eval);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 0.3f);
+    for (float& w : conv.weight().value) w = normal(rng);
+    for (float& b : conv.bias()->value) b = normal(rng);
+    Tensor x = Tensor::plain({2, 8, 12, 12});
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] = normal(rng) * 3.0f;
+    ValueRange in, out;
+    conv.observe(&in, &out);
+    const std::vector<float> fp32 = conv.forward(x).to_plain();
+    conv.observe(nullptr, nullptr);
+    const float src_scale = in.abs_max() / 127.0f;
+    const float dst_scale = relu ? out.max / 255.0f : out.abs_max() / 127.0f;
+    conv.set_int8(src_scale, true, dst_scale);
+    const Tensor& y = conv.forward(x);
+    EXPECT_EQ(y.data_type(), relu ? dt::u8 : dt::s8);
+    EXPECT_FLOAT_EQ(y.scale(), dst_scale);
+    const std::vector<float> int8 = y.to_plain();  // dequantized
+    ASSERT_EQ(int8.size(), fp32.size());
+    // Each product errs by at most half a step of src times |w| plus half a weight step times |x|; summed over
+    // the 72 taps that is about 4 dst steps here at worst (errors of random sign stay far below).
+    float worst = 0.0f;
+    for (std::size_t i = 0; i < fp32.size(); ++i) worst = std::max(worst, std::fabs(int8[i] - fp32[i]));
+    EXPECT_LE(worst, 4.0f * dst_scale) << (relu ? "relu" : "no relu") << ": dst step " << dst_scale;
+    EXPECT_GT(worst, 0.0f);  // really quantized
+  }
+}
+
+class Int8Models : public ::testing::TestWithParam<Case> {};
+
+// Calibrated on the batch itself (no clipping), int8 keeps the probabilities of a random-weight network within a
+// few hundredths; the trained-model tests (tests/app) bound AUC and heatmaps.
+TEST_P(Int8Models, ForwardMatchesFp32) {
+  if (!cpu_supports(Precision::int8)) {
+    GTEST_SKIP() << "this CPU (oneDNN ISA " << cpu_isa_name() << ") has no VNNI: int8 is not run here";
+  }
+  const Case c = GetParam();
+  auto model = folded_model(c.architecture, c.size);
+  const Tensor x = image_batch(8, c.size);
+  const std::vector<float> fp32 = model->forward(x).to_plain();
+  const ActivationRanges ranges = calibrated(*model, x);
+
+  ASSERT_EQ(use_precision(*model, Precision::int8, &ranges), Precision::int8);
+  const Tensor& logits = model->forward(x);
+  EXPECT_EQ(logits.desc().data_type(), dt::f32);
+  const std::vector<float> int8 = logits.to_plain();
+  // The first convolution (on the signed image) stays fp32; the others, where there are any, ran in int8.
+  Conv2d* first = find_first<Conv2d>(model->body());
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(first->compute_type(), dt::f32);
+  int int8_convs = 0;
+  std::vector<Module*> pending{&model->body()};
+  while (!pending.empty()) {
+    Module* m = pending.back();
+    pending.pop_back();
+    if (auto* conv = dynamic_cast<Conv2d*>(m); conv != nullptr && conv->compute_type() == dt::s8) {
+      ++int8_convs;
+      EXPECT_TRUE(is_integer(conv->dst_desc().data_type())) << conv->name();
+    }
+    for (Module* child : children_of(*m)) pending.push_back(child);
+  }
+  if (std::string(c.architecture) != "tiny_cnn") EXPECT_GT(int8_convs, 0);
+
+  float scale = 0.0f, worst = 0.0f;
+  for (std::size_t i = 0; i < fp32.size(); ++i) {
+    scale = std::max(scale, std::fabs(fp32[i]));
+    worst = std::max(worst, std::fabs(fp32[i] - int8[i]));
+  }
+  RecordProperty("worst_logit_delta_over_scale", std::to_string(worst / scale));
+  EXPECT_LE(worst, 0.08f * scale + 1e-3f) << c.architecture << ": largest |Δlogit| " << worst << ", scale " << scale;
+  const auto p32 = softmax2(fp32), p8 = softmax2(int8);
+  for (std::size_t i = 0; i < p32.size(); ++i) EXPECT_NEAR(p8[i], p32[i], 0.03) << c.architecture << " image " << i;
+
+  use_precision(*model, Precision::fp32);
+  EXPECT_EQ(model->forward(x).to_plain(), fp32);
+}
+
+// The VGGs are left out to save the suite's time: their layers (convolutions with ReLU, max pooling, the adaptive
+// pooling, dropout, linear layers on a 4-D input) are those of the compact CNN and AlexNet.
+INSTANTIATE_TEST_SUITE_P(Registry, Int8Models,
+                         ::testing::Values(Case{"tiny_cnn", 16}, Case{"compact", 32}, Case{"resnet18", 32},
+                                           Case{"alexnet", 64}, Case{"lenet5", 32}),
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            return std::string(param_info.param.architecture);
                          });
