@@ -289,7 +289,9 @@ int run_infer(const InferOptions& options) {
   inference_options.tta = engine::parse_tta(config.get_string("infer.tta"));
   inference_options.assume_mpp = config.get_number("input.assume_mpp");
 
-  const analysis::OutputOptions output_options = analysis::read_output_options(config, threshold, "infer.threshold");
+  analysis::OutputOptions output_options = analysis::read_output_options(config, threshold, "infer.threshold");
+  // heatmap.tif's tiles are compressed on this rank's threads: the last slide's outputs are written while they idle.
+  output_options.tiff.threads = engine::threads();
 
   engine::LoadedModel model = engine::load_model(checkpoint);
   const engine::Precision precision = engine::use_precision(

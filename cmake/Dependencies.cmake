@@ -27,6 +27,8 @@ find_package(JPEG REQUIRED)
 find_package(DCMTK REQUIRED CONFIG)
 pkg_check_modules(OPENJPEG REQUIRED IMPORTED_TARGET libopenjp2)
 pkg_check_modules(OPENSLIDE REQUIRED IMPORTED_TARGET openslide)
+# libdeflate: the heatmap TIFF's tiles compressed on several threads (io/tiff_writer.h), as libtiff itself does.
+pkg_check_modules(LIBDEFLATE REQUIRED IMPORTED_TARGET libdeflate)
 # cpp-httplib (tessera view's server): Debian builds it as a library; its flags (TLS, compression) come with it.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 

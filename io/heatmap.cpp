@@ -305,6 +305,7 @@ TiffWriterOptions heatmap_tiff_writer_options(const Heatmap& h, const HeatmapTif
   tiff.flavor = TiffFlavor::aperio;  // carries MPP, so viewers show the map at the slide's scale
   tiff.compression = TiffCompression::deflate;
   tiff.tile_size = options.tile_size;
+  tiff.threads = options.threads;
   tiff.mpp = h.slide_mpp;
   constexpr double kObjectiveMicrons = 10.0;  // 40x ≈ 0.25 µm/px
   tiff.objective_power = kObjectiveMicrons / h.slide_mpp;

@@ -84,6 +84,7 @@ struct HeatmapTiffOptions {
   Encoding encoding = Encoding::colour;
   Colormap colormap = Colormap::inferno;
   int tile_size = 256;  // TIFF tile side
+  int threads = 1;      // write_heatmap_tiff(): threads compressing its distinct tiles (the file is the same)
 };
 
 // Writes `<slide>.heatmap.tif`: a pyramidal TIFF (Aperio layout, deflate: lossless) exactly the slide's level-0

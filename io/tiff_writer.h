@@ -19,6 +19,9 @@
 // tile instead (write_tiles() with a TileSource): each distinct tile is compressed and stored once and every equal
 // tile points at the same bytes (TIFF lets tiles share offsets), so the cost follows the distinct tiles, not the
 // area. The source makes every level itself, exactly as the strips would have made it (downsample_for_pyramid()).
+// The distinct tiles are compressed on `threads` threads, a batch at a time (libdeflate, with libtiff's horizontal
+// predictor, as libtiff compresses them by default), and appended in tile order; the file does not depend on the
+// thread count.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +47,7 @@ struct TiffWriterOptions {
   double objective_power = 40.0;     // written as AppMag in the aperio flavour
   std::string description;           // free text added to the image description
   std::string software = "Tessera";  // the TIFF Software tag (tessera synth: io::kSyntheticSlideSoftware)
+  int threads = 1;                   // write_tiles(): threads compressing the distinct tiles (>= 1)
 };
 
 // The lower levels' pixels: `block` (rows a multiple of `factor`) area-averaged by `factor` after padding its right
@@ -77,8 +81,8 @@ class TiffWriter {
   // Next level-0 strip: CV_8UC3 RGB, cols == width, rows == tile_size (or the remainder for the last one).
   void write_strip(const cv::Mat& strip);
   // The whole pyramid from `source` instead of write_strip(): every level, each distinct tile (by its key) compressed
-  // once and every equal tile pointing at its bytes. Deflate compression only (JPEG tiles need their directory's
-  // tables). Then finish() as usual.
+  // once (on options.threads threads; the source is called from this thread only) and every equal tile pointing at
+  // its bytes. Deflate compression only (JPEG tiles need their directory's tables). Then finish() as usual.
   void write_tiles(TileSource& source);
   // Associated image (aperio flavour: "label" or "macro"); RGB CV_8UC3. Call before finish().
   void add_associated_image(const std::string& name, const cv::Mat& image);

@@ -223,6 +223,7 @@ TEST(TiffWriterInput, RejectsInvalidOptions) {
   EXPECT_THROW(make([](TiffWriterOptions& o) { o.level_factor = 9; }), core::Error);
   EXPECT_THROW(make([](TiffWriterOptions& o) { o.mpp = 0.0; }), core::Error);
   EXPECT_THROW(make([](TiffWriterOptions& o) { o.jpeg_quality = 0; }), core::Error);
+  EXPECT_THROW(make([](TiffWriterOptions& o) { o.threads = 0; }), core::Error);
   EXPECT_THROW(TiffWriter(dir.file("empty.tif"), 0, 100, TiffWriterOptions{}), core::Error);
   EXPECT_THROW(TiffWriter(dir.file("no/such/folder/slide.tif"), 100, 100, TiffWriterOptions{}), core::Error);
   EXPECT_TRUE(files_in(dir.path()).empty());
