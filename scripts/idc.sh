@@ -6,7 +6,8 @@
 # train.config.yaml) for each seed. Prints a table of
 # the test patients' AUC, balanced accuracy and F1 per run, and their mean and range.
 #   scripts/idc.sh [path/to/tessera] [seeds]        e.g. scripts/idc.sh build/app/tessera "1 2 3"
-# Set TORCH=0 to leave out the PyTorch side. Results stay in data/idc/ (a rerun reuses finished runs).
+# Set TORCH=0 to leave out the PyTorch side, TORCH_THREADS=1 to run it on one thread (on a loaded machine two of its
+# threads wait on each other far longer than they save). Results stay in data/idc/ (a rerun reuses finished runs).
 set -euo pipefail
 tessera=$(realpath "${1:-build/app/tessera}")
 seeds=${2:-"1 2 3"}
@@ -27,6 +28,7 @@ for seed in $seeds; do
     --threshold-from val --out "data/idc/results/tessera-seed$seed.csv"
   if [ "${TORCH:-1}" != 0 ] && [ ! -s "data/idc/results/torch-seed$seed.json" ]; then
     /usr/bin/python3 scripts/idc_torch.py --shards data/idc/shards --config "$run/train.config.yaml" --seed "$seed" \
+      --threads "${TORCH_THREADS:-2}" \
       > "data/idc/results/torch-seed$seed.json.part"
     mv "data/idc/results/torch-seed$seed.json.part" "data/idc/results/torch-seed$seed.json"
   fi
