@@ -2,10 +2,12 @@
 # The real-data experiment: the IDC patches of ../shared/data/idc imported and split by patient
 # (configs/import-idc.yaml), the compact CNN trained by configs/train-idc.yaml for each seed, the val and test
 # patients predicted with the decision threshold chosen on the val patients (`tessera predict --threshold-from val`),
-# and the PyTorch peer (scripts/idc_torch.py: the same model shape, split and epochs) for each seed. Prints a table of
+# and the PyTorch peer (scripts/idc_torch.py: the same model shape, split and recipe, read from the Tessera run's
+# train.config.yaml) for each seed. Prints a table of
 # the test patients' AUC, balanced accuracy and F1 per run, and their mean and range.
 #   scripts/idc.sh [path/to/tessera] [seeds]        e.g. scripts/idc.sh build/app/tessera "1 2 3"
-# Set TORCH=0 to leave out the PyTorch side. Results stay in data/idc/ (a rerun reuses finished runs).
+# Set TORCH=0 to leave out the PyTorch side, TORCH_THREADS=1 to run it on one thread (on a loaded machine two of its
+# threads wait on each other far longer than they save). Results stay in data/idc/ (a rerun reuses finished runs).
 set -euo pipefail
 tessera=$(realpath "${1:-build/app/tessera}")
 seeds=${2:-"1 2 3"}
@@ -25,7 +27,8 @@ for seed in $seeds; do
   "$tessera" predict --checkpoint "$run/checkpoint.h5" --shards data/idc/shards --splits val,test \
     --threshold-from val --out "data/idc/results/tessera-seed$seed.csv"
   if [ "${TORCH:-1}" != 0 ] && [ ! -s "data/idc/results/torch-seed$seed.json" ]; then
-    /usr/bin/python3 scripts/idc_torch.py --shards data/idc/shards --epochs "$epochs" --seed "$seed" \
+    /usr/bin/python3 scripts/idc_torch.py --shards data/idc/shards --config "$run/train.config.yaml" --seed "$seed" \
+      --threads "${TORCH_THREADS:-2}" \
       > "data/idc/results/torch-seed$seed.json.part"
     mv "data/idc/results/torch-seed$seed.json.part" "data/idc/results/torch-seed$seed.json"
   fi

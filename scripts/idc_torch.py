@@ -7,14 +7,17 @@ for layer) the way a PyTorch user would write it, and scores the val and test pa
 --threshold-from val` does: ROC AUC, and at the threshold with the highest balanced accuracy on the val tiles,
 balanced accuracy, F1, sensitivity and specificity on each split. It prints one JSON object.
 
-Recipe, the same knobs as Tessera's job where PyTorch has them: SGD with momentum 0.9 and weight decay 1e-4, the
-peak rate lr × batch / 256 (Tessera's linear scaling at reference batch 256), cosine decay to 0 over the run,
-cross-entropy with balanced class weights, inputs scaled to [0, 1] and normalised with the ImageNet mean and
-standard deviation; each training patch gets a random flip/rotation (one of the 8 symmetries) and brightness,
-contrast and saturation factors in [0.8, 1.2]. No hue or stain jitter (PyTorch has none built in).
+Recipe, Tessera's job's knobs (with --config, read from the effective config a `tessera train` run wrote, so
+both sides train the same recipe; a knob PyTorch cannot mirror here stops the script): SGD with momentum and L2
+weight decay on conv and linear weights only (as optimizer.weight_decay), the peak rate lr × batch /
+reference_batch (Tessera's linear scaling), cosine decay to 0 over the run, cross-entropy with balanced class
+weights, inputs scaled to [0, 1] and normalised with the ImageNet mean and standard deviation; each training patch
+gets Tessera's augmentation chain: one of the 8 symmetries, H&E stain jitter in optical density, then
+torchvision's ColorJitter (brightness, contrast, saturation, hue).
 
-Usage (Debian's /usr/bin/python3 with python3-torch and python3-h5py):
-  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --seed 1 [--model compact] [--threads 2]
+Usage (Debian's /usr/bin/python3 with python3-torch, python3-torchvision, python3-h5py and python3-yaml):
+  scripts/idc_torch.py --shards data/idc/shards --config data/idc/train-seed1/train.config.yaml --seed 1
+  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --lr 0.1 --seed 1 [--model compact] [--threads 2]
 """
 import argparse
 import json
@@ -27,7 +30,9 @@ SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from torch import nn  # noqa: E402
+from torchvision.transforms import ColorJitter  # noqa: E402
 
 sys.path.insert(0, SCRIPTS)
 from torch_models import build_model  # noqa: E402
@@ -64,24 +69,45 @@ def to_input(images):
     return (x - mean) / std
 
 
-def augment(images, generator):
-    """One of the 8 symmetries and colour factors per patch, on uint8 [B, T, T, 3] -> float [B, 3, T, T] in [0, 1]."""
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
-    out = torch.empty_like(x)
+def stain_unmixing():
+    """Ruifrok & Johnston's H and E OD vectors (normalised) and the rows of the unmixing matrix that give the H and E
+    concentrations, the residual vector orthogonal to both (preprocessing/stain.h's model)."""
+    h = torch.tensor([0.650, 0.704, 0.286], dtype=torch.float64)
+    e = torch.tensor([0.072, 0.990, 0.105], dtype=torch.float64)
+    h, e = h / h.norm(), e / e.norm()
+    r = torch.linalg.cross(h, e)
+    r = r / r.norm()
+    unmix = torch.linalg.inv(torch.stack([h, e, r], dim=1))
+    return h.float(), e.float(), unmix[0].float(), unmix[1].float()
+
+
+def augment(images, generator, args):
+    """Tessera's augmentation chain (preprocessing/augment.h) per patch, on uint8 [B, T, T, 3] -> normalised float
+    [B, 3, T, T]: one of the 8 symmetries, H&E stain jitter in optical density (concentrations scaled by a factor in
+    [1 - hed_scale, 1 + hed_scale] and shifted by up to hed_shift), then torchvision's ColorJitter (brightness,
+    contrast, saturation, hue, in a random order)."""
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()
     n = x.shape[0]
     k = torch.randint(0, 4, (n,), generator=generator)
     flip = torch.rand(n, generator=generator) < 0.5
-    factors = 0.8 + 0.4 * torch.rand(n, 3, generator=generator)  # brightness, contrast, saturation
+    h_vec, e_vec, h_row, e_row = stain_unmixing()
+    scale = 1.0 + args.hed_scale * (2.0 * torch.rand(n, 2, generator=generator) - 1.0)
+    shift = args.hed_shift * (2.0 * torch.rand(n, 2, generator=generator) - 1.0)
+    jitter = ColorJitter(args.brightness, args.contrast, args.saturation, args.hue)
+    out = torch.empty_like(x)
     for i in range(n):
         t = torch.rot90(x[i], int(k[i]), dims=(1, 2))
         if flip[i]:
             t = torch.flip(t, dims=(2,))
-        t = t * factors[i, 0]
-        grey = (0.299 * t[0] + 0.587 * t[1] + 0.114 * t[2]).unsqueeze(0)
-        t = grey.mean() + (t - grey.mean()) * factors[i, 1]
-        grey = (0.299 * t[0] + 0.587 * t[1] + 0.114 * t[2]).unsqueeze(0)
-        t = grey + (t - grey) * factors[i, 2]
-        out[i] = t.clamp_(0.0, 1.0)
+        if args.hed_scale > 0 or args.hed_shift > 0:
+            od = -torch.log(t.clamp(min=1.0) / 255.0)                          # [3, T, T]
+            h = torch.einsum("c,chw->hw", h_row, od)
+            e = torch.einsum("c,chw->hw", e_row, od)
+            dh = (scale[i, 0] - 1.0) * h + shift[i, 0]
+            de = (scale[i, 1] - 1.0) * e + shift[i, 1]
+            od = od + dh * h_vec.view(3, 1, 1) + de * e_vec.view(3, 1, 1)
+            t = 255.0 * torch.exp(-od)
+        out[i] = jitter(t.clamp_(0.0, 255.0) / 255.0)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     return (out - mean) / std
@@ -152,15 +178,51 @@ def predict(model, images, batch):
     return np.concatenate(out).astype(np.float32)
 
 
+def recipe_from_config(path):
+    """The argparse defaults that mirror a `tessera train` effective config (train.config.yaml)."""
+    with open(path) as f:
+        c = yaml.safe_load(f)
+    aug, colour, hed = c["augment"], c["augment"]["colour"], c["augment"]["hed"]
+    unsupported = [(key, value, want) for key, value, want in (
+        ("optimizer.name", c["optimizer"]["name"], "sgd"), ("optimizer.nesterov", c["optimizer"]["nesterov"], False),
+        ("schedule.name", c["schedule"]["name"], "cosine"), ("schedule.warmup_epochs", c["schedule"]["warmup_epochs"], 0),
+        ("schedule.min_lr", c["schedule"]["min_lr"], 0), ("train.class_weights", c["train"]["class_weights"], "balanced"),
+        ("train.accumulation_steps", c["train"]["accumulation_steps"], 1), ("augment.enabled", aug["enabled"], True),
+        ("augment.flip_horizontal", aug["flip_horizontal"], 0.5), ("augment.flip_vertical", aug["flip_vertical"], 0.5),
+        ("augment.rotate90", aug["rotate90"], 0.5), ("augment.colour.probability", colour["probability"], 1),
+        ("augment.hed.probability", hed["probability"], 1)) if value != want]
+    if unsupported:
+        raise SystemExit("%s: this script mirrors only %s" % (path, ", ".join(
+            "%s: %s (not %s)" % (key, want, value) for key, value, want in unsupported)))
+    return {"model": c["model"]["architecture"], "epochs": c["train"]["epochs"], "batch": c["train"]["batch_size"],
+            "lr": c["optimizer"]["lr"], "reference_batch": c["schedule"]["reference_batch"],
+            "momentum": c["optimizer"]["momentum"], "weight_decay": c["optimizer"]["weight_decay"],
+            "brightness": colour["brightness"], "contrast": colour["contrast"], "saturation": colour["saturation"],
+            "hue": colour["hue"], "hed_scale": hed["scale"], "hed_shift": hed["shift"]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", required=True)
+    parser.add_argument("--config", help="a tessera train run's train.config.yaml: its recipe becomes the defaults")
     parser.add_argument("--model", default="compact")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.1, help="peak rate at batch 256 (scaled by batch / 256)")
+    parser.add_argument("--lr", type=float, default=0.1, help="peak rate at the reference batch (scaled linearly)")
+    parser.add_argument("--reference-batch", type=int, default=256)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--brightness", type=float, default=0.2)
+    parser.add_argument("--contrast", type=float, default=0.2)
+    parser.add_argument("--saturation", type=float, default=0.2)
+    parser.add_argument("--hue", type=float, default=0.04, help="in turns, as augment.colour.hue")
+    parser.add_argument("--hed-scale", type=float, default=0.05)
+    parser.add_argument("--hed-shift", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    first, _ = parser.parse_known_args()
+    if first.config:
+        parser.set_defaults(**recipe_from_config(first.config))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -177,8 +239,11 @@ def main():
     counts = np.bincount(y_train, minlength=2).astype(np.float64)
     weights = torch.tensor(len(y_train) / (2.0 * counts), dtype=torch.float32)  # balanced
     loss_fn = nn.CrossEntropyLoss(weight=weights)
-    lr = args.lr * args.batch / 256.0
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    lr = args.lr * args.batch / args.reference_batch if args.reference_batch > 0 else args.lr
+    weights_only = [p for p in model.parameters() if p.dim() > 1]  # conv and linear weights: not biases or BN
+    rest = [p for p in model.parameters() if p.dim() <= 1]
+    optimizer = torch.optim.SGD([{"params": weights_only, "weight_decay": args.weight_decay},
+                                 {"params": rest, "weight_decay": 0.0}], lr=lr, momentum=args.momentum)
     steps_per_epoch = len(y_train) // args.batch
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps_per_epoch * args.epochs)
     for _ in range(args.epochs):
@@ -186,7 +251,7 @@ def main():
         order = rng.permutation(len(y_train))
         for step in range(steps_per_epoch):
             idx = order[step * args.batch:(step + 1) * args.batch]
-            x = augment(x_train[idx], generator)
+            x = augment(x_train[idx], generator, args)
             y = torch.from_numpy(y_train[idx].astype(np.int64))
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
@@ -198,7 +263,7 @@ def main():
     scores = {name: predict(model, data[name][0], 256) for name in ("val", "test")}
     threshold = balanced_threshold(scores["val"], data["val"][1])
     result = {"framework": "pytorch " + torch.__version__, "model": args.model, "definition": source,
-              "epochs": args.epochs, "batch": args.batch, "lr": lr, "seed": args.seed, "threads": args.threads,
+              "epochs": args.epochs, "batch": args.batch, "lr": lr, "weight_decay": args.weight_decay, "seed": args.seed, "threads": args.threads,
               "train_tiles": int(len(y_train)), "seconds": time.time() - start, "train_seconds": train_seconds,
               "threshold": threshold, "threshold_from": "val", "per_split": {}}
     for name in ("val", "test"):

@@ -34,7 +34,7 @@ fi
 # OpenMP (the engine, which the detections and config targets link, uses OpenMP).
 for option in "$@"; do
   case "$option" in
-    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch python3-torchvision time) ;;
+    --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch python3-torchvision python3-yaml time) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     --browser) packages+=(chromium chromium-driver python3-selenium) ;;
     *) echo "install-deps.sh: unknown option '$option' (--bench, --fuzz, --browser)" >&2; exit 2 ;;
