@@ -69,9 +69,6 @@ constexpr double kFoldWeakShare = 0.6;
 // median, haematoxylin at least kFoldMinHaematoxylinShare of its own) count where they join a fold's core.
 constexpr double kFoldEosinRatio = 2.0;
 constexpr double kFoldMinHaematoxylinShare = 0.5;
-// A fold's haematoxylin ratio (to its local median) is at most this many times its eosin ratio: the dense, dark
-// epidermis of a skin section (cmu-1) raises haematoxylin 1.2 to 2 times as much as eosin and is no fold.
-constexpr double kFoldMaxImbalance = 1.41;
 // Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
 constexpr double kConcentrationLevels = 100.0;
 
@@ -671,12 +668,8 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
       for (int c = 0; c < size.width; ++c) {
         if (tissue(r, c) == 0) continue;
         const float hl = std::max(h_ref(r, c), kMinConcentration), el = std::max(e_ref(r, c), kMinConcentration);
-        const double h_ratio = h_smooth(r, c) / hl, e_ratio = e_smooth(r, c) / el;
-        // Doubled tissue raises both stains alike; haematoxylin raised far more than eosin is dense nuclei
-        // (epidermis, a lymphoid nest), not a fold.
-        const bool balanced = h_ratio <= kFoldMaxImbalance * e_ratio;
-        if (balanced && h_ratio >= options.fold_ratio && e_ratio >= options.fold_ratio) fold(r, c) = 255;
-        if (balanced && h_ratio >= weak_ratio && e_ratio >= weak_ratio) weak(r, c) = 255;
+        if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
+        if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
         // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin far
         // above the tissue around, haematoxylin not far below it.
         if (e_smooth(r, c) >= kFoldEosinRatio * el && h_smooth(r, c) >= kFoldMinHaematoxylinShare * hl)

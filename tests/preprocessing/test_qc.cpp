@@ -325,15 +325,6 @@ TEST(Qc, RealBrightfieldSlideIsNotFlagged) {
   for (const auto& flag : qc.flags) EXPECT_EQ(flag.find("not brightfield"), std::string::npos) << flag;
 }
 
-// The scan's skin section has a dense, dark epidermis: haematoxylin raised far more than eosin, which doubled tissue
-// does not do. It is no fold (it was 8 % of the tissue before folds had to raise both stains alike).
-TEST(Qc, DenseEpidermisOfTheRealScanIsNoFold) {
-  const fs::path path = testing::shared_data_dir() / "real-slides" / "cmu-1-small-region.svs";
-  if (!fs::exists(path)) GTEST_SKIP() << "no real data at " << path.parent_path() << " (../shared/data is absent)";
-  const QcResult qc = run_qc(io::Slide::open(path.string()), QcOptions{});
-  EXPECT_LT(qc.fraction[static_cast<std::size_t>(index(Artefact::fold))], 0.01);
-}
-
 TEST(Qc, StainFarFromTheCohortIsFlagged) {
   std::vector<QcResult> results(5);
   const double h[] = {0.30, 0.31, 0.29, 0.30, 0.80};
