@@ -153,14 +153,32 @@ SlideEvaluation evaluate_slide(const io::DatasetRow& s, const EvaluateJob& job) 
     r.froc = match_detections(s.id, detections, &mask);
     r.lesions = mask.lesions();
     r.downsample = mask.downsample();
-    r.qc_file = find_file(dir, {fmt::format("{}.qc.png", s.id), fmt::format("{0}/{0}.qc.png", s.id)});
-    if (!r.qc_file.empty()) {
+    const std::vector<std::string> qc_names = {fmt::format("{}.qc.png", s.id), fmt::format("{0}/{0}.qc.png", s.id)};
+    r.qc_file = find_file(dir, qc_names);
+    for (const std::string& folder : job.also_excluded) {
+      const std::string file = find_file(folder, qc_names);
+      if (!file.empty()) r.also_excluded_files.push_back(file);
+    }
+    if (r.has_qc_masks()) {
+      std::vector<std::string> files = r.also_excluded_files;
+      if (!r.qc_file.empty()) files.insert(files.begin(), r.qc_file);
       if (width <= 0) {
         throw core::InputError(
-            fmt::format("slide '{}' not found: its width is needed to place the QC masks {}", s.id, r.qc_file),
+            fmt::format("slide '{}' not found: its width is needed to place the QC masks {}", s.id, files.front()),
             s.slide.empty() ? job.dataset : s.slide);
       }
-      r.lesion_excluded = lesion_excluded_shares(mask, io::read_qc_masks_png(r.qc_file), width);
+      // The union of the files' excluded areas (the same slide: masks of one size).
+      cv::Mat1w bits = io::read_qc_masks_png(files.front());
+      for (std::size_t i = 1; i < files.size(); ++i) {
+        const cv::Mat1w more = io::read_qc_masks_png(files[i]);
+        if (more.size() != bits.size()) {
+          throw core::InputError(fmt::format("QC masks of {}×{} px where {} has {}×{}: not the same slide's", more.cols,
+                                             more.rows, files.front(), bits.cols, bits.rows),
+                                 files[i]);
+        }
+        bits |= more & io::kQcExcludedBit;
+      }
+      r.lesion_excluded = lesion_excluded_shares(mask, bits, width);
     }
   } catch (core::Error& e) {
     e.add_context("annotation", s.annotation);
@@ -174,8 +192,8 @@ FrocOutsideExcluded froc_outside_excluded(const std::vector<SlideEvaluation>& ev
   std::vector<SlideFroc> per_slide;
   for (const auto& r : evaluated) {
     SlideFroc f = r.froc;
-    if (r.tumour && r.qc_file.empty()) out.tumour_slides_without_masks.push_back(r.slide.id);
-    if (r.tumour && !r.qc_file.empty()) {
+    if (r.tumour && !r.has_qc_masks()) out.tumour_slides_without_masks.push_back(r.slide.id);
+    if (r.tumour && r.has_qc_masks()) {
       ++out.slides_with_masks;
       SlideFroc kept = f;
       kept.lesion_p.clear();
@@ -309,6 +327,7 @@ json slide_json(const SlideEvaluation& r) {
             {"detections_file", r.detections_file.empty() ? json(nullptr) : json(r.detections_file)},
             {"report_file", r.report_file.empty() ? json(nullptr) : json(r.report_file)},
             {"qc_file", r.qc_file.empty() ? json(nullptr) : json(r.qc_file)},
+            {"also_excluded_files", r.also_excluded_files},
             {"score", r.score ? json(*r.score) : json(nullptr)},
             {"detections", f.detections},
             {"lesions", f.lesions()},
@@ -328,7 +347,8 @@ json slide_json(const SlideEvaluation& r) {
                 {"box",
                  {lesion.box.x * r.downsample, lesion.box.y * r.downsample, lesion.box.width * r.downsample,
                   lesion.box.height * r.downsample}}};
-      if (!r.lesion_excluded.empty()) l["excluded_fraction"] = r.lesion_excluded.at(static_cast<std::size_t>(lesion.label - 1));
+      if (!r.lesion_excluded.empty())
+        l["excluded_fraction"] = r.lesion_excluded.at(static_cast<std::size_t>(lesion.label - 1));
       if (!lesion.itc && entry < f.lesion_p.size() && f.lesion_label[entry] == lesion.label) {
         l["p"] = f.lesion_p[entry++];
       }
@@ -344,6 +364,7 @@ json evaluation_json(const EvaluateJob& job, const EvaluateResult& result) {
   json summary = {{"dataset", job.dataset},
                   {"detections", job.detections.empty() ? json(nullptr) : json(job.detections)},
                   {"predictions", job.predictions.empty() ? json(nullptr) : json(job.predictions)},
+                  {"also_excluded", job.also_excluded},
                   {"splits", job.splits},
                   {"slides", result.slides},
                   {"evaluated_slides", result.evaluated.size()}};
@@ -393,6 +414,9 @@ void check_evaluate_job(const EvaluateJob& job) {
   }
   if (!job.detections.empty() && !fs::is_directory(job.detections)) {
     throw core::InputError("the detections folder does not exist", job.detections);
+  }
+  for (const std::string& folder : job.also_excluded) {
+    if (!fs::is_directory(folder)) throw core::InputError("the also_excluded folder does not exist", folder);
   }
 }
 
@@ -446,7 +470,7 @@ EvaluateResult run_evaluation(const EvaluateJob& job) {
     std::vector<SlideFroc> per_slide;
     for (const auto& r : evaluated) per_slide.push_back(r.froc);
     result.froc = compute_froc(per_slide);
-    if (std::any_of(evaluated.begin(), evaluated.end(), [](const auto& r) { return !r.qc_file.empty(); })) {
+    if (std::any_of(evaluated.begin(), evaluated.end(), [](const auto& r) { return r.has_qc_masks(); })) {
       result.froc_outside_excluded = froc_outside_excluded(evaluated);
     }
     if (result.missing_reports.size() < evaluated.size()) {
@@ -528,7 +552,8 @@ std::string evaluation_summary(const EvaluateJob& job, const EvaluateResult& res
           outside->excluded_lesions, outside->slides_with_masks,
           outside->tumour_slides_without_masks.empty()
               ? std::string()
-              : fmt::format(" (none for {}: every lesion counted)", fmt::join(outside->tumour_slides_without_masks, ", ")));
+              : fmt::format(" (none for {}: every lesion counted)",
+                            fmt::join(outside->tumour_slides_without_masks, ", ")));
     }
     text += result.scored_slides > 0
                 ? fmt::format("slide AUC {} ({} slides)\n", score_text(result.slide_auc), result.scored_slides)

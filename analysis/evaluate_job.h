@@ -50,11 +50,14 @@ struct EvaluateJob {
   std::string detections;             // detections: folder of infer outputs; "" = no FROC and no slide AUC
   std::string predictions;            // predictions: predict's CSV; "" = no patch AUC
   std::string output = "evaluation";  // output: folder for evaluation.json, froc.png and roc.png
-  std::vector<std::string> splits;    // splits: evaluate the slides of these splits; empty = every slide
-  double assume_mpp = 0.0;            // slides.assume_mpp: µm/px for slides that record none (0 = they fail)
-  FrocOptions froc;                   // froc.mask_level, froc.dilation_um, froc.itc_diameter_um, froc.include_itc
-  io::AnnotationClasses classes;      // classes.tumour, classes.exclusion
-  std::string source;                 // where the settings came from (the job file), named by ConfigErrors
+  // also_excluded: more folders of infer outputs whose <slide>.qc.png excluded areas count too, united with the
+  // detections folder's (a twin run of the same slides: the FROC over lesions mostly outside excluded areas in both)
+  std::vector<std::string> also_excluded;
+  std::vector<std::string> splits;  // splits: evaluate the slides of these splits; empty = every slide
+  double assume_mpp = 0.0;          // slides.assume_mpp: µm/px for slides that record none (0 = they fail)
+  FrocOptions froc;                 // froc.mask_level, froc.dilation_um, froc.itc_diameter_um, froc.include_itc
+  io::AnnotationClasses classes;    // classes.tumour, classes.exclusion
+  std::string source;               // where the settings came from (the job file), named by ConfigErrors
 };
 
 // One slide scored against its ground truth.
@@ -69,9 +72,12 @@ struct SlideEvaluation {
   std::vector<Lesion> lesions;  // tumour slides: the mask's lesions (boxes in mask pixels)
   double downsample = 0.0;      // tumour slides: level-0 pixels per mask pixel
   // Tumour slides with quality control's masks (<slide>.qc.png in the detections folder, io/qc_masks.h): the file,
-  // and per lesion (by label - 1) the share of its mask area in excluded artefacts (bit 14). Empty without the file.
+  // those found in the job's also_excluded folders, and per lesion (by label - 1) the share of its mask area in the
+  // union of their excluded artefacts (bit 14). Empty without any such file.
   std::string qc_file;
+  std::vector<std::string> also_excluded_files;
   std::vector<double> lesion_excluded;
+  bool has_qc_masks() const { return !qc_file.empty() || !also_excluded_files.empty(); }
 };
 
 // Lesions with more than this share of their area in excluded artefacts are left out of the FROC "outside excluded
@@ -83,8 +89,8 @@ inline constexpr double kMostlyExcluded = 0.5;
 // positives); false positives and normal slides as in the usual FROC. Slides without QC masks keep every lesion.
 struct FrocOutsideExcluded {
   FrocResult froc;
-  int slides_with_masks = 0;   // tumour slides whose <slide>.qc.png was found
-  int excluded_lesions = 0;    // countable lesions left out (mostly under excluded areas)
+  int slides_with_masks = 0;  // tumour slides whose <slide>.qc.png was found (in detections or also_excluded)
+  int excluded_lesions = 0;   // countable lesions left out (mostly under excluded areas)
   std::vector<std::string> tumour_slides_without_masks;
 };
 

@@ -29,6 +29,9 @@ const core::Schema& evaluate_schema() {
         .renamed("splits", "input.splits")
         .renamed("slides.assume_mpp", "input.assume_mpp")
         .string("detections", "", "Folder with <slide>.detections.csv and <slide>.report.json (tessera infer)")
+        .string_list("also_excluded", {},
+                     "More folders of infer outputs whose <slide>.qc.png excluded areas also count in the FROC outside "
+                     "excluded areas (a twin run: lesions mostly outside excluded areas in both)")
         .string("predictions", "", "Optional patch predictions CSV (tessera predict) for the patch-level AUC")
         .string("output", "evaluation", "Folder for evaluation.json, froc.png and roc.png")
         .integer("froc.mask_level", 5, "Evaluation mask pixel = 2^level level-0 pixels (CAMELYON16: 5)", 0, 16)
@@ -55,6 +58,7 @@ analysis::EvaluateJob job_from_config(const core::Config& config) {
   job.dataset = config.get_string("input.csv");
   job.detections = config.get_string("detections");
   job.predictions = config.get_string("predictions");
+  job.also_excluded = config.get_string_list("also_excluded");
   job.output = config.get_string("output");
   job.splits = config.get_string_list("input.splits");
   job.assume_mpp = config.get_number("input.assume_mpp");

@@ -49,6 +49,9 @@ const core::Schema& train_schema() {
         .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
         .string_list("data.train_splits", {"train"}, "Slides whose split is one of these train the model")
         .string_list("data.val_splits", {"val"}, "Slides whose split is one of these validate it every epoch")
+        .boolean("data.exclude_artefacts", false,
+                 "Leave out the tiles a shard kept with quality control's excluded-artefact bit "
+                 "(tile.artefact_tiles: keep); training and validation alike")
         .integer("data.block_size", 64, "Tiles per contiguous shard read", 1, 65536)
         .integer("data.shuffle_buffer", 2048, "Tiles in the shuffle buffer (memory: tiles x size^2 x 3 bytes)", 0,
                  10000000)
@@ -176,6 +179,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   train_options.batch_size = batch_size;
   train_options.block_size = static_cast<int>(config.get_int("data.block_size"));
   train_options.shuffle_buffer = static_cast<int>(config.get_int("data.shuffle_buffer"));
+  train_options.exclude_artefacts = config.get_bool("data.exclude_artefacts");
   train_options.seed = seed;
   train_options.rank = comm.rank();
   train_options.world_size = comm.size();

@@ -444,10 +444,21 @@ ShardDataset::ShardDataset(const std::string& folder, const ShardDatasetOptions&
       for (std::size_t k = 0; k < selected.size(); ++k) selected[k] = options.slides.contains(shard.slides()[k]);
     }
     const auto& slide_of = shard.slide_indices();
+    const auto& artefacts = shard.artefacts();  // zeros without the dataset
+    const auto left_out = [&](std::int64_t i) {
+      return options.exclude_artefacts && (artefacts[static_cast<std::size_t>(i)] & kShardArtefactExcluded) != 0;
+    };
     for (std::int64_t i = 0; i < shard.size();) {
+      if (left_out(i)) {
+        ++i;
+        continue;
+      }
       const std::uint32_t slide = slide_of[static_cast<std::size_t>(i)];
       std::int64_t end = i + 1;
-      while (end < shard.size() && end - i < block_size && slide_of[static_cast<std::size_t>(end)] == slide) ++end;
+      while (end < shard.size() && end - i < block_size && slide_of[static_cast<std::size_t>(end)] == slide &&
+             !left_out(end)) {
+        ++end;
+      }
       if (selected[slide]) {
         impl.blocks.push_back({s, i, end - i});
         impl.total += end - i;

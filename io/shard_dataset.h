@@ -32,6 +32,9 @@ struct ShardDatasetOptions {
   bool shuffle = true;           // false: blocks in shard order, no buffer (validation, prediction)
   bool drop_last = true;         // drop the last incomplete batch of a rank's part
   std::set<std::string> slides;  // only these slide ids (empty = all)
+  // Leave out the tiles whose artefact bits (ShardFile::artefacts) say excluded artefacts cover them
+  // (kShardArtefactExcluded: the tiles `tile.artefact_tiles: keep` kept).
+  bool exclude_artefacts = false;
 };
 
 struct Batch {

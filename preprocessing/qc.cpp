@@ -64,6 +64,11 @@ constexpr double kMinContrast = 2.0;
 constexpr double kFoldWindowUm = 800.0;
 // A fold's fainter pixels, joined to its core: raised by this share of the full ratio's excess (qc.fold_ratio).
 constexpr double kFoldWeakShare = 0.6;
+// A fold's stretch over eosin-rich tissue (stroma among lymphoid tissue) or across a washed-out field raises eosin far
+// more than haematoxylin against the tissue around: such pixels (eosin at least kFoldEosinRatio times its local
+// median, haematoxylin at least kFoldMinHaematoxylinShare of its own) count where they join a fold's core.
+constexpr double kFoldEosinRatio = 2.0;
+constexpr double kFoldMinHaematoxylinShare = 0.5;
 // Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
 constexpr double kConcentrationLevels = 100.0;
 
@@ -96,7 +101,6 @@ double white_distance(const cv::Vec3b& rgb) {
   const double dr = 255.0 - rgb[0], dg = 255.0 - rgb[1], db = 255.0 - rgb[2];
   return std::sqrt(dr * dr + dg * dg + db * db);
 }
-
 
 // The interiors of closed outlines in `lines` (holes of its foreground), with the outlines.
 cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
@@ -315,8 +319,8 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
       .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
-      .number("qc.margin_um", 48.0,
-              "Excluded areas reach this many um beyond the artefacts found (their faded edges)", 0, 1000)
+      .number("qc.margin_um", 48.0, "Excluded areas reach this many um beyond the artefacts found (their faded edges)",
+              0, 1000)
       .number("qc.max_fraction", 0.1,
               "A tile (tile) or cell (infer) with more of its area in excluded artefacts is excluded", 0, 1)
       .boolean("qc.refuse_flagged", false,
@@ -630,18 +634,31 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
-      const cv::Mat1b domain = mask(a) & tissue;
-      if (cv::countNonZero(domain) < min_pixels) continue;
-      std::vector<float> hs, es;
-      for (int r = 0; r < size.height; ++r) {
-        for (int c = 0; c < size.width; ++c) {
-          if (domain(r, c) == 0) continue;
-          hs.push_back(h_smooth(r, c));
-          es.push_back(e_smooth(r, c));
+      // Each field or bubble on its own: fields differ in how much they wash out, and a false field at a section's
+      // pale edge must not set the reference of a real one.
+      const cv::Mat1b domains = mask(a) & tissue;
+      cv::Mat labels, stats, centroids;
+      const int n = cv::connectedComponentsWithStats(domains, labels, stats, centroids, 8, CV_32S);
+      for (int i = 1; i < n; ++i) {
+        if (stats.at<int>(i, cv::CC_STAT_AREA) < min_pixels) continue;
+        // The component's box and the median window around it: the local medians inside need nothing further out.
+        const cv::Rect box =
+            cv::Rect(stats.at<int>(i, cv::CC_STAT_LEFT) - window / 2, stats.at<int>(i, cv::CC_STAT_TOP) - window / 2,
+                     stats.at<int>(i, cv::CC_STAT_WIDTH) + window, stats.at<int>(i, cv::CC_STAT_HEIGHT) + window) &
+            cv::Rect(0, 0, size.width, size.height);
+        const cv::Mat1b domain = labels(box) == i;
+        std::vector<float> hs, es;
+        for (int r = 0; r < box.height; ++r) {
+          for (int c = 0; c < box.width; ++c) {
+            if (domain(r, c) == 0) continue;
+            hs.push_back(h_smooth(box.y + r, box.x + c));
+            es.push_back(e_smooth(box.y + r, box.x + c));
+          }
         }
+        cv::Mat1f h_box = h_ref(box), e_box = e_ref(box);
+        local_tissue_median(h_smooth(box), domain, window, median_of(hs)).copyTo(h_box, domain);
+        local_tissue_median(e_smooth(box), domain, window, median_of(es)).copyTo(e_box, domain);
       }
-      local_tissue_median(h_smooth, domain, window, median_of(hs)).copyTo(h_ref, domain);
-      local_tissue_median(e_smooth, domain, window, median_of(es)).copyTo(e_ref, domain);
     }
     // Hysteresis: where a fold thins out or fades (its ends, a crossing), its pixels are raised less; they count
     // when they join pixels raised by the full ratio.
@@ -653,6 +670,10 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
         const float hl = std::max(h_ref(r, c), kMinConcentration), el = std::max(e_ref(r, c), kMinConcentration);
         if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
         if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
+        // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin far
+        // above the tissue around, haematoxylin not far below it.
+        if (e_smooth(r, c) >= kFoldEosinRatio * el && h_smooth(r, c) >= kFoldMinHaematoxylinShare * hl)
+          weak(r, c) = 255;
       }
     }
     for (const auto& [a, ink] : inks) {
@@ -673,8 +694,8 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     cv::Mat1b sharp_tissue = tissue.clone();
     // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
     // inside a bubble is still tissue, and may be out of focus as any other.)
-    for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red,
-                             Artefact::fold}) {
+    for (const Artefact a :
+         {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red, Artefact::fold}) {
       sharp_tissue &= ~mask(a);
     }
     sharp_tissue &= ~rims;

@@ -8,7 +8,10 @@
 //                 blue ink absorb red (hue 60°..236°), black ink is dark and nearly neutral, red ink is far more
 //                 saturated than eosin and lies at hue 345°..25° where eosin sits near 300°..340°
 //   fold          doubled tissue: BOTH haematoxylin and eosin at least `fold_ratio` times their local median over the
-//                 tissue around it (a lymphoid area raises only H, stroma only E)
+//                 tissue around it (a lymphoid area raises only H, stroma only E); inside an over-exposed field or a
+//                 bubble, against that field's or bubble's own tissue. Fainter pixels join a fold's core:
+//                 both stains raised by 60 % of the ratio's excess, or E at least twice its local median with H not
+//                 below half of its own (a fold over stroma among lymphoid tissue, or across a washed-out field)
 //   bubble        air bubbles and coverslip edges: thin grey lines (a strong neutral component of the optical density,
 //                 narrower than an ink stroke); the nearly convex area a closed line encloses is the bubble
 //   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median

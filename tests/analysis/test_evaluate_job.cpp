@@ -511,9 +511,9 @@ TEST_F(EvaluateJobTest, QcMasksGiveTheFrocOverLesionsOutsideExcludedAreas) {
                      {cells(5, 5, 15, 15, "_0"), cells(40, 40, 50, 50, "_0"), cells(20, 40, 30, 50, "_0")});
   write_dataset("t,slide.tif,tumor,t.xml,,\n");
   write_detections(det() / "t.detections.csv", {{{0.9, centre(10), centre(10)},
-                                                  {0.8, centre(25), centre(45)},
-                                                  {0.7, centre(45), centre(45)},
-                                                  {0.5, centre(5), centre(55)}}});  // B hit; one false positive
+                                                 {0.8, centre(25), centre(45)},
+                                                 {0.7, centre(45), centre(45)},
+                                                 {0.5, centre(5), centre(55)}}});  // B hit; one false positive
   const EvaluateResult plain = run_evaluation(job());
   ASSERT_TRUE(plain.failed.empty()) << plain.failed[0].error;
   ASSERT_TRUE(plain.froc.has_value());
@@ -569,6 +569,30 @@ TEST_F(EvaluateJobTest, QcMasksGiveTheFrocOverLesionsOutsideExcludedAreas) {
   EXPECT_EQ(written["froc_outside_excluded"]["excluded_lesions"], 1);
   EXPECT_EQ(written["per_slide"][0]["qc_file"], t.qc_file);
   EXPECT_TRUE(contains(evaluation_summary(job(), r), "FROC outside excluded areas")) << evaluation_summary(job(), r);
+
+  // A twin run's masks (also_excluded) count too: the union of both runs' excluded areas. Its mask over A leaves A
+  // out as well; a folder without the slide's masks adds nothing; a mask of another size fails the slide naming it.
+  cv::Mat1w twin(256, 256, io::kQcTissueBit);
+  twin(cv::Rect(0, 0, static_cast<int>(20 * kPx / kQcPx), static_cast<int>(20 * kPx / kQcPx)))
+      .setTo(io::kQcTissueBit | io::kQcExcludedBit);
+  fs::create_directories(root() / "twin");
+  fs::create_directories(root() / "empty");
+  io::write_qc_masks_png((root() / "twin" / "t.qc.png").string(), twin);
+  EvaluateJob both = job();
+  both.also_excluded = {(root() / "twin").string(), (root() / "empty").string()};
+  const EvaluateResult united = run_evaluation(both);
+  ASSERT_TRUE(united.failed.empty()) << united.failed[0].error;
+  EXPECT_EQ(united.evaluated[0].also_excluded_files, std::vector<std::string>{(root() / "twin" / "t.qc.png").string()});
+  EXPECT_EQ(united.froc_outside_excluded->froc.lesions, 1);
+  EXPECT_EQ(united.froc_outside_excluded->excluded_lesions, 2);
+  EXPECT_EQ(united.froc->score, plain.froc->score);
+  io::write_qc_masks_png((root() / "twin" / "t.qc.png").string(), cv::Mat1w(128, 128, io::kQcTissueBit));
+  const EvaluateResult mismatched = run_evaluation(both);
+  ASSERT_EQ(mismatched.failed.size(), 1u);
+  EXPECT_TRUE(contains(mismatched.failed[0].error, (root() / "twin" / "t.qc.png").string()))
+      << mismatched.failed[0].error;
+  both.also_excluded = {(root() / "missing").string()};
+  EXPECT_THROW(run_evaluation(both), core::InputError);
 
   // Ink over B's detection only, not B: the lesion stays (the rule is about the lesion's area).
   qc.setTo(io::kQcTissueBit);

@@ -52,8 +52,15 @@ struct Folder {
   std::int64_t total() const { return static_cast<std::int64_t>(slide_of.size()); }
 };
 
+// Quality control's bits of tile `index` in folders written with them: every fifth tile under excluded artefacts
+// (ink), the next one flagged (blur) only.
+std::uint16_t artefact_bits(std::int64_t index) {
+  if (index % 5 == 0) return static_cast<std::uint16_t>((1u << 1) | io::kShardArtefactExcluded);
+  return index % 5 == 1 ? std::uint16_t{1u << 0} : std::uint16_t{0};
+}
+
 Folder write_folder(const std::string& path, const std::vector<ShardSpec>& shards, int t = tile,
-                    const std::vector<double>& mpps = {}) {
+                    const std::vector<double>& mpps = {}, bool artefacts = false) {
   fs::create_directories(path);
   Folder folder{path, {}};
   io::Manifest manifest;
@@ -68,6 +75,7 @@ Folder write_folder(const std::string& path, const std::vector<ShardSpec>& shard
     }
     io::ShardAttributes attributes = manifest.attributes;
     if (s < mpps.size()) attributes.mpp = mpps[s];
+    attributes.artefacts = artefacts;
     const std::string file = "shard-" + std::to_string(s) + ".h5";
     io::ShardWriter writer(path + "/" + file, attributes, n, slides);
     std::int64_t local = 0;
@@ -76,7 +84,9 @@ Folder write_folder(const std::string& path, const std::vector<ShardSpec>& shard
       for (int k = 0; k < count; ++k, ++local) {
         const std::int64_t global = folder.total();
         const auto pixels = tile_pixels(global, t);
-        writer.write(local, {record_of(global, slide)}, pixels.data());
+        io::ShardTileRecord record = record_of(global, slide);
+        if (artefacts) record.artefacts = artefact_bits(global);
+        writer.write(local, {record}, pixels.data());
         folder.slide_of.push_back(id);
       }
     }
@@ -269,6 +279,42 @@ TEST_F(ShardDatasetTest, SlideFilterSelectsOnlyThoseSlides) {
   EXPECT_EQ(none.total_tiles(), 0);
   EXPECT_EQ(none.batches_per_epoch(), 0);
   EXPECT_TRUE(run_epoch(none, folder_, 0).empty());
+}
+
+// data.exclude_artefacts: the tiles kept with the excluded-artefact bit are left out, shuffled or not, with the slide
+// filter; flagged tiles stay. Without the option, or in shards without the bits, every tile is read.
+TEST(ShardDatasetArtefacts, ExcludedArtefactTilesAreLeftOutWhenAsked) {
+  TempDir dir;
+  const Folder folder = write_folder(dir.file("shards"), standard, tile, {}, /*artefacts=*/true);
+  std::set<std::int64_t> expected, expected_b;
+  for (std::int64_t i = 0; i < folder.total(); ++i) {
+    if ((artefact_bits(i) & io::kShardArtefactExcluded) != 0) continue;
+    expected.insert(i);
+    if (folder.slide_of[static_cast<std::size_t>(i)] == "B") expected_b.insert(i);
+  }
+  ASSERT_EQ(expected.size(), 437u - 88u);
+  for (const bool shuffle : {true, false}) {
+    SCOPED_TRACE(shuffle ? "shuffled" : "in order");
+    auto options = small_options();
+    options.shuffle = shuffle;
+    options.drop_last = false;
+    options.exclude_artefacts = true;
+    io::ShardDataset dataset(folder.path, options);
+    EXPECT_EQ(dataset.total_tiles(), static_cast<std::int64_t>(expected.size()));
+    const auto ids = flatten(run_epoch(dataset, folder, 2));
+    EXPECT_EQ(ids.size(), expected.size());
+    EXPECT_EQ(std::set<std::int64_t>(ids.begin(), ids.end()), expected);
+    options.slides = {"B"};
+    io::ShardDataset only_b(folder.path, options);
+    const auto b = flatten(run_epoch(only_b, folder, 2));
+    EXPECT_EQ(std::set<std::int64_t>(b.begin(), b.end()), expected_b);
+  }
+  auto options = small_options();
+  options.drop_last = false;
+  EXPECT_EQ(io::ShardDataset(folder.path, options).total_tiles(), 437) << "kept without the option";
+  const Folder plain = write_folder(dir.file("plain"), standard);
+  options.exclude_artefacts = true;
+  EXPECT_EQ(io::ShardDataset(plain.path, options).total_tiles(), 437) << "no bits, nothing left out";
 }
 
 TEST_F(ShardDatasetTest, UnshuffledIsInOrderAndComplete) {
