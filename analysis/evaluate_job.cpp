@@ -157,7 +157,14 @@ SlideEvaluation evaluate_slide(const io::DatasetRow& s, const EvaluateJob& job) 
     r.qc_file = find_file(dir, qc_names);
     for (const std::string& folder : job.also_excluded) {
       const std::string file = find_file(folder, qc_names);
-      if (!file.empty()) r.also_excluded_files.push_back(file);
+      if (file.empty()) {
+        spdlog::warn(
+            "evaluate: also_excluded folder {} has no {} (slide '{}'): its excluded areas there come from "
+            "the other folders only",
+            folder, qc_names.front(), s.id);
+      } else {
+        r.also_excluded_files.push_back(file);
+      }
     }
     if (r.has_qc_masks()) {
       std::vector<std::string> files = r.also_excluded_files;

@@ -192,9 +192,16 @@ class SlideQueue {
   }
   SlideQueue(const SlideQueue&) = delete;
   SlideQueue& operator=(const SlideQueue&) = delete;
-  // While unwinding from a failure the epoch is left open, as the window is (core::Window): unlocking can wait for
-  // a rank that will never serve it, and the abort that follows ends both.
-  ~SlideQueue() = default;
+  // While unwinding from a failure on several ranks the epoch is left open, as the window is (core::Window):
+  // unlocking can wait for a rank that will never serve it, and the abort that follows ends both. A rank alone
+  // (which is not aborted, and finalizes MPI) closes it: nobody else is involved.
+  ~SlideQueue() {
+    if (!locked_ || world_.size() > 1) return;
+    try {
+      close();
+    } catch (const core::Error&) {  // already failing; MPI's own error is secondary
+    }
+  }
 
   // Ends the queue's epoch once this rank takes no more tickets (before the job's closing collectives).
   void close() {
@@ -460,12 +467,13 @@ int run_infer(const InferOptions& options) {
         });
   }
   collect();  // this rank's last outputs and record are complete before the job ends or stops
+
+  // The end of the job: every rank waits for the last (its idle time: closing the queue's epoch can wait for the
+  // other ranks too), they agree on a stop request that came in during the last slides, and rank 0 gathers what
+  // each did.
+  const auto end_start = std::chrono::steady_clock::now();
   serving.reset();
   queue.close();
-
-  // The end of the job: every rank waits for the last (its idle time), they agree on a stop request that came in
-  // during the last slides, and rank 0 gathers what each did.
-  const auto end_start = std::chrono::steady_clock::now();
   world.barrier();
   report.idle_seconds = queue.wait_seconds() + scoring_wait + core::seconds_since(end_start);
   report.seconds = core::seconds_since(t_start);

@@ -93,8 +93,10 @@ int run_quantize(const QuantizeOptions& options) {
   if (core::Comm::world().is_root()) {
     // Everything as it was (the replicas in files of their own stay where they are, named by the index) plus the
     // ranges; written under a temporary name and renamed (io/checkpoint.h).
-    io::Checkpoint file = io::read_checkpoint(checkpoint);
-    if (!file.replica_files.empty()) file.replicas.clear();
+    // Replicas in files of their own are neither read nor needed (a checkpoint copied without them calibrates too);
+    // replicas inside the file are read, to be written back.
+    io::Checkpoint file = io::read_checkpoint(checkpoint, io::ReplicaRead::skip);
+    if (file.replica_files.empty()) file = io::read_checkpoint(checkpoint);
     file.quantization = engine::calibration_tensors(ranges);
     io::write_checkpoint(checkpoint, file);
     spdlog::info("calibrated {} activations of {} on {} tiles of {} (max method); wrote /quantization into {}",

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.h"
 #include "core/world_rank.h"
 
@@ -239,7 +241,10 @@ Comm& Comm::operator=(Comm&& other) noexcept {
 
 Comm::~Comm() {
   // MPI_Comm_free after MPI_Finalize is erroneous; a process that finalized has nothing left to free.
-  if (owned_ && comm_ != MPI_COMM_NULL && MpiSession::active()) MPI_Comm_free(&comm_);
+  if (owned_ && comm_ != MPI_COMM_NULL && MpiSession::active()) {
+    const detail::MpiCall hold;
+    MPI_Comm_free(&comm_);
+  }
 }
 
 void Comm::barrier() const { TESSERA_MPI_CHECK(MPI_Barrier(comm_)); }
@@ -340,6 +345,7 @@ Window::Window(const Comm& comm, std::size_t bytes, int disp_unit, Kind kind)
       disp_unit_(disp_unit > 0 ? disp_unit : 1),
       kind_(kind),
       uncaught_at_creation_(std::uncaught_exceptions()) {
+  const detail::MpiCall hold;  // the calls below that do not go through TESSERA_MPI_CHECK take turns too
   const auto size = static_cast<MPI_Aint>(bytes);
   if (kind == Kind::shared) {
     if (const int code = MPI_Win_allocate_shared(size, disp_unit, MPI_INFO_NULL, comm.handle(), &base_, &win_);
@@ -366,6 +372,7 @@ Window::~Window() {
   // MPI_Win_free synchronizes with the other ranks; while unwinding they may never arrive, so the window is
   // left to the abort that follows.
   if (std::uncaught_exceptions() > uncaught_at_creation_) return;
+  const detail::MpiCall hold;
   MPI_Win_free(&win_);
 }
 
@@ -452,7 +459,13 @@ namespace tessera::core {
 ProgressThread::ProgressThread(const Comm& comm, std::chrono::microseconds period) {
   int level = MPI_THREAD_SINGLE;
   TESSERA_MPI_CHECK(MPI_Query_thread(&level));
-  if (level < MPI_THREAD_SERIALIZED) return;
+  if (level < MPI_THREAD_SERIALIZED) {
+    spdlog::warn(
+        "MPI offers thread level {} (below MPI_THREAD_SERIALIZED): no progress thread; one-sided "
+        "requests to this rank wait for its own MPI calls",
+        level);
+    return;
+  }
   thread_ = std::thread([this, &comm, period] {
     try {
       std::unique_lock<std::mutex> lock(mutex_);

@@ -41,6 +41,7 @@ train() {
   local program=$1 strategy=$2 ranks=$3 tag=$4
   local out="$root/runs/$strategy-$ranks$tag${EPOCHS:+-e$EPOCHS}"
   [ -f "$out/row.json" ] && return 0
+  settings "$strategy" >/dev/null || exit 2  # an unknown row stops the script before any run
   rm -rf "$out"
   local threads=1
   [ "$ranks" = 1 ] && threads=0

@@ -8,14 +8,15 @@
 # Prints per twin the FROC, the FROC outside excluded areas, the slide AUC and the normal slides' scores and
 # false-positive regions; everything is in OUTPUT/<twin>/ (slides, infer, evaluation).
 set -euo pipefail
-checkpoint=${1:?checkpoint} out=${2:?output folder} seed=${3:-9201} slides=${4:-16}
-tessera=${5:-build/app/tessera}
+checkpoint=$(realpath "${1:?checkpoint}") out=$(realpath -m "${2:?output folder}") seed=${3:-9201} slides=${4:-16}
+tessera=${5:+$(realpath "$5")}  # paths given are taken from where the script is run
 cd "$(dirname "$0")/.."
+tessera=${tessera:-$(realpath build/app/tessera)}
 for twin in clean artefacts; do
   on=$([ "$twin" = artefacts ] && echo true || echo false)
   "$tessera" synth configs/synth-artefacts.yaml --set seed="$seed" --set slides.count="$slides" \
-    --set output="$out/$twin" --set artefacts.blur=$on --set artefacts.pen_marks=$on --set artefacts.folds=$on \
-    --set artefacts.red_ink=$on --set artefacts.bubbles=$on --set artefacts.exposure=$on
+    --set output="$out/$twin" --set artefacts.blur="$on" --set artefacts.pen_marks="$on" --set artefacts.folds="$on" \
+    --set artefacts.red_ink="$on" --set artefacts.bubbles="$on" --set artefacts.exposure="$on"
   "$tessera" infer --checkpoint "$checkpoint" --csv "$out/$twin/dataset.csv" --out "$out/$twin/infer"
 done
 for twin in clean artefacts; do
