@@ -260,7 +260,9 @@ TEST_P(Int8Models, ForwardMatchesFp32) {
     }
     for (Module* child : children_of(*m)) pending.push_back(child);
   }
-  if (std::string(c.architecture) != "tiny_cnn") EXPECT_GT(int8_convs, 0);
+  if (std::string(c.architecture) != "tiny_cnn") {
+    EXPECT_GT(int8_convs, 0);
+  }
 
   float scale = 0.0f, worst = 0.0f;
   for (std::size_t i = 0; i < fp32.size(); ++i) {
