@@ -7,7 +7,7 @@
 //
 // Ranks (infer.distribute). slides: each slide goes whole to one rank, the largest files first; a rank that is
 // done with a slide takes the next from a counter on rank 0 (one MPI_Fetch_and_op: rank 0 serves no requests and
-// scores slides too, letting MPI progress between its batches for transports that need it), plans, scores it with
+// scores slides too, with a progress thread for transports whose target serves them), plans, scores it with
 // its own threads and writes its outputs, on a second thread while it scores its next slide. No rank waits for
 // another until the end, when rank 0 gathers what each did for infer.json. tiles: slides go one after another and
 // every rank scores a contiguous share of each slide's tiles, so one large slide uses every rank; rank 0 plans each
