@@ -106,6 +106,15 @@ bool maybe_print_config(const core::Config& config, const JobOptions& options) {
   return true;
 }
 
+std::string required_checkpoint(const core::Config& config) {
+  std::string checkpoint = config.get_string("checkpoint");
+  if (checkpoint.empty()) {
+    throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
+                            "checkpoint");
+  }
+  return checkpoint;
+}
+
 // "a, b,c" → {"a", "b", "c"} (empty items dropped).
 std::vector<std::string> comma_list(const std::string& text) {
   std::vector<std::string> items(1);

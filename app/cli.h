@@ -71,6 +71,9 @@ std::vector<std::string> comma_list(const std::string& text);
 // When --print-config was given: prints the effective config (rank 0) and returns true.
 bool maybe_print_config(const core::Config& config, const JobOptions& options);
 
+// The job's `checkpoint` key, which the verbs that load a model need: ConfigError naming the key when it is empty.
+std::string required_checkpoint(const core::Config& config);
+
 // Verb entry points (one file each under app/).
 Action setup_info(CLI::App& command);
 Action setup_synth(CLI::App& command);

@@ -276,11 +276,7 @@ int run_infer(const InferOptions& options) {
   auto config = load_job(infer_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
 
-  const std::string checkpoint = config.get_string("checkpoint");
-  if (checkpoint.empty()) {
-    throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
-                            "checkpoint");
-  }
+  const std::string checkpoint = required_checkpoint(config);
   const auto inputs = io::list_input_slides(config);
   const fs::path out = config.get_string("output");
   const double threshold = config.get_number("infer.threshold");

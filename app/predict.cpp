@@ -192,11 +192,7 @@ int run_predict(const PredictOptions& options) {
   const auto config = load_job(predict_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
 
-  const std::string checkpoint = config.get_string("checkpoint");
-  if (checkpoint.empty()) {
-    throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
-                            "checkpoint");
-  }
+  const std::string checkpoint = required_checkpoint(config);
   const std::string shards = config.get_string("data.shards");
   const fs::path out = config.get_string("output");
   const auto& world = core::Comm::world();

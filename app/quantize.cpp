@@ -56,11 +56,7 @@ struct QuantizeOptions {
 int run_quantize(const QuantizeOptions& options) {
   const auto config = load_job(quantize_schema(), options.job);
   if (maybe_print_config(config, options.job)) return core::exit_ok;
-  const std::string checkpoint = config.get_string("checkpoint");
-  if (checkpoint.empty()) {
-    throw core::ConfigError("no checkpoint given (--checkpoint or the job's 'checkpoint' key)", config.source(), 0,
-                            "checkpoint");
-  }
+  const std::string checkpoint = required_checkpoint(config);
   const std::string shards = config.get_string("data.shards");
   engine::Context::get().set_threads(static_cast<int>(config.get_int("quantize.threads")));
 
