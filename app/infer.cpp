@@ -375,10 +375,10 @@ int run_infer(const InferOptions& options) {
     fs::create_directories(out);
     config.save((out / "infer.config.yaml").string());
     spdlog::info(
-        "inferring {} slide(s) with {} ({}, {} px at {:g} µm/px, stain {}, epoch {}), stride {} px, tta {}, "
+        "inferring {} slide(s) with {} ({}, {} px at {:g} µm/px, stain {}, epoch {}, {}), stride {} px, tta {}, "
         "tissue >= {:g} of a tile on a {:g} µm/px mask{} ({}), on {} rank(s) x {} thread(s)",
         inputs.size(), checkpoint, model.meta.architecture, inference.input_size(), inference.mpp(),
-        model.meta.stain_normalization, model.meta.epoch, inference.stride(), engine::to_string(inference_options.tta),
+        model.meta.stain_normalization, model.meta.epoch, engine::to_string(precision), inference.stride(), engine::to_string(inference_options.tta),
         inference_options.min_tissue, inference_options.tissue.mask_mpp,
         inference_options.tissue.reject_pen_marks ? ", pen marks rejected" : "",
         model.meta.tissue ? "the checkpoint's tiling unless set" : "the job's; the checkpoint records none",

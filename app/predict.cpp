@@ -238,10 +238,10 @@ int run_predict(const PredictOptions& options) {
     slide_row[manifest.slides[i].id] = static_cast<std::uint32_t>(i);
   }
   if (world.is_root()) {
-    spdlog::info("predicting {} tiles ({} slides{}) with {} ({}, epoch {}) on {} rank(s)", data.total_tiles(),
+    spdlog::info("predicting {} tiles ({} slides{}) with {} ({}, epoch {}, {}) on {} rank(s)", data.total_tiles(),
                  data_options.slides.size(),
                  splits.empty() ? std::string() : fmt::format(" of split {}", fmt::join(splits, ", ")), checkpoint,
-                 model.meta.architecture, model.meta.epoch, world.size());
+                 model.meta.architecture, model.meta.epoch, engine::to_string(precision), world.size());
   }
 
   // Score this rank's part.
