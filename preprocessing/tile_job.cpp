@@ -9,8 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <limits>
@@ -111,7 +111,7 @@ struct TileSettings {
   double assume_mpp = 0.0;
   int preview_size = 0;
   fs::path previews;
-  std::optional<QcOptions> qc;  // none: QC off
+  std::optional<QcOptions> qc;       // none: QC off
   bool keep_artefact_tiles = false;  // tile.artefact_tiles: keep (tiles over qc.max_fraction stay, marked)
 };
 
@@ -188,7 +188,7 @@ void append_record(std::string& buffer, const std::string& record) {
 // are dropped, counted by that class. A slide-level flag is a warning, or with refuse_flagged an InputError naming
 // the slide. Fills `qc` with QC's result (for the preview); returns the counts of dropped tiles.
 std::map<std::string, std::int64_t> mark_artefact_tiles(const io::Slide& slide, SlidePlan& plan,
-                                                         const QcOptions& options, bool keep, QcResult& qc) {
+                                                        const QcOptions& options, bool keep, QcResult& qc) {
   qc = run_qc(slide, options);
   for (const auto& flag : qc.flags) {
     if (options.refuse_flagged) {
@@ -674,9 +674,8 @@ std::int64_t rewrite_without(const std::string& from, const std::string& to, con
   for (std::size_t k = 0; k < keep.size(); ++k) {
     const auto i = static_cast<std::size_t>(keep[k]);
     shard.read_images(keep[k], 1, image.data());
-    const io::ShardTileRecord record{shard.labels()[i], shard.tumor_fractions()[i], shard.coords()[2 * i],
-                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]],
-                                     shard.artefacts()[i]};
+    const io::ShardTileRecord record{shard.labels()[i],         shard.tumor_fractions()[i],      shard.coords()[2 * i],
+                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]], shard.artefacts()[i]};
     writer.write(static_cast<std::int64_t>(k), {record}, image.data());
   }
   writer.finish();
