@@ -442,7 +442,7 @@ class Extractor {
       Batch& batch = batches[static_cast<std::size_t>(filling)];
       batch.first = static_cast<std::int64_t>(begin);
       batch.records.clear();
-      batch.images.assign((end - begin) * tile_bytes, 255);
+      batch.images.resize((end - begin) * tile_bytes);  // read_batch writes every tile (white where none is read)
       batch.kept.assign(end - begin, 1);
       read_batch(tiles, begin, end, batch.images.data(), failed);
       for (std::size_t k = begin; k < end; ++k) {
@@ -516,8 +516,10 @@ class Extractor {
           const auto& t = tiles[begin + j];
           const auto& planned = plans_[t.slide].tiles[t.tile];
           try {
-            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp),
-                      images + j * tile_bytes);
+            std::uint8_t* pixels = images + j * tile_bytes;
+            const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
+            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
+                      pixels);
           } catch (const core::Error& e) {
             if (e.kind() != core::ErrorKind::input) throw;
             errors[j] = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
@@ -565,9 +567,10 @@ class Extractor {
     }
   }
 
-  // The tile's pixels, stain-normalized when asked, into `to` (tile_bytes).
+  // The tile's pixels, stain-normalized when asked, into `to` (tile_bytes), where they may be already.
   void copy_tile(cv::Mat rgb, std::uint8_t* to) const {
     if (normalizer_ != nullptr) normalizer_->apply(rgb);
+    if (rgb.data == to) return;
     if (!rgb.isContinuous()) rgb = rgb.clone();
     std::memcpy(to, rgb.data, rgb.total() * rgb.elemSize());
   }

@@ -5,7 +5,8 @@
 # openslide-python read_region + RGBA->RGB + one h5py write per tile into one preallocated dataset; its imports,
 # slide opening and writing included), in alternated rounds (default 3) with the order rotated each round.
 #
-# Two Tessera sides: quality control on (tile's default) and off. The Python side does no planning: it is handed
+# Three Tessera sides: quality control on (tile's default) and off, and off with tile.threads 1 (one thread reads the
+# tiles and plans the slides, another writes the shards; the default is the cores this rank may use). The Python side does no planning: it is handed
 # the QC-off job's tiles (slide, level-0 position, the level and region tessera reads for each), so it does no tissue
 # detection, no labelling and no QC; QC off is the like-for-like comparison, QC on what a user runs by default.
 # Prints per side the best and median wall and CPU time, the ratios Python / Tessera, and the load average of each
@@ -90,15 +91,18 @@ run() {
   if [ "$side" = python ]; then
     { time "$PYTHON" "$SCRIPT" "$WORK/tiles.csv" "$TILE" "$WORK/runs/python.h5" "$WORK/runs/python-$round.rate" \
       >"$log" 2>&1; } 2>"$WORK/runs/$side-$round.time"
+  elif [ "$side" = qc-off-1thread ]; then
+    { time "$TESSERA" tile "$WORK/qc-off.yaml" --force --set tile.threads=1 >"$log" 2>&1; } \
+      2>"$WORK/runs/$side-$round.time"
   else
     { time "$TESSERA" tile "$WORK/$side.yaml" --force >"$log" 2>&1; } 2>"$WORK/runs/$side-$round.time"
   fi
 }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
-sides=(qc-on qc-off python)
+sides=(qc-on qc-off qc-off-1thread python)
 for ((round = 1; round <= ROUNDS; ++round)); do
-  for ((k = 0; k < 3; ++k)); do run "${sides[$(((k + round - 1) % 3))]}"; done
+  for ((k = 0; k < ${#sides[@]}; ++k)); do run "${sides[$(((k + round - 1) % ${#sides[@]}))]}"; done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -108,17 +112,18 @@ work, rounds = sys.argv[1], int(sys.argv[2])
 def tiles(side):
     if side == "python":
         return sum(1 for _ in open(f"{work}/tiles.csv"))
-    return sum(s["tiles"] for s in json.load(open(f"{work}/runs/{side}/manifest.json"))["shards"])
+    folder = "qc-off" if side == "qc-off-1thread" else side
+    return sum(s["tiles"] for s in json.load(open(f"{work}/runs/{folder}/manifest.json"))["shards"])
 figures = {}
-for side in ("qc-on", "qc-off", "python"):
+for side in ("qc-on", "qc-off", "qc-off-1thread", "python"):
     runs = [tuple(map(float, open(f"{work}/runs/{side}-{r}.time").read().split())) for r in range(1, rounds + 1)]
     wall = [r[0] for r in runs]
     cpu = [r[1] + r[2] for r in runs]
     figures[side] = (min(wall), statistics.median(wall), min(cpu))
-    print(f"{side:7s} {tiles(side):6d} tiles; wall best {min(wall):.2f} s median {statistics.median(wall):.2f} s "
+    print(f"{side:14s} {tiles(side):6d} tiles; wall best {min(wall):.2f} s median {statistics.median(wall):.2f} s "
           f"(each: {', '.join(f'{w:.2f}' for w in wall)}); CPU best {min(cpu):.2f} s; "
           f"load before each run {', '.join(f'{r[3]:.2f}' for r in runs)}")
-for side in ("qc-on", "qc-off"):
+for side in ("qc-on", "qc-off", "qc-off-1thread"):
     p, t = figures["python"], figures[side]
     print(f"python / tessera tile {side}: {p[0] / t[0]:.2f}x by best wall, {p[1] / t[1]:.2f}x by median wall, "
           f"{p[2] / t[2]:.2f}x by best CPU")
