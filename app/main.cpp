@@ -3,7 +3,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <optional>
@@ -115,13 +114,6 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   io::skip_hdf5_exit_cleanup();  // first: see io/hdf5_library.h (a failed close must not become a SIGSEGV at exit)
   core::fault::enabled();        // a malformed TESSERA_FAULT (tests only) ends the process now, before any work
-  // Started without a launcher (no mpirun or srun in the environment), Open MPI 4's singleton start forks an orted
-  // daemon first: 0.15-0.2 s of every one-process run's start-up, measured here. Tessera never spawns or connects
-  // processes, so such a run starts isolated, without it (unless the environment says otherwise).
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && std::getenv("PMIX_RANK") == nullptr &&
-      std::getenv("PMI_RANK") == nullptr) {
-    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
-  }
   std::optional<core::MpiSession> mpi;
   try {
     mpi.emplace(&argc, &argv);
