@@ -427,8 +427,17 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
   return argb_to_rgb(argb, it->width, it->height);
 }
 
-cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std::int64_t width,
-                           std::int64_t height) const {
+namespace {
+// `pixels` as read_region() returns them: in `into` when one is given.
+cv::Mat deliver(const cv::Mat& pixels, cv::Mat into) {
+  if (into.empty()) return pixels;
+  pixels.copyTo(into);  // into's own memory: it has pixels' size and type
+  return into;
+}
+}  // namespace
+
+cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std::int64_t width, std::int64_t height,
+                           cv::Mat into) const {
   const auto fail = [&](const std::string& message) {
     core::InputError error(message, path_);
     error.add_context("region", region_text(x, y, width, height));
@@ -449,11 +458,12 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
     };
     try {
       if (dicom_ != nullptr) {
-        return dicom_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
-                            static_cast<int>(height));
+        return deliver(dicom_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
+                                    static_cast<int>(height)),
+                       into);
       }
       return tiff_->read(level_index, level_coordinate(x), level_coordinate(y), static_cast<int>(width),
-                         static_cast<int>(height));
+                         static_cast<int>(height), into);
     } catch (core::Error& e) {
       e.add_context("region", region_text(x, y, width, height));
       e.add_context("level", level_index);
@@ -471,7 +481,7 @@ cv::Mat Slide::read_region(std::int64_t x, std::int64_t y, int level_index, std:
     error.add_context("level", level_index);
     throw error;
   }
-  return argb_to_rgb(argb, width, height);
+  return deliver(argb_to_rgb(argb, width, height), into);
 }
 
 int Slide::best_level_for_mpp(double target_mpp) const {
@@ -519,26 +529,27 @@ Slide::LevelRead Slide::plan_read_at_mpp(std::int64_t x, std::int64_t y, std::in
   return r;
 }
 
-cv::Mat Slide::read_level_window(const LevelRead& r) const {
+cv::Mat Slide::read_level_window(const LevelRead& r, cv::Mat into) const {
   // Level-0 coordinates of the level pixel (lx, ly), so OpenSlide reads on the level's pixel grid.
   const double ds = levels_[static_cast<std::size_t>(r.level)].downsample;
   return read_region(std::llround(static_cast<double>(r.lx) * ds), std::llround(static_cast<double>(r.ly) * ds),
-                     r.level, r.lw, r.lh);
+                     r.level, r.lw, r.lh, std::move(into));
 }
 
 namespace {
-cv::Mat resample(const cv::Mat& region, const Slide::LevelRead& r) {
+cv::Mat resample(const cv::Mat& region, const Slide::LevelRead& r, cv::Mat into = cv::Mat()) {
   if (region.cols == r.width && region.rows == r.height) return region;
-  cv::Mat resized;
-  cv::resize(region, resized, cv::Size(static_cast<int>(r.width), static_cast<int>(r.height)), 0, 0, cv::INTER_AREA);
-  return resized;
+  cv::resize(region, into, cv::Size(static_cast<int>(r.width), static_cast<int>(r.height)), 0, 0, cv::INTER_AREA);
+  return into;
 }
 }  // namespace
 
-cv::Mat Slide::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
-                           double target_mpp) const {
+cv::Mat Slide::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp,
+                           cv::Mat into) const {
   const auto r = plan_read_at_mpp(x, y, width, height, target_mpp);
-  return resample(read_level_window(r), r);
+  // The level's pixels are the answer when no resampling is needed: read straight into `into`.
+  if (r.lw == r.width && r.lh == r.height) return read_level_window(r, std::move(into));
+  return resample(read_level_window(r), r, std::move(into));
 }
 
 SlideWindow::SlideWindow(const Slide& slide, std::int64_t x, std::int64_t y, std::int64_t width0, std::int64_t height0,

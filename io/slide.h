@@ -144,13 +144,17 @@ class Slide {
   // Regions may extend past the slide (that part is white). Errors carry file, level and region; damaged tiles
   // throw core::CorruptTileError.
   // The direct TIFF path starts at level pixel (round(x/downsample), round(y/downsample)).
-  cv::Mat read_region(std::int64_t x, std::int64_t y, int level, std::int64_t width, std::int64_t height) const;
+  // With `into` (CV_8UC3, height × width: e.g. a header over the caller's memory), the pixels are written there and
+  // `into` is returned (on the direct TIFF path without another copy).
+  cv::Mat read_region(std::int64_t x, std::int64_t y, int level, std::int64_t width, std::int64_t height,
+                      cv::Mat into = cv::Mat()) const;
 
   // The level to read for a target resolution: the coarsest level whose µm/px is ≤ target (within 1%).
   int best_level_for_mpp(double target_mpp) const;
   // Reads the region whose top-left is (x, y) (level 0) and which covers width×height pixels at
-  // `target_mpp`, resampled from best_level_for_mpp() with area averaging.
-  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp) const;
+  // `target_mpp`, resampled from best_level_for_mpp() with area averaging. `into`: as for read_region().
+  cv::Mat read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height, double target_mpp,
+                      cv::Mat into = cv::Mat()) const;
 
   // Where read_at_mpp() gets its pixels: a window of one level, in level pixels, and the size to resample it
   // to. Exposed so that SlideWindow can serve many reads from one OpenSlide call with identical results.
@@ -169,7 +173,7 @@ class Slide {
 
  private:
   friend class SlideWindow;
-  cv::Mat read_level_window(const LevelRead& r) const;
+  cv::Mat read_level_window(const LevelRead& r, cv::Mat into = cv::Mat()) const;
   struct OpenSlideHandle;
   Slide();
   static Slide open_dicom(const std::string& path, const SlideOpenOptions& options);

@@ -345,17 +345,19 @@ std::unique_ptr<TiffTileReader> TiffTileReader::open(const std::string& path, co
   return std::unique_ptr<TiffTileReader>(new TiffTileReader(std::move(impl)));
 }
 
-cv::Mat TiffTileReader::read(int level_index, std::int64_t lx, std::int64_t ly, int width, int height) const {
+cv::Mat TiffTileReader::read(int level_index, std::int64_t lx, std::int64_t ly, int width, int height,
+                             cv::Mat into) const {
   if (level_index < 0 || level_index >= static_cast<int>(impl_->levels.size()) || width <= 0 || height <= 0) {
     throw core::InternalError(
         fmt::format("direct TIFF read of level {}, {}x{} pixels: invalid request", level_index, width, height));
   }
   const Impl::Level& level = impl_->levels[static_cast<std::size_t>(level_index)];
-  return assemble_region({level.width, level.height, level.tile_width, level.tile_height}, lx, ly, width, height,
-                         [&](std::int64_t column, std::int64_t row) {
-                           return impl_->tile(level_index, static_cast<std::uint32_t>(column),
-                                              static_cast<std::uint32_t>(row));
-                         });
+  return assemble_region(
+      {level.width, level.height, level.tile_width, level.tile_height}, lx, ly, width, height,
+      [&](std::int64_t column, std::int64_t row) {
+        return impl_->tile(level_index, static_cast<std::uint32_t>(column), static_cast<std::uint32_t>(row));
+      },
+      std::move(into));
 }
 
 const std::string& TiffTileReader::description() const { return impl_->description; }

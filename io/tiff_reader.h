@@ -60,10 +60,12 @@ class TiffTileReader {
   TiffTileReader& operator=(const TiffTileReader&) = delete;
 
   // Level pixels [lx, lx+width) × [ly, ly+height) as RGB CV_8UC3, white outside the level. width, height ≥ 1.
+  // With `into` (CV_8UC3, height × width: e.g. a header over the caller's memory) they are written there, the only
+  // copy made of the decoded tiles' pixels, and `into` is returned.
   // Throws core::CorruptTileError naming the file, the tile, the level and its TIFF directory, and the decoder's
   // message when a tile's decode fails or warns: libjpeg reports damaged entropy-coded data ("Corrupt JPEG data: ...")
   // only as a warning and returns made-up pixels, which must never pass for the slide's.
-  cv::Mat read(int level, std::int64_t lx, std::int64_t ly, int width, int height) const;
+  cv::Mat read(int level, std::int64_t lx, std::int64_t ly, int width, int height, cv::Mat into = cv::Mat()) const;
 
   // The tile encodings, e.g. "JPEG tiles" or "JPEG, deflate tiles" (levels may differ).
   const std::string& description() const;

@@ -415,11 +415,11 @@ cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOp
     cv::cvtColor(resized, grey, cv::COLOR_RGB2GRAY);
     grey.convertTo(grey, CV_32F);
     cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
-    laplacian = cv::abs(laplacian);
+    cv::absdiff(laplacian, cv::Scalar::all(0), laplacian);  // |Laplacian| in place
     // Fine detail against the local contrast at a few pixels' scale: defocus removes the first and keeps much of
     // the second, while dense and sparse tissue differ in both alike.
     cv::GaussianBlur(grey, smooth, cv::Size(0, 0), kContrastSigma, kContrastSigma, cv::BORDER_REPLICATE);
-    contrast = cv::abs(grey - smooth);
+    cv::absdiff(grey, smooth, contrast);  // |grey − smooth| in one pass
     cv::Mat fine_band, contrast_band;
     cv::resize(laplacian, fine_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
     cv::resize(contrast, contrast_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);

@@ -4,17 +4,23 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -105,7 +111,7 @@ struct TileSettings {
   double assume_mpp = 0.0;
   int preview_size = 0;
   fs::path previews;
-  std::optional<QcOptions> qc;  // none: QC off
+  std::optional<QcOptions> qc;       // none: QC off
   bool keep_artefact_tiles = false;  // tile.artefact_tiles: keep (tiles over qc.max_fraction stay, marked)
 };
 
@@ -182,7 +188,7 @@ void append_record(std::string& buffer, const std::string& record) {
 // are dropped, counted by that class. A slide-level flag is a warning, or with refuse_flagged an InputError naming
 // the slide. Fills `qc` with QC's result (for the preview); returns the counts of dropped tiles.
 std::map<std::string, std::int64_t> mark_artefact_tiles(const io::Slide& slide, SlidePlan& plan,
-                                                         const QcOptions& options, bool keep, QcResult& qc) {
+                                                        const QcOptions& options, bool keep, QcResult& qc) {
   qc = run_qc(slide, options);
   for (const auto& flag : qc.flags) {
     if (options.refuse_flagged) {
@@ -371,13 +377,16 @@ struct CorruptTiles {
 
 class Extractor {
  public:
+  // `threads`: how many threads read a batch's tiles on slides read directly (io::Slide's direct TIFF and DICOM
+  // paths, whose reads are thread-safe); the shard's HDF5 writes run on one more, overlapping the reads.
   Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
-            const StainNormalizer* normalizer, int write_batch, bool skip_corrupt)
+            const StainNormalizer* normalizer, int write_batch, bool skip_corrupt, int threads)
       : plans_(plans),
         attributes_(attributes),
         normalizer_(normalizer),
         write_batch_(write_batch),
-        skip_corrupt_(skip_corrupt) {}
+        skip_corrupt_(skip_corrupt),
+        threads_(std::max(1, threads)) {}
 
   // Damaged tiles skipped so far, by slide id.
   const std::map<std::string, CorruptTiles>& corrupt() const { return corrupt_; }
@@ -388,6 +397,9 @@ class Extractor {
   // shard holds fewer tiles than planned (none at all: no file; a rerun of the job then tries it again), and its
   // record's tile count (the planned one) no longer matches it: a rerun extracts it again rather than keep it.
   // Returns the checksum of the pixels the shard holds and their tile count.
+  // Tiles are read in batches of write_batch; each batch is written (and checksummed) on a second thread while
+  // the next is read, so the result is that of reading and writing one tile after the other: the same pixels,
+  // the same first error per slide, in tile order.
   struct Written {
     std::string checksum;
     std::int64_t tiles = 0;
@@ -401,59 +413,59 @@ class Extractor {
         slide_ids.push_back(plans_[t.slide].input.id);
       }
     }
+    current_shard_ = std::filesystem::path(path).filename().string();
     io::ShardWriter writer(path, attributes_, static_cast<std::int64_t>(tiles.size()), slide_ids);
     const int t_size = attributes_.tile_size;
     const std::size_t tile_bytes = static_cast<std::size_t>(t_size) * t_size * 3;
-    std::vector<io::ShardTileRecord> records;
-    std::vector<std::uint8_t> images;
-    std::int64_t batch_first = 0;
     PixelChecksum checksum;
     std::set<std::int64_t> dropped;  // tiles of this shard with damaged pixels (skip_corrupt)
-    auto flush = [&] {
-      if (records.empty()) return;
-      writer.write(batch_first, records, images.data());
-      for (std::size_t j = 0; j < records.size(); ++j) {  // the pixels of the tiles the shard keeps
-        if (!dropped.contains(batch_first + static_cast<std::int64_t>(j))) {
-          checksum.add(images.data() + j * tile_bytes, tile_bytes);
-        }
-      }
-      progress.advance(static_cast<std::int64_t>(records.size()));
-      batch_first += static_cast<std::int64_t>(records.size());
-      records.clear();
-      images.clear();
+    // Two batches: one being read, one being written. `writing` is declared last: its destructor waits for the
+    // write in flight before the writer, the batches or the checksum go.
+    struct Batch {
+      std::int64_t first = 0;
+      std::vector<io::ShardTileRecord> records;
+      std::vector<std::uint8_t> images;
+      std::vector<char> kept;  // per tile: its pixels go into the checksum (not dropped as damaged)
     };
-    for (std::size_t k = 0; k < tiles.size(); ++k) {
-      const auto& t = tiles[k];
-      const auto& plan = plans_[t.slide];
-      const auto& planned = plan.tiles[t.tile];
-      // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
-      core::fault::at("tile.tile");
-      core::throw_if_terminated(std::filesystem::path(path).filename().string());
-      records.push_back(
-          {planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide], planned.artefacts});
-      images.resize(images.size() + tile_bytes, 255);
-      if (!failed.contains(plan.input.id)) {
-        try {
-          cv::Mat rgb = read_tile(t.slide, planned.x, planned.y);
-          if (normalizer_ != nullptr) normalizer_->apply(rgb);
-          if (!rgb.isContinuous()) rgb = rgb.clone();
-          std::memcpy(images.data() + images.size() - tile_bytes, rgb.data, tile_bytes);
-        } catch (const core::Error& e) {
-          if (e.kind() != core::ErrorKind::input) throw;
-          if (skip_corrupt_ && dynamic_cast<const core::CorruptTileError*>(&e) != nullptr) {
-            dropped.insert(static_cast<std::int64_t>(k));
-            auto& corrupt = corrupt_[plan.input.id];
-            if (corrupt.count++ == 0) corrupt.first = e.what();
-          } else {
-            failed[plan.input.id] = e.what();
-            spdlog::error("{}", e.what());
-            close_slide();
-          }
+    std::array<Batch, 2> batches;
+    int filling = 0;
+    std::int64_t written_count = 0;  // tiles of the batch in flight
+    std::future<void> writing;
+    const auto wait_for_write = [&] {
+      if (!writing.valid()) return;
+      writing.get();
+      progress.advance(written_count);
+      written_count = 0;
+    };
+    for (std::size_t begin = 0; begin < tiles.size(); begin += static_cast<std::size_t>(write_batch_)) {
+      const std::size_t end = std::min(tiles.size(), begin + static_cast<std::size_t>(write_batch_));
+      Batch& batch = batches[static_cast<std::size_t>(filling)];
+      batch.first = static_cast<std::int64_t>(begin);
+      batch.records.clear();
+      batch.images.resize((end - begin) * tile_bytes);  // read_batch writes every tile (white where none is read)
+      batch.kept.assign(end - begin, 1);
+      read_batch(tiles, begin, end, batch.images.data(), failed);
+      for (std::size_t k = begin; k < end; ++k) {
+        const auto& t = tiles[k];
+        const auto& planned = plans_[t.slide].tiles[t.tile];
+        batch.records.push_back(
+            {planned.label, planned.tumour_fraction, planned.x, planned.y, local_index[t.slide], planned.artefacts});
+        if (read_dropped_[k - begin] != 0) {
+          dropped.insert(static_cast<std::int64_t>(k));
+          batch.kept[k - begin] = 0;
         }
       }
-      if (static_cast<int>(records.size()) >= write_batch_) flush();
+      wait_for_write();
+      written_count = static_cast<std::int64_t>(end - begin);
+      writing = std::async(std::launch::async, [&writer, &checksum, &batch, tile_bytes] {
+        writer.write(batch.first, batch.records, batch.images.data());
+        for (std::size_t j = 0; j < batch.records.size(); ++j) {  // the pixels of the tiles the shard keeps
+          if (batch.kept[j] != 0) checksum.add(batch.images.data() + j * tile_bytes, tile_bytes);
+        }
+      });
+      filling = 1 - filling;
     }
-    flush();
+    wait_for_write();
     writer.finish();
     if (!dropped.empty()) {
       // Written whole (the writer wants its tile count up front), then copied without the damaged tiles. The
@@ -467,32 +479,139 @@ class Extractor {
   }
 
  private:
-  // One open slide at a time: tiles come in slide order, so each slide is opened once per shard.
-  const io::Slide& slide(std::uint32_t index) {
-    if (!open_ || open_index_ != index) {
-      close_slide();
-      io::SlideOpenOptions options;
-      options.assume_mpp = plans_[index].assume_mpp;
-      open_.emplace(io::Slide::open(plans_[index].input.path, options));
-      open_index_ = index;
+  // What reading one tile gave: nothing (pixels in place), or the error a core::Error of kind input carried.
+  struct ReadError {
+    std::string what;
+    bool corrupt = false;
+  };
+
+  // Reads tiles [begin, end) of `tiles` into `images` (tile_bytes each, white where nothing is read) and records
+  // in read_dropped_ which were left out as damaged. Tiles of slides read directly are read on threads_ threads
+  // first; then, in tile order, each tile's outcome is taken as a sequential read would: the others read through
+  // the slide's window, a slide's first failure recorded in `failed` and its later tiles left white.
+  void read_batch(const std::vector<JobTile>& tiles, std::size_t begin, std::size_t end, std::uint8_t* images,
+                  std::map<std::string, std::string>& failed) {
+    const int t_size = attributes_.tile_size;
+    const std::size_t tile_bytes = static_cast<std::size_t>(t_size) * t_size * 3;
+    const std::size_t n = end - begin;
+    read_dropped_.assign(n, 0);
+    std::vector<std::optional<ReadError>> errors(n);
+    std::vector<char> parallel(n, 0);  // read below, on the threads
+    while (!opened_.empty() && opened_.begin()->first < tiles[begin].slide) close_slide(opened_.begin()->first);
+    for (std::size_t k = begin; k < end; ++k) {
+      // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
+      core::fault::at("tile.tile");
+      core::throw_if_terminated(current_shard_);
+      const auto& plan = plans_[tiles[k].slide];
+      if (failed.contains(plan.input.id)) continue;
+      const io::Slide* s = open(tiles[k].slide, errors[k - begin]);
+      parallel[k - begin] = s != nullptr && (s->reads_tiff_directly() || s->is_dicom()) ? 1 : 0;
     }
-    return *open_;
-  }
-  void close_slide() {
-    window_.reset();
-    damaged_window_.reset();
-    open_.reset();
+    std::atomic<std::size_t> next{0};
+    std::vector<std::exception_ptr> crashed(static_cast<std::size_t>(threads_));
+    const auto work = [&](int thread) {
+      try {
+        for (std::size_t j = next++; j < n; j = next++) {
+          if (parallel[j] == 0) continue;
+          const auto& t = tiles[begin + j];
+          const auto& planned = plans_[t.slide].tiles[t.tile];
+          try {
+            std::uint8_t* pixels = images + j * tile_bytes;
+            const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
+            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
+                      pixels);
+          } catch (const core::Error& e) {
+            if (e.kind() != core::ErrorKind::input) throw;
+            errors[j] = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+          }
+        }
+      } catch (...) {
+        crashed[static_cast<std::size_t>(thread)] = std::current_exception();
+        next = n;
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int thread = 1; thread < threads_; ++thread) helpers.emplace_back(work, thread);
+    work(0);
+    for (auto& helper : helpers) helper.join();
+    for (const auto& e : crashed) {
+      if (e) std::rethrow_exception(e);
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      const auto& t = tiles[begin + j];
+      const auto& plan = plans_[t.slide];
+      std::uint8_t* pixels = images + j * tile_bytes;
+      if (failed.contains(plan.input.id)) {  // failed at an earlier tile: this one stays blank
+        std::fill(pixels, pixels + tile_bytes, std::uint8_t{255});
+        continue;
+      }
+      if (!errors[j] && parallel[j] == 0) {
+        try {
+          copy_tile(read_through_window(t.slide, plan.tiles[t.tile].x, plan.tiles[t.tile].y), pixels);
+        } catch (const core::Error& e) {
+          if (e.kind() != core::ErrorKind::input) throw;
+          errors[j] = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+        }
+      }
+      if (!errors[j]) continue;
+      std::fill(pixels, pixels + tile_bytes, std::uint8_t{255});
+      if (skip_corrupt_ && errors[j]->corrupt) {
+        read_dropped_[j] = 1;
+        auto& corrupt = corrupt_[plan.input.id];
+        if (corrupt.count++ == 0) corrupt.first = errors[j]->what;
+      } else {
+        failed[plan.input.id] = errors[j]->what;
+        spdlog::error("{}", errors[j]->what);
+        close_slide(t.slide);
+      }
+    }
   }
 
-  // Tiles come in grid order: one OpenSlide read covers the next kWindowTiles tiles of a row, and the tiles
+  // The tile's pixels, stain-normalized when asked, into `to` (tile_bytes), where they may be already.
+  void copy_tile(cv::Mat rgb, std::uint8_t* to) const {
+    if (normalizer_ != nullptr) normalizer_->apply(rgb);
+    if (rgb.data == to) return;
+    if (!rgb.isContinuous()) rgb = rgb.clone();
+    std::memcpy(to, rgb.data, rgb.total() * rgb.elemSize());
+  }
+
+  // The slide of plan `index`, opened when first needed (read_batch closes those of earlier plans: tiles come in
+  // slide order). Null with `error` set when it cannot be opened.
+  const io::Slide* open(std::uint32_t index, std::optional<ReadError>& error) {
+    if (const auto it = opened_.find(index); it != opened_.end()) return it->second.get();
+    try {
+      io::SlideOpenOptions options;
+      options.assume_mpp = plans_[index].assume_mpp;
+      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plans_[index].input.path, options)))
+          .first->second.get();
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
+      error = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+      return nullptr;
+    }
+  }
+  void close_slide(std::uint32_t index) {
+    if (window_slide_ == index) {
+      window_.reset();
+      damaged_window_.reset();
+    }
+    opened_.erase(index);
+  }
+
+  // Slides read through OpenSlide: one OpenSlide read covers the next kWindowTiles tiles of a row, and the tiles
   // are cut from it (exactly the pixels a per-tile read gives; OpenSlide's per-call cost dominates small tiles).
   // With skip_corrupt, the tiles of a window that holds damaged pixels are read one by one, so that only the
   // damaged ones fail.
-  cv::Mat read_tile(std::uint32_t index, std::int64_t x, std::int64_t y) {
+  cv::Mat read_through_window(std::uint32_t index, std::int64_t x, std::int64_t y) {
     constexpr int kWindowTiles = 32;
-    const auto& s = slide(index);
+    const io::Slide& s = *opened_.at(index);
     const int t_size = attributes_.tile_size;
     const double mpp = attributes_.mpp;
+    if (window_slide_ != index) {
+      window_.reset();
+      damaged_window_.reset();
+      window_slide_ = index;
+    }
     if (!window_ || !window_->contains(x, y, t_size, t_size, mpp)) {
       window_.reset();
       const auto side0 = static_cast<std::int64_t>(std::ceil(t_size * mpp / s.mpp()));
@@ -518,9 +637,12 @@ class Extractor {
   const StainNormalizer* normalizer_;
   int write_batch_;
   bool skip_corrupt_;
+  int threads_;
+  std::string current_shard_;
   std::map<std::string, CorruptTiles> corrupt_;
-  std::optional<io::Slide> open_;
-  std::uint32_t open_index_ = 0;
+  std::vector<char> read_dropped_;  // per tile of the batch just read: left out as damaged
+  std::map<std::uint32_t, std::unique_ptr<io::Slide>> opened_;
+  std::uint32_t window_slide_ = std::numeric_limits<std::uint32_t>::max();
   std::optional<io::SlideWindow> window_;
   // A level-0 rectangle.
   struct Area {
@@ -555,9 +677,8 @@ std::int64_t rewrite_without(const std::string& from, const std::string& to, con
   for (std::size_t k = 0; k < keep.size(); ++k) {
     const auto i = static_cast<std::size_t>(keep[k]);
     shard.read_images(keep[k], 1, image.data());
-    const io::ShardTileRecord record{shard.labels()[i], shard.tumor_fractions()[i], shard.coords()[2 * i],
-                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]],
-                                     shard.artefacts()[i]};
+    const io::ShardTileRecord record{shard.labels()[i],         shard.tumor_fractions()[i],      shard.coords()[2 * i],
+                                     shard.coords()[2 * i + 1], remap[shard.slide_indices()[i]], shard.artefacts()[i]};
     writer.write(static_cast<std::int64_t>(k), {record}, image.data());
   }
   writer.finish();
@@ -599,6 +720,10 @@ const core::Schema& tile_schema() {
         .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
         .integer("shards.tiles_per_shard", 4096, "Tiles per shard file", 1, 1e7)
         .integer("shards.write_batch", 64, "Tiles written to HDF5 per call", 1, 65536)
+        .integer("tile.threads", 0,
+                 "Threads per rank that plan slides and read tiles; the HDF5 writes take one more (0 = the cores "
+                 "this rank may use)",
+                 0, 1024)
         .boolean("preview.enabled", false, "Write previews/<slide>.png (tissue mask and tile grid by label)")
         .integer("preview.size", 1024, "Longer side of the previews in pixels", 128, 8192);
     declare_tissue_keys(schema);
@@ -682,6 +807,10 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   settings.preview_size = config.get_bool("preview.enabled") ? static_cast<int>(config.get_int("preview.size")) : 0;
   settings.previews = out / "previews";
   const bool preview_only = options.preview_only;
+  int threads = static_cast<int>(config.get_int("tile.threads"));
+  if (threads == 0) {
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.size()));
+  }
 
   // Stain target: fitted once (rank 0 reads the reference; every rank fits the same numbers from it).
   const auto method = parse_stain_method(config.get_string("stain.method"));
@@ -756,11 +885,44 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   std::string mine;
   {
     core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
+    // This rank's slides, planned on `threads` threads; the records are appended in input order.
+    std::vector<std::size_t> my_inputs;
     for (std::size_t i = static_cast<std::size_t>(world.rank()); i < inputs.size();
          i += static_cast<std::size_t>(world.size())) {
-      if (core::stop_requested() == core::StopRequest::now) break;  // SIGTERM: the plans are not kept anyway
-      append_record(mine, serialize(plan_one(inputs[i], settings)));
-      progress.advance();
+      my_inputs.push_back(i);
+    }
+    std::vector<std::string> records(my_inputs.size());
+    std::atomic<std::size_t> next{0};
+    std::atomic<std::int64_t> planned{0};
+    std::int64_t shown = 0;
+    std::vector<std::exception_ptr> crashed(static_cast<std::size_t>(threads));
+    const auto work = [&](int thread) {
+      try {
+        for (std::size_t k = next++; k < my_inputs.size(); k = next++) {
+          if (core::stop_requested() == core::StopRequest::now) break;  // SIGTERM: the plans are not kept anyway
+          records[k] = serialize(plan_one(inputs[my_inputs[k]], settings));
+          ++planned;
+          if (thread == 0) {  // the progress display is this thread's (it may talk MPI)
+            const std::int64_t done = planned;
+            progress.advance(done - shown);
+            shown = done;
+          }
+        }
+      } catch (...) {
+        crashed[static_cast<std::size_t>(thread)] = std::current_exception();
+        next = my_inputs.size();
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (int thread = 1; thread < threads; ++thread) helpers.emplace_back(work, thread);
+    work(0);
+    for (auto& helper : helpers) helper.join();
+    for (const auto& e : crashed) {
+      if (e) std::rethrow_exception(e);
+    }
+    progress.advance(planned - shown);
+    for (const auto& record : records) {
+      if (!record.empty()) append_record(mine, record);
     }
     progress.finish();
   }
@@ -812,7 +974,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
 
   const bool skip_corrupt = config.get_string("tile.on_corrupt_tile") == "skip";
   Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")),
-                      skip_corrupt);
+                      skip_corrupt, threads);
   std::map<std::string, std::string> extract_failed;
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {

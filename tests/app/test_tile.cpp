@@ -215,7 +215,8 @@ TEST_F(Tile, PreviewDrawsQualityControlAreas) {
     std::ofstream(path) << "input:\n  csv: " << inked << "/dataset.csv\n"
                         << "output: " << dir_->file(name) << "\n"
                         << "tile:\n  size: 32\n  mpp: 1.0\n"
-                        << "preview:\n  size: 512\n" << extra;
+                        << "preview:\n  size: 512\n"
+                        << extra;
     const auto rr = run("tile --preview " + path);
     EXPECT_EQ(rr.code, 0) << rr.err;
     const auto folder = fs::path(dir_->file(name)) / "previews";
@@ -276,6 +277,25 @@ TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
   const auto two = testing::shard_tiles(dir_->file("two"));
   EXPECT_EQ(one.size(), two.size());
   EXPECT_TRUE(one == two) << "the same tiles with the same pixels, whatever the rank count";
+}
+
+TEST_F(Tile, ThreadsGiveTheSameShards) {
+  // Batches of 7 tiles: batches that span two slides, a last short one; 3 threads read a batch, another writes.
+  ASSERT_EQ(run("tile " + job("threads1") + " --set tile.threads=1 --set shards.write_batch=7").code, 0);
+  const auto r = run("tile " + job("threads3") + " --set tile.threads=3 --set shards.write_batch=7");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto one = testing::shard_tiles(dir_->file("threads1"));
+  EXPECT_GT(one.size(), 100u);
+  EXPECT_TRUE(one == testing::shard_tiles(dir_->file("threads3"))) << "the same tiles with the same pixels";
+  // The shards' resume records hold the same pixel checksums.
+  for (const auto& entry : fs::directory_iterator(dir_->file("threads1") + "/.tessera-tile-shards")) {
+    const auto name = entry.path().filename().string();
+    const auto record = [&](const std::string& out) {
+      std::ifstream in(dir_->file(out) + "/.tessera-tile-shards/" + name);
+      return nlohmann::json::parse(in).at("checksum").get<std::string>();
+    };
+    EXPECT_EQ(record("threads1"), record("threads3")) << name;
+  }
 }
 
 TEST_F(Tile, RerunSkipsFinishedWorkAndResumesAfterACrash) {
