@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -383,64 +384,92 @@ cv::Mat1b QcResult::flagged() const {
   return out;
 }
 
-cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options) {
-  // Bands of QC rows; each is read at blur_mpp, turned grey, and its |Laplacian| averaged into the QC pixels.
+cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options,
+                            const cv::Mat1b& where) {
+  if (!where.empty() && where.size() != qc_size) {
+    throw core::InternalError("measure_sharpness: `where` must have the QC level's size");
+  }
+  // Windows of QC pixels; each is read at blur_mpp with a margin (the filters' reach), turned grey, and its
+  // |Laplacian| and contrast averaged into the window's QC pixels. Windows without a pixel of `where` are not read.
   const double blur_mpp = std::max(options.blur_mpp, slide.mpp());
   const double qc_downsample = static_cast<double>(slide.width()) / qc_size.width;  // level-0 px per QC pixel
   const double fine_per_qc = qc_downsample * slide.mpp() / blur_mpp;                // blur pixels per QC pixel
-  constexpr std::int64_t kMaxBandPixels = std::int64_t{1} << 24;
-  const double fine_cols = static_cast<double>(qc_size.width) * fine_per_qc;
-  const int band_rows =
-      std::max(1, static_cast<int>(static_cast<double>(kMaxBandPixels) / std::max(1.0, fine_cols * fine_per_qc)));
-  cv::Mat1f out = cv::Mat1f::zeros(qc_size);
   const int level = slide.best_level_for_mpp(blur_mpp);
   const io::SlideLevel& l = slide.level(level);
-  for (int r0 = 0; r0 < qc_size.height; r0 += band_rows) {
-    const int r1 = std::min(qc_size.height, r0 + band_rows);
-    const auto y0 = static_cast<std::int64_t>(std::floor(r0 * qc_downsample));
-    const auto y1 = std::min<std::int64_t>(slide.height(), static_cast<std::int64_t>(std::ceil(r1 * qc_downsample)));
-    const auto ly0 = static_cast<std::int64_t>(std::floor(static_cast<double>(y0) / l.downsample));
-    const auto ly1 = std::min<std::int64_t>(l.height, static_cast<std::int64_t>(std::ceil(y1 / l.downsample)));
-    cv::Mat region = slide.read_region(0, std::llround(static_cast<double>(ly0) * l.downsample), level, l.width,
-                                       std::max<std::int64_t>(1, ly1 - ly0));
-    const cv::Size fine(std::max(1, static_cast<int>(std::lround(qc_size.width * fine_per_qc))),
-                        std::max(1, static_cast<int>(std::lround((r1 - r0) * fine_per_qc))));
-    cv::Mat resized;
-    if (region.size() == fine) {
-      resized = region;
-    } else {
-      cv::resize(region, resized, fine, 0, 0, cv::INTER_AREA);
+  // About kWindowFine blur pixels a side per window; the margin covers the contrast Gaussian's kernel (OpenCV's
+  // float kernel reaches 4 sigma) and the Laplacian's pixel. Windows go down strips kStripWindows wide, so that the
+  // tiles a window's margin shares with the window above are still in the slide's tile cache.
+  constexpr double kWindowFine = 512.0;
+  constexpr int kStripWindows = 4;
+  const int window = std::max(4, static_cast<int>(std::lround(kWindowFine / std::max(1e-9, fine_per_qc))));
+  const int margin = std::max(1, static_cast<int>(std::ceil((4.0 * kContrastSigma + 2.0) / fine_per_qc)));
+  const cv::Rect whole(0, 0, qc_size.width, qc_size.height);
+  cv::Mat1f out = cv::Mat1f::zeros(qc_size);
+  cv::Mat resized, grey8;
+  cv::Mat1f grey, laplacian, smooth, contrast, fine_qc, contrast_qc, ratio;
+  for (int s0 = 0; s0 < qc_size.width; s0 += kStripWindows * window) {
+    for (int r0 = 0; r0 < qc_size.height; r0 += window) {
+      for (int c0 = s0; c0 < std::min(qc_size.width, s0 + kStripWindows * window); c0 += window) {
+        const cv::Rect cell = cv::Rect(c0, r0, window, window) & whole;
+        if (!where.empty() && cv::countNonZero(where(cell)) == 0) continue;
+        const cv::Rect outer =
+            cv::Rect(cell.x - margin, cell.y - margin, cell.width + 2 * margin, cell.height + 2 * margin) & whole;
+        // The outer window in level pixels, then resampled to blur_mpp.
+        const auto x0 = static_cast<std::int64_t>(std::floor(outer.x * qc_downsample / l.downsample));
+        const auto y0 = static_cast<std::int64_t>(std::floor(outer.y * qc_downsample / l.downsample));
+        const auto x1 = std::min<std::int64_t>(
+            l.width, static_cast<std::int64_t>(std::ceil(outer.br().x * qc_downsample / l.downsample)));
+        const auto y1 = std::min<std::int64_t>(
+            l.height, static_cast<std::int64_t>(std::ceil(outer.br().y * qc_downsample / l.downsample)));
+        const cv::Mat region = slide.read_region(
+            std::llround(static_cast<double>(x0) * l.downsample), std::llround(static_cast<double>(y0) * l.downsample),
+            level, std::max<std::int64_t>(1, x1 - x0), std::max<std::int64_t>(1, y1 - y0));
+        const cv::Size fine(std::max(1, static_cast<int>(std::lround(outer.width * fine_per_qc))),
+                            std::max(1, static_cast<int>(std::lround(outer.height * fine_per_qc))));
+        if (region.size() == fine) {
+          resized = region;
+        } else {
+          cv::resize(region, resized, fine, 0, 0, cv::INTER_AREA);
+        }
+        cv::cvtColor(resized, grey8, cv::COLOR_RGB2GRAY);
+        grey8.convertTo(grey, CV_32F);
+        cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
+        // Fine detail against the local contrast at a few pixels' scale: defocus removes the first and keeps much
+        // of the second, while dense and sparse tissue differ in both alike.
+        cv::GaussianBlur(grey, smooth, cv::Size(0, 0), kContrastSigma, kContrastSigma, cv::BORDER_REPLICATE);
+        cv::absdiff(grey, smooth, contrast);
+        cv::absdiff(laplacian, cv::Scalar::all(0.0), laplacian);
+        cv::resize(laplacian, fine_qc, outer.size(), 0, 0, cv::INTER_AREA);
+        cv::resize(contrast, contrast_qc, outer.size(), 0, 0, cv::INTER_AREA);
+        cv::add(contrast_qc, cv::Scalar::all(kMinContrast), contrast_qc);
+        cv::divide(fine_qc, contrast_qc, ratio);
+        ratio(cv::Rect(cell.tl() - outer.tl(), cell.size())).copyTo(out(cell));
+      }
     }
-    cv::Mat grey, laplacian, smooth, contrast;
-    cv::cvtColor(resized, grey, cv::COLOR_RGB2GRAY);
-    grey.convertTo(grey, CV_32F);
-    cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
-    laplacian = cv::abs(laplacian);
-    // Fine detail against the local contrast at a few pixels' scale: defocus removes the first and keeps much of
-    // the second, while dense and sparse tissue differ in both alike.
-    cv::GaussianBlur(grey, smooth, cv::Size(0, 0), kContrastSigma, kContrastSigma, cv::BORDER_REPLICATE);
-    contrast = cv::abs(grey - smooth);
-    cv::Mat fine_band, contrast_band;
-    cv::resize(laplacian, fine_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
-    cv::resize(contrast, contrast_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
-    cv::Mat1f band = fine_band / (contrast_band + kMinContrast);
-    band.copyTo(out.rowRange(r0, r1));
   }
   return out;
 }
 
-QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
-                const QcOptions& options) {
+namespace {
+
+// The tissue QC works on: pen marks kept, so that ink over tissue counts as tissue under ink.
+TissueMask qc_tissue(const cv::Mat& rgb, double downsample, double mpp) {
+  TissueOptions tissue_options;
+  tissue_options.mask_mpp = mpp;
+  tissue_options.reject_pen_marks = false;
+  return detect_tissue(rgb, downsample, mpp, tissue_options);
+}
+
+// run_qc on the QC-level image, its sharpness and its tissue (qc_tissue).
+QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMask qc_tissue_mask, double mpp,
+                        const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
   if (!sharpness.empty() && sharpness.size() != rgb.size()) {
     throw core::InternalError("run_qc: the sharpness map must have the image's size");
   }
   QcResult result;
   result.options = options;
-  TissueOptions tissue_options;
-  tissue_options.mask_mpp = mpp;
-  tissue_options.reject_pen_marks = false;
-  result.tissue = detect_tissue(rgb, downsample, mpp, tissue_options);
+  result.tissue = std::move(qc_tissue_mask);
   const cv::Mat1b& tissue = result.tissue.mask;
   const cv::Size size = rgb.size();
   for (auto& m : result.masks) m = cv::Mat1b::zeros(size);
@@ -761,7 +790,15 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   return result;
 }
 
-QcResult run_qc(const io::Slide& slide, const QcOptions& options) {
+}  // namespace
+
+QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
+                const QcOptions& options) {
+  if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
+  return find_artefacts(rgb, sharpness, qc_tissue(rgb, downsample, mpp), mpp, options);
+}
+
+QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_out) {
   if (!(options.mask_mpp > 0.0)) throw core::ConfigError("mask_mpp must be positive", "", 0, "qc.mask_mpp");
   double downsample = 1.0;
   const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
@@ -775,9 +812,14 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options) {
                            slide.path());
   }
   const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample, SourceLevel::nearest);
+  const double mpp = slide.mpp() * downsample;
+  TissueMask tissue = qc_tissue(rgb, downsample, mpp);
+  // Sharpness is used over tissue only (run_qc): the rest of the slide is not read at blur_mpp.
   const bool blur = options.enabled[static_cast<std::size_t>(index(Artefact::blur))];
-  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
-  return run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);
+  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options, tissue.mask) : cv::Mat1f();
+  QcResult result = find_artefacts(rgb, sharpness, std::move(tissue), mpp, options);
+  if (rgb_out != nullptr) *rgb_out = rgb;
+  return result;
 }
 
 void add_cohort_flags(std::vector<QcResult*>& results, double z) {
