@@ -272,6 +272,26 @@ double median_of(std::vector<float> values) {
   return *mid;
 }
 
+// Frees QC-level planes no longer needed (memory grows with the slide's area).
+template <typename... Mats>
+void release(Mats&... mats) {
+  (mats.release(), ...);
+}
+
+// The median of `plane` over the pixels where `mask` is set (`inside`) or not; 0 when there are none.
+double median_where(const cv::Mat1f& plane, const cv::Mat1b& mask, bool inside) {
+  std::vector<float> values;
+  values.reserve(static_cast<std::size_t>(inside ? cv::countNonZero(mask) : plane.total() - cv::countNonZero(mask)));
+  for (int r = 0; r < plane.rows; ++r) {
+    const auto* v = plane.ptr<float>(r);
+    const auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < plane.cols; ++c) {
+      if ((m[c] != 0) == inside) values.push_back(v[c]);
+    }
+  }
+  return median_of(std::move(values));
+}
+
 // The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
 // kConcentrationLevels per unit; pixels off tissue count as the tissue's global median.
 cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
@@ -487,7 +507,6 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
             ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
             grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size),
             rim = cv::Mat1b::zeros(size);
-  std::vector<float> background, tissue_grey, tissue_h, tissue_e;
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
     const auto* t = tissue.ptr<std::uint8_t>(r);
@@ -518,22 +537,17 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
         if (t[c] == 0 && v.saturation < kUnderMaxSaturation) grey_glass(r, c) = 255;
       }
       if (std::max({p[0], p[1], p[2]}) >= kClippedLevel) clipped(r, c) = 255;
-      if (t[c] != 0) {
-        tissue_grey.push_back(g);
-        tissue_h.push_back(h(r, c));
-        tissue_e.push_back(e(r, c));
-      } else {
-        background.push_back(g);
-      }
     }
   }
+  // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
+  const int tissue_count = cv::countNonZero(tissue);
+  const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
   result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
-  result.background_brightness = median_of(background);
-  result.brightness = tissue_grey.empty() ? 0.0
-                                          : std::accumulate(tissue_grey.begin(), tissue_grey.end(), 0.0) /
-                                                static_cast<double>(tissue_grey.size());
-  result.stain_h = median_of(tissue_h);
-  result.stain_e = median_of(tissue_e);
+  result.background_brightness = median_where(grey, tissue, false);
+  result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
+  const double overall_brightness = cv::mean(grey)[0];
+  result.stain_h = median_where(h, tissue, true);
+  result.stain_e = median_where(e, tissue, true);
   result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
 
   // Neutral areas split by width: thin lines are bubble rims and coverslip edges, wide ones ink (black ink must be
@@ -609,10 +623,12 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
 
   // The stains' local medians over the tissue around each pixel (folds and over-exposure compare against them).
   cv::Mat1f h_smooth, e_smooth, h_local, e_local;
-  if (!tissue_h.empty()) {
+  if (has_tissue) {
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
     cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
+    h.release();
+    e.release();
     h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
     e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
   }
@@ -639,7 +655,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
-  if (on(Artefact::underexposed) && !background.empty()) {
+  if (on(Artefact::underexposed) && has_background) {
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
     // black ink); each such field's convex hull takes in what lies between.
     const double limit = options.underexposure_ratio * result.background_brightness;
@@ -659,7 +675,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
 
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
   // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it).
-  if (on(Artefact::fold) && !tissue_h.empty()) {
+  if (on(Artefact::fold) && has_tissue) {
     cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
@@ -718,6 +734,10 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     remove_small_objects(mask(Artefact::fold), min_pixels);
   }
 
+  // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.
+  release(grey, h_smooth, e_smooth, h_local, e_local, neutral, clipped, grey_glass, strongly_neutral, rim, wide,
+          wide_rim, ink_fringe, section);
+
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
   if (on(Artefact::blur) && !sharpness.empty()) {
     cv::Mat1b sharp_tissue = tissue.clone();
@@ -773,11 +793,10 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   // Slide-level checks.
   // Brightfield glass is bright; a fluorescence slide's background is dark.
   constexpr double kMinBrightfieldBackground = 128.0;
-  const double overall = cv::mean(grey)[0];
-  if ((background.empty() ? overall : result.background_brightness) < kMinBrightfieldBackground) {
+  if ((has_background ? result.background_brightness : overall_brightness) < kMinBrightfieldBackground) {
     result.flags.push_back(
         fmt::format("not brightfield (background grey level {:.0f} of 255: a fluorescence or dark-field slide?)",
-                    background.empty() ? overall : result.background_brightness));
+                    has_background ? result.background_brightness : overall_brightness));
     // The artefact classes are defined on brightfield H&E: on another kind of slide their masks mean nothing.
     for (auto& m : result.masks) m.setTo(0);
     result.severe_blur.setTo(0);
