@@ -330,7 +330,7 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
   schema.boolean("qc.enabled", true, "Run slide quality control (artefact masks, slide-level checks) first")
       .number("qc.mask_mpp", 8.0, "Resolution of the QC masks in um/px", 1, 64)
       .number("qc.blur_mpp", 1.0, "Resolution at which sharpness is measured, um/px", 0.25, 16)
-      .number("qc.blur_ratio", 0.6,
+      .number("qc.blur_ratio", 0.7,
               "Tissue is out of focus where its sharpness is below this share of the slide's median", 0, 1)
       .number("qc.severe_blur_ratio", 0.3,
               "Blur below this share of the median sharpness is excluded whatever qc.blur.action says", 0, 1)

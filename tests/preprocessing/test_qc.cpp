@@ -236,6 +236,46 @@ TEST(Qc, OutOfFocusTissueIsFound) {
   }
 }
 
+// Sharpness is read window by window, each with a margin for the filters: the same values as the whole image read
+// at once (the reference below), and with a `where` mask only the windows holding some of it are read.
+TEST(Qc, SharpnessReadByWindowsMatchesTheWholeImage) {
+  testing::TempDir dir;
+  synth::SynthSlideOptions o = slide_options(2511);
+  o.blur_patches = true;
+  const std::string path = dir.file("slide.tif");
+  synth::write_synthetic_slide(path, o);
+  const io::Slide slide = io::Slide::open(path);
+  QcOptions options;
+  const cv::Size qc_size(384, 384);  // 8 µm/px
+  const cv::Mat1f windows = measure_sharpness(slide, qc_size, options);
+
+  // The reference: the slide read whole at 1 µm/px (level 0 here), the same measure, averaged into QC pixels.
+  cv::Mat grey8;
+  cv::cvtColor(slide.read_region(0, 0, 0, slide.width(), slide.height()), grey8, cv::COLOR_RGB2GRAY);
+  cv::Mat1f grey, laplacian, smooth, fine, contrast;
+  grey8.convertTo(grey, CV_32F);
+  cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
+  cv::GaussianBlur(grey, smooth, cv::Size(0, 0), 3.0, 3.0, cv::BORDER_REPLICATE);
+  cv::resize(cv::abs(laplacian), fine, qc_size, 0, 0, cv::INTER_AREA);
+  cv::resize(cv::abs(grey - smooth), contrast, qc_size, 0, 0, cv::INTER_AREA);
+  const cv::Mat1f whole = fine / (contrast + 2.0);
+  ASSERT_GT(cv::countNonZero(whole > 0.1f), qc_size.area() / 4);
+  double largest = 0.0;
+  cv::minMaxLoc(cv::abs(windows - whole), nullptr, &largest);
+  EXPECT_LT(largest, 1e-3);
+
+  // Only the top-left QC pixel asked for: its window (512 px at 1 µm/px = 64 QC pixels) is read, nothing else.
+  cv::Mat1b where = cv::Mat1b::zeros(qc_size);
+  where(0, 0) = 255;
+  const cv::Mat1f some = measure_sharpness(slide, qc_size, options, where);
+  const cv::Rect first(0, 0, 64, 64);
+  cv::minMaxLoc(cv::abs(some(first) - windows(first)), nullptr, &largest);
+  EXPECT_LT(largest, 1e-6);
+  cv::Mat1f rest = some.clone();
+  rest(first).setTo(0.0f);
+  EXPECT_EQ(cv::countNonZero(rest), 0);
+}
+
 TEST(Qc, ExposureFieldsAreFound) {
   for (const std::uint64_t seed : {2601, 2602}) {
     synth::SynthSlideOptions o = slide_options(seed);
