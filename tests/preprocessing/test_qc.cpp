@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -234,6 +235,45 @@ TEST(Qc, OutOfFocusTissueIsFound) {
     const Checked c = run_on_synthetic(o);
     EXPECT_GT(iou_of(c, Artefact::blur), 0.5) << "seed " << seed;
   }
+}
+
+// qc.blur_ratio's default marks tissue at least about half defocused, where tessera synth's truth puts a blur patch's
+// edge: a square blended 60 % with its defocused self (σ 1.5 µm, as synth draws blur) is found, one blended 40 % is
+// not (with the earlier default, 0.6, the 60 % square was not found either).
+TEST(Qc, HalfDefocusedTissueIsOutOfFocus) {
+  synth::SynthSlideOptions o = slide_options(2521);
+  o.width = 2048;
+  o.height = 2048;
+  cv::Mat rgb(static_cast<int>(o.height), static_cast<int>(o.width), CV_8UC3);
+  synth::render_synthetic_slide(o, [&](std::int64_t y0, const cv::Mat& strip) {
+    strip.copyTo(rgb.rowRange(static_cast<int>(y0), static_cast<int>(y0) + strip.rows));
+  });
+  cv::Mat defocused;
+  cv::GaussianBlur(rgb, defocused, cv::Size(0, 0), 1.5);
+  const cv::Rect square(640, 640, 768, 768);  // level 0 (1 µm/px); 96² QC pixels at 8 µm/px
+  const cv::Rect inner(80 + 4, 80 + 4, 96 - 8, 96 - 8);
+  std::vector<double> found;
+  for (const double weight : {0.4, 0.6}) {
+    cv::Mat image = rgb.clone();
+    cv::Mat blended = image(square);
+    cv::addWeighted(rgb(square), 1.0 - weight, defocused(square), weight, 0.0, blended);
+    testing::TempDir dir;
+    io::TiffWriterOptions options;
+    options.mpp = 1.0;
+    io::TiffWriter writer(dir.file("slide.tif"), image.cols, image.rows, options);
+    for (int y0 = 0; y0 < image.rows; y0 += options.tile_size) {
+      writer.write_strip(image.rowRange(y0, std::min(image.rows, y0 + options.tile_size)).clone());
+    }
+    writer.finish();
+    const QcResult qc = run_qc(io::Slide::open(dir.file("slide.tif")), QcOptions{});
+    ASSERT_EQ(qc.tissue.mask.cols, 256);
+    const cv::Mat1b tissue = qc.tissue.mask(inner);
+    ASSERT_GT(cv::countNonZero(tissue), inner.area() / 2) << "the square should lie on tissue";
+    const cv::Mat1b blur = qc.masks[static_cast<std::size_t>(index(Artefact::blur))](inner) & tissue;
+    found.push_back(static_cast<double>(cv::countNonZero(blur)) / cv::countNonZero(tissue));
+  }
+  EXPECT_LT(found[0], 0.2) << "40 % defocused";
+  EXPECT_GT(found[1], 0.5) << "60 % defocused";
 }
 
 // Sharpness is read window by window, each with a margin for the filters: the same values as the whole image read
