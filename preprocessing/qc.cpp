@@ -822,6 +822,8 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_o
   double downsample = 1.0;
   const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
   const double scale = slide.mpp() / mask_mpp;
+  // Read first: a slide that cannot be read says so, whatever its size.
+  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample, SourceLevel::nearest);
   const auto cols = static_cast<std::int64_t>(std::ceil(static_cast<double>(slide.width()) * scale - 1e-9));
   const auto rows = static_cast<std::int64_t>(std::ceil(static_cast<double>(slide.height()) * scale - 1e-9));
   if (cols < kMinQcSide || rows < kMinQcSide) {
@@ -830,7 +832,6 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_o
                                        slide.width(), slide.height(), slide.mpp(), kMinQcSide, kMinQcSide, mask_mpp),
                            slide.path());
   }
-  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample, SourceLevel::nearest);
   const double mpp = slide.mpp() * downsample;
   TissueMask tissue = qc_tissue(rgb, downsample, mpp);
   // Sharpness is used over tissue only (run_qc): the rest of the slide is not read at blur_mpp.
