@@ -281,12 +281,14 @@ TEST(Qc, HalfDefocusedTissueIsOutOfFocus) {
 TEST(Qc, SharpnessReadByWindowsMatchesTheWholeImage) {
   testing::TempDir dir;
   synth::SynthSlideOptions o = slide_options(2511);
+  o.width = 2048;
+  o.height = 2048;
   o.blur_patches = true;
   const std::string path = dir.file("slide.tif");
   synth::write_synthetic_slide(path, o);
   const io::Slide slide = io::Slide::open(path);
   QcOptions options;
-  const cv::Size qc_size(384, 384);  // 8 µm/px
+  const cv::Size qc_size(256, 256);  // 8 µm/px: 4 × 4 windows
   const cv::Mat1f windows = measure_sharpness(slide, qc_size, options);
 
   // The reference: the slide read whole at 1 µm/px (level 0 here), the same measure, averaged into QC pixels.
