@@ -64,17 +64,9 @@ json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::
   open_options.assume_mpp = input.mpp > 0.0 ? input.mpp : assume_mpp;
   const auto start = std::chrono::steady_clock::now();
   const io::Slide slide = io::Slide::open(input.path, open_options);
-  double downsample = 1.0;
-  const cv::Mat rgb = prep::read_slide_image(slide, std::max(options.mask_mpp, slide.mpp()), &downsample,
-                                             prep::SourceLevel::nearest);
-  const bool blur = options.enabled[static_cast<std::size_t>(prep::index(prep::Artefact::blur))];
-  prep::QcResult result;
-  if (std::min(rgb.cols, rgb.rows) < 8) {
-    result = prep::run_qc(slide, options);  // throws the "too small" error naming the slide
-  } else {
-    const cv::Mat1f sharpness = blur ? prep::measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
-    result = prep::run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);
-  }
+  cv::Mat rgb;  // the QC-level image, for the preview
+  const prep::QcResult result = prep::run_qc(slide, options, &rgb);
+  const double downsample = result.tissue.downsample;
   io::write_qc_masks_png((out / (input.id + ".qc.png")).string(), prep::encode_qc_masks(result));
   io::write_png((out / (input.id + ".qc-preview.png")).string(), prep::render_qc_preview(rgb, result));
   json record = prep::qc_summary_json(input.id, input.path, result);

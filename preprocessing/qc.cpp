@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -271,6 +271,26 @@ double median_of(std::vector<float> values) {
   return *mid;
 }
 
+// Frees QC-level planes no longer needed (memory grows with the slide's area).
+template <typename... Mats>
+void release(Mats&... mats) {
+  (mats.release(), ...);
+}
+
+// The median of `plane` over the pixels where `mask` is set (`inside`) or not; 0 when there are none.
+double median_where(const cv::Mat1f& plane, const cv::Mat1b& mask, bool inside) {
+  std::vector<float> values;
+  values.reserve(static_cast<std::size_t>(inside ? cv::countNonZero(mask) : plane.total() - cv::countNonZero(mask)));
+  for (int r = 0; r < plane.rows; ++r) {
+    const auto* v = plane.ptr<float>(r);
+    const auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < plane.cols; ++c) {
+      if ((m[c] != 0) == inside) values.push_back(v[c]);
+    }
+  }
+  return median_of(std::move(values));
+}
+
 // The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
 // kConcentrationLevels per unit; pixels off tissue count as the tissue's global median.
 cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
@@ -309,7 +329,7 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
   schema.boolean("qc.enabled", true, "Run slide quality control (artefact masks, slide-level checks) first")
       .number("qc.mask_mpp", 8.0, "Resolution of the QC masks in um/px", 1, 64)
       .number("qc.blur_mpp", 1.0, "Resolution at which sharpness is measured, um/px", 0.25, 16)
-      .number("qc.blur_ratio", 0.6,
+      .number("qc.blur_ratio", 0.7,
               "Tissue is out of focus where its sharpness is below this share of the slide's median", 0, 1)
       .number("qc.severe_blur_ratio", 0.3,
               "Blur below this share of the median sharpness is excluded whatever qc.blur.action says", 0, 1)
@@ -383,64 +403,92 @@ cv::Mat1b QcResult::flagged() const {
   return out;
 }
 
-cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options) {
-  // Bands of QC rows; each is read at blur_mpp, turned grey, and its |Laplacian| averaged into the QC pixels.
+cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options,
+                            const cv::Mat1b& where) {
+  if (!where.empty() && where.size() != qc_size) {
+    throw core::InternalError("measure_sharpness: `where` must have the QC level's size");
+  }
+  // Windows of QC pixels; each is read at blur_mpp with a margin (the filters' reach), turned grey, and its
+  // |Laplacian| and contrast averaged into the window's QC pixels. Windows without a pixel of `where` are not read.
   const double blur_mpp = std::max(options.blur_mpp, slide.mpp());
   const double qc_downsample = static_cast<double>(slide.width()) / qc_size.width;  // level-0 px per QC pixel
   const double fine_per_qc = qc_downsample * slide.mpp() / blur_mpp;                // blur pixels per QC pixel
-  constexpr std::int64_t kMaxBandPixels = std::int64_t{1} << 24;
-  const double fine_cols = static_cast<double>(qc_size.width) * fine_per_qc;
-  const int band_rows =
-      std::max(1, static_cast<int>(static_cast<double>(kMaxBandPixels) / std::max(1.0, fine_cols * fine_per_qc)));
-  cv::Mat1f out = cv::Mat1f::zeros(qc_size);
   const int level = slide.best_level_for_mpp(blur_mpp);
   const io::SlideLevel& l = slide.level(level);
-  for (int r0 = 0; r0 < qc_size.height; r0 += band_rows) {
-    const int r1 = std::min(qc_size.height, r0 + band_rows);
-    const auto y0 = static_cast<std::int64_t>(std::floor(r0 * qc_downsample));
-    const auto y1 = std::min<std::int64_t>(slide.height(), static_cast<std::int64_t>(std::ceil(r1 * qc_downsample)));
-    const auto ly0 = static_cast<std::int64_t>(std::floor(static_cast<double>(y0) / l.downsample));
-    const auto ly1 = std::min<std::int64_t>(l.height, static_cast<std::int64_t>(std::ceil(y1 / l.downsample)));
-    cv::Mat region = slide.read_region(0, std::llround(static_cast<double>(ly0) * l.downsample), level, l.width,
-                                       std::max<std::int64_t>(1, ly1 - ly0));
-    const cv::Size fine(std::max(1, static_cast<int>(std::lround(qc_size.width * fine_per_qc))),
-                        std::max(1, static_cast<int>(std::lround((r1 - r0) * fine_per_qc))));
-    cv::Mat resized;
-    if (region.size() == fine) {
-      resized = region;
-    } else {
-      cv::resize(region, resized, fine, 0, 0, cv::INTER_AREA);
+  // About kWindowFine blur pixels a side per window; the margin covers the contrast Gaussian's kernel (OpenCV's
+  // float kernel reaches 4 sigma) and the Laplacian's pixel. Windows go down strips kStripWindows wide, so that the
+  // tiles a window's margin shares with the window above are still in the slide's tile cache.
+  constexpr double kWindowFine = 512.0;
+  constexpr int kStripWindows = 4;
+  const int window = std::max(4, static_cast<int>(std::lround(kWindowFine / std::max(1e-9, fine_per_qc))));
+  const int margin = std::max(1, static_cast<int>(std::ceil((4.0 * kContrastSigma + 2.0) / fine_per_qc)));
+  const cv::Rect whole(0, 0, qc_size.width, qc_size.height);
+  cv::Mat1f out = cv::Mat1f::zeros(qc_size);
+  cv::Mat resized, grey8;
+  cv::Mat1f grey, laplacian, smooth, contrast, fine_qc, contrast_qc, ratio;
+  for (int s0 = 0; s0 < qc_size.width; s0 += kStripWindows * window) {
+    for (int r0 = 0; r0 < qc_size.height; r0 += window) {
+      for (int c0 = s0; c0 < std::min(qc_size.width, s0 + kStripWindows * window); c0 += window) {
+        const cv::Rect cell = cv::Rect(c0, r0, window, window) & whole;
+        if (!where.empty() && cv::countNonZero(where(cell)) == 0) continue;
+        const cv::Rect outer =
+            cv::Rect(cell.x - margin, cell.y - margin, cell.width + 2 * margin, cell.height + 2 * margin) & whole;
+        // The outer window in level pixels, then resampled to blur_mpp.
+        const auto x0 = static_cast<std::int64_t>(std::floor(outer.x * qc_downsample / l.downsample));
+        const auto y0 = static_cast<std::int64_t>(std::floor(outer.y * qc_downsample / l.downsample));
+        const auto x1 = std::min<std::int64_t>(
+            l.width, static_cast<std::int64_t>(std::ceil(outer.br().x * qc_downsample / l.downsample)));
+        const auto y1 = std::min<std::int64_t>(
+            l.height, static_cast<std::int64_t>(std::ceil(outer.br().y * qc_downsample / l.downsample)));
+        const cv::Mat region = slide.read_region(
+            std::llround(static_cast<double>(x0) * l.downsample), std::llround(static_cast<double>(y0) * l.downsample),
+            level, std::max<std::int64_t>(1, x1 - x0), std::max<std::int64_t>(1, y1 - y0));
+        const cv::Size fine(std::max(1, static_cast<int>(std::lround(outer.width * fine_per_qc))),
+                            std::max(1, static_cast<int>(std::lround(outer.height * fine_per_qc))));
+        if (region.size() == fine) {
+          resized = region;
+        } else {
+          cv::resize(region, resized, fine, 0, 0, cv::INTER_AREA);
+        }
+        cv::cvtColor(resized, grey8, cv::COLOR_RGB2GRAY);
+        grey8.convertTo(grey, CV_32F);
+        cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
+        // Fine detail against the local contrast at a few pixels' scale: defocus removes the first and keeps much
+        // of the second, while dense and sparse tissue differ in both alike.
+        cv::GaussianBlur(grey, smooth, cv::Size(0, 0), kContrastSigma, kContrastSigma, cv::BORDER_REPLICATE);
+        cv::absdiff(grey, smooth, contrast);
+        cv::absdiff(laplacian, cv::Scalar::all(0.0), laplacian);
+        cv::resize(laplacian, fine_qc, outer.size(), 0, 0, cv::INTER_AREA);
+        cv::resize(contrast, contrast_qc, outer.size(), 0, 0, cv::INTER_AREA);
+        cv::add(contrast_qc, cv::Scalar::all(kMinContrast), contrast_qc);
+        cv::divide(fine_qc, contrast_qc, ratio);
+        ratio(cv::Rect(cell.tl() - outer.tl(), cell.size())).copyTo(out(cell));
+      }
     }
-    cv::Mat grey, laplacian, smooth, contrast;
-    cv::cvtColor(resized, grey, cv::COLOR_RGB2GRAY);
-    grey.convertTo(grey, CV_32F);
-    cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
-    cv::absdiff(laplacian, cv::Scalar::all(0), laplacian);  // |Laplacian| in place
-    // Fine detail against the local contrast at a few pixels' scale: defocus removes the first and keeps much of
-    // the second, while dense and sparse tissue differ in both alike.
-    cv::GaussianBlur(grey, smooth, cv::Size(0, 0), kContrastSigma, kContrastSigma, cv::BORDER_REPLICATE);
-    cv::absdiff(grey, smooth, contrast);  // |grey − smooth| in one pass
-    cv::Mat fine_band, contrast_band;
-    cv::resize(laplacian, fine_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
-    cv::resize(contrast, contrast_band, cv::Size(qc_size.width, r1 - r0), 0, 0, cv::INTER_AREA);
-    cv::Mat1f band = fine_band / (contrast_band + kMinContrast);
-    band.copyTo(out.rowRange(r0, r1));
   }
   return out;
 }
 
-QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
-                const QcOptions& options) {
+namespace {
+
+// The tissue QC works on: pen marks kept, so that ink over tissue counts as tissue under ink.
+TissueMask qc_tissue(const cv::Mat& rgb, double downsample, double mpp) {
+  TissueOptions tissue_options;
+  tissue_options.mask_mpp = mpp;
+  tissue_options.reject_pen_marks = false;
+  return detect_tissue(rgb, downsample, mpp, tissue_options);
+}
+
+// run_qc on the QC-level image, its sharpness and its tissue (qc_tissue).
+QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMask qc_tissue_mask, double mpp,
+                        const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
   if (!sharpness.empty() && sharpness.size() != rgb.size()) {
     throw core::InternalError("run_qc: the sharpness map must have the image's size");
   }
   QcResult result;
   result.options = options;
-  TissueOptions tissue_options;
-  tissue_options.mask_mpp = mpp;
-  tissue_options.reject_pen_marks = false;
-  result.tissue = detect_tissue(rgb, downsample, mpp, tissue_options);
+  result.tissue = std::move(qc_tissue_mask);
   const cv::Mat1b& tissue = result.tissue.mask;
   const cv::Size size = rgb.size();
   for (auto& m : result.masks) m = cv::Mat1b::zeros(size);
@@ -458,7 +506,6 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
             ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
             grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size),
             rim = cv::Mat1b::zeros(size);
-  std::vector<float> background, tissue_grey, tissue_h, tissue_e;
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
     const auto* t = tissue.ptr<std::uint8_t>(r);
@@ -489,22 +536,17 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
         if (t[c] == 0 && v.saturation < kUnderMaxSaturation) grey_glass(r, c) = 255;
       }
       if (std::max({p[0], p[1], p[2]}) >= kClippedLevel) clipped(r, c) = 255;
-      if (t[c] != 0) {
-        tissue_grey.push_back(g);
-        tissue_h.push_back(h(r, c));
-        tissue_e.push_back(e(r, c));
-      } else {
-        background.push_back(g);
-      }
     }
   }
+  // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
+  const int tissue_count = cv::countNonZero(tissue);
+  const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
   result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
-  result.background_brightness = median_of(background);
-  result.brightness = tissue_grey.empty() ? 0.0
-                                          : std::accumulate(tissue_grey.begin(), tissue_grey.end(), 0.0) /
-                                                static_cast<double>(tissue_grey.size());
-  result.stain_h = median_of(tissue_h);
-  result.stain_e = median_of(tissue_e);
+  result.background_brightness = median_where(grey, tissue, false);
+  result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
+  const double overall_brightness = cv::mean(grey)[0];
+  result.stain_h = median_where(h, tissue, true);
+  result.stain_e = median_where(e, tissue, true);
   result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
 
   // Neutral areas split by width: thin lines are bubble rims and coverslip edges, wide ones ink (black ink must be
@@ -580,10 +622,12 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
 
   // The stains' local medians over the tissue around each pixel (folds and over-exposure compare against them).
   cv::Mat1f h_smooth, e_smooth, h_local, e_local;
-  if (!tissue_h.empty()) {
+  if (has_tissue) {
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
     cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
+    h.release();
+    e.release();
     h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
     e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
   }
@@ -610,7 +654,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
-  if (on(Artefact::underexposed) && !background.empty()) {
+  if (on(Artefact::underexposed) && has_background) {
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
     // black ink); each such field's convex hull takes in what lies between.
     const double limit = options.underexposure_ratio * result.background_brightness;
@@ -630,7 +674,7 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
 
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
   // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it).
-  if (on(Artefact::fold) && !tissue_h.empty()) {
+  if (on(Artefact::fold) && has_tissue) {
     cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
@@ -689,6 +733,10 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
     remove_small_objects(mask(Artefact::fold), min_pixels);
   }
 
+  // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.
+  release(grey, h_smooth, e_smooth, h_local, e_local, neutral, clipped, grey_glass, strongly_neutral, rim, wide,
+          wide_rim, ink_fringe, section);
+
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
   if (on(Artefact::blur) && !sharpness.empty()) {
     cv::Mat1b sharp_tissue = tissue.clone();
@@ -744,11 +792,10 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   // Slide-level checks.
   // Brightfield glass is bright; a fluorescence slide's background is dark.
   constexpr double kMinBrightfieldBackground = 128.0;
-  const double overall = cv::mean(grey)[0];
-  if ((background.empty() ? overall : result.background_brightness) < kMinBrightfieldBackground) {
+  if ((has_background ? result.background_brightness : overall_brightness) < kMinBrightfieldBackground) {
     result.flags.push_back(
         fmt::format("not brightfield (background grey level {:.0f} of 255: a fluorescence or dark-field slide?)",
-                    background.empty() ? overall : result.background_brightness));
+                    has_background ? result.background_brightness : overall_brightness));
     // The artefact classes are defined on brightfield H&E: on another kind of slide their masks mean nothing.
     for (auto& m : result.masks) m.setTo(0);
     result.severe_blur.setTo(0);
@@ -761,11 +808,21 @@ QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsampl
   return result;
 }
 
-QcResult run_qc(const io::Slide& slide, const QcOptions& options) {
+}  // namespace
+
+QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
+                const QcOptions& options) {
+  if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
+  return find_artefacts(rgb, sharpness, qc_tissue(rgb, downsample, mpp), mpp, options);
+}
+
+QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_out) {
   if (!(options.mask_mpp > 0.0)) throw core::ConfigError("mask_mpp must be positive", "", 0, "qc.mask_mpp");
   double downsample = 1.0;
   const double mask_mpp = std::max(options.mask_mpp, slide.mpp());
   const double scale = slide.mpp() / mask_mpp;
+  // Read first: a slide that cannot be read says so, whatever its size.
+  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample, SourceLevel::nearest);
   const auto cols = static_cast<std::int64_t>(std::ceil(static_cast<double>(slide.width()) * scale - 1e-9));
   const auto rows = static_cast<std::int64_t>(std::ceil(static_cast<double>(slide.height()) * scale - 1e-9));
   if (cols < kMinQcSide || rows < kMinQcSide) {
@@ -774,10 +831,14 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options) {
                                        slide.width(), slide.height(), slide.mpp(), kMinQcSide, kMinQcSide, mask_mpp),
                            slide.path());
   }
-  const cv::Mat rgb = read_slide_image(slide, mask_mpp, &downsample, SourceLevel::nearest);
+  const double mpp = slide.mpp() * downsample;
+  TissueMask tissue = qc_tissue(rgb, downsample, mpp);
+  // Sharpness is used over tissue only (run_qc): the rest of the slide is not read at blur_mpp.
   const bool blur = options.enabled[static_cast<std::size_t>(index(Artefact::blur))];
-  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options) : cv::Mat1f();
-  return run_qc(rgb, sharpness, downsample, slide.mpp() * downsample, options);
+  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options, tissue.mask) : cv::Mat1f();
+  QcResult result = find_artefacts(rgb, sharpness, std::move(tissue), mpp, options);
+  if (rgb_out != nullptr) *rgb_out = rgb;
+  return result;
 }
 
 void add_cohort_flags(std::vector<QcResult*>& results, double z) {

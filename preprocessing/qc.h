@@ -62,9 +62,11 @@ QcAction parse_qc_action(const std::string& name, const std::string& key);  // C
 const char* to_string(QcAction action);
 
 struct QcOptions {
-  double mask_mpp = 8.0;    // the QC level, µm/px
-  double blur_mpp = 1.0;    // where sharpness is measured, µm/px
-  double blur_ratio = 0.6;  // out of focus below this share of the slide's median tissue sharpness
+  double mask_mpp = 8.0;  // the QC level, µm/px
+  double blur_mpp = 1.0;  // where sharpness is measured, µm/px
+  // Out of focus below this share of the slide's median tissue sharpness. Tissue half blended with its defocused self
+  // (σ 1.5 µm, where tessera synth's truth puts a blur patch's edge) keeps 0.70–0.73 of its sharpness (README).
+  double blur_ratio = 0.7;
   double fold_ratio = 1.3;
   double underexposure_ratio = 0.8;
   double min_tissue_mm2 = 1.0;        // less tissue: the slide-level flag "too little tissue"
@@ -95,7 +97,7 @@ struct QcResult {
   std::array<double, kArtefactCount> fraction{};  // of the tissue area
   std::array<double, kArtefactCount> area_mm2{};  // of the whole mask (ink and exposure may lie on glass)
   double tissue_area_mm2 = 0.0;
-  double sharpness = 0.0;               // median over tissue (mean |Laplacian| per QC pixel, grey levels)
+  double sharpness = 0.0;               // median over tissue of measure_sharpness's values
   double brightness = 0.0;              // mean grey level of the tissue, 0..255
   double background_brightness = 0.0;   // median grey level of the slide outside tissue, 0..255
   double stain_h = 0.0, stain_e = 0.0;  // median H and E concentrations of the tissue (Ruifrok vectors, OD units)
@@ -108,16 +110,21 @@ struct QcResult {
   QcOptions options;
 };
 
-// Reads the slide at the QC level and at blur_mpp (in bands: memory stays bounded) and finds artefacts. InputError
-// naming the slide when it is too small for QC (fewer than 8 QC pixels a side).
-QcResult run_qc(const io::Slide& slide, const QcOptions& options);
+// Reads the slide at the QC level, finds its tissue, reads the windows of it that hold tissue at blur_mpp
+// (measure_sharpness: memory stays bounded) and finds artefacts; `rgb_out`, when given, gets the QC-level image.
+// InputError naming the slide when it is too small for QC (fewer than 8 QC pixels a side).
+QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_out = nullptr);
 // The same on images already read: `rgb` at the QC level (`downsample` level-0 px per pixel, `mpp` µm/px) and the
 // per-QC-pixel sharpness (CV_32F, same size; empty = blur not measured).
 QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
                 const QcOptions& options);
 
-// Per QC pixel, the mean |Laplacian| of the grey image read at options.blur_mpp (the sharpness run_qc uses).
-cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options);
+// Per QC pixel, the sharpness run_qc uses: the mean |Laplacian| over the mean local contrast (|grey − its Gaussian
+// blur|, plus 2 grey levels) of the grey image read at options.blur_mpp. Read window by window (about 512 px a side
+// at blur_mpp, with a margin for the filters): memory does not grow with the slide. With `where` (a QC-level mask),
+// only windows holding some of it are read, and the QC pixels of the others stay 0.
+cv::Mat1f measure_sharpness(const io::Slide& slide, cv::Size qc_size, const QcOptions& options,
+                            const cv::Mat1b& where = cv::Mat1b());
 
 // Cohort check: for each slide, "stain far from cohort" when its stain (H, E, angle) lies more than `z` robust
 // standard deviations (1.4826 · median absolute deviation) from the cohort's median; needs at least 3 slides.

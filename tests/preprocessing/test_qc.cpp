@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -234,6 +235,87 @@ TEST(Qc, OutOfFocusTissueIsFound) {
     const Checked c = run_on_synthetic(o);
     EXPECT_GT(iou_of(c, Artefact::blur), 0.5) << "seed " << seed;
   }
+}
+
+// qc.blur_ratio's default marks tissue at least about half defocused, where tessera synth's truth puts a blur patch's
+// edge: a square blended 60 % with its defocused self (σ 1.5 µm, as synth draws blur) is found, one blended 40 % is
+// not (with the earlier default, 0.6, the 60 % square was not found either).
+TEST(Qc, HalfDefocusedTissueIsOutOfFocus) {
+  synth::SynthSlideOptions o = slide_options(2521);
+  o.width = 2048;
+  o.height = 2048;
+  cv::Mat rgb(static_cast<int>(o.height), static_cast<int>(o.width), CV_8UC3);
+  synth::render_synthetic_slide(o, [&](std::int64_t y0, const cv::Mat& strip) {
+    strip.copyTo(rgb.rowRange(static_cast<int>(y0), static_cast<int>(y0) + strip.rows));
+  });
+  cv::Mat defocused;
+  cv::GaussianBlur(rgb, defocused, cv::Size(0, 0), 1.5);
+  const cv::Rect square(640, 640, 768, 768);  // level 0 (1 µm/px); 96² QC pixels at 8 µm/px
+  const cv::Rect inner(80 + 4, 80 + 4, 96 - 8, 96 - 8);
+  std::vector<double> found;
+  for (const double weight : {0.4, 0.6}) {
+    cv::Mat image = rgb.clone();
+    cv::Mat blended = image(square);
+    cv::addWeighted(rgb(square), 1.0 - weight, defocused(square), weight, 0.0, blended);
+    testing::TempDir dir;
+    io::TiffWriterOptions options;
+    options.mpp = 1.0;
+    io::TiffWriter writer(dir.file("slide.tif"), image.cols, image.rows, options);
+    for (int y0 = 0; y0 < image.rows; y0 += options.tile_size) {
+      writer.write_strip(image.rowRange(y0, std::min(image.rows, y0 + options.tile_size)).clone());
+    }
+    writer.finish();
+    const QcResult qc = run_qc(io::Slide::open(dir.file("slide.tif")), QcOptions{});
+    ASSERT_EQ(qc.tissue.mask.cols, 256);
+    const cv::Mat1b tissue = qc.tissue.mask(inner);
+    ASSERT_GT(cv::countNonZero(tissue), inner.area() / 2) << "the square should lie on tissue";
+    const cv::Mat1b blur = qc.masks[static_cast<std::size_t>(index(Artefact::blur))](inner) & tissue;
+    found.push_back(static_cast<double>(cv::countNonZero(blur)) / cv::countNonZero(tissue));
+  }
+  EXPECT_LT(found[0], 0.2) << "40 % defocused";
+  EXPECT_GT(found[1], 0.5) << "60 % defocused";
+}
+
+// Sharpness is read window by window, each with a margin for the filters: the same values as the whole image read
+// at once (the reference below), and with a `where` mask only the windows holding some of it are read.
+TEST(Qc, SharpnessReadByWindowsMatchesTheWholeImage) {
+  testing::TempDir dir;
+  synth::SynthSlideOptions o = slide_options(2511);
+  o.width = 2048;
+  o.height = 2048;
+  o.blur_patches = true;
+  const std::string path = dir.file("slide.tif");
+  synth::write_synthetic_slide(path, o);
+  const io::Slide slide = io::Slide::open(path);
+  QcOptions options;
+  const cv::Size qc_size(256, 256);  // 8 µm/px: 4 × 4 windows
+  const cv::Mat1f windows = measure_sharpness(slide, qc_size, options);
+
+  // The reference: the slide read whole at 1 µm/px (level 0 here), the same measure, averaged into QC pixels.
+  cv::Mat grey8;
+  cv::cvtColor(slide.read_region(0, 0, 0, slide.width(), slide.height()), grey8, cv::COLOR_RGB2GRAY);
+  cv::Mat1f grey, laplacian, smooth, fine, contrast;
+  grey8.convertTo(grey, CV_32F);
+  cv::Laplacian(grey, laplacian, CV_32F, 1, 1.0, 0.0, cv::BORDER_REPLICATE);
+  cv::GaussianBlur(grey, smooth, cv::Size(0, 0), 3.0, 3.0, cv::BORDER_REPLICATE);
+  cv::resize(cv::abs(laplacian), fine, qc_size, 0, 0, cv::INTER_AREA);
+  cv::resize(cv::abs(grey - smooth), contrast, qc_size, 0, 0, cv::INTER_AREA);
+  const cv::Mat1f whole = fine / (contrast + 2.0);
+  ASSERT_GT(cv::countNonZero(whole > 0.1f), qc_size.area() / 4);
+  double largest = 0.0;
+  cv::minMaxLoc(cv::abs(windows - whole), nullptr, &largest);
+  EXPECT_LT(largest, 1e-3);
+
+  // Only the top-left QC pixel asked for: its window (512 px at 1 µm/px = 64 QC pixels) is read, nothing else.
+  cv::Mat1b where = cv::Mat1b::zeros(qc_size);
+  where(0, 0) = 255;
+  const cv::Mat1f some = measure_sharpness(slide, qc_size, options, where);
+  const cv::Rect first(0, 0, 64, 64);
+  cv::minMaxLoc(cv::abs(some(first) - windows(first)), nullptr, &largest);
+  EXPECT_LT(largest, 1e-6);
+  cv::Mat1f rest = some.clone();
+  rest(first).setTo(0.0f);
+  EXPECT_EQ(cv::countNonZero(rest), 0);
 }
 
 TEST(Qc, ExposureFieldsAreFound) {
