@@ -20,11 +20,21 @@ epochs=$(sed -n 's/^ *epochs: *\([0-9]*\).*/\1/p' configs/train-idc.yaml | head 
 
 [ -f data/idc/shards/manifest.json ] || "$tessera" import configs/import-idc.yaml
 mkdir -p data/idc/results
+recipe() { grep -v -E '^output:|^  resume:' "$@"; }  # a run's recipe: its effective config but where it went
 for seed in $seeds; do
   run=data/idc/train-seed$seed
+  set_seed=(--set train.seed="$seed" --set output="$run" --set train.resume=auto)
+  # A run left by another recipe (an earlier configs/train-idc.yaml) would be resumed into this one's schedule.
+  if [ -f "$run/train.config.yaml" ] && ! cmp -s <(recipe "$run/train.config.yaml") \
+      <("$tessera" train configs/train-idc.yaml "${set_seed[@]}" --print-config | recipe); then
+    echo "scripts/idc.sh: $run/train.config.yaml is not the recipe of configs/train-idc.yaml; move $run and" \
+      "data/idc/results aside" >&2
+    exit 3
+  fi
   if [ ! -f "$run/checkpoint-epoch-$(printf %03d "$epochs").h5" ]; then
+    rm -f "data/idc/results/torch-seed$seed.json"  # the peer of an earlier run of this seed
     start=$(date +%s)
-    "$tessera" train configs/train-idc.yaml --set train.seed="$seed" --set output="$run" --set train.resume=auto
+    "$tessera" train configs/train-idc.yaml "${set_seed[@]}"
     echo $(($(date +%s) - start)) > "$run/wall-seconds"
   fi
   "$tessera" predict --checkpoint "$run/checkpoint.h5" --shards data/idc/shards --splits val,test \
