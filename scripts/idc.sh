@@ -6,29 +6,42 @@
 # train.config.yaml) for each seed. Prints a table of
 # the test patients' AUC, balanced accuracy and F1 per run, and their mean and range.
 #   scripts/idc.sh [path/to/tessera] [seeds]        e.g. scripts/idc.sh build/app/tessera "1 2 3"
-# Set TORCH=0 to leave out the PyTorch side, TORCH_THREADS=1 to run it on one thread (on a loaded machine two of its
-# threads wait on each other far longer than they save). Results stay in data/idc/ (a rerun reuses finished runs).
+# Both sides score each val and test patch as the mean P over its 8 symmetries (test-time augmentation, TTA=d8; set
+# TTA=none for one view). Set TORCH=0 to leave out the PyTorch side, TORCH_THREADS=1 to run it on one thread (on a
+# loaded machine two of its threads wait on each other far longer than they save). Results stay in data/idc/ (a rerun
+# reuses finished runs).
 set -euo pipefail
 tessera=$(realpath "${1:-build/app/tessera}")
 seeds=${2:-"1 2 3"}
 cd "$(dirname "$0")/.."
 [ -d ../shared/data/idc ] || { echo "scripts/idc.sh: ../shared/data/idc is not here (the real IDC patches)" >&2; exit 3; }
+tta=${TTA:-d8}
 epochs=$(sed -n 's/^ *epochs: *\([0-9]*\).*/\1/p' configs/train-idc.yaml | head -n 1)
 
 [ -f data/idc/shards/manifest.json ] || "$tessera" import configs/import-idc.yaml
 mkdir -p data/idc/results
+recipe() { grep -v -E '^output:|^  resume:' "$@"; }  # a run's recipe: its effective config but where it went
 for seed in $seeds; do
   run=data/idc/train-seed$seed
+  set_seed=(--set train.seed="$seed" --set output="$run" --set train.resume=auto)
+  # A run left by another recipe (an earlier configs/train-idc.yaml) would be resumed into this one's schedule.
+  if [ -f "$run/train.config.yaml" ] && ! cmp -s <(recipe "$run/train.config.yaml") \
+      <("$tessera" train configs/train-idc.yaml "${set_seed[@]}" --print-config | recipe); then
+    echo "scripts/idc.sh: $run/train.config.yaml is not the recipe of configs/train-idc.yaml; move $run and" \
+      "data/idc/results aside" >&2
+    exit 3
+  fi
   if [ ! -f "$run/checkpoint-epoch-$(printf %03d "$epochs").h5" ]; then
+    rm -f "data/idc/results/torch-seed$seed.json"  # the peer of an earlier run of this seed
     start=$(date +%s)
-    "$tessera" train configs/train-idc.yaml --set train.seed="$seed" --set output="$run" --set train.resume=auto
+    "$tessera" train configs/train-idc.yaml "${set_seed[@]}"
     echo $(($(date +%s) - start)) > "$run/wall-seconds"
   fi
   "$tessera" predict --checkpoint "$run/checkpoint.h5" --shards data/idc/shards --splits val,test \
-    --threshold-from val --out "data/idc/results/tessera-seed$seed.csv"
+    --threshold-from val --tta "$tta" --out "data/idc/results/tessera-seed$seed.csv"
   if [ "${TORCH:-1}" != 0 ] && [ ! -s "data/idc/results/torch-seed$seed.json" ]; then
     /usr/bin/python3 scripts/idc_torch.py --shards data/idc/shards --config "$run/train.config.yaml" --seed "$seed" \
-      --threads "${TORCH_THREADS:-2}" \
+      --threads "${TORCH_THREADS:-2}" --tta "$tta" \
       > "data/idc/results/torch-seed$seed.json.part"
     mv "data/idc/results/torch-seed$seed.json.part" "data/idc/results/torch-seed$seed.json"
   fi
@@ -49,12 +62,14 @@ for side, pattern in (("tessera", "data/idc/results/tessera-seed%s.json"), ("pyt
         if side == "tessera":
             wall = "data/idc/train-seed%s/wall-seconds" % seed
             seconds = float(open(wall).read()) if os.path.exists(wall) else None
-        rows.setdefault(side, []).append((seed, test["auc"], test["balanced_accuracy"], test["f1"], result["threshold"], seconds))
-print("side     seed  test AUC  balanced acc.  F1      threshold (val)  train s")
+        rows.setdefault(side, []).append((seed, test["auc"], test["balanced_accuracy"], test["f1"], result["threshold"],
+                                          result["per_split"]["val"]["auc"], seconds))
+print("side     seed  test AUC  balanced acc.  F1      threshold (val)  val AUC  train s")
 for side, runs in rows.items():
-    for seed, auc, ba, f1, t, s in runs:
-        print("%-8s %-5s %.4f    %.4f         %.4f  %.4f           %s" % (side, seed, auc, ba, f1, t, "%.0f" % s if s else "-"))
-    for name, k in (("AUC", 1), ("balanced accuracy", 2), ("F1", 3)):
+    for seed, auc, ba, f1, t, val_auc, s in runs:
+        print("%-8s %-5s %.4f    %.4f         %.4f  %.4f           %.4f   %s" % (
+            side, seed, auc, ba, f1, t, val_auc, "%.0f" % s if s else "-"))
+    for name, k in (("AUC", 1), ("balanced accuracy", 2), ("F1", 3), ("val AUC", 5)):
         values = [r[k] for r in runs]
         print("%-8s %s: mean %.4f, range %.4f-%.4f over %d seed(s)" % (side, name, sum(values) / len(values), min(values), max(values), len(values)))
 PY

@@ -5,7 +5,8 @@ It reads the shards `tessera import` wrote (manifest.json for each patient's spl
 patches), trains scripts/torch_models.py's definition of the architecture (CompactCNN is Tessera's compact CNN layer
 for layer) the way a PyTorch user would write it, and scores the val and test patients as `tessera predict
 --threshold-from val` does: ROC AUC, and at the threshold with the highest balanced accuracy on the val tiles,
-balanced accuracy, F1, sensitivity and specificity on each split. It prints one JSON object.
+balanced accuracy, F1, sensitivity and specificity on each split; with --tta d8 each val and test patch scores the
+mean P over its 8 symmetries, as `tessera predict --tta d8`. It prints one JSON object.
 
 Recipe, Tessera's job's knobs (with --config, read from the effective config a `tessera train` run wrote, so
 both sides train the same recipe; a knob PyTorch cannot mirror here stops the script): SGD with momentum and L2
@@ -17,7 +18,7 @@ torchvision's ColorJitter (brightness, contrast, saturation, hue).
 
 Usage (Debian's /usr/bin/python3 with python3-torch, python3-torchvision, python3-h5py and python3-yaml):
   scripts/idc_torch.py --shards data/idc/shards --config data/idc/train-seed1/train.config.yaml --seed 1
-  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --lr 0.1 --seed 1 [--model compact] [--threads 2]
+  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --lr 0.1 --seed 1 [--model compact] [--threads 2] [--tta d8]
 """
 import argparse
 import json
@@ -169,12 +170,23 @@ def operating_point(scores, labels, threshold):
             "sensitivity": sensitivity, "specificity": specificity, "tp": tp, "fp": fp, "tn": tn, "fn": fn}
 
 
-def predict(model, images, batch):
+def dihedral(x, index):
+    """The index-th (0-7) of the 8 symmetries of the square on [B, C, T, T]: index % 4 quarter turns, mirrored when
+    index >= 4."""
+    x = torch.rot90(x, index % 4, dims=(2, 3))
+    return torch.flip(x, dims=(3,)) if index >= 4 else x
+
+
+def predict(model, images, batch, tta="none"):
+    """P(tumour) per patch; with tta "d8" the mean P over the patch's 8 symmetries (as `tessera predict --tta d8`)."""
     model.eval()
+    views = 8 if tta == "d8" else 1
     out = []
     with torch.inference_mode():
         for i in range(0, len(images), batch):
-            out.append(torch.softmax(model(to_input(images[i:i + batch])), dim=1)[:, 1].numpy())
+            x = to_input(images[i:i + batch])
+            p = sum(torch.softmax(model(dihedral(x, v)), dim=1)[:, 1] for v in range(views)) / views
+            out.append(p.numpy())
     return np.concatenate(out).astype(np.float32)
 
 
@@ -220,6 +232,8 @@ def main():
     parser.add_argument("--hed-shift", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tta", choices=("none", "d8"), default="none",
+                        help="test-time augmentation of the val and test patches, as tessera predict --tta")
     first, _ = parser.parse_known_args()
     if first.config:
         parser.set_defaults(**recipe_from_config(first.config))
@@ -260,10 +274,11 @@ def main():
             scheduler.step()
     train_seconds = time.time() - start
 
-    scores = {name: predict(model, data[name][0], 256) for name in ("val", "test")}
+    scores = {name: predict(model, data[name][0], 256, args.tta) for name in ("val", "test")}
     threshold = balanced_threshold(scores["val"], data["val"][1])
     result = {"framework": "pytorch " + torch.__version__, "model": args.model, "definition": source,
               "epochs": args.epochs, "batch": args.batch, "lr": lr, "weight_decay": args.weight_decay, "seed": args.seed, "threads": args.threads,
+              "tta": args.tta,
               "train_tiles": int(len(y_train)), "seconds": time.time() - start, "train_seconds": train_seconds,
               "threshold": threshold, "threshold_from": "val", "per_split": {}}
     for name in ("val", "test"):
