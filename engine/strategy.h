@@ -145,6 +145,12 @@ class Strategy {
   // True when the ranks' replicas (and optimizer states) differ from one another and from what is evaluated, so
   // that a checkpoint must carry each rank's own to resume bit for bit (easgd-type strategies).
   virtual bool replicas_differ() const { return false; }
+  // Makes `buffers`' values the evaluated model's buffers from now on, for a strategy whose evaluated model is not
+  // the replica (replicas_differ()): the trainer calls it inside with_evaluation_model() with the centre's batch-norm
+  // statistics recomputed for the centre's own weights (engine/batchnorm_recalibration.h). The centre's parameters
+  // are untouched. Not collective: every rank gives the same values. InternalError for the other strategies (their
+  // evaluated model is the replica) and for buffers that are not the strategy's.
+  virtual void set_center_buffers(const std::vector<Buffer*>& buffers);
 
   // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center), and takes it back from
   // a checkpoint being resumed (before initialize()). A checkpoint without it leaves the strategy to start from
@@ -252,6 +258,7 @@ class EasgdStrategy final : public Strategy {
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
   bool replicas_differ() const override { return comm_.size() > 1; }
+  void set_center_buffers(const std::vector<Buffer*>& buffers) override;
   void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
   void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
 
@@ -282,6 +289,12 @@ class EasgdStrategy final : public Strategy {
 // pack_values copies the model to `out` and returns the end; unpack_values copies it back from `in`.
 float* pack_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, float* out);
 const float* unpack_values(const float* in, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
+// Copies the buffers' values over the buffer part of a flat model, its last `buffer_values` values. InternalError
+// when the buffers do not hold that many values or the model is shorter.
+void store_buffers(const std::vector<Buffer*>& buffers, std::size_t buffer_values, std::vector<float>& model);
+// The values of the last `count` tensors of `sizes` (element counts, parameters then buffers); InternalError when
+// there are fewer.
+std::size_t last_tensors_size(const std::vector<std::size_t>& sizes, std::size_t count);
 // Runs `fn` while the parameters and buffers hold `model` (flat), the replica kept in `backup` meanwhile and put
 // back afterwards, also when `fn` throws. Copies, not swaps of the vectors: layers may hold on to their storage.
 void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
@@ -305,7 +318,11 @@ std::vector<std::string> strategy_names();
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const core::Comm& comm,
                                         const StrategyOptions& options = {});
 
-// The job's distributed.* keys (strategy, tau, beta, alpha, center_sync_every); returns `schema`.
+// distributed.center_bn_tiles by default: the training tiles on which the trainer recomputes the batch-norm
+// statistics of an evaluated centre (set_center_buffers()).
+constexpr std::int64_t kCenterBnTiles = 2048;
+// The job's distributed.* keys (strategy, tau, beta, alpha, center_sync_every, center_bn_tiles, ...); returns
+// `schema`.
 core::Schema& declare_strategy_keys(core::Schema& schema);
 StrategyOptions strategy_options(const core::Config& config);
 
