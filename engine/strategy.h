@@ -33,11 +33,12 @@
 //               and the centre unstable), unless distributed.alpha > 0 gives α directly. Every
 //               center_sync_every exchanges rank 0 re-broadcasts x̃, so float differences between the ranks'
 //               reductions cannot make the copies drift apart.
-//               Batch-norm running statistics (running_mean, running_var) are averaged into the centre exactly
-//               like the parameters: the centre then carries statistics of its replicas' activations, which is
-//               what it is validated with, without a recalibration pass over the data (the centre's own
-//               activations differ a little from each replica's; with the small elastic distance EASGD keeps,
-//               the difference is far below what a recalibration would be worth at every validation).
+//               Batch-norm running statistics (running_mean, running_var) are averaged into the centre like the
+//               parameters, but that average is not the statistics of the centre's averaged weights once the
+//               replicas have moved apart (16 ranks x 256, τ 8: averaged variances 2.3-4.2x the centre's own, a
+//               centre scoring AUC 0.13 that scores 0.999 with its own). So before every validation and epoch
+//               checkpoint the trainer recomputes them for the centre's weights on training tiles and hands them to
+//               set_center_buffers() (engine/batchnorm_recalibration.h; distributed.center_bn_tiles).
 //               Evaluated and saved: the centre (parameters and running statistics). A checkpoint's /params and
 //               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
 //               centre's parameters (docs/ARCHITECTURE.md). The checkpoint also carries every rank's replica and
