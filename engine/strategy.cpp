@@ -68,6 +68,26 @@ const float* unpack_values(const float* in, const std::vector<Param*>& params, c
   return in;
 }
 
+void store_buffers(const std::vector<Buffer*>& buffers, std::size_t buffer_values, std::vector<float>& model) {
+  std::size_t values = 0;
+  for (const auto* b : buffers) values += b->value.size();
+  if (values != buffer_values || buffer_values > model.size()) {
+    throw core::InternalError(fmt::format("buffers of {} values for the last {} values of a model of {}", values,
+                                          buffer_values, model.size()));
+  }
+  auto at = model.end() - static_cast<std::ptrdiff_t>(buffer_values);
+  for (const auto* b : buffers) at = std::copy(b->value.begin(), b->value.end(), at);
+}
+
+std::size_t last_tensors_size(const std::vector<std::size_t>& sizes, std::size_t count) {
+  if (count > sizes.size()) {
+    throw core::InternalError(fmt::format("the last {} tensors of a model of {}", count, sizes.size()));
+  }
+  std::size_t n = 0;
+  for (std::size_t i = sizes.size() - count; i < sizes.size(); ++i) n += sizes[i];
+  return n;
+}
+
 void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                      const std::vector<float>& model, std::vector<float>& backup, const std::function<void()>& fn) {
   std::size_t total = 0;
@@ -127,6 +147,10 @@ void Strategy::initialize(const std::vector<Param*>& params, const std::vector<B
 void Strategy::with_evaluation_model(const std::vector<Param*>&, const std::vector<Buffer*>&,
                                      const std::function<void()>& fn) {
   fn();
+}
+
+void Strategy::set_center_buffers(const std::vector<Buffer*>&) {
+  throw core::InternalError(fmt::format("{}: the evaluated model is the replica, it has no centre to set", name()));
 }
 
 // ----------------------------------------------------------------------------------------------- allreduce
@@ -560,6 +584,10 @@ void EasgdStrategy::with_evaluation_model(const std::vector<Param*>& params, con
   run_with_values(params, buffers, center_, flat_, fn);
 }
 
+void EasgdStrategy::set_center_buffers(const std::vector<Buffer*>& buffers) {
+  store_buffers(buffers, last_tensors_size(sizes_, buffers.size()), center_);
+}
+
 void EasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw core::InternalError("easgd: save_state before initialize");
   checkpoint.easgd_center = center_to_checkpoint(center_, params);
@@ -623,6 +651,11 @@ core::Schema& declare_strategy_keys(core::Schema& schema) {
       .number("distributed.alpha", o.alpha, "easgd: the moving rate itself when > 0 (beta is then ignored)", 0, 1)
       .integer("distributed.center_sync_every", o.center_sync_every,
                "easgd: rank 0 re-broadcasts the centre every N exchanges against float drift (0 = never)", 0, 1e9)
+      .integer("distributed.center_bn_tiles", kCenterBnTiles,
+               "easgd, async-easgd, two-level with inter easgd: training tiles (over all ranks) on which the centre's "
+               "batch-norm statistics are recomputed for its own weights before every validation and epoch "
+               "checkpoint (0 = keep the elastic average of the replicas' statistics)",
+               0, 1e9)
       .number("distributed.bucket_mb", o.bucket_mb,
               "allreduce: gradient bucket size in MB, each bucket reduced during backward (0 = one allreduce after)", 0,
               1e6)

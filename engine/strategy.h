@@ -33,11 +33,12 @@
 //               and the centre unstable), unless distributed.alpha > 0 gives α directly. Every
 //               center_sync_every exchanges rank 0 re-broadcasts x̃, so float differences between the ranks'
 //               reductions cannot make the copies drift apart.
-//               Batch-norm running statistics (running_mean, running_var) are averaged into the centre exactly
-//               like the parameters: the centre then carries statistics of its replicas' activations, which is
-//               what it is validated with, without a recalibration pass over the data (the centre's own
-//               activations differ a little from each replica's; with the small elastic distance EASGD keeps,
-//               the difference is far below what a recalibration would be worth at every validation).
+//               Batch-norm running statistics (running_mean, running_var) are averaged into the centre like the
+//               parameters, but that average is not the statistics of the centre's averaged weights once the
+//               replicas have moved apart (16 ranks x 256, τ 8: averaged variances 2.3-4.2x the centre's own, a
+//               centre scoring AUC 0.13 that scores 0.999 with its own). So before every validation and epoch
+//               checkpoint the trainer recomputes them for the centre's weights on training tiles and hands them to
+//               set_center_buffers() (engine/batchnorm_recalibration.h; distributed.center_bn_tiles).
 //               Evaluated and saved: the centre (parameters and running statistics). A checkpoint's /params and
 //               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
 //               centre's parameters (docs/ARCHITECTURE.md). The checkpoint also carries every rank's replica and
@@ -145,6 +146,12 @@ class Strategy {
   // True when the ranks' replicas (and optimizer states) differ from one another and from what is evaluated, so
   // that a checkpoint must carry each rank's own to resume bit for bit (easgd-type strategies).
   virtual bool replicas_differ() const { return false; }
+  // Makes `buffers`' values the evaluated model's buffers from now on, for a strategy whose evaluated model is not
+  // the replica (replicas_differ()): the trainer calls it inside with_evaluation_model() with the centre's batch-norm
+  // statistics recomputed for the centre's own weights (engine/batchnorm_recalibration.h). The centre's parameters
+  // are untouched. Not collective: every rank gives the same values. InternalError for the other strategies (their
+  // evaluated model is the replica) and for buffers that are not the strategy's.
+  virtual void set_center_buffers(const std::vector<Buffer*>& buffers);
 
   // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center), and takes it back from
   // a checkpoint being resumed (before initialize()). A checkpoint without it leaves the strategy to start from
@@ -252,6 +259,7 @@ class EasgdStrategy final : public Strategy {
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
   bool replicas_differ() const override { return comm_.size() > 1; }
+  void set_center_buffers(const std::vector<Buffer*>& buffers) override;
   void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
   void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
 
@@ -282,6 +290,12 @@ class EasgdStrategy final : public Strategy {
 // pack_values copies the model to `out` and returns the end; unpack_values copies it back from `in`.
 float* pack_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, float* out);
 const float* unpack_values(const float* in, const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
+// Copies the buffers' values over the buffer part of a flat model, its last `buffer_values` values. InternalError
+// when the buffers do not hold that many values or the model is shorter.
+void store_buffers(const std::vector<Buffer*>& buffers, std::size_t buffer_values, std::vector<float>& model);
+// The values of the last `count` tensors of `sizes` (element counts, parameters then buffers); InternalError when
+// there are fewer.
+std::size_t last_tensors_size(const std::vector<std::size_t>& sizes, std::size_t count);
 // Runs `fn` while the parameters and buffers hold `model` (flat), the replica kept in `backup` meanwhile and put
 // back afterwards, also when `fn` throws. Copies, not swaps of the vectors: layers may hold on to their storage.
 void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
@@ -305,7 +319,11 @@ std::vector<std::string> strategy_names();
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const core::Comm& comm,
                                         const StrategyOptions& options = {});
 
-// The job's distributed.* keys (strategy, tau, beta, alpha, center_sync_every); returns `schema`.
+// distributed.center_bn_tiles by default: the training tiles on which the trainer recomputes the batch-norm
+// statistics of an evaluated centre (set_center_buffers()).
+constexpr std::int64_t kCenterBnTiles = 2048;
+// The job's distributed.* keys (strategy, tau, beta, alpha, center_sync_every, center_bn_tiles, ...); returns
+// `schema`.
 core::Schema& declare_strategy_keys(core::Schema& schema);
 StrategyOptions strategy_options(const core::Config& config);
 

@@ -193,6 +193,11 @@ void AsyncEasgdStrategy::with_evaluation_model(const std::vector<Param*>& params
   run_with_values(params, buffers, taken_ ? taken_center_ : fetch_center(), replica_, fn);
 }
 
+void AsyncEasgdStrategy::set_center_buffers(const std::vector<Buffer*>& buffers) {
+  if (!taken_) throw core::InternalError("async-easgd: set_center_buffers() without the centre settle() takes");
+  store_buffers(buffers, last_tensors_size(sizes_, buffers.size()), taken_center_);
+}
+
 void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw core::InternalError("async-easgd: save_state before initialize");
   checkpoint.easgd_center = center_to_checkpoint(taken_ ? taken_center_ : fetch_center(), params);

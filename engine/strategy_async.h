@@ -83,6 +83,8 @@ class AsyncEasgdStrategy final : public Strategy {
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
   bool replicas_differ() const override { return comm_.size() > 1; }
+  // Sets the buffers of the centre settle() took (InternalError before it or after an exchange since).
+  void set_center_buffers(const std::vector<Buffer*>& buffers) override;
   void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
   void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
 

@@ -380,6 +380,16 @@ void TwoLevelStrategy::with_evaluation_model(const std::vector<Param*>& params, 
   run_with_values(params, buffers, center_, saved_, fn);
 }
 
+void TwoLevelStrategy::set_center_buffers(const std::vector<Buffer*>& buffers) {
+  if (inter_ == Inter::allreduce) {
+    Strategy::set_center_buffers(buffers);
+  } else if (easgd_) {
+    easgd_->set_center_buffers(buffers);
+  } else {
+    store_buffers(buffers, layout_.buffers, center_);
+  }
+}
+
 void TwoLevelStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
   if (inter_ == Inter::allreduce) return;
   if (easgd_) {

@@ -77,6 +77,7 @@ class TwoLevelStrategy final : public Strategy {
                              const std::function<void()>& fn) override;
   // inter = easgd: the groups' replicas differ from one another and from the centre.
   bool replicas_differ() const override { return inter_ == Inter::easgd && comm_.size() > 1; }
+  void set_center_buffers(const std::vector<Buffer*>& buffers) override;
   void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
   void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
 

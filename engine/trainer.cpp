@@ -21,6 +21,7 @@
 #include "core/progress.h"
 #include "core/random.h"
 #include "core/signals.h"
+#include "engine/batchnorm_recalibration.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/init_from.h"
@@ -378,6 +379,49 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
             optimizer->step(params, last_lr);
           }};
 
+  // A centre evaluated apart from the replicas (easgd, async-easgd, two-level with inter easgd) gets batch-norm
+  // statistics of its own weights before every validation and epoch checkpoint: the elastic average of its
+  // replicas' statistics is not that once the replicas have moved apart (engine/batchnorm_recalibration.h). The
+  // tiles come from a reader of their own (the training data's order is the same with and without it), and are the
+  // same ones every time (its epoch 0, augmented as in training epoch 0): the statistics are a function of the
+  // centre's weights alone, so an unchanged centre validates and saves unchanged.
+  const std::int64_t center_bn_tiles = config.get_int("distributed.center_bn_tiles");
+  std::unique_ptr<io::ShardDataset> bn_data;
+  std::int64_t bn_batches = 0;
+  if (strategy->replicas_differ() && center_bn_tiles > 0 && !model->batch_norms().empty()) {
+    io::ShardDatasetOptions bn_options = train_options;
+    bn_options.seed = seed ^ 0x6A09E667F3BCC909ull;  // another order than the training data's
+    bn_options.shuffle_buffer = std::min(train_options.shuffle_buffer, batch_size);
+    bn_options.prefetch_batches = 1;
+    bn_data = std::make_unique<io::ShardDataset>(shards, bn_options);
+    const std::int64_t per_pass = static_cast<std::int64_t>(batch_size) * comm.size();
+    bn_batches = std::min((center_bn_tiles + per_pass - 1) / per_pass, bn_data->batches_per_epoch());
+    if (comm.is_root()) {
+      spdlog::info(
+          "the centre's batch-norm statistics are recomputed for its weights before every validation: {} "
+          "batch(es) of {} on each of {} rank(s), {} training tiles (distributed.center_bn_tiles {})",
+          bn_batches, batch_size, comm.size(), bn_batches * per_pass, center_bn_tiles);
+    }
+  }
+  auto recalibrate_center = [&] {
+    bn_data->start_epoch(0);
+    io::Batch bn_batch;
+    Tensor bn_input;
+    strategy->with_evaluation_model(params, buffers, [&] {
+      recalibrate_batch_norm(
+          *model, bn_batches,
+          [&](std::int64_t) -> const Tensor& {
+            if (!bn_data->next(bn_batch)) {
+              throw core::InternalError(fmt::format("the training data ended before {} batches", bn_batches));
+            }
+            train_inputs.build(bn_batch, seed, 0, bn_input);
+            return bn_input;
+          },
+          comm);
+      strategy->set_center_buffers(buffers);
+    });
+  };
+
   const auto log_every = config.get_int("train.log_every");
   const auto checkpoint_every = config.get_int("train.checkpoint_every");
   TrainResult result;
@@ -458,6 +502,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
 
     // Validation and the epoch's checkpoint, of one centre on every rank.
     strategy->settle(params, buffers);
+    if (bn_data) recalibrate_center();
     core::BinaryEvaluation val;
     if (val_data) {
       strategy->with_evaluation_model(params, buffers, [&] { val = validate(*model, *val_data, val_scorer, comm); });

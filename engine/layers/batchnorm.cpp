@@ -37,6 +37,11 @@ BatchNorm2d::BatchNorm2d(std::string name, int channels, const BatchNorm2dOption
   running_var_ = Buffer{child_name("running_var"), {channels_}, std::vector<float>(channels_, 1.0f)};
 }
 
+void BatchNorm2d::set_momentum(float momentum) {
+  if (!(momentum >= 0.0f && momentum <= 1.0f)) fail("momentum must be in [0, 1], got " + std::to_string(momentum));
+  options_.momentum = momentum;
+}
+
 void BatchNorm2d::collect(std::vector<Param*>& params, std::vector<Buffer*>& buffers) {
   params.push_back(&weight_);
   params.push_back(&bias_);

@@ -45,6 +45,9 @@ class BatchNorm2d : public Module {
 
   int channels() const { return channels_; }
   const BatchNorm2dOptions& options() const { return options_; }
+  // The weight of the next training batch's statistics in the running ones (1/k for the k-th batch gives their
+  // plain mean, as PyTorch's momentum=None; engine/batchnorm_recalibration.h). Fails outside [0, 1].
+  void set_momentum(float momentum);
   Param& weight() { return weight_; }
   Param& bias() { return bias_; }
   Buffer& running_mean() { return running_mean_; }

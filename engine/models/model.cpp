@@ -35,6 +35,11 @@ void collect_dropouts(Module& m, std::vector<Dropout*>& out) {
   for (Module* child : children_of(m)) collect_dropouts(*child, out);
 }
 
+void collect_batch_norms(Module& m, std::vector<BatchNorm2d*>& out) {
+  if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) out.push_back(bn);
+  for (Module* child : children_of(m)) collect_batch_norms(*child, out);
+}
+
 }  // namespace
 
 std::string FeatureShape::text() const { return flat() ? str(c) : str(c) + "x" + str(h) + "x" + str(w); }
@@ -256,6 +261,12 @@ void Model::fold_batchnorm() {
   fold_batchnorm_in(body_);
   folded_ = true;
   invalidate_setup();
+}
+
+std::vector<BatchNorm2d*> Model::batch_norms() {
+  std::vector<BatchNorm2d*> out;
+  collect_batch_norms(body_, out);
+  return out;
 }
 
 void Model::reseed(std::uint64_t seed) {

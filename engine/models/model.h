@@ -35,6 +35,8 @@
 
 namespace tessera::engine {
 
+class BatchNorm2d;
+
 // What a model is built from. make_model (registry.h) reports a bad value as a ConfigError on "model.<field>".
 struct ModelOptions {
   std::string architecture = "resnet18";  // a name of the registry (registry.h)
@@ -134,6 +136,9 @@ class Model : public Module {
   // Restarts the masks of every dropout layer from `seed` (each layer its own stream): the trainer reseeds per
   // step so that a resumed run draws the same masks.
   void reseed(std::uint64_t seed);
+
+  // Every batch-norm layer, in collect() order.
+  std::vector<BatchNorm2d*> batch_norms();
 
   // The chain of named top-level modules, for builders (and tests that look inside).
   Sequential& body() { return body_; }

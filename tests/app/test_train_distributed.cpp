@@ -124,6 +124,7 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   const fs::path out = dir_->file("run");
   auto r = run_mpi(2, "train " + job() + " --out " + out.string() + " --epochs 1");
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err + r.out, "the centre's batch-norm statistics are recomputed")) << r.err;
 
   // The saved model is the centre: /params repeat /easgd/center.
   const io::Checkpoint first = io::read_checkpoint((out / "checkpoint-epoch-001.h5").string());
@@ -156,7 +157,8 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   }
 
   // Resume for a second epoch with α = 0: the replicas train on, but the centre must stay exactly the one the
-  // checkpoint holds, and so must everything evaluated and saved from it.
+  // checkpoint holds, and so must everything evaluated and saved from it (its batch-norm statistics, recomputed on
+  // the same tiles for the same weights, too).
   r = run_mpi(2, "train " + job() + " --out " + out.string() + " --epochs 2 --resume auto --set distributed.beta=0");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.err + r.out, "resuming from")) << r.err;

@@ -1,6 +1,7 @@
 // The distributed strategies (engine/strategy.h) under 1, 2 and 4 ranks: an EASGD exchange against its formulas
 // worked by hand, EASGD with α = 0 against independent runs, allreduce against one process with p× the batch,
-// bit-reproducibility, and the centre as the model that is evaluated and saved. Every test is collective
+// bit-reproducibility, the centre as the model that is evaluated and saved, and the centre's batch-norm statistics
+// recomputed for its own weights. Every test is collective
 // (tests/mpi/mpi_main.cpp): checks are EXPECTs after the communication.
 #include <gtest/gtest.h>
 
@@ -14,7 +15,9 @@
 
 #include "core/comm.h"
 #include "core/error.h"
+#include "engine/batchnorm_recalibration.h"
 #include "engine/context.h"
+#include "engine/layers/batchnorm.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
@@ -390,6 +393,132 @@ TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
   resumed.initialize(run.params, run.buffers);
   const auto& restored = resumed.center();
   EXPECT_EQ(std::vector<float>(restored.begin(), restored.begin() + static_cast<std::ptrdiff_t>(saved.size())), saved);
+}
+
+// ------------------------------------------------------------------------- batch-norm statistics of the centre
+
+// The running statistics of every batch norm of `model`, flat (mean, then variance, per layer).
+std::vector<float> running_statistics(Model& model) {
+  std::vector<float> all;
+  for (auto* bn : model.batch_norms()) {
+    all.insert(all.end(), bn->running_mean().value.begin(), bn->running_mean().value.end());
+    all.insert(all.end(), bn->running_var().value.begin(), bn->running_var().value.end());
+  }
+  return all;
+}
+
+// A network input of n images of size×size drawn from `seed` (plain NCHW).
+Tensor input_tensor(int n, int size, std::uint32_t seed) {
+  return testing::make_tensor({n, 3, size, size}, Data(n, size, seed).images);
+}
+
+TEST_F(Strategies, RecalibrationAveragesEveryBatchStatisticsOverBatchesAndRanks) {
+  const auto world = core::Comm::world();
+  const int p = world.size();
+  constexpr int kSize = 12, kBatch = 5, kBatches = 3;
+  auto seed_of = [](int rank, int k) { return 7000 + static_cast<std::uint32_t>(100 * rank + k); };
+  Replica run("tiny_cnn", kSize);
+  std::vector<Tensor> inputs;
+  for (int k = 0; k < kBatches; ++k) inputs.push_back(input_tensor(kBatch, kSize, seed_of(world.rank(), k)));
+  const auto params_before = flatten(run.params, {});
+  const std::vector<float> momenta_before = {run.model->batch_norms().at(0)->options().momentum};
+  run.model->set_mode(Mode::train);
+  ASSERT_EQ(recalibrate_batch_norm(
+                *run.model, kBatches,
+                [&](std::int64_t k) -> const Tensor& { return inputs[static_cast<std::size_t>(k)]; }, world),
+            1);
+
+  // Expected: each batch's statistics alone (momentum 1 replaces the running ones), of every rank's batches.
+  Replica check("tiny_cnn", kSize);
+  auto* bn = check.model->batch_norms().at(0);
+  bn->set_momentum(1.0f);
+  check.model->set_mode(Mode::train);
+  std::vector<float> expected;
+  for (int rank = 0; rank < p; ++rank) {
+    for (int k = 0; k < kBatches; ++k) {
+      check.model->forward(input_tensor(kBatch, kSize, seed_of(rank, k)));
+      const auto stats = running_statistics(*check.model);
+      if (expected.empty()) expected.assign(stats.size(), 0.0f);
+      for (std::size_t i = 0; i < stats.size(); ++i) expected[i] += stats[i] / static_cast<float>(p * kBatches);
+    }
+  }
+  const auto got = running_statistics(*run.model);
+  EXPECT_TRUE(all_near(got, expected, 1e-5)) << "the mean of the p x batches' own statistics";
+  EXPECT_TRUE(same_on_all_ranks(world, got));
+  EXPECT_FALSE(all_near(got, running_statistics(*Replica("tiny_cnn", kSize).model), 1e-2))
+      << "the statistics moved from their start (else the comparison says nothing)";
+  EXPECT_EQ(flatten(run.params, {}), params_before) << "no parameter changes";
+  EXPECT_EQ(run.model->mode(), Mode::train) << "the model's mode comes back";
+  EXPECT_EQ(run.model->batch_norms().at(0)->options().momentum, momenta_before[0]) << "and the momentum";
+}
+
+TEST_F(Strategies, EasgdCentreGetsBatchNormStatisticsOfItsOwnWeights) {
+  // Replicas that moved apart: the elastic average of their running statistics is not the statistics of the
+  // averaged weights (the average of their activations' variances exceeds the averaged network's). What the centre
+  // was validated and saved with before its statistics were recomputed.
+  const auto world = core::Comm::world();
+  const int p = world.size();
+  constexpr int kSize = 12, kBatch = 16;
+  const Tensor data = input_tensor(kBatch, kSize, 4242);  // the same tiles on every rank
+  const auto self = world.split(world.rank(), 0);
+  auto own_statistics = [&](Replica& replica) {
+    recalibrate_batch_norm(
+        *replica.model, 1, [&](std::int64_t) -> const Tensor& { return data; }, self);
+  };
+
+  Replica run("tiny_cnn", kSize);
+  EasgdStrategy easgd(world, {.tau = 1, .beta = 1.0});  // α = 1/p: the centre becomes the replicas' mean
+  easgd.initialize(run.params, run.buffers);
+  // Each rank moves its weights its own way, as far as the weights are large, and takes their statistics.
+  for (auto* param : run.params) {
+    if (param->kind == ParamKind::norm_weight || param->kind == ParamKind::norm_bias) continue;
+    const auto noise = gradcheck::random_vector(param->value.size(), 31 + static_cast<std::uint32_t>(world.rank()));
+    for (std::size_t i = 0; i < noise.size(); ++i) param->value[i] += 2.0f * noise[i] * std::abs(param->value[i]);
+  }
+  own_statistics(run);
+  easgd.exchange(run.params, run.buffers);
+  const auto replica = flatten(run.params, run.buffers);
+  const auto center = easgd.center();
+  const std::vector<float> center_params(
+      center.begin(), center.end() - static_cast<std::ptrdiff_t>(running_statistics(*run.model).size()));
+
+  // The statistics of the centre's own weights on the same tiles.
+  Replica check("tiny_cnn", kSize);
+  unpack_values(center.data(), check.params, {});
+  own_statistics(check);
+  const auto own = running_statistics(*check.model);
+  const std::vector<float> averaged(center.end() - static_cast<std::ptrdiff_t>(own.size()), center.end());
+  if (p > 1) {
+    // The averaged variances (second half of each layer's statistics: tiny_cnn has one batch norm) are larger.
+    const std::size_t channels = own.size() / 2;
+    int larger = 0;
+    for (std::size_t c = 0; c < channels; ++c) larger += averaged[channels + c] > 1.2f * own[channels + c];
+    EXPECT_GT(larger, static_cast<int>(channels) / 2) << "the elastic average overstates the centre's variances";
+  }
+
+  easgd.with_evaluation_model(run.params, run.buffers, [&] {
+    recalibrate_batch_norm(
+        *run.model, 1, [&](std::int64_t) -> const Tensor& { return data; }, world);
+    easgd.set_center_buffers(run.buffers);
+  });
+  const auto& recalibrated = easgd.center();
+  EXPECT_EQ(std::vector<float>(recalibrated.begin(),
+                               recalibrated.begin() + static_cast<std::ptrdiff_t>(center_params.size())),
+            center_params)
+      << "the centre's parameters are untouched";
+  EXPECT_TRUE(all_near(
+      std::vector<float>(recalibrated.end() - static_cast<std::ptrdiff_t>(own.size()), recalibrated.end()), own, 1e-5))
+      << "its statistics are its own weights'";
+  EXPECT_TRUE(same_on_all_ranks(world, recalibrated));
+  EXPECT_EQ(flatten(run.params, run.buffers), replica) << "the replica comes back";
+
+  // The checkpoint's buffers are then the centre's own statistics.
+  std::vector<float> saved;
+  easgd.with_evaluation_model(run.params, run.buffers, [&] { saved = running_statistics(*run.model); });
+  EXPECT_TRUE(all_near(saved, own, 1e-5));
+  // Strategies whose evaluated model is the replica have no centre to set.
+  AllreduceStrategy allreduce(world);
+  EXPECT_THROW(allreduce.set_center_buffers(run.buffers), core::InternalError);
 }
 
 }  // namespace
