@@ -10,24 +10,13 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace tessera::engine {
 namespace {
 
 // oneDNN's own buffers are 64-byte aligned (one cache line, one AVX-512 register); the scratchpad follows.
 constexpr std::size_t scratch_alignment = 64;
-
-// Ranks of this job on this node, as Open MPI (also under srun) or MPICH/Hydra announce them; 1 otherwise.
-// (Not Slurm's allocation-wide SLURM_NTASKS_PER_NODE: a single process in a 4-task allocation is one rank.)
-int local_rank_count() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    if (const char* value = std::getenv(name)) {
-      const int n = std::atoi(value);
-      if (n > 0) return n;
-    }
-  }
-  return 1;
-}
 
 }  // namespace
 
@@ -41,7 +30,7 @@ Context::Context() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
   // the cores this rank may use when the launcher bound it. An unbound rank sees every core of the node,
   // so several ranks on one node would each start that many threads: they share the node's cores instead.
   default_threads_ = omp_get_max_threads();
-  const int local_ranks = local_rank_count();
+  const int local_ranks = core::local_rank_count();
   if (std::getenv("OMP_NUM_THREADS") == nullptr && local_ranks > 1 &&
       default_threads_ >= static_cast<int>(std::thread::hardware_concurrency())) {
     default_threads_ = std::max(1, default_threads_ / local_ranks);

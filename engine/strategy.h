@@ -146,11 +146,13 @@ class Strategy {
   // True when the ranks' replicas (and optimizer states) differ from one another and from what is evaluated, so
   // that a checkpoint must carry each rank's own to resume bit for bit (easgd-type strategies).
   virtual bool replicas_differ() const { return false; }
-  // Makes `buffers`' values the evaluated model's buffers from now on, for a strategy whose evaluated model is not
-  // the replica (replicas_differ()): the trainer calls it inside with_evaluation_model() with the centre's batch-norm
-  // statistics recomputed for the centre's own weights (engine/batchnorm_recalibration.h). The centre's parameters
-  // are untouched. Not collective: every rank gives the same values. InternalError for the other strategies (their
-  // evaluated model is the replica) and for buffers that are not the strategy's.
+  // Makes `buffers`' values the evaluated model's buffers (under easgd and two-level the live centre's from now on;
+  // under async-easgd the centre taken for this validation and checkpoint only, the windows' centre keeps the elastic
+  // average), for a strategy whose evaluated model is not the replica (replicas_differ()): the trainer calls it inside
+  // with_evaluation_model() with the centre's batch-norm statistics recomputed for the centre's own weights
+  // (engine/batchnorm_recalibration.h). The centre's parameters are untouched. Not collective: every rank gives the
+  // same values. InternalError for the other strategies (their evaluated model is the replica) and for buffers whose
+  // total size is not the strategy's.
   virtual void set_center_buffers(const std::vector<Buffer*>& buffers);
 
   // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center), and takes it back from

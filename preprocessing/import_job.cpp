@@ -26,6 +26,7 @@
 #include "core/output_dir.h"
 #include "core/progress.h"
 #include "core/random.h"
+#include "core/threads.h"
 #include "io/image.h"
 #include "io/provenance.h"
 #include "io/shard.h"
@@ -242,7 +243,10 @@ void assign_splits(std::vector<PatchInput>& patches, const core::Config& config)
 
 // FNV-1a over the effective config and each patch's path, label, group, split, size and modification time.
 std::string job_hash(const core::Config& config, const std::vector<PatchInput>& patches) {
-  std::uint64_t hash = core::fnv1a(config.to_yaml());
+  // import.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
+  core::Config hashed = config;
+  hashed.set_value("import.threads", "0", "the job hash");
+  std::uint64_t hash = core::fnv1a(hashed.to_yaml());
   for (const auto& p : patches) {
     struct stat st {};
     const bool ok = ::stat(p.path.c_str(), &st) == 0;
@@ -307,10 +311,7 @@ ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& 
       }
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (auto& thread : pool) thread.join();
+  core::run_on_threads(threads, [&](int) { work(); });
 
   ShardResult result;
   std::vector<io::ShardTileRecord> records;
@@ -388,7 +389,7 @@ const core::Schema& import_schema() {
                 "pad: centre each patch on a white tile.size tile (a larger one is centre-cropped; um/px kept); "
                 "resize: scale every patch to tile.size (um/px = import.mpp x patch side / tile.size)",
                 {"pad", "resize"})
-        .integer("import.threads", 0, "Decoding threads per rank (0 = this machine's cores / ranks on it)", 0, 1024)
+        .integer("import.threads", 0, "Decoding threads per rank (0 = the cores this rank may use)", 0, 1024)
         .integer("tile.size", 0, "Tile side in pixels (0 = the patches' most common side)", 0, 4096)
         .string_list("splits.names", {"train", "val", "test"}, "Splits assigned by group when the CSV has none")
         .string_list("splits.fractions", {"0.7", "0.15", "0.15"}, "Share of the groups (patients) in each split")
@@ -479,7 +480,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
 
   int threads = static_cast<int>(config.get_int("import.threads"));
   if (threads == 0) {
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.size()));
+    threads = core::usable_cores();
   }
 
   const std::string hash = job_hash(config, patches);

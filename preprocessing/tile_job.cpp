@@ -36,6 +36,7 @@
 #include "core/partition.h"
 #include "core/progress.h"
 #include "core/signals.h"
+#include "core/threads.h"
 #include "io/annotations.h"
 #include "io/dataset.h"
 #include "io/image.h"
@@ -88,7 +89,10 @@ std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::
 // FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
 // same hash may keep what is finished.
 std::string job_hash(const core::Config& config, const std::vector<SlideInput>& inputs) {
-  std::string text = config.to_yaml();
+  // tile.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
+  core::Config hashed = config;
+  hashed.set_value("tile.threads", "0", "the job hash");
+  std::string text = hashed.to_yaml();
   for (const auto& s : inputs) {
     struct stat st {};
     const bool ok = ::stat(s.path.c_str(), &st) == 0;
@@ -508,8 +512,7 @@ class Extractor {
       parallel[k - begin] = s != nullptr && (s->reads_tiff_directly() || s->is_dicom()) ? 1 : 0;
     }
     std::atomic<std::size_t> next{0};
-    std::vector<std::exception_ptr> crashed(static_cast<std::size_t>(threads_));
-    const auto work = [&](int thread) {
+    core::run_on_threads(threads_, [&](int) {
       try {
         for (std::size_t j = next++; j < n; j = next++) {
           if (parallel[j] == 0) continue;
@@ -526,17 +529,10 @@ class Extractor {
           }
         }
       } catch (...) {
-        crashed[static_cast<std::size_t>(thread)] = std::current_exception();
-        next = n;
+        next = n;  // the others stop too
+        throw;
       }
-    };
-    std::vector<std::thread> helpers;
-    for (int thread = 1; thread < threads_; ++thread) helpers.emplace_back(work, thread);
-    work(0);
-    for (auto& helper : helpers) helper.join();
-    for (const auto& e : crashed) {
-      if (e) std::rethrow_exception(e);
-    }
+    });
     for (std::size_t j = 0; j < n; ++j) {
       const auto& t = tiles[begin + j];
       const auto& plan = plans_[t.slide];
@@ -809,7 +805,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   const bool preview_only = options.preview_only;
   int threads = static_cast<int>(config.get_int("tile.threads"));
   if (threads == 0) {
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.size()));
+    threads = core::usable_cores();
   }
 
   // Stain target: fitted once (rank 0 reads the reference; every rank fits the same numbers from it).
@@ -895,8 +891,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
     std::atomic<std::size_t> next{0};
     std::atomic<std::int64_t> planned{0};
     std::int64_t shown = 0;
-    std::vector<std::exception_ptr> crashed(static_cast<std::size_t>(threads));
-    const auto work = [&](int thread) {
+    core::run_on_threads(threads, [&](int thread) {
       try {
         for (std::size_t k = next++; k < my_inputs.size(); k = next++) {
           if (core::stop_requested() == core::StopRequest::now) break;  // SIGTERM: the plans are not kept anyway
@@ -909,17 +904,10 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
           }
         }
       } catch (...) {
-        crashed[static_cast<std::size_t>(thread)] = std::current_exception();
-        next = my_inputs.size();
+        next = my_inputs.size();  // the others stop too
+        throw;
       }
-    };
-    std::vector<std::thread> helpers;
-    for (int thread = 1; thread < threads; ++thread) helpers.emplace_back(work, thread);
-    work(0);
-    for (auto& helper : helpers) helper.join();
-    for (const auto& e : crashed) {
-      if (e) std::rethrow_exception(e);
-    }
+    });
     progress.advance(planned - shown);
     for (const auto& record : records) {
       if (!record.empty()) append_record(mine, record);

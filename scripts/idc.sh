@@ -20,13 +20,22 @@ epochs=$(sed -n 's/^ *epochs: *\([0-9]*\).*/\1/p' configs/train-idc.yaml | head 
 
 [ -f data/idc/shards/manifest.json ] || "$tessera" import configs/import-idc.yaml
 mkdir -p data/idc/results
-recipe() { grep -v -E '^output:|^  resume:' "$@"; }  # a run's recipe: its effective config but where it went
+# Whether a run's effective config ($1) is the recipe (on standard input): every key of the run but where it
+# went has the recipe's value (keys a later version added, at their defaults, do not count).
+same_recipe() {
+  /usr/bin/python3 -c 'import sys, yaml
+def flat(d, p=""):
+    return {k: v for key, value in d.items()
+            for k, v in (flat(value, p + key + ".").items() if isinstance(value, dict) else [(p + key, value)])}
+run, recipe = flat(yaml.safe_load(open(sys.argv[1]))), flat(yaml.safe_load(sys.stdin))
+sys.exit(any(k not in ("output", "train.resume") and recipe.get(k, object()) != v for k, v in run.items()))' "$1"
+}
 for seed in $seeds; do
   run=data/idc/train-seed$seed
   set_seed=(--set train.seed="$seed" --set output="$run" --set train.resume=auto)
   # A run left by another recipe (an earlier configs/train-idc.yaml) would be resumed into this one's schedule.
-  if [ -f "$run/train.config.yaml" ] && ! cmp -s <(recipe "$run/train.config.yaml") \
-      <("$tessera" train configs/train-idc.yaml "${set_seed[@]}" --print-config | recipe); then
+  if [ -f "$run/train.config.yaml" ] && ! "$tessera" train configs/train-idc.yaml "${set_seed[@]}" --print-config \
+      | same_recipe "$run/train.config.yaml"; then
     echo "scripts/idc.sh: $run/train.config.yaml is not the recipe of configs/train-idc.yaml; move $run and" \
       "data/idc/results aside" >&2
     exit 3
@@ -39,7 +48,10 @@ for seed in $seeds; do
   fi
   "$tessera" predict --checkpoint "$run/checkpoint.h5" --shards data/idc/shards --splits val,test \
     --threshold-from val --tta "$tta" --out "data/idc/results/tessera-seed$seed.csv"
-  if [ "${TORCH:-1}" != 0 ] && [ ! -s "data/idc/results/torch-seed$seed.json" ]; then
+  # The peer's result is kept only when it was scored with the same test-time augmentation.
+  if [ "${TORCH:-1}" != 0 ] && ! /usr/bin/python3 -c 'import json, sys
+sys.exit(json.load(open(sys.argv[1])).get("tta", "none") != sys.argv[2])' "data/idc/results/torch-seed$seed.json" "$tta" \
+    2>/dev/null; then
     /usr/bin/python3 scripts/idc_torch.py --shards data/idc/shards --config "$run/train.config.yaml" --seed "$seed" \
       --threads "${TORCH_THREADS:-2}" --tta "$tta" \
       > "data/idc/results/torch-seed$seed.json.part"

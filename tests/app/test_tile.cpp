@@ -296,6 +296,10 @@ TEST_F(Tile, ThreadsGiveTheSameShards) {
     };
     EXPECT_EQ(record("threads1"), record("threads3")) << name;
   }
+  // The thread count is not part of the job: a rerun with another keeps the finished shards.
+  const auto again = run("tile " + job("threads1") + " --set tile.threads=2 --set shards.write_batch=7");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_TRUE(contains(again.err, "up to date")) << again.err;
 }
 
 TEST_F(Tile, RerunSkipsFinishedWorkAndResumesAfterACrash) {
