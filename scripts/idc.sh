@@ -15,6 +15,8 @@ tessera=$(realpath "${1:-build/app/tessera}")
 seeds=${2:-"1 2 3"}
 cd "$(dirname "$0")/.."
 [ -d ../shared/data/idc ] || { echo "scripts/idc.sh: ../shared/data/idc is not here (the real IDC patches)" >&2; exit 3; }
+/usr/bin/python3 -c 'import yaml' 2>/dev/null ||
+  { echo "scripts/idc.sh: needs /usr/bin/python3 with PyYAML (scripts/install-deps.sh --bench)" >&2; exit 2; }
 tta=${TTA:-d8}
 epochs=$(sed -n 's/^ *epochs: *\([0-9]*\).*/\1/p' configs/train-idc.yaml | head -n 1)
 
