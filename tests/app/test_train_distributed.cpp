@@ -171,6 +171,16 @@ TEST_F(DistributedJob, TwoRanksSaveTheCentreAndResumeFromIt) {
   const auto val2 = read_jsonl(out / "metrics.jsonl", "val");
   ASSERT_EQ(val2.size(), 2u);
   EXPECT_EQ(val2[1]["loss"], val2[0]["loss"]) << "validation evaluates the centre";
+
+  // The same first epoch with the replicas' averaged statistics kept (center_bn_tiles 0): the same weights (the
+  // statistics never enter a training step), other statistics: the saved centre's are its own, recomputed.
+  const fs::path averaged = dir_->file("averaged");
+  r = run_mpi(2, "train " + job() + " --out " + averaged.string() + " --epochs 1 --set distributed.center_bn_tiles=0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint kept = io::read_checkpoint((averaged / "checkpoint-epoch-001.h5").string());
+  EXPECT_EQ(kept.params, first.params);
+  ASSERT_EQ(kept.buffers.size(), first.buffers.size());
+  EXPECT_NE(kept.buffers, first.buffers) << "the epoch checkpoint holds the centre's recomputed statistics";
 }
 
 // A "timing" line's figures per rank (under "ranks", index = rank): every rank's step time splits into
