@@ -390,10 +390,10 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   std::int64_t bn_batches = 0;
   if (strategy->replicas_differ() && center_bn_tiles > 0 && !model->batch_norms().empty()) {
     io::ShardDatasetOptions bn_options = train_options;
-    bn_options.seed = seed ^ 0x6A09E667F3BCC909ull;  // another order than the training data's
-    // The training data's shuffle buffer, so that a batch mixes slides as a training batch does (a buffer of one batch
-    // would hold one or two blocks of one slide, and the mean of such batches' variances misses the variance between
-    // slides).
+    // Another order than the training data's, through the same shuffle buffer, so that a batch mixes slides as a
+    // training batch does (a buffer of one batch would hold one or two blocks of one slide, and the mean of such
+    // batches' variances misses the variance between slides).
+    bn_options.seed = seed ^ 0x6A09E667F3BCC909ull;
     bn_options.prefetch_batches = 1;
     bn_data = std::make_unique<io::ShardDataset>(shards, bn_options);
     const std::int64_t per_pass = static_cast<std::int64_t>(batch_size) * comm.size();

@@ -488,6 +488,9 @@ class Extractor {
     std::string what;
     bool corrupt = false;
   };
+  static ReadError read_error(const core::Error& e) {
+    return {e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+  }
 
   // Reads tiles [begin, end) of `tiles` into `images` (tile_bytes each, white where nothing is read) and records
   // in read_dropped_ which were left out as damaged. Tiles of slides read directly are read on threads_ threads
@@ -525,7 +528,7 @@ class Extractor {
                       pixels);
           } catch (const core::Error& e) {
             if (e.kind() != core::ErrorKind::input) throw;
-            errors[j] = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+            errors[j] = read_error(e);
           }
         }
       } catch (...) {
@@ -546,7 +549,7 @@ class Extractor {
           copy_tile(read_through_window(t.slide, plan.tiles[t.tile].x, plan.tiles[t.tile].y), pixels);
         } catch (const core::Error& e) {
           if (e.kind() != core::ErrorKind::input) throw;
-          errors[j] = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+          errors[j] = read_error(e);
         }
       }
       if (!errors[j]) continue;
@@ -582,7 +585,7 @@ class Extractor {
           .first->second.get();
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;
-      error = ReadError{e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+      error = read_error(e);
       return nullptr;
     }
   }
