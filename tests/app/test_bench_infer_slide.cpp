@@ -2,6 +2,7 @@
 // memory on a slide and one four times larger, and the Python pipeline on the same tiles where /usr/bin/python3 has
 // torch and openslide (else it says why not), and its report agrees with what those runs wrote (their infer.json
 // and outputs). No timing is checked, only that each figure was measured and fits the runs.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "analysis/heatmap_outputs.h"
 #include "io/checkpoint.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
@@ -64,7 +66,12 @@ TEST(BenchInferSlide, MeasuresInferEndToEndAndAgreesWithItsRuns) {
   EXPECT_EQ(two["ranks"], 2);
   EXPECT_EQ(j["slide"]["width"], kSide);
   EXPECT_EQ(j["slide"]["height"], kSide);
-  ASSERT_EQ(j["outputs"].size(), 7u) << j.dump(2);  // every output of analysis/heatmap_outputs.h
+  // Every output of analysis/heatmap_outputs.h's registry that infer writes by default, and quality control's masks
+  // (QC is on by default).
+  std::size_t default_outputs = 0;
+  for (const auto& writer : analysis::output_writers()) default_outputs += writer.only_when_asked ? 0 : 1;
+  ASSERT_EQ(j["outputs"].size(), default_outputs + 1) << j.dump(2);
+  EXPECT_NE(std::find(j["outputs"].begin(), j["outputs"].end(), "tumor_001.qc.png"), j["outputs"].end()) << j.dump(2);
   for (const auto& name : j["outputs"]) EXPECT_TRUE(fs::exists(work / "infer-1rank" / name.get<std::string>())) << name;
   EXPECT_EQ(one["slides"][0]["outputs"], j["outputs"]);
   EXPECT_EQ(two["slides"][0]["outputs"], j["outputs"]);
@@ -117,9 +124,10 @@ TEST(BenchInferSlide, MeasuresInferEndToEndAndAgreesWithItsRuns) {
               1e-12);
   EXPECT_NEAR(phase["of_scoring"].get<double>(),
               one_run["output_seconds"].get<double>() / one_run["scoring_seconds"].get<double>(), 1e-12);
-  ASSERT_EQ(phase["by_output"].size(), 8u) << phase.dump();  // the analysis and thumbnail, and each output
+  // The analysis and thumbnail, and each output.
+  ASSERT_EQ(phase["by_output"].size(), default_outputs + 2) << phase.dump();
   for (const char* name : {"analysis and thumbnail", "heatmap.tif", "overlay.png", "geojson", "heatmap.h5", "xml",
-                           "detections.csv", "report.json"}) {
+                           "detections.csv", "report.json", "qc.png"}) {
     EXPECT_TRUE(measured(phase["by_output"][name])) << name;
   }
   EXPECT_TRUE(contains(r.out, "output phase (1 rank): ")) << r.out;
