@@ -688,6 +688,8 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
     keep_touching(over, section);
+    // Tissue seen through a bubble is paler too: that is the bubble (its own class), not the exposure.
+    over &= ~mask(Artefact::bubble);
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
