@@ -251,6 +251,43 @@ cv::Mat1b circles_on_rims(const cv::Mat1b& lines, double min_radius, double max_
   return out;
 }
 
+// What `found` continues under: the runs of `hidden` pixels not in `found` (along rows, columns and both diagonals)
+// with a pixel of `found` just before and just after them. A fold crossing an ink stroke is seen on both sides of it.
+cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
+  cv::Mat1b out = cv::Mat1b::zeros(found.size());
+  const int rows = found.rows, cols = found.cols;
+  // One line of pixels from (r, c) in steps of (dr, dc).
+  const auto walk = [&](int r, int c, int dr, int dc) {
+    int start_r = -1, start_c = -1;  // the first hidden pixel of the current run, when it follows a found pixel
+    bool after_found = false;
+    for (; r >= 0 && c >= 0 && r < rows && c < cols; r += dr, c += dc) {
+      if (hidden(r, c) != 0 && found(r, c) == 0) {
+        if (after_found && start_r < 0) {
+          start_r = r;
+          start_c = c;
+        }
+        continue;
+      }
+      if (start_r >= 0 && found(r, c) != 0) {
+        for (int fr = start_r, fc = start_c; fr != r || fc != c; fr += dr, fc += dc) out(fr, fc) = 255;
+      }
+      start_r = -1;
+      after_found = found(r, c) != 0;
+    }
+  };
+  for (int r = 0; r < rows; ++r) walk(r, 0, 0, 1);
+  for (int c = 0; c < cols; ++c) walk(0, c, 1, 0);
+  for (int r = 0; r < rows; ++r) {
+    walk(r, 0, 1, 1);
+    walk(r, cols - 1, 1, -1);
+  }
+  for (int c = 1; c < cols; ++c) {
+    walk(0, c, 1, 1);
+    walk(0, cols - 1 - c, 1, -1);
+  }
+  return out;
+}
+
 // Each 8-connected component of `mask` filled to its convex hull.
 cv::Mat1b convex_hulls(const cv::Mat1b& mask) {
   std::vector<std::vector<cv::Point>> contours;
@@ -651,6 +688,8 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
     keep_touching(over, section);
+    // Tissue seen through a bubble is paler too: that is the bubble (its own class), not the exposure.
+    over &= ~mask(Artefact::bubble);
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
@@ -720,12 +759,21 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
           weak(r, c) = 255;
       }
     }
-    for (const auto& [a, ink] : inks) {
-      fold &= ~*ink;
-      weak &= ~*ink;
-    }
+    // Ink strokes hide the tissue under them, and their blurred edges (a QC pixel partly on the stroke, and the
+    // stains' smoothing) add the ink's colour, which raises both stains as doubled tissue does: folds are found beside
+    // a stroke, 2 px clear of it, and continue under it where found on both sides (the fold's mask then covers the
+    // ink it runs under, as the fold lies there).
+    cv::Mat1b hidden = cv::Mat1b::zeros(size);
+    for (const auto& [a, ink] : inks) hidden |= *ink;
+    cv::dilate(hidden, hidden, elliptic(5));
+    fold &= ~hidden;
+    weak &= ~hidden;
     cv::morphologyEx(fold, fold, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(weak, weak, cv::MORPH_OPEN, elliptic(3));
+    // The opening may take a pixel or two more beside them: a fold is continued across both.
+    cv::Mat1b reach;
+    cv::dilate(hidden, reach, elliptic(5));
+    weak |= continued_under(weak | fold, reach);
     keep_touching(weak, fold);
     fold |= weak;
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));

@@ -11,10 +11,13 @@
 //                 tissue around it (a lymphoid area raises only H, stroma only E); inside an over-exposed field or a
 //                 bubble, against that field's or bubble's own tissue. Fainter pixels join a fold's core:
 //                 both stains raised by 60 % of the ratio's excess, or E at least twice its local median with H not
-//                 below half of its own (a fold over stroma among lymphoid tissue, or across a washed-out field)
+//                 below half of its own (a fold over stroma among lymphoid tissue, or across a washed-out field).
+//                 Looked for 2 px clear of ink (a stroke's blurred edge raises both stains); a fold found on both
+//                 sides of a stroke continues under it, and its mask covers the ink there
 //   bubble        air bubbles and coverslip edges: thin grey lines (a strong neutral component of the optical density,
 //                 narrower than an ink stroke); the nearly convex area a closed line encloses is the bubble
-//   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median
+//   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median; not where
+//                 a bubble is (the tissue seen through it is paler too: that is the bubble's)
 //   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median
 //                 brightness), with the tissue darkened by a neutral grey that joins it, each field as its convex hull
 // and slide-level checks: too little tissue (< `min_tissue_mm2`), not a brightfield slide (a dark background:
