@@ -13,7 +13,10 @@
 //                 both stains raised by 60 % of the ratio's excess, or E at least twice its local median with H not
 //                 below half of its own (a fold over stroma among lymphoid tissue, or across a washed-out field).
 //                 Looked for 2 px clear of ink (a stroke's blurred edge raises both stains); a fold found on both
-//                 sides of a stroke continues under it, and its mask covers the ink there
+//                 sides of a stroke (its core or its fainter pixels, before they are kept for joining a core) continues
+//                 under it along a row, column or diagonal that crosses the stroke (at most 3 times as long as the
+//                 stroke is wide where it passes: about 20° or steeper, not along the stroke nor grazing a curve),
+//                 and its mask covers the ink there
 //   bubble        air bubbles and coverslip edges: thin grey lines (a strong neutral component of the optical density,
 //                 narrower than an ink stroke); the nearly convex area a closed line encloses is the bubble
 //   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median; not where
@@ -26,7 +29,9 @@
 //
 // Masks are CV_8U, 255 = artefact, the size of the tissue mask (pixel (r, c) covers level-0
 // [c·downsample, (c+1)·downsample) × [r·downsample, ...)). Fractions are of the tissue area (tissue found with pen
-// marks kept, so that ink over tissue counts as tissue under ink).
+// marks kept, so that ink over tissue counts as tissue under ink). The masks are independent: a pixel may be in
+// several (ink under a fold counts in its pen class's fraction and in the fold's), and the excluded and flagged
+// unions take each class's action, so ink under a fold is excluded when folds are, whatever pen ink's action.
 #pragma once
 
 #include <array>
