@@ -16,6 +16,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -266,14 +267,45 @@ std::map<std::string, std::int64_t> count_kept_artefact_tiles(const SlidePlan& p
   return kept;
 }
 
-PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
+// Slides kept open from planning to extraction (one rank: it extracts every slide it plans), so that each is opened
+// once and extraction reads the tiles planning decoded at its level (quality control's sharpness reads the tiles'
+// level where tissue is) from the slide's cache instead of decoding them again. Bounded: at most kKeptSlides slides
+// and kKeptBytes of decoded tiles (only those of the tiles' level are kept); past that a slide is closed after
+// planning and opened again to extract it, with the same pixels.
+constexpr std::size_t kKeptSlides = 128;
+constexpr std::size_t kKeptBytes = std::size_t{512} << 20;
+
+class KeptSlides {
+ public:
+  explicit KeptSlides(std::size_t count) : slides_(count) {}
+  // Keeps the planned `slide` of input `index` open when the bounds allow.
+  void offer(std::size_t index, std::unique_ptr<io::Slide> slide) {
+    const std::size_t bytes = slide->cached_bytes();
+    const std::lock_guard lock(mutex_);
+    if (count_ >= kKeptSlides || bytes_ + bytes > kKeptBytes) return;
+    ++count_;
+    bytes_ += bytes;
+    slides_[index] = std::move(slide);
+  }
+  std::vector<std::unique_ptr<io::Slide>> take() { return std::move(slides_); }
+
+ private:
+  std::mutex mutex_;
+  std::size_t count_ = 0;
+  std::size_t bytes_ = 0;
+  std::vector<std::unique_ptr<io::Slide>> slides_;
+};
+
+// Plans input `index`; with `kept`, offers the slide to it when it has tiles to extract.
+PlanResult plan_one(const SlideInput& input, std::size_t index, const TileSettings& settings, KeptSlides* kept) {
   PlanResult result;
   result.input = input;
   result.assume_mpp = input.mpp > 0 ? input.mpp : settings.assume_mpp;
   try {
     io::SlideOpenOptions open_options;
     open_options.assume_mpp = result.assume_mpp;
-    const auto slide = io::Slide::open(input.path, open_options);
+    auto opened = std::make_unique<io::Slide>(io::Slide::open(input.path, open_options));
+    const io::Slide& slide = *opened;
     result.synthetic = slide.synthetic();
     const bool tumour_slide = input.label == io::to_string(io::SlideLabel::tumour);
     std::vector<io::Annotation> annotations;
@@ -308,6 +340,10 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     result.footprint = plan.footprint;
     result.slide_mpp = plan.slide_mpp;
     result.tiles = std::move(plan.tiles);
+    if (kept != nullptr && !result.tiles.empty()) {
+      opened->keep_cached_level(slide.best_level_for_mpp(settings.grid.mpp));
+      kept->offer(index, std::move(opened));
+    }
   } catch (const core::Error& e) {
     if (e.kind() != core::ErrorKind::input) throw;
     result.error = e.what();
@@ -383,9 +419,12 @@ class Extractor {
  public:
   // `threads`: how many threads read a batch's tiles on slides read directly (io::Slide's direct TIFF and DICOM
   // paths, whose reads are thread-safe); the shard's HDF5 writes run on one more, overlapping the reads.
-  Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
-            const StainNormalizer* normalizer, int write_batch, bool skip_corrupt, int threads)
+  // `open_slides`: per plan, the slide when it is open already (KeptSlides), else null (opened when needed).
+  Extractor(const std::vector<PlanResult>& plans, std::vector<std::unique_ptr<io::Slide>> open_slides,
+            const io::ShardAttributes& attributes, const StainNormalizer* normalizer, int write_batch,
+            bool skip_corrupt, int threads)
       : plans_(plans),
+        kept_(std::move(open_slides)),
         attributes_(attributes),
         normalizer_(normalizer),
         write_batch_(write_batch),
@@ -394,6 +433,14 @@ class Extractor {
 
   // Damaged tiles skipped so far, by slide id.
   const std::map<std::string, CorruptTiles>& corrupt() const { return corrupt_; }
+
+  // Closes every slide (after the last shard).
+  void close_slides() {
+    window_.reset();
+    damaged_window_.reset();
+    opened_.clear();
+    kept_.clear();
+  }
 
   // Writes one shard of `tiles` to `path`; slides whose tiles cannot be read are added to `failed` (their
   // tiles are left blank here; the caller rewrites the shard without them). With skip_corrupt, a tile whose
@@ -488,52 +535,73 @@ class Extractor {
     std::string what;
     bool corrupt = false;
   };
-  static ReadError read_error(const core::Error& e) {
-    return {e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+  // The outcome of a read that threw `error`: an input error becomes the tile's ReadError; anything else (an
+  // internal error, a failing system) is thrown again, to end the job.
+  static ReadError read_error(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
+      return {e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+    }
   }
 
   // Reads tiles [begin, end) of `tiles` into `images` (tile_bytes each, white where nothing is read) and records
   // in read_dropped_ which were left out as damaged. Tiles of slides read directly are read on threads_ threads
-  // first; then, in tile order, each tile's outcome is taken as a sequential read would: the others read through
-  // the slide's window, a slide's first failure recorded in `failed` and its later tiles left white.
+  // first, each catching what its read throws; then, in tile order, each tile's outcome is taken as a sequential read
+  // would: the others read through the slide's window, a slide's first failure recorded in `failed`, and its later
+  // tiles left white whatever their reads gave (an internal error on a tile after its slide's failure ends nothing, as
+  // one thread reading in order would never have read it). A slide that cannot be opened fails at its first tile,
+  // opened once.
   void read_batch(const std::vector<JobTile>& tiles, std::size_t begin, std::size_t end, std::uint8_t* images,
                   std::map<std::string, std::string>& failed) {
     const int t_size = attributes_.tile_size;
     const std::size_t tile_bytes = static_cast<std::size_t>(t_size) * t_size * 3;
     const std::size_t n = end - begin;
     read_dropped_.assign(n, 0);
-    std::vector<std::optional<ReadError>> errors(n);
-    std::vector<char> parallel(n, 0);  // read below, on the threads
+    std::vector<std::exception_ptr> errors(n);  // per tile: what its read threw
+    std::vector<char> parallel(n, 0);           // read below, on the threads
+    std::vector<int> injected(n, 0);            // fault point tile.read: the errno its read fails with
     while (!opened_.empty() && opened_.begin()->first < tiles[begin].slide) close_slide(opened_.begin()->first);
+    for (; released_ < tiles[begin].slide && released_ < kept_.size(); ++released_) kept_[released_].reset();
     for (std::size_t k = begin; k < end; ++k) {
       // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
       core::fault::at("tile.tile");
       core::throw_if_terminated(current_shard_);
       const auto& plan = plans_[tiles[k].slide];
       if (failed.contains(plan.input.id)) continue;
-      const io::Slide* s = open(tiles[k].slide, errors[k - begin]);
-      parallel[k - begin] = s != nullptr && (s->reads_tiff_directly() || s->is_dicom()) ? 1 : 0;
+      const io::Slide* s = open(tiles[k].slide, failed);
+      if (s == nullptr) continue;  // failed now
+      // Fault point "tile.read" (core/fault.h): each tile to be read, in tile order whatever the thread count; do=eio
+      // makes its read fail as a failing disk would, which is not the slide's fault and ends the job.
+      injected[k - begin] = core::fault::error_at("tile.read");
+      parallel[k - begin] = s->reads_tiff_directly() || s->is_dicom() ? 1 : 0;
     }
+    const auto read_tile = [&](std::size_t j, const auto& read) {
+      try {
+        if (injected[j] != 0) {
+          const auto& t = tiles[begin + j];
+          throw core::InternalError(fmt::format("{}: reading tile ({}, {}) failed: {} (fault injected at tile.read)",
+                                                plans_[t.slide].input.path, plans_[t.slide].tiles[t.tile].x,
+                                                plans_[t.slide].tiles[t.tile].y, std::strerror(injected[j])));
+        }
+        read();
+      } catch (...) {
+        errors[j] = std::current_exception();
+      }
+    };
     std::atomic<std::size_t> next{0};
     core::run_on_threads(threads_, [&](int) {
-      try {
-        for (std::size_t j = next++; j < n; j = next++) {
-          if (parallel[j] == 0) continue;
-          const auto& t = tiles[begin + j];
-          const auto& planned = plans_[t.slide].tiles[t.tile];
-          try {
-            std::uint8_t* pixels = images + j * tile_bytes;
-            const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
-            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
-                      pixels);
-          } catch (const core::Error& e) {
-            if (e.kind() != core::ErrorKind::input) throw;
-            errors[j] = read_error(e);
-          }
-        }
-      } catch (...) {
-        next = n;  // the others stop too
-        throw;
+      for (std::size_t j = next++; j < n; j = next++) {
+        if (parallel[j] == 0) continue;
+        const auto& t = tiles[begin + j];
+        const auto& planned = plans_[t.slide].tiles[t.tile];
+        read_tile(j, [&] {
+          std::uint8_t* pixels = images + j * tile_bytes;
+          const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
+          copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
+                    pixels);
+        });
       }
     });
     for (std::size_t j = 0; j < n; ++j) {
@@ -545,22 +613,19 @@ class Extractor {
         continue;
       }
       if (!errors[j] && parallel[j] == 0) {
-        try {
-          copy_tile(read_through_window(t.slide, plan.tiles[t.tile].x, plan.tiles[t.tile].y), pixels);
-        } catch (const core::Error& e) {
-          if (e.kind() != core::ErrorKind::input) throw;
-          errors[j] = read_error(e);
-        }
+        read_tile(j,
+                  [&] { copy_tile(read_through_window(t.slide, plan.tiles[t.tile].x, plan.tiles[t.tile].y), pixels); });
       }
       if (!errors[j]) continue;
+      const ReadError error = read_error(errors[j]);
       std::fill(pixels, pixels + tile_bytes, std::uint8_t{255});
-      if (skip_corrupt_ && errors[j]->corrupt) {
+      if (skip_corrupt_ && error.corrupt) {
         read_dropped_[j] = 1;
         auto& corrupt = corrupt_[plan.input.id];
-        if (corrupt.count++ == 0) corrupt.first = errors[j]->what;
+        if (corrupt.count++ == 0) corrupt.first = error.what;
       } else {
-        failed[plan.input.id] = errors[j]->what;
-        spdlog::error("{}", errors[j]->what);
+        failed[plan.input.id] = error.what;
+        spdlog::error("{}", error.what);
         close_slide(t.slide);
       }
     }
@@ -574,18 +639,30 @@ class Extractor {
     std::memcpy(to, rgb.data, rgb.total() * rgb.elemSize());
   }
 
-  // The slide of plan `index`, opened when first needed (read_batch closes those of earlier plans: tiles come in
-  // slide order). Null with `error` set when it cannot be opened.
-  const io::Slide* open(std::uint32_t index, std::optional<ReadError>& error) {
+  // The slide of plan `index`: kept open from planning, else opened when first needed (read_batch closes those of
+  // earlier plans: tiles come in slide order). Null when it cannot be opened: the slide's failure is then recorded
+  // in `failed` (its first, since its tiles come after its opening), so it is never tried again.
+  const io::Slide* open(std::uint32_t index, std::map<std::string, std::string>& failed) {
     if (const auto it = opened_.find(index); it != opened_.end()) return it->second.get();
+    if (index < kept_.size() && kept_[index] != nullptr) {
+      return opened_.emplace(index, std::move(kept_[index])).first->second.get();
+    }
+    const auto& plan = plans_[index];
     try {
+      // Fault point "tile.open" (core/fault.h): each slide opened to extract its tiles (not one kept open from
+      // planning); do=eio makes the opening fail as an unreadable file would.
+      if (const int error = core::fault::error_at("tile.open"); error != 0) {
+        throw core::InputError(fmt::format("cannot open: {} (fault injected at tile.open)", std::strerror(error)),
+                               plan.input.path);
+      }
       io::SlideOpenOptions options;
-      options.assume_mpp = plans_[index].assume_mpp;
-      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plans_[index].input.path, options)))
+      options.assume_mpp = plan.assume_mpp;
+      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plan.input.path, options)))
           .first->second.get();
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;
-      error = read_error(e);
+      failed[plan.input.id] = e.what();
+      spdlog::error("{}", e.what());
       return nullptr;
     }
   }
@@ -632,6 +709,8 @@ class Extractor {
   }
 
   const std::vector<PlanResult>& plans_;
+  std::vector<std::unique_ptr<io::Slide>> kept_;  // per plan: open from planning, until read_batch takes it
+  std::uint32_t released_ = 0;                    // kept_ is empty before this plan (slides passed)
   io::ShardAttributes attributes_;
   const StainNormalizer* normalizer_;
   int write_batch_;
@@ -882,6 +961,9 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
 
   // Phase 1: plan, slides spread over ranks.
   std::string mine;
+  // One rank extracts every slide it plans: the planned slides stay open for extraction (KeptSlides).
+  std::optional<KeptSlides> kept;
+  if (world.size() == 1 && !preview_only) kept.emplace(inputs.size());
   {
     core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
     // This rank's slides, planned on `threads` threads; the records are appended in input order.
@@ -898,7 +980,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       try {
         for (std::size_t k = next++; k < my_inputs.size(); k = next++) {
           if (core::stop_requested() == core::StopRequest::now) break;  // SIGTERM: the plans are not kept anyway
-          records[k] = serialize(plan_one(inputs[my_inputs[k]], settings));
+          records[k] = serialize(plan_one(inputs[my_inputs[k]], my_inputs[k], settings, kept ? &*kept : nullptr));
           ++planned;
           if (thread == 0) {  // the progress display is this thread's (it may talk MPI)
             const std::int64_t done = planned;
@@ -964,8 +1046,14 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   attributes.artefacts = settings.qc.has_value();  // QC ran: every tile has its artefact bits
 
   const bool skip_corrupt = config.get_string("tile.on_corrupt_tile") == "skip";
-  Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")),
-                      skip_corrupt, threads);
+  // The slides kept open from planning, by plan (plans are in input order, as the inputs).
+  std::vector<std::unique_ptr<io::Slide>> open_slides;
+  if (kept) {
+    auto by_input = kept->take();
+    for (const auto& p : plans) open_slides.push_back(std::move(by_input[order[p.input.id]]));
+  }
+  Extractor extractor(plans, std::move(open_slides), attributes, normalizer.get(),
+                      static_cast<int>(config.get_int("shards.write_batch")), skip_corrupt, threads);
   std::map<std::string, std::string> extract_failed;
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
@@ -1015,6 +1103,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       core::fault::at("tile.shard-finished");
       written.push_back(span);
     }
+    extractor.close_slides();
     progress.finish();
   }
   // Every rank's finished shards are recorded (the rerun keeps them); the manifest is the rerun's to write.
