@@ -40,8 +40,8 @@
 //   tile.tile                  each tile read into a shard                          (preprocessing/tile_job.cpp)
 //   tile.read                  each tile read into a shard, in tile order (eio: its read fails, which ends the
 //                              job)                                                 (preprocessing/tile_job.cpp)
-//   tile.open                  each slide opened to extract its tiles, not one kept open from planning (eio: the
-//                              opening fails as an unreadable file's would)        (preprocessing/tile_job.cpp)
+//   tile.open                  each slide opened to extract its tiles (eio: the opening fails as an unreadable
+//                              file's would)                                        (preprocessing/tile_job.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)
 //   checkpoint.write           each tensor written to a checkpoint (enospc, eio)           (io/checkpoint.cpp)
 //   heatmap.write              each dataset written to a heatmap file (enospc, eio)        (io/heatmap.cpp)

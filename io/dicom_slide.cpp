@@ -1182,10 +1182,6 @@ const std::map<std::string, std::string>& DicomSlide::properties() const { retur
 const std::vector<std::string>& DicomSlide::notes() const { return impl_->notes; }
 const std::string& DicomSlide::description() const { return impl_->description; }
 std::size_t DicomSlide::cached_bytes() const { return impl_->cache.bytes(); }
-
-void DicomSlide::clear_cache() const {
-  impl_->cache.retain([](std::uint64_t) { return false; });
-}
 const std::string& DicomSlide::icc_profile() const { return impl_->icc_profile; }
 
 cv::Mat DicomSlide::read(int level, std::int64_t lx, std::int64_t ly, int width, int height) const {

@@ -109,8 +109,6 @@ class DicomSlide {
   cv::Mat read_associated(const std::string& name) const;
   // Bytes of decoded frames held in the cache now.
   std::size_t cached_bytes() const;
-  // Drops every decoded frame from the cache.
-  void clear_cache() const;
 
  private:
   struct Impl;

@@ -582,17 +582,6 @@ cv::Mat SlideWindow::read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t wi
   return resample(pixels_(roi).clone(), r);
 }
 
-std::size_t Slide::cached_bytes() const {
-  if (tiff_ != nullptr) return tiff_->cached_bytes();
-  if (dicom_ != nullptr) return dicom_->cached_bytes();
-  return 0;
-}
-
-void Slide::keep_cached_level(int level) const {
-  if (tiff_ != nullptr) tiff_->keep_cached_level(level);
-  if (dicom_ != nullptr) dicom_->clear_cache();
-}
-
 cv::Mat Slide::thumbnail(int max_side) const {
   if (max_side <= 0) {
     throw core::InputError("invalid thumbnail size " + std::to_string(max_side), path_);

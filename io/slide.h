@@ -45,7 +45,6 @@
 // gives each concurrent read its own libtiff handle from a pool and guards its tile cache with a mutex.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -167,12 +166,6 @@ class Slide {
   };
   LevelRead plan_read_at_mpp(std::int64_t x, std::int64_t y, std::int64_t width, std::int64_t height,
                              double target_mpp) const;
-
-  // Bytes of decoded tiles the direct TIFF or DICOM reader holds in its cache (0 on the OpenSlide path).
-  std::size_t cached_bytes() const;
-  // Drops the cached tiles of every level but `level` (a DICOM series: all of them), e.g. before a slide that was
-  // planned is kept open for reading its tiles at that level.
-  void keep_cached_level(int level) const;
 
   // A whole-slide thumbnail whose longer side is at most `max_side` pixels, read from the smallest level
   // that is still larger than needed.

@@ -364,10 +364,6 @@ const std::string& TiffTileReader::description() const { return impl_->descripti
 
 std::size_t TiffTileReader::cached_bytes() const { return impl_->cache.bytes(); }
 
-void TiffTileReader::keep_cached_level(int level) const {
-  impl_->cache.retain([&](std::uint64_t key) { return key >> 32 == static_cast<std::uint64_t>(level); });
-}
-
 int TiffTileReader::directory(int level) const {
   return static_cast<int>(impl_->levels.at(static_cast<std::size_t>(level)).directory);
 }

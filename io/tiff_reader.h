@@ -73,8 +73,6 @@ class TiffTileReader {
   int directory(int level) const;
   // Bytes of decoded tiles held in the cache now (≤ cache_bytes).
   std::size_t cached_bytes() const;
-  // Drops the cached tiles of every level but `level`.
-  void keep_cached_level(int level) const;
 
  private:
   struct Impl;

@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -52,20 +51,6 @@ class TileCache {
       bytes_ -= old_tile.total() * old_tile.elemSize();
       index_.erase(old_key);
       entries_.pop_back();
-    }
-  }
-
-  // Drops the tiles whose key `keep` rejects.
-  void retain(const std::function<bool(std::uint64_t)>& keep) {
-    const std::lock_guard lock(mutex_);
-    for (auto it = entries_.begin(); it != entries_.end();) {
-      if (keep(it->first)) {
-        ++it;
-        continue;
-      }
-      bytes_ -= it->second.total() * it->second.elemSize();
-      index_.erase(it->first);
-      it = entries_.erase(it);
     }
   }
 

@@ -16,7 +16,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -267,49 +266,14 @@ std::map<std::string, std::int64_t> count_kept_artefact_tiles(const SlidePlan& p
   return kept;
 }
 
-// Slides kept open from planning to extraction (one rank: it extracts every slide it plans), so that each is opened
-// once and extraction reads the tiles planning decoded at its level (quality control's sharpness reads the tiles'
-// level where tissue is) from the slide's cache instead of decoding them again. Bounded: at most kKeptSlides slides
-// and kKeptBytes of decoded tiles (only those of the tiles' level are kept); past that a slide is closed after
-// planning and opened again to extract it, with the same pixels.
-constexpr std::size_t kKeptSlides = 128;
-constexpr std::size_t kKeptBytes = std::size_t{512} << 20;
-
-class KeptSlides {
- public:
-  explicit KeptSlides(std::size_t count) : slides_(count) {}
-  // Keeps the planned `slide` of input `index` open when the bounds allow.
-  void offer(std::size_t index, std::unique_ptr<io::Slide> slide) {
-    const std::size_t bytes = slide->cached_bytes();
-    const std::lock_guard lock(mutex_);
-    if (count_ >= kKeptSlides || bytes_ + bytes > kKeptBytes) return;
-    ++count_;
-    bytes_ += bytes;
-    slides_[index] = std::move(slide);
-  }
-  std::vector<std::unique_ptr<io::Slide>> take() {
-    spdlog::debug("{} of {} slides kept open from planning for extraction ({:.0f} MB of decoded tiles)", count_,
-                  slides_.size(), static_cast<double>(bytes_) / 1e6);
-    return std::move(slides_);
-  }
-
- private:
-  std::mutex mutex_;
-  std::size_t count_ = 0;
-  std::size_t bytes_ = 0;
-  std::vector<std::unique_ptr<io::Slide>> slides_;
-};
-
-// Plans input `index`; with `kept`, offers the slide to it when it has tiles to extract.
-PlanResult plan_one(const SlideInput& input, std::size_t index, const TileSettings& settings, KeptSlides* kept) {
+PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
   PlanResult result;
   result.input = input;
   result.assume_mpp = input.mpp > 0 ? input.mpp : settings.assume_mpp;
   try {
     io::SlideOpenOptions open_options;
     open_options.assume_mpp = result.assume_mpp;
-    auto opened = std::make_unique<io::Slide>(io::Slide::open(input.path, open_options));
-    const io::Slide& slide = *opened;
+    const auto slide = io::Slide::open(input.path, open_options);
     result.synthetic = slide.synthetic();
     const bool tumour_slide = input.label == io::to_string(io::SlideLabel::tumour);
     std::vector<io::Annotation> annotations;
@@ -344,10 +308,6 @@ PlanResult plan_one(const SlideInput& input, std::size_t index, const TileSettin
     result.footprint = plan.footprint;
     result.slide_mpp = plan.slide_mpp;
     result.tiles = std::move(plan.tiles);
-    if (kept != nullptr && !result.tiles.empty()) {
-      opened->keep_cached_level(slide.best_level_for_mpp(settings.grid.mpp));
-      kept->offer(index, std::move(opened));
-    }
   } catch (const core::Error& e) {
     if (e.kind() != core::ErrorKind::input) throw;
     result.error = e.what();
@@ -423,12 +383,9 @@ class Extractor {
  public:
   // `threads`: how many threads read a batch's tiles on slides read directly (io::Slide's direct TIFF and DICOM
   // paths, whose reads are thread-safe); the shard's HDF5 writes run on one more, overlapping the reads.
-  // `open_slides`: per plan, the slide when it is open already (KeptSlides), else null (opened when needed).
-  Extractor(const std::vector<PlanResult>& plans, std::vector<std::unique_ptr<io::Slide>> open_slides,
-            const io::ShardAttributes& attributes, const StainNormalizer* normalizer, int write_batch,
-            bool skip_corrupt, int threads)
+  Extractor(const std::vector<PlanResult>& plans, const io::ShardAttributes& attributes,
+            const StainNormalizer* normalizer, int write_batch, bool skip_corrupt, int threads)
       : plans_(plans),
-        kept_(std::move(open_slides)),
         attributes_(attributes),
         normalizer_(normalizer),
         write_batch_(write_batch),
@@ -437,14 +394,6 @@ class Extractor {
 
   // Damaged tiles skipped so far, by slide id.
   const std::map<std::string, CorruptTiles>& corrupt() const { return corrupt_; }
-
-  // Closes every slide (after the last shard).
-  void close_slides() {
-    window_.reset();
-    damaged_window_.reset();
-    opened_.clear();
-    kept_.clear();
-  }
 
   // Writes one shard of `tiles` to `path`; slides whose tiles cannot be read are added to `failed` (their
   // tiles are left blank here; the caller rewrites the shard without them). With skip_corrupt, a tile whose
@@ -567,7 +516,6 @@ class Extractor {
     std::vector<char> parallel(n, 0);           // read below, on the threads
     std::vector<int> injected(n, 0);            // fault point tile.read: the errno its read fails with
     while (!opened_.empty() && opened_.begin()->first < tiles[begin].slide) close_slide(opened_.begin()->first);
-    for (; released_ < tiles[begin].slide && released_ < kept_.size(); ++released_) kept_[released_].reset();
     for (std::size_t k = begin; k < end; ++k) {
       // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
       core::fault::at("tile.tile");
@@ -643,18 +591,15 @@ class Extractor {
     std::memcpy(to, rgb.data, rgb.total() * rgb.elemSize());
   }
 
-  // The slide of plan `index`: kept open from planning, else opened when first needed (read_batch closes those of
-  // earlier plans: tiles come in slide order). Null when it cannot be opened: the slide's failure is then recorded
-  // in `failed` (its first, since its tiles come after its opening), so it is never tried again.
+  // The slide of plan `index`, opened when first needed (read_batch closes those of earlier plans: tiles come in
+  // slide order). Null when it cannot be opened: the slide's failure is then recorded in `failed` (its first, since
+  // its tiles come after its opening), so it is never tried again.
   const io::Slide* open(std::uint32_t index, std::map<std::string, std::string>& failed) {
     if (const auto it = opened_.find(index); it != opened_.end()) return it->second.get();
-    if (index < kept_.size() && kept_[index] != nullptr) {
-      return opened_.emplace(index, std::move(kept_[index])).first->second.get();
-    }
     const auto& plan = plans_[index];
     try {
-      // Fault point "tile.open" (core/fault.h): each slide opened to extract its tiles (not one kept open from
-      // planning); do=eio makes the opening fail as an unreadable file would.
+      // Fault point "tile.open" (core/fault.h): each slide opened to extract its tiles; do=eio makes the opening fail
+      // as an unreadable file would.
       if (const int error = core::fault::error_at("tile.open"); error != 0) {
         throw core::InputError(fmt::format("cannot open: {} (fault injected at tile.open)", std::strerror(error)),
                                plan.input.path);
@@ -713,8 +658,6 @@ class Extractor {
   }
 
   const std::vector<PlanResult>& plans_;
-  std::vector<std::unique_ptr<io::Slide>> kept_;  // per plan: open from planning, until read_batch takes it
-  std::uint32_t released_ = 0;                    // kept_ is empty before this plan (slides passed)
   io::ShardAttributes attributes_;
   const StainNormalizer* normalizer_;
   int write_batch_;
@@ -965,9 +908,6 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
 
   // Phase 1: plan, slides spread over ranks.
   std::string mine;
-  // One rank extracts every slide it plans: the planned slides stay open for extraction (KeptSlides).
-  std::optional<KeptSlides> kept;
-  if (world.size() == 1 && !preview_only) kept.emplace(inputs.size());
   {
     core::Progress progress(world, static_cast<std::int64_t>(inputs.size()), {.label = "plan", .unit = "slides"});
     // This rank's slides, planned on `threads` threads; the records are appended in input order.
@@ -984,7 +924,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       try {
         for (std::size_t k = next++; k < my_inputs.size(); k = next++) {
           if (core::stop_requested() == core::StopRequest::now) break;  // SIGTERM: the plans are not kept anyway
-          records[k] = serialize(plan_one(inputs[my_inputs[k]], my_inputs[k], settings, kept ? &*kept : nullptr));
+          records[k] = serialize(plan_one(inputs[my_inputs[k]], settings));
           ++planned;
           if (thread == 0) {  // the progress display is this thread's (it may talk MPI)
             const std::int64_t done = planned;
@@ -1050,14 +990,8 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   attributes.artefacts = settings.qc.has_value();  // QC ran: every tile has its artefact bits
 
   const bool skip_corrupt = config.get_string("tile.on_corrupt_tile") == "skip";
-  // The slides kept open from planning, by plan (plans are in input order, as the inputs).
-  std::vector<std::unique_ptr<io::Slide>> open_slides;
-  if (kept) {
-    auto by_input = kept->take();
-    for (const auto& p : plans) open_slides.push_back(std::move(by_input[order[p.input.id]]));
-  }
-  Extractor extractor(plans, std::move(open_slides), attributes, normalizer.get(),
-                      static_cast<int>(config.get_int("shards.write_batch")), skip_corrupt, threads);
+  Extractor extractor(plans, attributes, normalizer.get(), static_cast<int>(config.get_int("shards.write_batch")),
+                      skip_corrupt, threads);
   std::map<std::string, std::string> extract_failed;
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
@@ -1107,7 +1041,6 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       core::fault::at("tile.shard-finished");
       written.push_back(span);
     }
-    extractor.close_slides();
     progress.finish();
   }
   // Every rank's finished shards are recorded (the rerun keeps them); the manifest is the rerun's to write.

@@ -8,10 +8,9 @@
 //    (core::part_begin), each cut into shards of at most shards.tiles_per_shard (assign_shards). Each rank reads its
 //    part (best level + area resampling, stain normalization) into its own shards, written as
 //    `shard-NNNNN.h5.unchecked`; a shard touched by a slide that failed anywhere is rewritten without that slide's
-//    tiles; rank 0 writes manifest.json last. On one rank the slides stay open from planning to extraction (bounded:
-//    each opened once, and the tiles planning decoded at the tiles' level are read from the slide's cache). A damaged
-//    tile (its decode fails or warns) fails its slide like any unreadable region; with tile.on_corrupt_tile: skip it is
-//    left out of its shard instead, and the manifest counts per slide the planned tiles no shard holds (corrupt_tiles).
+//    tiles; rank 0 writes manifest.json last. A damaged tile (its decode fails or warns) fails its slide like any
+//    unreadable region; with tile.on_corrupt_tile: skip it is left out of its shard instead, and the manifest counts
+//    per slide the planned tiles no shard holds (corrupt_tiles).
 // Resume (preprocessing/tile_resume.h): the job's hash (config + slide files) is kept in `.tessera-tile-state.json`
 // and a record per extracted shard in `.tessera-tile-shards/`; a rerun of the same job keeps every shard whose record
 // and file agree and extracts only the rest; a finished job is reported up to date; `force` starts over.
