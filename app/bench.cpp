@@ -96,6 +96,8 @@ Action setup_bench(CLI::App& command) {
   tile_cmd->add_option("--rounds", tile->rounds, "Alternated rounds of the tiling measurements (best of each)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  tile_cmd->add_option("--qc", tile->qc, "on|off: slide quality control in the tiling jobs (on: tile's default)")
+      ->capture_default_str();
   tile_cmd->add_option("--read-mb", tile->read_set_mb, "Least size of the shard set the readers are compared on")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

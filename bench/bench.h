@@ -27,6 +27,7 @@ struct TileBenchOptions {
   std::string workdir = "data/bench-tile";
   int rounds = 5;         // alternated rounds of the tiling measurements (best of each)
   int read_set_mb = 512;  // least size of the shard set the readers are compared on
+  bool qc = true;         // slide quality control in the tiling jobs (tile's default); off: the like-for-like figures
 };
 
 int run_bench_tile(const TileBenchOptions& options);

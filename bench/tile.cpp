@@ -190,7 +190,8 @@ void write_job(const std::string& path, const std::string& csv, const std::strin
                int max_tiles_per_slide = 0) {
   std::ofstream(path) << "input:\n  csv: " << csv << "\noutput: " << out << "\ntile:\n  size: " << o.tile_size
                       << "\n  mpp: " << o.mpp << "\nshards:\n  tiles_per_shard: 4096\nsampling:\n"
-                      << "  max_tiles_per_slide: " << max_tiles_per_slide << "\n";
+                      << "  max_tiles_per_slide: " << max_tiles_per_slide
+                      << "\nqc:\n  enabled: " << (o.qc ? "true" : "false") << "\n";
 }
 
 // Reads every byte of the files with plain read() calls into one reused buffer; returns the bytes.
@@ -497,9 +498,9 @@ int run_bench_tile(const TileBenchOptions& o) {
   }
 
   std::cout << fmt::format(
-      "\n{} tiles from {} slides (read through: {}); {} stored {} tiles ({:.0f} Mpixel) "
+      "\n{} tiles from {} slides (read through: {}), quality control {}; {} stored {} tiles ({:.0f} Mpixel) "
       "under them\n",
-      tiles, manifest.slides.size(), reader_names, decode.tiles, encodings, decode.megapixels);
+      tiles, manifest.slides.size(), reader_names, o.qc ? "on" : "off", decode.tiles, encodings, decode.megapixels);
   std::cout << fmt::format("machine: {} cores; load average (1, 5, 15 min) {} at the start, {} at the end\n\n",
                            std::thread::hardware_concurrency(), load_before, load_average());
   std::cout << fmt::format("{:<58} {:>7} {:>8} {:>7} {:>8}  {:>7} {:>7}\n",

@@ -22,6 +22,7 @@ enum class Action { kill, stop, wait, signal, fail };
 struct Spec {
   std::string point;
   std::int64_t after = 1;
+  std::int64_t times = 1;
   std::optional<int> rank;
   Action action = Action::kill;
   int error = 0;   // for Action::fail
@@ -30,7 +31,7 @@ struct Spec {
 
 [[noreturn]] void malformed(const std::string& value, const std::string& why) {
   std::fprintf(stderr,
-               "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ rank=<r>][ "
+               "tessera: TESSERA_FAULT='%s': %s (expected \"<point>[ after=<n>][ times=<n>][ rank=<r>][ "
                "do=kill|stop|wait|usr1|term|enospc|eio]\")\n",
                value.c_str(), why.c_str());
   std::_Exit(2);
@@ -63,6 +64,8 @@ std::optional<Spec> parse(const char* env) {
     const std::string v = word.substr(eq + 1);
     if (key == "after") {
       spec.after = parse_count(value, v, 1);
+    } else if (key == "times") {
+      spec.times = parse_count(value, v, 1);
     } else if (key == "rank") {
       spec.rank = static_cast<int>(parse_count(value, v, 0));
     } else if (key == "do") {
@@ -119,7 +122,8 @@ bool fires(std::string_view point, Action* action, int* error, int* signal) {
   if (!s.spec || s.spec->point != point) return false;
   if (s.spec->rank && *s.spec->rank != launcher_rank()) return false;
   std::lock_guard lock(s.mutex);
-  if (++s.hits != s.spec->after) return false;
+  const std::int64_t hit = ++s.hits;
+  if (hit < s.spec->after || hit >= s.spec->after + s.spec->times) return false;
   *action = s.spec->action;
   *error = s.spec->error;
   *signal = s.spec->signal;

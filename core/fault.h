@@ -4,10 +4,11 @@
 // test of one flag). Tests set it to reproduce a kill, a full disk or a
 // failing write at an exact place instead of racing a timer:
 //
-//   TESSERA_FAULT="<point>[ after=<n>][ rank=<r>][ do=<action>]"
+//   TESSERA_FAULT="<point>[ after=<n>][ times=<n>][ rank=<r>][ do=<action>]"
 //
 //   point   the name a call site passes to fault::at / fault::error_at, e.g. "train.checkpoint-published"
 //   after   fire on the n-th time the point is reached in this process (default 1)
+//   times   and on the hits after it, n in all (default 1): a failure that persists, e.g. a file that stays unreadable
 //   rank    fire only on this MPI world rank (default: every rank); read from the launcher's environment
 //   do      kill   — SIGKILL this process at fault::at (as a killed job, a node failure or a Slurm time limit's
 //                    second signal would; nothing after the point runs, no destructor, no atexit)
@@ -37,6 +38,10 @@
 //                              written                                                      (app/infer.cpp)
 //   infer.batch                every rank, after each batch of a slide's tiles is scored (engine/slide_inference.cpp)
 //   tile.tile                  each tile read into a shard                          (preprocessing/tile_job.cpp)
+//   tile.read                  each tile read into a shard, in tile order (eio: its read fails, which ends the
+//                              job)                                                 (preprocessing/tile_job.cpp)
+//   tile.open                  each slide opened to extract its tiles (eio: the opening fails as an unreadable
+//                              file's would)                                        (preprocessing/tile_job.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)
 //   checkpoint.write           each tensor written to a checkpoint (enospc, eio)           (io/checkpoint.cpp)
 //   heatmap.write              each dataset written to a heatmap file (enospc, eio)        (io/heatmap.cpp)

@@ -488,22 +488,33 @@ class Extractor {
     std::string what;
     bool corrupt = false;
   };
-  static ReadError read_error(const core::Error& e) {
-    return {e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+  // The outcome of a read that threw `error`: an input error becomes the tile's ReadError; anything else (an
+  // internal error, a failing system) is thrown again, to end the job.
+  static ReadError read_error(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const core::Error& e) {
+      if (e.kind() != core::ErrorKind::input) throw;
+      return {e.what(), dynamic_cast<const core::CorruptTileError*>(&e) != nullptr};
+    }
   }
 
   // Reads tiles [begin, end) of `tiles` into `images` (tile_bytes each, white where nothing is read) and records
   // in read_dropped_ which were left out as damaged. Tiles of slides read directly are read on threads_ threads
-  // first; then, in tile order, each tile's outcome is taken as a sequential read would: the others read through
-  // the slide's window, a slide's first failure recorded in `failed` and its later tiles left white.
+  // first, each catching what its read throws; then, in tile order, each tile's outcome is taken as a sequential read
+  // would: the others read through the slide's window, a slide's first failure recorded in `failed`, and its later
+  // tiles left white whatever their reads gave (an internal error on a tile after its slide's failure ends nothing, as
+  // one thread reading in order would never have read it). A slide that cannot be opened fails at its first tile,
+  // opened once.
   void read_batch(const std::vector<JobTile>& tiles, std::size_t begin, std::size_t end, std::uint8_t* images,
                   std::map<std::string, std::string>& failed) {
     const int t_size = attributes_.tile_size;
     const std::size_t tile_bytes = static_cast<std::size_t>(t_size) * t_size * 3;
     const std::size_t n = end - begin;
     read_dropped_.assign(n, 0);
-    std::vector<std::optional<ReadError>> errors(n);
-    std::vector<char> parallel(n, 0);  // read below, on the threads
+    std::vector<std::exception_ptr> errors(n);  // per tile: what its read threw
+    std::vector<char> parallel(n, 0);           // read below, on the threads
+    std::vector<int> injected(n, 0);            // fault point tile.read: the errno its read fails with
     while (!opened_.empty() && opened_.begin()->first < tiles[begin].slide) close_slide(opened_.begin()->first);
     for (std::size_t k = begin; k < end; ++k) {
       // SIGTERM: this shard is left unfinished (".unchecked"; the rerun removes it and extracts it again).
@@ -511,29 +522,38 @@ class Extractor {
       core::throw_if_terminated(current_shard_);
       const auto& plan = plans_[tiles[k].slide];
       if (failed.contains(plan.input.id)) continue;
-      const io::Slide* s = open(tiles[k].slide, errors[k - begin]);
-      parallel[k - begin] = s != nullptr && (s->reads_tiff_directly() || s->is_dicom()) ? 1 : 0;
+      const io::Slide* s = open(tiles[k].slide, failed);
+      if (s == nullptr) continue;  // failed now
+      // Fault point "tile.read" (core/fault.h): each tile to be read, in tile order whatever the thread count; do=eio
+      // makes its read fail as a failing disk would, which is not the slide's fault and ends the job.
+      injected[k - begin] = core::fault::error_at("tile.read");
+      parallel[k - begin] = s->reads_tiff_directly() || s->is_dicom() ? 1 : 0;
     }
+    const auto read_tile = [&](std::size_t j, const auto& read) {
+      try {
+        if (injected[j] != 0) {
+          const auto& t = tiles[begin + j];
+          throw core::InternalError(fmt::format("{}: reading tile ({}, {}) failed: {} (fault injected at tile.read)",
+                                                plans_[t.slide].input.path, plans_[t.slide].tiles[t.tile].x,
+                                                plans_[t.slide].tiles[t.tile].y, std::strerror(injected[j])));
+        }
+        read();
+      } catch (...) {
+        errors[j] = std::current_exception();
+      }
+    };
     std::atomic<std::size_t> next{0};
     core::run_on_threads(threads_, [&](int) {
-      try {
-        for (std::size_t j = next++; j < n; j = next++) {
-          if (parallel[j] == 0) continue;
-          const auto& t = tiles[begin + j];
-          const auto& planned = plans_[t.slide].tiles[t.tile];
-          try {
-            std::uint8_t* pixels = images + j * tile_bytes;
-            const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
-            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
-                      pixels);
-          } catch (const core::Error& e) {
-            if (e.kind() != core::ErrorKind::input) throw;
-            errors[j] = read_error(e);
-          }
-        }
-      } catch (...) {
-        next = n;  // the others stop too
-        throw;
+      for (std::size_t j = next++; j < n; j = next++) {
+        if (parallel[j] == 0) continue;
+        const auto& t = tiles[begin + j];
+        const auto& planned = plans_[t.slide].tiles[t.tile];
+        read_tile(j, [&] {
+          std::uint8_t* pixels = images + j * tile_bytes;
+          const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
+          copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
+                    pixels);
+        });
       }
     });
     for (std::size_t j = 0; j < n; ++j) {
@@ -545,22 +565,19 @@ class Extractor {
         continue;
       }
       if (!errors[j] && parallel[j] == 0) {
-        try {
-          copy_tile(read_through_window(t.slide, plan.tiles[t.tile].x, plan.tiles[t.tile].y), pixels);
-        } catch (const core::Error& e) {
-          if (e.kind() != core::ErrorKind::input) throw;
-          errors[j] = read_error(e);
-        }
+        read_tile(j,
+                  [&] { copy_tile(read_through_window(t.slide, plan.tiles[t.tile].x, plan.tiles[t.tile].y), pixels); });
       }
       if (!errors[j]) continue;
+      const ReadError error = read_error(errors[j]);
       std::fill(pixels, pixels + tile_bytes, std::uint8_t{255});
-      if (skip_corrupt_ && errors[j]->corrupt) {
+      if (skip_corrupt_ && error.corrupt) {
         read_dropped_[j] = 1;
         auto& corrupt = corrupt_[plan.input.id];
-        if (corrupt.count++ == 0) corrupt.first = errors[j]->what;
+        if (corrupt.count++ == 0) corrupt.first = error.what;
       } else {
-        failed[plan.input.id] = errors[j]->what;
-        spdlog::error("{}", errors[j]->what);
+        failed[plan.input.id] = error.what;
+        spdlog::error("{}", error.what);
         close_slide(t.slide);
       }
     }
@@ -575,17 +592,26 @@ class Extractor {
   }
 
   // The slide of plan `index`, opened when first needed (read_batch closes those of earlier plans: tiles come in
-  // slide order). Null with `error` set when it cannot be opened.
-  const io::Slide* open(std::uint32_t index, std::optional<ReadError>& error) {
+  // slide order). Null when it cannot be opened: the slide's failure is then recorded in `failed` (its first, since
+  // its tiles come after its opening), so it is never tried again.
+  const io::Slide* open(std::uint32_t index, std::map<std::string, std::string>& failed) {
     if (const auto it = opened_.find(index); it != opened_.end()) return it->second.get();
+    const auto& plan = plans_[index];
     try {
+      // Fault point "tile.open" (core/fault.h): each slide opened to extract its tiles; do=eio makes the opening fail
+      // as an unreadable file would.
+      if (const int error = core::fault::error_at("tile.open"); error != 0) {
+        throw core::InputError(fmt::format("cannot open: {} (fault injected at tile.open)", std::strerror(error)),
+                               plan.input.path);
+      }
       io::SlideOpenOptions options;
-      options.assume_mpp = plans_[index].assume_mpp;
-      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plans_[index].input.path, options)))
+      options.assume_mpp = plan.assume_mpp;
+      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plan.input.path, options)))
           .first->second.get();
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;
-      error = read_error(e);
+      failed[plan.input.id] = e.what();
+      spdlog::error("{}", e.what());
       return nullptr;
     }
   }

@@ -11,9 +11,11 @@
 # detection, no labelling and no QC; QC off is the like-for-like comparison, QC on what a user runs by default.
 # Prints per side the best and median wall and CPU time, the ratios Python / Tessera, and the load average of each
 # run. Everything is in the work folder (slides made once with `tessera synth`, runs/<side>-<round>.log).
+# BEFORE=<another tessera binary> adds its QC-on and QC-off jobs to the same rounds (sides before-qc-on and
+# before-qc-off), to compare two builds under the same load, and prints each build's time over the other's.
 #
 #   scripts/bench-tile-python.sh [work folder]          (default data/bench-tile-python)
-#   SLIDES=64 SIZE=8192 ROUNDS=3 TILE=96 MPP=1.0 TESSERA=build/app/tessera scripts/bench-tile-python.sh
+#   SLIDES=64 SIZE=8192 ROUNDS=3 TILE=96 MPP=1.0 TESSERA=build/app/tessera BEFORE= scripts/bench-tile-python.sh
 set -euo pipefail
 
 TESSERA=${TESSERA:-build/app/tessera}
@@ -33,14 +35,15 @@ SCRIPT=$(realpath "$(dirname "$0")/bench_tile_python.py")
 mkdir -p "$WORK/runs"
 WORK=$(realpath "$WORK")
 TESSERA=$(realpath "$TESSERA")
+BEFORE=${BEFORE:+$(realpath "$BEFORE")}
 slides="$WORK/slides-${SLIDES}x$SIZE"
 if [ ! -f "$slides/dataset.csv" ]; then
   "$TESSERA" synth --out "$slides" --slides "$SLIDES" --size "$SIZE" --seed 11 --set preview.enabled=false \
     >"$WORK/synth.log" 2>&1
 fi
-for side in qc-on qc-off; do
+for side in qc-on qc-off before-qc-on before-qc-off; do
   printf 'input:\n  csv: %s\noutput: %s\ntile:\n  size: %s\n  mpp: %s\nqc:\n  enabled: %s\n' "$slides/dataset.csv" \
-    "$WORK/runs/$side" "$TILE" "$MPP" "$([ $side = qc-on ] && echo true || echo false)" >"$WORK/$side.yaml"
+    "$WORK/runs/$side" "$TILE" "$MPP" "$(case $side in *qc-on) echo true ;; *) echo false ;; esac)" >"$WORK/$side.yaml"
 done
 
 # A warm-up run of each Tessera side (the slides are then in the page cache for every measured run), and the Python
@@ -48,6 +51,11 @@ done
 # io::Slide::plan_read_at_mpp: the coarsest level at most 1% finer than the target; its pixels as they are when
 # that level is at the target resolution, else the tile's footprint, resized by the loop).
 for side in qc-on qc-off; do "$TESSERA" tile "$WORK/$side.yaml" --force >"$WORK/runs/$side-warmup.log" 2>&1; done
+if [ -n "$BEFORE" ]; then
+  for side in before-qc-on before-qc-off; do
+    "$BEFORE" tile "$WORK/$side.yaml" --force >"$WORK/runs/$side-warmup.log" 2>&1
+  done
+fi
 "$PYTHON" - "$WORK/runs/qc-off" "$TILE" "$MPP" "$WORK/tiles.csv" <<'EOF'
 import json, math, sys
 import h5py, openslide
@@ -91,6 +99,8 @@ run() {
   if [ "$side" = python ]; then
     { time "$PYTHON" "$SCRIPT" "$WORK/tiles.csv" "$TILE" "$WORK/runs/python.h5" "$WORK/runs/python-$round.rate" \
       >"$log" 2>&1; } 2>"$WORK/runs/$side-$round.time"
+  elif [ "${side#before-}" != "$side" ]; then
+    { time "$BEFORE" tile "$WORK/$side.yaml" --force >"$log" 2>&1; } 2>"$WORK/runs/$side-$round.time"
   elif [ "$side" = qc-off-1thread ]; then
     { time "$TESSERA" tile "$WORK/qc-off.yaml" --force --set tile.threads=1 >"$log" 2>&1; } \
       2>"$WORK/runs/$side-$round.time"
@@ -101,21 +111,23 @@ run() {
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 sides=(qc-on qc-off qc-off-1thread python)
+[ -z "$BEFORE" ] || sides+=(before-qc-on before-qc-off)
 for ((round = 1; round <= ROUNDS; ++round)); do
   for ((k = 0; k < ${#sides[@]}; ++k)); do run "${sides[$(((k + round - 1) % ${#sides[@]}))]}"; done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-"$PYTHON" - "$WORK" "$ROUNDS" <<'EOF'
+"$PYTHON" - "$WORK" "$ROUNDS" "${BEFORE:+before}" <<'EOF'
 import json, statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
+work, rounds, before = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "before"
 def tiles(side):
     if side == "python":
         return sum(1 for _ in open(f"{work}/tiles.csv"))
     folder = "qc-off" if side == "qc-off-1thread" else side
     return sum(s["tiles"] for s in json.load(open(f"{work}/runs/{folder}/manifest.json"))["shards"])
 figures = {}
-for side in ("qc-on", "qc-off", "qc-off-1thread", "python"):
+sides = ["qc-on", "qc-off", "qc-off-1thread", "python"] + (["before-qc-on", "before-qc-off"] if before else [])
+for side in sides:
     runs = [tuple(map(float, open(f"{work}/runs/{side}-{r}.time").read().split())) for r in range(1, rounds + 1)]
     wall = [r[0] for r in runs]
     cpu = [r[1] + r[2] for r in runs]
@@ -123,8 +135,12 @@ for side in ("qc-on", "qc-off", "qc-off-1thread", "python"):
     print(f"{side:14s} {tiles(side):6d} tiles; wall best {min(wall):.2f} s median {statistics.median(wall):.2f} s "
           f"(each: {', '.join(f'{w:.2f}' for w in wall)}); CPU best {min(cpu):.2f} s; "
           f"load before each run {', '.join(f'{r[3]:.2f}' for r in runs)}")
-for side in ("qc-on", "qc-off", "qc-off-1thread"):
+for side in [s for s in sides if s != "python"]:
     p, t = figures["python"], figures[side]
     print(f"python / tessera tile {side}: {p[0] / t[0]:.2f}x by best wall, {p[1] / t[1]:.2f}x by median wall, "
           f"{p[2] / t[2]:.2f}x by best CPU")
+for side in ("qc-on", "qc-off") if before else ():
+    b, t = figures["before-" + side], figures[side]
+    print(f"before / this build, {side}: {b[0] / t[0]:.2f}x by best wall, {b[1] / t[1]:.2f}x by median wall, "
+          f"{b[2] / t[2]:.2f}x by best CPU")
 EOF

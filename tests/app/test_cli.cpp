@@ -49,8 +49,8 @@ TEST(Cli, UnknownVerbSuggestsTheClosestAndExitsWithUsageCode) {
 }
 
 TEST(Cli, AMalformedFaultInjectionIsRefusedBeforeAnyWork) {
-  for (const std::string spec :
-       {"", "after=2", "train.step after=0", "train.step after=two", "train.step do=explode", "train.step when=now"}) {
+  for (const std::string spec : {"", "after=2", "train.step after=0", "train.step times=0", "train.step after=two",
+                                 "train.step do=explode", "train.step when=now"}) {
     if (spec.empty()) continue;
     const auto r = testing::run_script("TESSERA_FAULT='" + spec + "' $TESSERA --version");
     EXPECT_EQ(r.code, 2) << spec;

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -118,6 +119,53 @@ TEST_F(Integrity, DamagedTileFailsItsSlideAloneAndTheOtherIsTiledAsFromIntactFil
   }
   ASSERT_FALSE(expected.empty());
   EXPECT_EQ(testing::shard_tiles(dir_->file("fail-tiles")), expected);
+
+  // The reading threads read a batch's tiles before its tiles' outcomes are taken in order: an error that is not the
+  // input's (fault point tile.read, do=eio: a failing disk) on the tile after the slide's damaged one ends nothing,
+  // as one thread reading in order would never read that tile; on a tile of the intact slide it ends the job. One
+  // thread and three give the same outcome. The whole job is one batch, so that both tiles are read together. (Here
+  // rather than in a test of its own, which would pay for the suite's slides again.)
+  std::vector<std::tuple<std::string, std::int64_t, std::int64_t>> order;  // the job's tiles in order
+  for (int index = 0;; ++index) {
+    const std::string path = dir_->file("intact-tiles") + "/" + fmt::format("shard-{:05d}.h5", index);
+    if (!fs::exists(path)) break;
+    const auto shard = io::ShardFile::open(path);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(shard.size()); ++i) {
+      order.emplace_back(shard.slides()[shard.slide_indices()[i]], shard.coords()[2 * i], shard.coords()[2 * i + 1]);
+    }
+  }
+  std::size_t damaged = order.size(), intact_tile = order.size();
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const auto& [slide, x, y] = order[k];
+    if (slide == "tumor_001" && on_damaged_tile(x, y) && damaged == order.size()) damaged = k;
+    if (slide == "normal_001" && intact_tile == order.size()) intact_tile = k;
+  }
+  ASSERT_LT(damaged + 1, order.size());
+  ASSERT_EQ(std::get<0>(order[damaged + 1]), "tumor_001") << "the tile after the damaged one is of its slide";
+  ASSERT_LT(intact_tile, order.size());
+  const auto tile = [&](std::size_t fault_tile, int threads, const std::string& out) {
+    // tile.read counts the tiles read, in order: tile k is its (k + 1)-th hit.
+    return testing::run_script("TESSERA_FAULT='tile.read after=" + std::to_string(fault_tile + 1) +
+                               " do=eio' $TESSERA tile " + job("damaged", out) +
+                               " --set shards.tiles_per_shard=100000 --set shards.write_batch=65536 "
+                               "--set tile.threads=" +
+                               std::to_string(threads));
+  };
+  for (const int threads : {1, 3}) {
+    SCOPED_TRACE(std::to_string(threads) + " thread(s)");
+    const std::string out = "after-failure-" + std::to_string(threads);
+    const auto after = tile(damaged + 1, threads, out);
+    EXPECT_EQ(after.code, 3) << after.err;
+    const auto m = io::read_manifest(dir_->file(out + "/manifest.json"));
+    ASSERT_EQ(m.failures.size(), 1u);
+    EXPECT_EQ(m.failures[0].slide, "tumor_001");
+    EXPECT_TRUE(contains(m.failures[0].error, "Corrupt JPEG data")) << m.failures[0].error;
+    EXPECT_EQ(testing::shard_tiles(dir_->file(out)), expected);
+  }
+  const auto ended = tile(intact_tile, 3, "ended");
+  EXPECT_EQ(ended.code, 1) << ended.err;
+  EXPECT_TRUE(contains(ended.err, "Input/output error (fault injected at tile.read)")) << ended.err;
+  EXPECT_FALSE(fs::exists(dir_->file("ended/manifest.json")));
 }
 
 TEST_F(Integrity, SkipLeavesTheDamagedTilesOutAndCountsThem) {

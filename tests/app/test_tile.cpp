@@ -269,6 +269,11 @@ TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {
   EXPECT_GT(checked, 50);
 }
 
+// Also: a slide that cannot be opened for extraction fails once, at its first tile, and is not tried again for its
+// other tiles. The first two openings for extraction fail (fault point tile.open, do=eio, twice): they are those of
+// the first two slides with tiles, which fail; tried again for each tile of a batch, the second failure would hit the
+// first slide again and the second slide would be tiled. (Here rather than in a test of its own, which would pay for
+// the suite's slides again.)
 TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
   ASSERT_EQ(run("tile " + job("one")).code, 0);
   const auto r = run_mpi(2, "tile " + job("two"));
@@ -277,6 +282,26 @@ TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
   const auto two = testing::shard_tiles(dir_->file("two"));
   EXPECT_EQ(one.size(), two.size());
   EXPECT_TRUE(one == two) << "the same tiles with the same pixels, whatever the rank count";
+
+  std::vector<std::string> first;  // the slides with tiles, in input (and extraction) order
+  for (const auto& s : io::read_manifest(dir_->file("one/manifest.json")).slides) {
+    if (s.tiles > 0) first.push_back(s.id);
+  }
+  ASSERT_GE(first.size(), 3u) << "the job must have a third slide with tiles for the test to show anything";
+  const auto unopened =
+      testing::run_script("TESSERA_FAULT='tile.open after=1 times=2 do=eio' $TESSERA tile " + job("unopened"));
+  EXPECT_EQ(unopened.code, 3) << unopened.err;
+  std::set<std::string> failed;
+  for (const auto& f : io::read_manifest(dir_->file("unopened/manifest.json")).failures) {
+    failed.insert(f.slide);
+    EXPECT_TRUE(contains(f.error, "cannot open: Input/output error (fault injected at tile.open)")) << f.error;
+  }
+  EXPECT_EQ(failed, (std::set<std::string>{first[0], first[1]}));
+  std::map<testing::ShardTileKey, std::uint64_t> expected;  // the other slides' tiles, as on one rank
+  for (const auto& [key, sum] : one) {
+    if (!failed.contains(std::get<0>(key))) expected[key] = sum;
+  }
+  EXPECT_EQ(testing::shard_tiles(dir_->file("unopened")), expected);
 }
 
 TEST_F(Tile, ThreadsGiveTheSameShards) {
