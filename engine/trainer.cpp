@@ -413,36 +413,42 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   std::size_t buffer_values = 0;
   for (const auto* b : buffers) buffer_values += b->value.size();
   // The centre's statistics for its weights now (collective; every buffer's values in order), and the step they were
-  // recomputed at (the centre changes only in a step).
+  // recomputed at: the centre changes only in a step, so those of this step serve again (a checkpoint of
+  // train.checkpoint_every at an epoch's last step, then the epoch's end).
   std::vector<float> center_statistics;
   std::int64_t center_statistics_step = -1;
   auto recompute_center_statistics = [&](bool live) {
-    const auto t_recompute = clock_type::now();
-    strategy->settle(params, buffers);
-    bn_data->start_epoch(0);
-    io::Batch bn_batch;
-    Tensor bn_input;
-    center_statistics.assign(buffer_values, 0.0f);
-    strategy->with_evaluation_model(params, buffers, [&] {
-      recalibrate_batch_norm(
-          *model, bn_batches,
-          [&](std::int64_t) -> const Tensor& {
-            if (!bn_data->next(bn_batch)) {
-              throw core::InternalError(fmt::format("the training data ended before {} batches", bn_batches));
-            }
-            train_inputs.build(bn_batch, seed, 0, bn_input);
-            return bn_input;
-          },
-          comm);
-      pack_values({}, buffers, center_statistics.data());
-      if (live) strategy->set_center_buffers(buffers);
-    });
-    center_statistics_step = at.step;
-    if (comm.is_root()) {
-      spdlog::debug("the centre's batch-norm statistics recomputed at step {} in {:.3f} s{}", at.step,
-                    std::chrono::duration<double>(clock_type::now() - t_recompute).count(),
-                    live ? ", the live centre's from now on" : "");
+    if (center_statistics_step != at.step) {
+      const auto t_recompute = clock_type::now();
+      strategy->settle(params, buffers);
+      bn_data->start_epoch(0);
+      io::Batch bn_batch;
+      Tensor bn_input;
+      center_statistics.assign(buffer_values, 0.0f);
+      strategy->with_evaluation_model(params, buffers, [&] {
+        recalibrate_batch_norm(
+            *model, bn_batches,
+            [&](std::int64_t) -> const Tensor& {
+              if (!bn_data->next(bn_batch)) {
+                throw core::InternalError(fmt::format("the training data ended before {} batches", bn_batches));
+              }
+              train_inputs.build(bn_batch, seed, 0, bn_input);
+              return bn_input;
+            },
+            comm);
+        pack_values({}, buffers, center_statistics.data());
+      });
+      center_statistics_step = at.step;
+      if (comm.is_root()) {
+        spdlog::debug("the centre's batch-norm statistics recomputed at step {} in {:.3f} s", at.step,
+                      std::chrono::duration<double>(clock_type::now() - t_recompute).count());
+      }
     }
+    if (!live) return;
+    strategy->with_evaluation_model(params, buffers, [&] {
+      unpack_values(center_statistics.data(), {}, buffers);
+      strategy->set_center_buffers(buffers);
+    });
   };
   // Every checkpoint: with the centre's own statistics as its /buffers, recomputed unless they are this step's.
   auto write_checkpoint = [&](const fs::path& path) {
