@@ -130,6 +130,20 @@ TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
   strategy.settle(t.params, t.buffers);
 }
 
+// Starts `strategy` from every value k of `t` at scale·k + shift; then every rank moves its replica by rank + 1 and
+// exchanges once (the centre moved), and the strategy settles.
+void exchange_once_and_settle(AsyncEasgdStrategy& strategy, Tensors& t, float scale, float shift) {
+  const int r = core::Comm::world().rank();
+  std::vector<float> values(t.size());
+  for (std::size_t k = 0; k < values.size(); ++k) values[k] = scale * static_cast<float>(k) + shift;
+  unpack_values(values.data(), t.params, t.buffers);
+  strategy.initialize(t.params, t.buffers);  // ends with a barrier: every slice holds the initial centre
+  for (auto& v : values) v += static_cast<float>(r + 1);
+  unpack_values(values.data(), t.params, t.buffers);
+  strategy.exchange(t.params, t.buffers);
+  strategy.settle(t.params, t.buffers);
+}
+
 // The centre validated and saved is one: settle() takes it once, the same on every rank, and with_evaluation_model()
 // and save_state() keep using it while another rank exchanges again (without it, rank 0 would fetch a centre that
 // moved between validating and saving). This rank's own next exchange lets go of it.
@@ -138,19 +152,8 @@ TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
   const int p = world.size();
   const int r = world.rank();
   Tensors t;
-  const std::size_t n = t.size();
-  std::vector<float> start(n);
-  for (std::size_t k = 0; k < n; ++k) start[k] = 0.5f * static_cast<float>(k) - 2.0f;
-  unpack_values(start.data(), t.params, t.buffers);
   AsyncEasgdStrategy strategy(world, {.tau = 1, .alpha = 0.25f / static_cast<float>(std::max(p, 1))});
-  strategy.initialize(t.params, t.buffers);
-  world.barrier();
-  // Every rank moves its replica and exchanges once: the centre moved.
-  std::vector<float> moved(n);
-  for (std::size_t k = 0; k < n; ++k) moved[k] = start[k] + static_cast<float>(r + 1);
-  unpack_values(moved.data(), t.params, t.buffers);
-  strategy.exchange(t.params, t.buffers);
-  strategy.settle(t.params, t.buffers);
+  exchange_once_and_settle(strategy, t, 0.5f, -2.0f);
   const std::vector<float> taken = strategy.fetch_center();
   std::vector<float> evaluated;
   strategy.with_evaluation_model(t.params, t.buffers, [&] { evaluated = flatten(t.params, t.buffers); });
@@ -196,19 +199,9 @@ TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
 // values, so that with 4 ranks it spans two shards.
 TEST_F(AsyncEasgd, CentreBuffersReachTheWindows) {
   const auto world = core::Comm::world();
-  const int r = world.rank();
   Tensors t(6, 3, 5);
-  const std::size_t n = t.size();
-  std::vector<float> start(n);
-  for (std::size_t k = 0; k < n; ++k) start[k] = 0.25f * static_cast<float>(k) + 1.0f;
-  unpack_values(start.data(), t.params, t.buffers);
   AsyncEasgdStrategy strategy(world, {.tau = 1, .alpha = 0.25f / static_cast<float>(world.size())});
-  strategy.initialize(t.params, t.buffers);
-  std::vector<float> moved(n);
-  for (std::size_t k = 0; k < n; ++k) moved[k] = start[k] + static_cast<float>(r + 1);
-  unpack_values(moved.data(), t.params, t.buffers);
-  strategy.exchange(t.params, t.buffers);
-  strategy.settle(t.params, t.buffers);
+  exchange_once_and_settle(strategy, t, 0.25f, 1.0f);
   const std::vector<float> before = strategy.fetch_center();
   const std::vector<float> replica = flatten(t.params, t.buffers);
 
