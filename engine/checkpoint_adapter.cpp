@@ -105,23 +105,51 @@ OptimizerState from_checkpoint_state(const io::OptimizerState& state) {
   return result;
 }
 
-io::TensorMap to_checkpoint_center(const std::vector<std::vector<float>>& center, const std::vector<Param*>& params) {
-  if (center.size() != params.size()) {
-    fail("the EASGD centre has " + std::to_string(center.size()) + " tensors for " + std::to_string(params.size()) +
-         " parameters");
+namespace {
+
+// One vector per tensor of `tensors` (parameters or buffers), in their order, as tensors of `group` named and shaped
+// like them, and back.
+template <class T>
+io::TensorMap tensors_to_checkpoint(const char* group, const std::vector<std::vector<float>>& values,
+                                    const std::vector<T*>& tensors) {
+  if (values.size() != tensors.size()) {
+    fail(std::string("/") + group + " has " + std::to_string(values.size()) + " tensors for " +
+         std::to_string(tensors.size()) + " of the model");
   }
   io::TensorMap result;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    insert_unique(result, params[i]->name, make_tensor(params[i]->name, params[i]->shape, center[i]));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    insert_unique(result, tensors[i]->name, make_tensor(tensors[i]->name, tensors[i]->shape, values[i]));
   }
   return result;
 }
 
-std::vector<std::vector<float>> from_checkpoint_center(const io::TensorMap& center, const std::vector<Param*>& params) {
+template <class T>
+std::vector<std::vector<float>> tensors_from_checkpoint(const char* group, const io::TensorMap& map,
+                                                        const std::vector<T*>& tensors) {
   std::vector<std::vector<float>> result;
-  result.reserve(params.size());
-  for (const Param* p : params) result.push_back(find_tensor(center, "easgd/center", p->name, p->shape).data);
+  result.reserve(tensors.size());
+  for (const T* t : tensors) result.push_back(find_tensor(map, group, t->name, t->shape).data);
   return result;
+}
+
+}  // namespace
+
+io::TensorMap to_checkpoint_center(const std::vector<std::vector<float>>& center, const std::vector<Param*>& params) {
+  return tensors_to_checkpoint("easgd/center", center, params);
+}
+
+std::vector<std::vector<float>> from_checkpoint_center(const io::TensorMap& center, const std::vector<Param*>& params) {
+  return tensors_from_checkpoint("easgd/center", center, params);
+}
+
+io::TensorMap to_checkpoint_center_buffers(const std::vector<std::vector<float>>& values,
+                                           const std::vector<Buffer*>& buffers) {
+  return tensors_to_checkpoint("easgd/center_buffers", values, buffers);
+}
+
+std::vector<std::vector<float>> from_checkpoint_center_buffers(const io::TensorMap& tensors,
+                                                               const std::vector<Buffer*>& buffers) {
+  return tensors_from_checkpoint("easgd/center_buffers", tensors, buffers);
 }
 
 OptimizerState load_checkpoint_replica(const io::Replica& replica, const std::vector<Param*>& params,

@@ -48,6 +48,12 @@ OptimizerState from_checkpoint_state(const io::OptimizerState& state);
 // InternalError when the counts or sizes do not match the parameters, or (reading) a parameter is missing.
 io::TensorMap to_checkpoint_center(const std::vector<std::vector<float>>& center, const std::vector<Param*>& params);
 std::vector<std::vector<float>> from_checkpoint_center(const io::TensorMap& center, const std::vector<Param*>& params);
+// The centre's buffers (its batch-norm running statistics as the exchanges go on from them), one vector per buffer
+// in `buffers` order, as /easgd/center_buffers tensors and back; the same checks against the buffers.
+io::TensorMap to_checkpoint_center_buffers(const std::vector<std::vector<float>>& values,
+                                           const std::vector<Buffer*>& buffers);
+std::vector<std::vector<float>> from_checkpoint_center_buffers(const io::TensorMap& tensors,
+                                                               const std::vector<Buffer*>& buffers);
 
 // A replica read from a checkpoint (already checked against the model's layout) into the model's values; returns
 // its optimizer state for the optimizer's load_state.

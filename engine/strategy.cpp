@@ -123,19 +123,36 @@ void check_flat_layout(const char* strategy, const std::vector<std::size_t>& siz
   }
 }
 
-io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params) {
+void center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params,
+                          const std::vector<Buffer*>& buffers, io::Checkpoint& checkpoint) {
   std::vector<std::vector<float>> tensors;
-  tensors.reserve(params.size());
+  tensors.reserve(params.size() + buffers.size());
   auto at = center.begin();
-  for (const auto* p : params) {
-    if (static_cast<std::size_t>(center.end() - at) < p->value.size()) {
-      throw core::InternalError(
-          fmt::format("the centre ({} values) ends before parameter '{}'", center.size(), p->name));
+  auto take = [&](const std::string& name, std::size_t n) {
+    if (static_cast<std::size_t>(center.end() - at) < n) {
+      throw core::InternalError(fmt::format("the centre ({} values) ends before '{}'", center.size(), name));
     }
-    tensors.emplace_back(at, at + static_cast<std::ptrdiff_t>(p->value.size()));
-    at += static_cast<std::ptrdiff_t>(p->value.size());
+    tensors.emplace_back(at, at + static_cast<std::ptrdiff_t>(n));
+    at += static_cast<std::ptrdiff_t>(n);
+  };
+  for (const auto* p : params) take(p->name, p->value.size());
+  checkpoint.easgd_center = to_checkpoint_center(tensors, params);
+  tensors.clear();
+  for (const auto* b : buffers) take(b->name, b->value.size());
+  checkpoint.easgd_center_buffers = to_checkpoint_center_buffers(tensors, buffers);
+}
+
+std::vector<std::vector<float>> center_from_checkpoint(const io::Checkpoint& checkpoint,
+                                                       const std::vector<Param*>& params,
+                                                       const std::vector<Buffer*>& buffers) {
+  if (checkpoint.easgd_center.empty()) return {};
+  auto tensors = from_checkpoint_center(checkpoint.easgd_center, params);
+  if (!checkpoint.easgd_center_buffers.empty()) {
+    for (auto& b : from_checkpoint_center_buffers(checkpoint.easgd_center_buffers, buffers)) {
+      tensors.push_back(std::move(b));
+    }
   }
-  return to_checkpoint_center(tensors, params);
+  return tensors;
 }
 
 void Strategy::initialize(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
@@ -526,12 +543,16 @@ void EasgdStrategy::initialize(const std::vector<Param*>& params, const std::vec
   for_each_tensor(params, buffers,
                   [&](const std::vector<float>& v) { center_.insert(center_.end(), v.begin(), v.end()); });
   if (!loaded_.empty()) {
-    // A resumed run: the checkpoint's centre for the parameters (every rank read the same file).
+    // A resumed run: the checkpoint's centre, its parameters and (when the file has them) its buffers; every rank
+    // read the same file.
+    if (loaded_.size() > sizes_.size())
+      throw core::InternalError("easgd: the checkpoint's centre has too many tensors");
     std::size_t offset = 0;
-    for (std::size_t i = 0; i < params.size(); ++i) {
+    for (std::size_t i = 0; i < loaded_.size(); ++i) {
       if (loaded_[i].size() != sizes_[i]) {
-        throw core::InternalError(fmt::format("easgd: the checkpoint's centre of '{}' has {} values, the parameter {}",
-                                              params[i]->name, loaded_[i].size(), sizes_[i]));
+        throw core::InternalError(
+            fmt::format("easgd: the checkpoint's centre's tensor {} has {} values, the model's {}", i,
+                        loaded_[i].size(), sizes_[i]));
       }
       std::copy(loaded_[i].begin(), loaded_[i].end(), center_.begin() + static_cast<std::ptrdiff_t>(offset));
       offset += sizes_[i];
@@ -588,14 +609,16 @@ void EasgdStrategy::set_center_buffers(const std::vector<Buffer*>& buffers) {
   store_buffers(buffers, last_tensors_size(sizes_, buffers.size()), center_);
 }
 
-void EasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
+void EasgdStrategy::save_state(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                               io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw core::InternalError("easgd: save_state before initialize");
-  checkpoint.easgd_center = center_to_checkpoint(center_, params);
+  check_layout(params, buffers);
+  center_to_checkpoint(center_, params, buffers, checkpoint);
 }
 
-void EasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {
-  loaded_.clear();
-  if (!checkpoint.easgd_center.empty()) loaded_ = from_checkpoint_center(checkpoint.easgd_center, params);
+void EasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params,
+                               const std::vector<Buffer*>& buffers) {
+  loaded_ = center_from_checkpoint(checkpoint, params, buffers);
 }
 
 // ------------------------------------------------------------------------------------------------ registry

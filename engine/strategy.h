@@ -36,15 +36,18 @@
 //               Batch-norm running statistics (running_mean, running_var) are averaged into the centre like the
 //               parameters, but that average is not the statistics of the centre's averaged weights once the
 //               replicas have moved apart (16 ranks x 256, τ 8: averaged variances 2.3-4.2x the centre's own, a
-//               centre scoring AUC 0.13 that scores 0.999 with its own). So before every validation and epoch
-//               checkpoint the trainer recomputes them for the centre's weights on training tiles and hands them to
-//               set_center_buffers() (engine/batchnorm_recalibration.h; distributed.center_bn_tiles).
+//               centre scoring AUC 0.13 that scores 0.999 with its own). So before every validation and every
+//               checkpoint the trainer recomputes them for the centre's weights on training tiles
+//               (engine/batchnorm_recalibration.h; distributed.center_bn_tiles); at an epoch's end it also hands them
+//               to set_center_buffers(), and the live centre goes on from them.
 //               Evaluated and saved: the centre (parameters and running statistics). A checkpoint's /params and
-//               /buffers are the centre, so `tessera infer`/`predict` use it, and /easgd/center repeats the
-//               centre's parameters (docs/ARCHITECTURE.md). The checkpoint also carries every rank's replica and
-//               momentum
-//               (a replica file per rank, replicas_differ()): a run resumed on as many ranks continues bit for bit; on
-//               another rank count every replica starts again from the centre, with rank 0's momentum.
+//               /buffers are the centre with those statistics, so `tessera infer`/`predict` use it whichever
+//               checkpoint they read; /easgd/center repeats the centre's parameters and /easgd/center_buffers holds
+//               the live centre's buffers (between epochs still the elastic average: docs/ARCHITECTURE.md). The
+//               checkpoint also carries every rank's replica and momentum (a replica file per rank,
+//               replicas_differ(); on one rank too, whose replica is not the centre either): a run resumed on as
+//               many ranks continues bit for bit; on another rank count every replica starts again from the
+//               centre, with rank 0's momentum.
 //
 // Every strategy starts from identical replicas (rank 0's parameters and buffers broadcast). Every rank must call
 // every strategy method the same number of times (each may be collective): the trainer gives every rank the
@@ -143,23 +146,26 @@ class Strategy {
   // the centre for easgd), and puts the replica back afterwards, also when `fn` throws. Not collective.
   virtual void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                                      const std::function<void()>& fn);
-  // True when the ranks' replicas (and optimizer states) differ from one another and from what is evaluated, so
-  // that a checkpoint must carry each rank's own to resume bit for bit (easgd-type strategies).
+  // True when the ranks' replicas (and optimizer states) differ from what is evaluated (and from one another), so
+  // that a checkpoint must carry each rank's own to resume bit for bit, and the evaluated centre needs batch-norm
+  // statistics of its own (easgd-type strategies, on any rank count).
   virtual bool replicas_differ() const { return false; }
-  // Makes `buffers`' values the evaluated model's buffers (under easgd and two-level the live centre's from now on;
-  // under async-easgd the centre taken for this validation and checkpoint only, the windows' centre keeps the elastic
-  // average), for a strategy whose evaluated model is not the replica (replicas_differ()): the trainer calls it inside
-  // with_evaluation_model() with the centre's batch-norm statistics recomputed for the centre's own weights
-  // (engine/batchnorm_recalibration.h). The centre's parameters are untouched. Not collective: every rank gives the
-  // same values. InternalError for the other strategies (their evaluated model is the replica) and for buffers whose
-  // total size is not the strategy's.
+  // Makes `buffers`' values the live centre's buffers from now on (under async-easgd those of the centre taken and of
+  // the centre in the windows), for a strategy whose evaluated model is not the replica (replicas_differ()): the
+  // trainer calls it at an epoch's end inside with_evaluation_model() with the centre's batch-norm statistics
+  // recomputed for the centre's own weights (engine/batchnorm_recalibration.h). The centre's parameters are
+  // untouched. Every rank gives the same values; not collective, except under async-easgd. InternalError for the other
+  // strategies (their evaluated model is the replica) and for buffers whose total size is not the strategy's.
   virtual void set_center_buffers(const std::vector<Buffer*>& buffers);
 
-  // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center), and takes it back from
-  // a checkpoint being resumed (before initialize()). A checkpoint without it leaves the strategy to start from
-  // the loaded weights.
-  virtual void save_state(const std::vector<Param*>& /*params*/, io::Checkpoint& /*checkpoint*/) const {}
-  virtual void load_state(const io::Checkpoint& /*checkpoint*/, const std::vector<Param*>& /*params*/) {}
+  // Adds the strategy's own state to a checkpoint being written (easgd: /easgd/center and /easgd/center_buffers,
+  // the live centre), and takes it back from a checkpoint being resumed (before initialize()). A checkpoint without
+  // it leaves the strategy to start from the loaded weights (and one without /easgd/center_buffers the centre's
+  // buffers from /buffers).
+  virtual void save_state(const std::vector<Param*>& /*params*/, const std::vector<Buffer*>& /*buffers*/,
+                          io::Checkpoint& /*checkpoint*/) const {}
+  virtual void load_state(const io::Checkpoint& /*checkpoint*/, const std::vector<Param*>& /*params*/,
+                          const std::vector<Buffer*>& /*buffers*/) {}
 
   // Communication so far (this rank).
   const CommStats& stats() const { return stats_; }
@@ -260,10 +266,13 @@ class EasgdStrategy final : public Strategy {
   void after_update(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers, std::int64_t step) override;
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
-  bool replicas_differ() const override { return comm_.size() > 1; }
+  // On one rank too: the centre is then the elastic average of the one replica's past, not the replica.
+  bool replicas_differ() const override { return true; }
   void set_center_buffers(const std::vector<Buffer*>& buffers) override;
-  void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
-  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
+  void save_state(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                  io::Checkpoint& checkpoint) const override;
+  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params,
+                  const std::vector<Buffer*>& buffers) override;
 
   // One elastic exchange now (collective), as described at the top. initialize() must have run.
   void exchange(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers);
@@ -285,7 +294,8 @@ class EasgdStrategy final : public Strategy {
   std::vector<std::size_t> sizes_;          // element count of each parameter, then of each buffer
   std::vector<float> center_;               // x̃, flat (see center())
   std::vector<float> flat_;                 // the elastic differences d, then their sum
-  std::vector<std::vector<float>> loaded_;  // the centre's parameters from a checkpoint, until initialize()
+  std::vector<std::vector<float>> loaded_;  // the centre from a checkpoint (its parameters, then its buffers when
+                                            // the file has them), until initialize()
 };
 
 // The flat order every strategy keeps models in: every parameter's values, then every buffer's.
@@ -306,8 +316,14 @@ void run_with_values(const std::vector<Param*>& params, const std::vector<Buffer
 // every parameter, then every buffer, that the strategy was initialized with).
 void check_flat_layout(const char* strategy, const std::vector<std::size_t>& sizes, const std::vector<Param*>& params,
                        const std::vector<Buffer*>& buffers);
-// The parameters' part of a flat centre as a checkpoint's /easgd/center.
-io::TensorMap center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params);
+// A flat centre as a checkpoint's /easgd/center (its parameters) and /easgd/center_buffers (its buffers).
+void center_to_checkpoint(const std::vector<float>& center, const std::vector<Param*>& params,
+                          const std::vector<Buffer*>& buffers, io::Checkpoint& checkpoint);
+// And back: one vector per tensor, the parameters', then the buffers' when the checkpoint has them (empty: the
+// checkpoint has no centre).
+std::vector<std::vector<float>> center_from_checkpoint(const io::Checkpoint& checkpoint,
+                                                       const std::vector<Param*>& params,
+                                                       const std::vector<Buffer*>& buffers);
 
 // The one list of strategies (docs/ARCHITECTURE.md "Conventions": explicit registries).
 struct StrategyEntry {

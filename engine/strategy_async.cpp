@@ -68,14 +68,13 @@ void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std
     sizes_.push_back(v.size());
     total_ += v.size();
   });
-  if (!loaded_.empty()) {
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (loaded_[i].size() != sizes_[i]) {
-        throw core::InternalError(
-            fmt::format("async-easgd: the checkpoint's centre of '{}' has {} values, the "
-                        "parameter {}",
-                        params[i]->name, loaded_[i].size(), sizes_[i]));
-      }
+  if (loaded_.size() > sizes_.size())
+    throw core::InternalError("async-easgd: the checkpoint's centre has too many tensors");
+  for (std::size_t i = 0; i < loaded_.size(); ++i) {
+    if (loaded_[i].size() != sizes_[i]) {
+      throw core::InternalError(
+          fmt::format("async-easgd: the checkpoint's centre's tensor {} has {} values, the model's {}", i,
+                      loaded_[i].size(), sizes_[i]));
     }
   }
 
@@ -88,7 +87,8 @@ void AsyncEasgdStrategy::initialize(const std::vector<Param*>& params, const std
   slice_diff_.assign(largest, 0.0f);
 
   // This rank's slice of the initial centre: the (broadcast) replica, or the checkpoint's centre for the
-  // parameters. Stores into the window's memory, inside an exclusive epoch on this rank's own window.
+  // parameters (and the buffers, when the file has them). Stores into the window's memory, inside an exclusive epoch on
+  // this rank's own window.
   if (last > first) {
     auto* mine = static_cast<float*>(window_->local());
     window_->lock(comm_.rank(), true);
@@ -195,17 +195,33 @@ void AsyncEasgdStrategy::with_evaluation_model(const std::vector<Param*>& params
 
 void AsyncEasgdStrategy::set_center_buffers(const std::vector<Buffer*>& buffers) {
   if (!taken_) throw core::InternalError("async-easgd: set_center_buffers() without the centre settle() takes");
-  store_buffers(buffers, last_tensors_size(sizes_, buffers.size()), taken_center_);
+  const std::size_t values = last_tensors_size(sizes_, buffers.size());
+  store_buffers(buffers, values, taken_center_);
+  // The windows' centre too, each rank its own slice of the buffers (under an exclusive lock of its own window, as
+  // initialize() fills it), so that the exchanges go on from the values validated and saved.
+  const auto [first, last] = shard(comm_.rank());
+  const std::size_t lo = std::max(first, total_ - values);
+  if (lo < last) {
+    auto* mine = static_cast<float*>(window_->local());
+    window_->lock(comm_.rank(), true);
+    std::copy(taken_center_.begin() + static_cast<std::ptrdiff_t>(lo),
+              taken_center_.begin() + static_cast<std::ptrdiff_t>(last), mine + (lo - first));
+    window_->unlock(comm_.rank());
+  }
+  // No rank exchanges again before every slice holds them.
+  comm_.barrier();
 }
 
-void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
+void AsyncEasgdStrategy::save_state(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                                    io::Checkpoint& checkpoint) const {
   if (sizes_.size() < params.size()) throw core::InternalError("async-easgd: save_state before initialize");
-  checkpoint.easgd_center = center_to_checkpoint(taken_ ? taken_center_ : fetch_center(), params);
+  check_layout(params, buffers);
+  center_to_checkpoint(taken_ ? taken_center_ : fetch_center(), params, buffers, checkpoint);
 }
 
-void AsyncEasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {
-  loaded_.clear();
-  if (!checkpoint.easgd_center.empty()) loaded_ = from_checkpoint_center(checkpoint.easgd_center, params);
+void AsyncEasgdStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params,
+                                    const std::vector<Buffer*>& buffers) {
+  loaded_ = center_from_checkpoint(checkpoint, params, buffers);
 }
 
 }  // namespace tessera::engine

@@ -27,12 +27,13 @@
 // exchange is complete once it returns, and all ranks then see one centre.
 //
 // Evaluated and saved: the centre (parameters and running statistics), as easgd does: a checkpoint's /params and
-// /buffers are the centre and /easgd/center repeats its parameters; on resume every owner fills its slice from the
-// file, and every replica restarts from its own saved replica (replicas_differ(): io/checkpoint.h "Replica files")
-// on as many ranks, from the centre otherwise. The centre validated and saved is one: settle() (at every epoch end,
-// and at every checkpoint) takes it once, every rank held until it is taken, and with_evaluation_model() and
-// save_state() use it; without a settle since this rank's last exchange they fetch the centre one-sidedly (every
-// slice under a shared lock, so atomic per shard only). Neither is collective.
+// /buffers are the centre (its batch-norm statistics recomputed for its weights: engine/trainer.cpp), /easgd/center
+// repeats its parameters and /easgd/center_buffers holds the windows' buffers; on resume every owner fills its slice
+// from the file, and every replica restarts from its own saved replica (replicas_differ(): io/checkpoint.h
+// "Replica files") on as many ranks, from the centre otherwise. The centre validated and saved is one: settle() (at
+// every epoch end, and at every checkpoint) takes it once, every rank held until it is taken, and
+// with_evaluation_model() and save_state() use it; without a settle since this rank's last exchange they fetch the
+// centre one-sidedly (every slice under a shared lock, so atomic per shard only). Neither is collective.
 //
 // stats(): `bytes` counts what this rank moved in its exchanges (the slices it got plus the d it accumulated:
 // 2 · 4n bytes per exchange), `exchanges` one per exchange (all shards), `seconds` the wall time from holding a
@@ -82,11 +83,16 @@ class AsyncEasgdStrategy final : public Strategy {
   void settle(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) override;
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
-  bool replicas_differ() const override { return comm_.size() > 1; }
-  // Sets the buffers of the centre settle() took (InternalError before it or after an exchange since).
+  // On one rank too (as EasgdStrategy).
+  bool replicas_differ() const override { return true; }
+  // Sets the buffers of the centre settle() took (InternalError before it or after an exchange since) and of the
+  // centre in the windows, each rank its own slice. Collective (unlike the base class's): no rank exchanges again
+  // before every slice holds them.
   void set_center_buffers(const std::vector<Buffer*>& buffers) override;
-  void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
-  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
+  void save_state(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                  io::Checkpoint& checkpoint) const override;
+  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params,
+                  const std::vector<Buffer*>& buffers) override;
 
   // One asynchronous exchange with every shard owner now, as described at the top (not collective).
   // When `sent` is given, every d this exchange added to the centre is added to it, in flat centre order (it is
@@ -114,7 +120,8 @@ class AsyncEasgdStrategy final : public Strategy {
   std::vector<float> slice_center_;         // c of the shard being exchanged (largest shard's size)
   std::vector<float> slice_diff_;           // d of the shard being exchanged
   std::vector<float> replica_;              // with_evaluation_model: the replica while the centre is swapped in
-  std::vector<std::vector<float>> loaded_;  // the centre's parameters from a checkpoint, until initialize()
+  std::vector<std::vector<float>> loaded_;  // the centre from a checkpoint (parameters, then buffers when the file
+                                            // has them), until initialize()
   std::vector<float> taken_center_;         // the centre settle() took, the same on every rank
   bool taken_ = false;                      // taken_center_ is the centre: no exchange of this rank since
 };

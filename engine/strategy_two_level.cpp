@@ -390,20 +390,22 @@ void TwoLevelStrategy::set_center_buffers(const std::vector<Buffer*>& buffers) {
   }
 }
 
-void TwoLevelStrategy::save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const {
+void TwoLevelStrategy::save_state(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                                  io::Checkpoint& checkpoint) const {
   if (inter_ == Inter::allreduce) return;
   if (easgd_) {
-    easgd_->save_state(params, checkpoint);
+    easgd_->save_state(params, buffers, checkpoint);
     return;
   }
   if (!initialized_ || center_.size() < layout_.params)
     throw core::InternalError("two-level: save_state before initialize");
-  checkpoint.easgd_center = center_to_checkpoint(center_, params);
+  center_to_checkpoint(center_, params, buffers, checkpoint);
 }
 
-void TwoLevelStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) {
+void TwoLevelStrategy::load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params,
+                                  const std::vector<Buffer*>& buffers) {
   // Non-leaders receive the centre from their leader in initialize().
-  if (easgd_) easgd_->load_state(checkpoint, params);
+  if (easgd_) easgd_->load_state(checkpoint, params, buffers);
 }
 
 }  // namespace tessera::engine

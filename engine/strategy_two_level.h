@@ -24,9 +24,10 @@
 //               replica (parameters and buffers) and its centre are copied to its group through shared memory.
 //               Every rank keeps a copy of the centre, refreshed at each exchange, so that validation (which
 //               every rank takes part in) and checkpoints use the centre on any rank without a collective.
-//               Evaluated and saved: the centre, exactly as easgd (/easgd/center in checkpoints); on resume
-//               the leaders take the checkpoint's centre and hand it to their groups in initialize(), and on
-//               as many ranks every rank gets its own saved replica back (its replica file, replicas_differ()).
+//               Evaluated and saved: the centre, exactly as easgd (/easgd/center and /easgd/center_buffers in
+//               checkpoints); on resume the leaders take the checkpoint's centre and hand it to their groups in
+//               initialize(), and on as many ranks every rank gets its own saved replica back (its replica file,
+//               replicas_differ(), on one rank too).
 //               Optimizer momentum stays per rank (identical inside a group, since its gradients are).
 //
 // Memory model (MPI-3 unified shared memory): every phase runs inside a passive-target epoch (MPI_Win_lock_all);
@@ -76,10 +77,13 @@ class TwoLevelStrategy final : public Strategy {
   void with_evaluation_model(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
                              const std::function<void()>& fn) override;
   // inter = easgd: the groups' replicas differ from one another and from the centre.
-  bool replicas_differ() const override { return inter_ == Inter::easgd && comm_.size() > 1; }
+  // inter easgd, on one rank too (as EasgdStrategy).
+  bool replicas_differ() const override { return inter_ == Inter::easgd; }
   void set_center_buffers(const std::vector<Buffer*>& buffers) override;
-  void save_state(const std::vector<Param*>& params, io::Checkpoint& checkpoint) const override;
-  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params) override;
+  void save_state(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers,
+                  io::Checkpoint& checkpoint) const override;
+  void load_state(const io::Checkpoint& checkpoint, const std::vector<Param*>& params,
+                  const std::vector<Buffer*>& buffers) override;
 
   Inter inter() const { return inter_; }
   // This rank's group (node-local) and the leaders' communicator (empty on non-leaders).

@@ -20,7 +20,7 @@
 namespace tessera::engine {
 
 void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& meta, const TrainPosition& at,
-                            const TrainState& state, const core::Comm& comm) {
+                            const TrainState& state, const core::Comm& comm, std::span<const float> center_buffers) {
   const auto t_start = std::chrono::steady_clock::now();
   // One model to evaluate and save, the same on every rank: a strategy whose ranks run apart (async-easgd) takes
   // its centre once here, every rank held until it is taken (a no-op when nothing moved since the last settle).
@@ -60,9 +60,19 @@ void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& m
   if (!comm.is_root()) return;
   io::Checkpoint checkpoint;
   checkpoint.meta = stamped;
-  state.strategy.with_evaluation_model(state.params, state.buffers,
-                                       [&] { store_checkpoint_tensors(state.params, state.buffers, checkpoint); });
-  state.strategy.save_state(state.params, checkpoint);
+  state.strategy.with_evaluation_model(state.params, state.buffers, [&] {
+    if (!center_buffers.empty()) {
+      std::size_t values = 0;
+      for (const auto* b : state.buffers) values += b->value.size();
+      if (values != center_buffers.size()) {
+        throw core::InternalError(
+            fmt::format("{} values for the centre's buffers of {} values", center_buffers.size(), values));
+      }
+      unpack_values(center_buffers.data(), {}, state.buffers);  // put back by with_evaluation_model()
+    }
+    store_checkpoint_tensors(state.params, state.buffers, checkpoint);
+  });
+  state.strategy.save_state(state.params, state.buffers, checkpoint);
   checkpoint.optimizer = to_checkpoint_state(state.optimizer.name(), at.step, state.optimizer.state(), state.params);
   checkpoint.replica_files = files;
   checkpoint.state["replicas"] = static_cast<std::int64_t>(files.bytes.size());
@@ -110,7 +120,7 @@ Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMet
   if (!checkpoint.optimizer.empty()) {
     state.optimizer.load_state(from_checkpoint_state(checkpoint.optimizer), state.params, path);
   }
-  state.strategy.load_state(checkpoint, state.params);
+  state.strategy.load_state(checkpoint, state.params, state.buffers);
 
   Resumed resumed;
   resumed.at.step = checkpoint.meta.step;

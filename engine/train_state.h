@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,12 @@ struct TrainState {
 // strategy keeps replicas apart (in parallel, into a new set: io/checkpoint.h "Replica files"), and once all are in
 // place rank 0 writes the evaluation model and `meta` (its step and epoch set from `at`) naming the set, then
 // removes the sets it replaced. No rank holds more than its own replica (rank 0: and the model).
+// `center_buffers`, when given (every buffer's values in order), are the evaluation model's /buffers instead of its
+// own: the centre's batch-norm statistics recomputed for its weights, while the strategy's state keeps the live
+// centre's (/easgd/center_buffers) for resuming.
 void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& meta, const TrainPosition& at,
-                            const TrainState& state, const core::Comm& comm);
+                            const TrainState& state, const core::Comm& comm,
+                            std::span<const float> center_buffers = {});
 
 // Restores the run saved in `path` into `state` (tensors, optimizer, strategy) and returns its position in this
 // run's terms. Every rank reads the shared part, and its own replica when the file has one per rank of this run.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -379,12 +380,16 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
             optimizer->step(params, last_lr);
           }};
 
-  // A centre evaluated apart from the replicas (easgd, async-easgd, two-level with inter easgd) gets batch-norm
-  // statistics of its own weights before every validation and epoch checkpoint: the elastic average of its
+  // A centre evaluated apart from the replicas (easgd, async-easgd, two-level with inter easgd; on one rank too) gets
+  // batch-norm statistics of its own weights for every validation and every checkpoint: the elastic average of its
   // replicas' statistics is not that once the replicas have moved apart (engine/batchnorm_recalibration.h). The
   // tiles come from a reader of their own (the training data's order is the same with and without it), and are the
   // same ones every time (its epoch 0, augmented as in training epoch 0): the statistics are a function of the
-  // centre's weights alone, so an unchanged centre validates and saves unchanged.
+  // centre's weights alone, so an unchanged centre validates and saves unchanged. At an epoch's end they also become
+  // the live centre's (Strategy::set_center_buffers), which the next exchanges pull the replicas' towards; between
+  // epochs (train.checkpoint_every, a stop, train.max_steps) they go into the checkpoint's /buffers and validation
+  // only, so that writing a checkpoint changes nothing of the training, and the live centre's, saved with the
+  // strategy's state (/easgd/center_buffers), let a resumed run continue bit for bit.
   const std::int64_t center_bn_tiles = config.get_int("distributed.center_bn_tiles");
   std::unique_ptr<io::ShardDataset> bn_data;
   std::int64_t bn_batches = 0;
@@ -400,28 +405,56 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     bn_batches = std::min((center_bn_tiles + per_pass - 1) / per_pass, bn_data->batches_per_epoch());
     if (comm.is_root()) {
       spdlog::info(
-          "the centre's batch-norm statistics are recomputed for its weights before every validation: {} "
-          "batch(es) of {} on each of {} rank(s), {} training tiles (distributed.center_bn_tiles {})",
+          "the centre's batch-norm statistics are recomputed for its weights before every validation and "
+          "checkpoint: {} batch(es) of {} on each of {} rank(s), {} training tiles (distributed.center_bn_tiles {})",
           bn_batches, batch_size, comm.size(), bn_batches * per_pass, center_bn_tiles);
     }
   }
-  auto recalibrate_center = [&] {
-    bn_data->start_epoch(0);
-    io::Batch bn_batch;
-    Tensor bn_input;
+  std::size_t buffer_values = 0;
+  for (const auto* b : buffers) buffer_values += b->value.size();
+  // The centre's statistics for its weights now (collective; every buffer's values in order), and the step they were
+  // recomputed at: the centre changes only in a step, so those of this step serve again (a checkpoint of
+  // train.checkpoint_every at an epoch's last step, then the epoch's end).
+  std::vector<float> center_statistics;
+  std::int64_t center_statistics_step = -1;
+  auto recompute_center_statistics = [&](bool live) {
+    if (center_statistics_step != at.step) {
+      const auto t_recompute = clock_type::now();
+      strategy->settle(params, buffers);
+      bn_data->start_epoch(0);
+      io::Batch bn_batch;
+      Tensor bn_input;
+      center_statistics.assign(buffer_values, 0.0f);
+      strategy->with_evaluation_model(params, buffers, [&] {
+        recalibrate_batch_norm(
+            *model, bn_batches,
+            [&](std::int64_t) -> const Tensor& {
+              if (!bn_data->next(bn_batch)) {
+                throw core::InternalError(fmt::format("the training data ended before {} batches", bn_batches));
+              }
+              train_inputs.build(bn_batch, seed, 0, bn_input);
+              return bn_input;
+            },
+            comm);
+        pack_values({}, buffers, center_statistics.data());
+      });
+      center_statistics_step = at.step;
+      if (comm.is_root()) {
+        spdlog::debug("the centre's batch-norm statistics recomputed at step {} in {:.3f} s", at.step,
+                      std::chrono::duration<double>(clock_type::now() - t_recompute).count());
+      }
+    }
+    if (!live) return;
     strategy->with_evaluation_model(params, buffers, [&] {
-      recalibrate_batch_norm(
-          *model, bn_batches,
-          [&](std::int64_t) -> const Tensor& {
-            if (!bn_data->next(bn_batch)) {
-              throw core::InternalError(fmt::format("the training data ended before {} batches", bn_batches));
-            }
-            train_inputs.build(bn_batch, seed, 0, bn_input);
-            return bn_input;
-          },
-          comm);
+      unpack_values(center_statistics.data(), {}, buffers);
       strategy->set_center_buffers(buffers);
     });
+  };
+  // Every checkpoint: with the centre's own statistics as its /buffers, recomputed unless they are this step's.
+  auto write_checkpoint = [&](const fs::path& path) {
+    if (bn_data && center_statistics_step != at.step) recompute_center_statistics(false);
+    write_train_checkpoint(path.string(), meta, at, state, comm,
+                           bn_data ? std::span<const float>(center_statistics) : std::span<const float>());
   };
 
   const auto log_every = config.get_int("train.log_every");
@@ -444,7 +477,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     stop = core::agree_stop(comm);
     if (stop == core::StopRequest::none) return false;
     const auto t_checkpoint = clock_type::now();
-    if (!checkpoint_written) write_train_checkpoint((out / "checkpoint.h5").string(), meta, at, state, comm);
+    if (!checkpoint_written) write_checkpoint(out / "checkpoint.h5");
     if (comm.is_root()) {
       spdlog::warn(
           "{}: stopped at step {} (epoch {}, batch {} of it); checkpoint {} written in {:.2f} s; "
@@ -486,9 +519,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
         loss_window_steps = 0;
         t_window = clock_type::now();
       }
-      if (checkpoint_every > 0 && at.step % checkpoint_every == 0) {
-        write_train_checkpoint((out / "checkpoint.h5").string(), meta, at, state, comm);
-      }
+      if (checkpoint_every > 0 && at.step % checkpoint_every == 0) write_checkpoint(out / "checkpoint.h5");
       core::fault::at("train.step");  // after the step's metrics line and checkpoint
       // After the last step the run ends anyway (its validation and checkpoint follow): nothing to stop.
       if (at.step < total_steps && stop_here(checkpoint_every > 0 && at.step % checkpoint_every == 0)) break;
@@ -504,10 +535,13 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
 
     // Validation and the epoch's checkpoint, of one centre on every rank.
     strategy->settle(params, buffers);
-    if (bn_data) recalibrate_center();
+    if (bn_data) recompute_center_statistics(epoch_done);
     core::BinaryEvaluation val;
     if (val_data) {
-      strategy->with_evaluation_model(params, buffers, [&] { val = validate(*model, *val_data, val_scorer, comm); });
+      strategy->with_evaluation_model(params, buffers, [&] {
+        if (bn_data) unpack_values(center_statistics.data(), {}, buffers);  // put back by with_evaluation_model()
+        val = validate(*model, *val_data, val_scorer, comm);
+      });
     }
     const double train_loss =
         comm.allreduce_value(epoch_steps > 0 ? epoch_loss / static_cast<double>(epoch_steps) : 0.0,
@@ -537,11 +571,8 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
           val.count);
     }
     // Both written atomically (a temporary renamed over the name): a killed job never leaves half a checkpoint.
-    write_train_checkpoint((out / "checkpoint.h5").string(), meta, at, state, comm);
-    if (epoch_done) {
-      write_train_checkpoint((out / fmt::format("checkpoint-epoch-{:03d}.h5", at.epoch)).string(), meta, at, state,
-                             comm);
-    }
+    write_checkpoint(out / "checkpoint.h5");
+    if (epoch_done) write_checkpoint(out / fmt::format("checkpoint-epoch-{:03d}.h5", at.epoch));
     // An epoch's end is a step boundary too (its checkpoint is written); when the run is over anyway, it just ends.
     if (at.epoch < epochs && at.step < total_steps && stop_here(true)) break;
   }

@@ -39,6 +39,7 @@ constexpr const char* meta_group = "meta";
 constexpr const char* optimizer_group = "optimizer";
 constexpr const char* easgd_group = "easgd";
 constexpr const char* easgd_center_group = "center";
+constexpr const char* easgd_center_buffers_group = "center_buffers";
 constexpr const char* state_group = "state";
 constexpr const char* replicas_group = "replicas";
 constexpr const char* replica_files_group = "replica_files";
@@ -152,6 +153,10 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
   validate_tensors(h5, buffers_group, c.buffers);
   validate_optimizer(h5, optimizer_group, c.optimizer);
   validate_tensors(h5, "easgd/center", c.easgd_center);
+  validate_tensors(h5, "easgd/center_buffers", c.easgd_center_buffers);
+  if (!c.easgd_center_buffers.empty() && c.easgd_center.empty()) {
+    h5.fail("/easgd/center_buffers without /easgd/center");
+  }
   validate_tensors(h5, quantization_group, c.quantization);
   for (std::size_t rank = 0; rank < c.replicas.size(); ++rank) {
     const std::string path = replica_path(rank);
@@ -310,9 +315,12 @@ class CheckpointWriter {
     h5_.close(group, "cannot close group '/replicas'");
   }
 
-  void create_easgd(const TensorMap& center) {
+  void create_easgd(const TensorMap& center, const TensorMap& center_buffers) {
     Handle group = create_group(file_, easgd_group, "/easgd");
     create_tensors(group.get(), easgd_center_group, "easgd/center", center);
+    if (!center_buffers.empty()) {
+      create_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers", center_buffers);
+    }
     h5_.close(group, "cannot close group '/easgd'");
   }
 
@@ -361,6 +369,7 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   add(c.buffers);
   for (const auto& slot : c.optimizer.slots) add(slot.second);
   add(c.easgd_center);
+  add(c.easgd_center_buffers);
   add(c.quantization);
   for (const auto& replica : c.replicas) {
     add(replica.params);
@@ -389,7 +398,7 @@ std::vector<char> build_image(const WriteChecker& h5, const std::string& name, c
   writer.create_tensors(file.get(), params_group, params_group, c.params);
   writer.create_tensors(file.get(), buffers_group, buffers_group, c.buffers);
   if (!c.optimizer.empty()) writer.create_optimizer(file.get(), optimizer_group, c.optimizer);
-  if (!c.easgd_center.empty()) writer.create_easgd(c.easgd_center);
+  if (!c.easgd_center.empty()) writer.create_easgd(c.easgd_center, c.easgd_center_buffers);
   if (!c.replicas.empty()) writer.create_replicas(c.replicas);
   if (!c.replica_files.empty()) writer.write_replica_files(c.replica_files);
   if (!c.state.empty()) writer.write_state(c.state);
@@ -460,7 +469,11 @@ class CheckpointReader {
     const std::vector<TensorSpec>* params = expected != nullptr ? &expected->params : nullptr;
     probe_model(file(), "", expected);
     Handle easgd = open_group(file(), easgd_group, "/easgd", false);
-    if (easgd.get() >= 0) probe_tensors(easgd.get(), easgd_center_group, "easgd/center", params, false);
+    if (easgd.get() >= 0) {
+      probe_tensors(easgd.get(), easgd_center_group, "easgd/center", params, false);
+      probe_tensors(easgd.get(), easgd_center_buffers_group, "easgd/center_buffers",
+                    expected != nullptr ? &expected->buffers : nullptr, false);
+    }
     Handle replicas = open_group(file(), replicas_group, "/replicas", false);
     if (replicas.get() >= 0) {
       // The ranks present, in rank order: a cut listing may lack some, which is not the news here.
@@ -828,6 +841,15 @@ class CheckpointReader {
     if (!has_link(group.get(), easgd_center_group, "/easgd/center")) fail("missing group '/easgd/center'");
     return params != nullptr ? read_checked_tensors(group.get(), easgd_center_group, "easgd/center", *params, false)
                              : read_all_tensors(group.get(), easgd_center_group, "easgd/center");
+  }
+
+  // /easgd/center_buffers, or nothing when the file has none (written before it).
+  TensorMap read_easgd_center_buffers(const std::vector<TensorSpec>* buffers) const {
+    Handle group = open_group(file(), easgd_group, "/easgd", false);
+    if (group.get() < 0 || !has_link(group.get(), easgd_center_buffers_group, "/easgd/center_buffers")) return {};
+    return buffers != nullptr
+               ? read_checked_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers", *buffers, false)
+               : read_all_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers");
   }
 
   // The group /replicas, or an invalid handle when the file has none.
@@ -1229,6 +1251,7 @@ Checkpoint read_checkpoint(const std::string& path, ReplicaRead replicas) {
   c.buffers = r.read_all_tensors(r.file(), buffers_group, buffers_group);
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, nullptr);
   c.easgd_center = r.read_easgd(nullptr);
+  c.easgd_center_buffers = r.read_easgd_center_buffers(nullptr);
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(nullptr);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();
@@ -1249,6 +1272,7 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
   c.buffers = r.read_checked_tensors(r.file(), buffers_group, buffers_group, expected.buffers, false);
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, &expected.params);
   c.easgd_center = r.read_easgd(&expected.params);
+  c.easgd_center_buffers = r.read_easgd_center_buffers(&expected.buffers);
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(&expected);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();

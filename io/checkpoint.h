@@ -20,6 +20,9 @@
 //   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
 //                                      parameter; attributes name, step
 //   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
+//   /easgd/center_buffers/<name>  float32  the live centre's buffers (the values the elastic exchanges go on from),
+//                                      shaped like the buffer; absent in checkpoints written before it (the live
+//                                      centre's buffers are then /buffers)
 //   /replicas/<rank>/params/<name>             float32  one rank's own replica, for strategies whose ranks'
 //   /replicas/<rank>/buffers/<name>            float32  models differ (EASGD-type): parameters, buffers and
 //   /replicas/<rank>/optimizer/<state>/<name>  float32  optimizer state as in /params, /buffers, /optimizer
@@ -164,11 +167,12 @@ struct Checkpoint {
   CheckpointMeta meta;
   TensorMap params;
   TensorMap buffers;
-  OptimizerState optimizer;       // empty() = none
-  TensorMap easgd_center;         // empty = none
-  std::vector<Replica> replicas;  // index = rank; empty = none. Written into the file (/replicas); read from the
-                                  // file or from the replica files the index names
-  ReplicaFiles replica_files;     // written as /replica_files (then `replicas` must be empty); read back as is
+  OptimizerState optimizer;        // empty() = none
+  TensorMap easgd_center;          // empty = none
+  TensorMap easgd_center_buffers;  // empty = none (written only beside easgd_center)
+  std::vector<Replica> replicas;   // index = rank; empty = none. Written into the file (/replicas); read from the
+                                   // file or from the replica files the index names
+  ReplicaFiles replica_files;      // written as /replica_files (then `replicas` must be empty); read back as is
   StateMap state;
   TensorMap quantization;  // empty = not calibrated for int8
 

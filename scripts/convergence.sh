@@ -11,6 +11,9 @@
 # easgd8, two-level; e.g. ROWS="easgd8:16"), OLD_ROWS the old program's. Runs stay in data/convergence/ (CONVERGENCE_DIR):
 # a rerun skips the finished ones, so the table fills in as runs end. EPOCHS=N trains the chosen rows for N epochs
 # instead of the config's (folders marked -eN), e.g. to see how many epochs a row needs to meet the one-rank run.
+# SEED=N trains the chosen rows with train.seed N instead of the config's 1 (folders marked -sN): the initial weights,
+# the data order and the augmentation. With runs of several seeds the table ends with their means per row, each
+# against the mean of the one-rank runs of as many epochs (over the same seeds).
 set -euo pipefail
 tessera=$(realpath "${1:-build/app/tessera}")
 old=${2:+$(realpath "$2")}
@@ -40,7 +43,7 @@ settings() {
 # One run: train unless finished, then its figures into the run folder's row.json.
 train() {
   local program=$1 strategy=$2 ranks=$3 tag=$4
-  local out="$root/runs/$strategy-$ranks$tag${EPOCHS:+-e$EPOCHS}"
+  local out="$root/runs/$strategy-$ranks$tag${EPOCHS:+-e$EPOCHS}${SEED:+-s$SEED}"
   [ -f "$out/row.json" ] && return 0
   settings "$strategy" >/dev/null || exit 2  # an unknown row stops the script before any run
   rm -rf "$out"
@@ -53,7 +56,7 @@ train() {
   # shellcheck disable=SC2046
   mpirun -n "$ranks" --oversubscribe --bind-to none "$program" train "$config" --out "$out" \
     --set data.shards="$root/shards" --set train.threads="$threads" \
-    ${EPOCHS:+--set train.epochs=$EPOCHS} $(settings "$strategy") >"$out.log" 2>&1 || status=$?
+    ${EPOCHS:+--set train.epochs=$EPOCHS} ${SEED:+--set train.seed=$SEED} $(settings "$strategy") >"$out.log" 2>&1 || status=$?
   if [ "$status" != 0 ]; then
     echo "  failed (exit $status): $out.log" >&2
     return 0
@@ -66,9 +69,10 @@ train = [l for l in lines if l.get("kind") == "train"]
 val = [l for l in lines if l.get("kind") == "val"]
 config = open(out + "/train.config.yaml").read()
 batch = int(re.search(r"batch_size: *(\d+)", config).group(1))
+seed = int(re.search(r"seed: *(\d+)", config).group(1))
 logged = re.search(r"learning rate (\S+) per update", open(log).read())
 row = {"strategy": strategy, "ranks": int(ranks), "program": "old" if tag else "new", "batch": batch,
-       "global_batch": batch * int(ranks), "peak_lr": max(l["lr"] for l in train),
+       "global_batch": batch * int(ranks), "seed": seed, "peak_lr": max(l["lr"] for l in train),
        "logged_lr": float(logged.group(1)) if logged else None, "steps": train[-1]["step"],
        "val_auc": val[-1]["auc"], "val_loss": val[-1]["loss"], "val_tiles": val[-1]["tiles"],
        "epochs": val[-1]["epoch"], "wall_seconds": int(seconds), "load_at_start": load}
@@ -83,26 +87,60 @@ if [ -n "$old" ]; then
 fi
 
 /usr/bin/python3 - "$root" <<'PY'
-import glob, json, sys
+import glob, json, statistics, sys
 rows = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/runs/*/row.json")]
-# Each row against the one-rank run of as many epochs, or, without one, the one-rank run of the fewest (the config's).
-base = sorted((r for r in rows if r["ranks"] == 1 and r["program"] == "new"), key=lambda r: r["epochs"])
-base_of = {r["epochs"]: r for r in base}
-order = {"allreduce": 0, "easgd4": 1, "easgd8": 2, "two-level": 3}
-rows.sort(key=lambda r: (r["program"] != "new", r["epochs"], r["ranks"], order[r["strategy"]]))
-print("| strategy | ranks | code | epochs | per-worker rate | per-rank batch | global batch | steps | val AUC | val loss | wall s | goal |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    goal = "-"
-    b = base_of.get(r["epochs"], base[0] if base else None)
+    r.setdefault("seed", 1)  # rows written before the seed was recorded: the config's
+# Each row against the one-rank run of as many epochs and the same seed, or, without one, the one-rank run of the
+# fewest epochs (the config's) of that seed.
+base = sorted((r for r in rows if r["ranks"] == 1 and r["program"] == "new"), key=lambda r: r["epochs"])
+base_of = {(r["epochs"], r["seed"]): r for r in base}
+order = {"allreduce": 0, "easgd4": 1, "easgd8": 2, "two-level": 3}
+name = {"easgd4": "easgd, tau 4", "easgd8": "easgd, tau 8", "two-level": "two-level (4 per node, inter easgd, tau 4)"}
+rows.sort(key=lambda r: (r["program"] != "new", r["epochs"], r["ranks"], order[r["strategy"]], r["seed"]))
+
+
+def goal(auc, loss, b_auc, b_loss):
+    if auc >= b_auc - 0.01 and loss <= 1.1 * b_loss:
+        return "met"
+    return "not met (AUC %+.4f, loss %+.1f%%)" % (auc - b_auc, 100 * (loss / b_loss - 1))
+
+
+print("| strategy | ranks | code | epochs | seed | per-worker rate | per-rank batch | global batch | steps | val AUC | val loss | wall s | goal |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    verdict = "-"
+    of_seed = [b for b in base if b["seed"] == r["seed"]]
+    b = base_of.get((r["epochs"], r["seed"]), of_seed[0] if of_seed else None)
     if b is not None and r is not b:
-        met = r["val_auc"] >= b["val_auc"] - 0.01 and r["val_loss"] <= 1.1 * b["val_loss"]
-        goal = "met" if met else "not met (AUC %+.4f, loss %+.0f%%)" % (
-            r["val_auc"] - b["val_auc"], 100 * (r["val_loss"] / b["val_loss"] - 1))
+        verdict = goal(r["val_auc"], r["val_loss"], b["val_auc"], b["val_loss"])
         if b["epochs"] != r["epochs"]:
-            goal += " against the %d-epoch one-rank run" % b["epochs"]
-    name = {"easgd4": "easgd, tau 4", "easgd8": "easgd, tau 8", "two-level": "two-level (4 per node, inter easgd, tau 4)"}
-    print("| %s | %d | %s | %d | %.5g | %d | %d | %d | %.4f | %.4f | %d | %s |" % (
-        name.get(r["strategy"], r["strategy"]), r["ranks"], r["program"], r["epochs"], r["peak_lr"], r["batch"],
-        r["global_batch"], r["steps"], r["val_auc"], r["val_loss"], r["wall_seconds"], goal))
+            verdict += " against the %d-epoch one-rank run" % b["epochs"]
+    print("| %s | %d | %s | %d | %d | %.5g | %d | %d | %d | %.4f | %.4f | %d | %s |" % (
+        name.get(r["strategy"], r["strategy"]), r["ranks"], r["program"], r["epochs"], r["seed"], r["peak_lr"],
+        r["batch"], r["global_batch"], r["steps"], r["val_auc"], r["val_loss"], r["wall_seconds"], verdict))
+
+# Means over seeds, where a row has more than one: each against the mean of the one-rank runs of as many epochs.
+groups = {}
+for r in rows:
+    groups.setdefault((r["program"], r["epochs"], r["ranks"], r["strategy"]), []).append(r)
+if any(len(g) > 1 for g in groups.values()):
+    print()
+    print("| strategy | ranks | code | epochs | seeds | val AUC mean (min-max) | val loss mean (min-max) | goal on the means |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (program, epochs, ranks, strategy), g in groups.items():
+        one = groups.get(("new", epochs, 1, "allreduce"))
+        auc = statistics.mean(r["val_auc"] for r in g)
+        loss = statistics.mean(r["val_loss"] for r in g)
+        verdict = "-"
+        if one is not None and g is not one:
+            verdict = goal(auc, loss, statistics.mean(r["val_auc"] for r in one),
+                           statistics.mean(r["val_loss"] for r in one))
+            seeds = sorted(r["seed"] for r in g)
+            if seeds != sorted(r["seed"] for r in one):
+                verdict += " (one-rank seeds %s)" % ",".join(str(r["seed"]) for r in one)
+        print("| %s | %d | %s | %d | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %s |" % (
+            name.get(strategy, strategy), ranks, program, epochs, ",".join(str(r["seed"]) for r in g), auc,
+            min(r["val_auc"] for r in g), max(r["val_auc"] for r in g), loss, min(r["val_loss"] for r in g),
+            max(r["val_loss"] for r in g), verdict))
 PY

@@ -20,7 +20,8 @@
 // costs, written two ways (issue 14 §5):
 //   parallel  as `tessera train` writes it: every rank writes its own replica (parameters, buffers, --optimizer-slots
 //             momentum-like slots) to storage, the sizes are gathered to rank 0 (8 bytes a rank), and rank 0 writes
-//             the checkpoint (the centre twice, as /params and /easgd/center, its optimizer slots, the buffers)
+//             the checkpoint (the centre twice, as /params and /easgd/center, its optimizer slots, the buffers twice,
+//             as /buffers and /easgd/center_buffers)
 //   gathered  as Tessera did before: every replica gathered to rank 0 over the network (MPI_Gather of the shrunk
 //             payload, whose transfer takes the full model's time), which writes them all and the checkpoint
 //   Only strategies whose replicas differ (replicas_differ()) have replicas; for the others both are rank 0 writing
@@ -252,8 +253,9 @@ CheckpointCost checkpoint(const tessera::core::Comm& world, const Model& model, 
   const double params = static_cast<double>(model.full_params);
   const double buffers = static_cast<double>(model.full_elements - model.full_params);
   const double replica = 4.0 * (params * (1.0 + slots) + buffers);
-  // The checkpoint rank 0 writes: the centre (or the model), its optimizer slots, and under easgd the centre again.
-  const double index_bytes = 4.0 * (params * (1.0 + slots + (replicas ? 1.0 : 0.0)) + buffers);
+  // The checkpoint rank 0 writes: the centre (or the model), its optimizer slots, and under easgd the centre again
+  // (its parameters and its live buffers).
+  const double index_bytes = 4.0 * ((params + buffers) * (replicas ? 2.0 : 1.0) + params * slots);
   const int p = world.size();
   CheckpointCost cost;
   if (!replicas) {

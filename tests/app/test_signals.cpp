@@ -2,9 +2,9 @@
 // fault-injection point (core/fault.h do=usr1|term, raised in the process itself: never a timer) exit with code 75,
 // having recorded the work done, and a rerun ends exactly as the uninterrupted job: train checkpoints at the step
 // boundary every rank agreed on (one, two or four ranks, the signal on one rank only) and `--resume auto` ends bit for
-// bit where the uninterrupted run ends (allreduce, easgd, two-level); tile keeps the shards finished (SIGUSR1: the one in hand too;
-// SIGTERM: not the one in hand) and the rerun extracts only the rest; infer finishes the slide in hand on SIGUSR1,
-// leaves it on SIGTERM, and the rerun does only what is left.
+// bit where the uninterrupted run ends (allreduce, easgd, two-level); tile keeps the shards finished (SIGUSR1: the one
+// in hand too; SIGTERM: not the one in hand) and the rerun extracts only the rest; infer finishes the slide in hand on
+// SIGUSR1, leaves it on SIGTERM, and the rerun does only what is left.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -142,6 +142,8 @@ TEST_P(TrainStop, CheckpointsAtTheNextStepAndResumesBitForBit) {
   const io::Checkpoint at = io::read_checkpoint((stopped / "checkpoint.h5").string());
   EXPECT_EQ(at.meta.step, 3) << "every rank stopped after the step the signal came in";
   EXPECT_EQ(at.meta.epoch, 0);
+  // Every rank's replica, apart from the centre (under easgd on one rank too: its centre is not its replica).
+  EXPECT_EQ(at.replicas.size(), strategy == "allreduce" ? 0u : static_cast<std::size_t>(ranks));
 
   const auto resumed = ranks == 1 ? run("train " + args + " --out " + stopped.string() + " --resume auto")
                                   : run_mpi(ranks, "train " + args + " --out " + stopped.string() + " --resume auto");
@@ -159,12 +161,14 @@ TEST_P(TrainStop, CheckpointsAtTheNextStepAndResumesBitForBit) {
   EXPECT_TRUE(b.buffers == a.buffers);
   EXPECT_TRUE(b.optimizer == a.optimizer);
   EXPECT_TRUE(b.easgd_center == a.easgd_center);
+  EXPECT_TRUE(b.easgd_center_buffers == a.easgd_center_buffers);
   EXPECT_TRUE(b.replicas == a.replicas);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, TrainStop,
-    ::testing::Values(Stop{"allreduce", 1, "train.step after=3 do=usr1"},
+    // One rank: easgd, whose centre is not its replica (allreduce on one rank is plain SGD: test_train.cpp).
+    ::testing::Values(Stop{"easgd", 1, "train.step after=3 do=usr1"},
                       // The signal reaches one rank only: the ranks agree, and both stop at the same step.
                       Stop{"easgd", 2, "train.step after=3 rank=1 do=usr1"},
                       Stop{"allreduce", 2, "train.step after=3 rank=0 do=term"},
@@ -313,9 +317,9 @@ TEST_F(Signals, InferFinishesTheSlideInHandOnUsr1AndLeavesItOnTerm) {
 }
 
 // Split tiles (infer.distribute tiles): SIGTERM on one rank of two in the middle of the first slide: that rank stops
-// at its next batch and ends the job as a failing rank does (core::abort_job, rank 0 wherever it is), exit 75. Nothing is left under a final name (no map, no
-// detections, no infer.json: rank 0 writes a slide's outputs only once every rank's scores are in), and the rerun
-// removes what was left unfinished and ends with the uninterrupted job's maps.
+// at its next batch and ends the job as a failing rank does (core::abort_job, rank 0 wherever it is), exit 75. Nothing
+// is left under a final name (no map, no detections, no infer.json: rank 0 writes a slide's outputs only once every
+// rank's scores are in), and the rerun removes what was left unfinished and ends with the uninterrupted job's maps.
 TEST_F(Signals, InferTermOnOneRankLeavesNothingHalfWritten) {
   const auto whole = run(infer_args("infer-whole-term2"));
   ASSERT_EQ(whole.code, 0) << whole.err;
@@ -422,12 +426,14 @@ TEST_F(Signals, TheWaitActionHoldsTheProcessUntilASignal) {
   const auto r = run_script("TESSERA_FAULT='train.step after=2 do=wait' $TESSERA train " + train_job() +
                             " --epochs 2 --out " + out.string() + " >" + log + " 2>&1 &\n" +
                             "pid=$!\n"
-                            "until grep -q 'waits for SIGUSR1 or SIGTERM' " + log +
+                            "until grep -q 'waits for SIGUSR1 or SIGTERM' " +
+                            log +
                             "; do kill -0 $pid 2>/dev/null || break; sleep 0.1; done\n"
                             "kill -USR1 $pid\n"
                             "wait $pid\n"
                             "echo \"exit $?\"\n"
-                            "cat " + log + "\n");
+                            "cat " +
+                            log + "\n");
   ASSERT_TRUE(exited(r, kInterrupted)) << r.out;
   EXPECT_TRUE(contains(r.out, "fault injected at train.step: process ")) << r.out;
   EXPECT_TRUE(contains(r.out, "SIGUSR1: stopped at step 2")) << r.out;

@@ -136,10 +136,10 @@ TEST(Simulator, TheCentralServerReceivesEveryWorkersReplica) {
 
 TEST(Simulator, ACheckpointWrittenInParallelCostsEachRankOneReplica) {
   // After the steps, one checkpoint, written both ways. With SGD momentum (one optimizer slot) a replica is
-  // 4 · (2 · 500,000 + 1,000) bytes and the checkpoint rank 0 writes beside it 4 · (3 · 500,000 + 1,000) (the
-  // centre twice, its momentum, the buffers); storage at 100 MB/s per rank.
+  // 4 · (2 · 500,000 + 1,000) bytes and the checkpoint rank 0 writes beside it 4 · (3 · 500,000 + 2 · 1,000) (the
+  // centre twice, its momentum, the buffers twice: /buffers and /easgd/center_buffers); storage at 100 MB/s per rank.
   const double replica = 4.0 * (2 * 500000 + 1000);
-  const double index_bytes = 4.0 * (3 * 500000 + 1000);
+  const double index_bytes = 4.0 * (3 * 500000 + 2 * 1000);
   const double disk = 100e6;
   testing::TempDir dir;
   json results[2];

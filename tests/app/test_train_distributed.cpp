@@ -3,7 +3,8 @@
 // the step time into computation and communication (also for every rank), a resumed run takes the centre back from
 // the checkpoint and, on as many ranks, continues bit for bit. allreduce, async-easgd and two-level (inter easgd, two
 // groups) train on two ranks into a checkpoint that `tessera predict` scores as validation did. A job killed with
-// SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd); every
+// SIGKILL resumes on the same, on fewer and on more ranks (bit for bit on as many, for allreduce and easgd, whose
+// checkpoint between epochs holds the centre's own batch-norm statistics, as one at a run's end does); every
 // rank's replica file is published as a set whatever point a job is killed at, and a checkpoint of the earlier
 // layout (replicas inside) still resumes; async-easgd validates and saves one centre, taken once; ranks whose
 // shares of the tiles differ (3, 8 and 16 ranks) finish; a rank that dies takes the job down.
@@ -95,7 +96,8 @@ std::string strategy_settings(const std::string& strategy) {
 }
 
 // Whether checkpoints of `strategy` on `ranks` ranks carry every rank's replica (Strategy::replicas_differ()).
-bool keeps_replicas(const std::string& strategy, int ranks) { return strategy != "allreduce" && ranks > 1; }
+// (Under easgd on one rank too: its centre is not its replica.)
+bool keeps_replicas(const std::string& strategy) { return strategy != "allreduce"; }
 
 // A parameter's name in a test name: letters, digits and underscores only.
 std::string test_name(std::string text) {
@@ -282,8 +284,8 @@ TEST_P(EveryStrategy, TwoRanksTrainAndPredictScoresTheValidatedModel) {
 
   const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
   EXPECT_EQ(last.meta.epoch, 2);
-  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy, 2) ? 2u : 0u);
-  if (keeps_replicas(strategy, 2)) {
+  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy) ? 2u : 0u);
+  if (keeps_replicas(strategy)) {
     EXPECT_EQ(last.easgd_center, last.params) << "the saved model is the centre";
     EXPECT_NE(last.replicas[0].params, last.replicas[1].params) << "the replicas trained apart";
   }
@@ -590,7 +592,22 @@ TEST_P(KilledJob, ResumesFromItsLastCheckpoint) {
   EXPECT_FALSE(fs::exists(out / "checkpoint-epoch-001.h5")) << "killed in the first epoch";
   const io::Checkpoint killed = io::read_checkpoint((out / "checkpoint.h5").string());
   ASSERT_EQ(killed.meta.step, 2) << "the checkpoint of step 2 (train.checkpoint_every=2)";
-  EXPECT_EQ(killed.replicas.size(), keeps_replicas(strategy, ranks) ? static_cast<std::size_t>(ranks) : 0u);
+  EXPECT_EQ(killed.replicas.size(), keeps_replicas(strategy) ? static_cast<std::size_t>(ranks) : 0u);
+  if (strategy == "easgd" && resume_ranks == ranks) {
+    // A checkpoint between epochs holds the centre's batch-norm statistics recomputed for its weights, so that
+    // `infer`/`predict` on it use them: the same bits as a run ended by train.max_steps at that step validates and
+    // saves (the same centre, the same tiles). The live centre's elastic average, from which the resumed run goes on
+    // bit for bit (below), is under /easgd/center_buffers, the same in both (train.max_steps ends no epoch).
+    const fs::path ended = dir_->file("ended-" + name);
+    const auto end_run = run_mpi(ranks, "train " + args + " --out " + ended.string() + " --set train.max_steps=2");
+    ASSERT_EQ(end_run.code, 0) << end_run.err;
+    const io::Checkpoint end = io::read_checkpoint((ended / "checkpoint.h5").string());
+    EXPECT_TRUE(killed.params == end.params) << "the same centre";
+    EXPECT_TRUE(killed.buffers == end.buffers) << "with the same statistics, recomputed for its weights";
+    ASSERT_EQ(killed.easgd_center_buffers.size(), killed.buffers.size());
+    EXPECT_FALSE(killed.buffers == killed.easgd_center_buffers) << "not the live centre's elastic average";
+    EXPECT_TRUE(killed.easgd_center_buffers == end.easgd_center_buffers);
+  }
 
   const auto resumed = run_mpi(resume_ranks, "train " + args + " --out " + out.string() + " --resume auto");
   ASSERT_EQ(resumed.code, 0) << resumed.err;
@@ -602,7 +619,7 @@ TEST_P(KilledJob, ResumesFromItsLastCheckpoint) {
   const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-003.h5").string());
   EXPECT_EQ(last.meta.epoch, 3);
   EXPECT_GT(last.meta.step, killed.meta.step);
-  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy, resume_ranks) ? static_cast<std::size_t>(resume_ranks) : 0u);
+  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy) ? static_cast<std::size_t>(resume_ranks) : 0u);
   // Every step logged once, in order, up to the last.
   const auto steps = logged_steps(out);
   ASSERT_FALSE(steps.empty());
@@ -685,7 +702,7 @@ TEST_P(UnequalShares, RanksFinishAndValidateEveryTileOnce) {
   ASSERT_TRUE(contains(r.out, "exit 0\n")) << "exit 124: the job hung\n" << r.out;
   const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
   EXPECT_EQ(last.meta.step, 2 * (train_tiles / ranks / batch)) << "every rank took as many steps";
-  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy, ranks) ? static_cast<std::size_t>(ranks) : 0u);
+  EXPECT_EQ(last.replicas.size(), keeps_replicas(strategy) ? static_cast<std::size_t>(ranks) : 0u);
   const auto val = read_jsonl(out / "metrics.jsonl", "val");
   ASSERT_EQ(val.size(), 2u);
   for (const auto& line : val) expect_sane_validation(line, val_tiles);

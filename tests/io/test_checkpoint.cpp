@@ -236,6 +236,9 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   c.optimizer.slots["momentum_buffer"]["fc.bias"] = make_tensor({2}, 102);
   c.optimizer.slots["second_moment"]["fc.weight"] = make_tensor({2, 8}, 103);
   for (const auto& spec : small_layout().params) c.easgd_center[spec.name] = make_tensor(spec.shape, 200);
+  for (const auto& spec : small_layout().buffers) {
+    c.easgd_center_buffers[spec.name] = make_buffer(spec.name, spec.shape, 210);
+  }
   c.state["rng"] = std::vector<std::uint64_t>{0, 1, 0xffffffffffffffffULL, 0x0123456789abcdefULL};
   c.state["rng_one"] = std::vector<std::uint64_t>{7};  // a one-element array stays an array
   c.state["seed"] = std::uint64_t{0xfedcba9876543210ULL};
@@ -259,6 +262,8 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   ASSERT_EQ(r.optimizer.slots.size(), 2u);
   for (const auto& [slot, tensors] : c.optimizer.slots) expect_bit_exact(r.optimizer.slots.at(slot), tensors, slot);
   expect_bit_exact(r.easgd_center, c.easgd_center, "easgd");
+  ASSERT_FALSE(c.easgd_center_buffers.empty());
+  expect_bit_exact(r.easgd_center_buffers, c.easgd_center_buffers, "easgd centre buffers");
   EXPECT_EQ(r.state, c.state);
   EXPECT_EQ(r.state.at("rng_one").index(), c.state.at("rng_one").index());
 
@@ -278,12 +283,14 @@ TEST(Checkpoint, CheckedReadReturnsTheModelTensors) {
   c.optimizer.name = "sgd";
   c.optimizer.slots["momentum_buffer"]["fc.weight"] = make_tensor({2, 8}, 300);  // a subset is fine
   for (const auto& spec : layout.params) c.easgd_center[spec.name] = make_tensor(spec.shape, 400);
+  for (const auto& spec : layout.buffers) c.easgd_center_buffers[spec.name] = make_buffer(spec.name, spec.shape, 410);
   io::write_checkpoint(path, c);
   const io::Checkpoint r = io::read_checkpoint(path, layout);
   expect_bit_exact(r.params, c.params, "params");
   expect_bit_exact(r.buffers, c.buffers, "buffers");
   expect_bit_exact(r.optimizer.slots.at("momentum_buffer"), c.optimizer.slots.at("momentum_buffer"), "momentum");
   expect_bit_exact(r.easgd_center, c.easgd_center, "easgd");
+  expect_bit_exact(r.easgd_center_buffers, c.easgd_center_buffers, "easgd centre buffers");
   EXPECT_EQ(io::read_checkpoint_meta(path), c.meta);
 }
 

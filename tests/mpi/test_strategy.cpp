@@ -377,9 +377,10 @@ TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
                std::runtime_error);
   EXPECT_EQ(flatten(run.params, run.buffers), replica) << "also after an exception";
 
-  // The checkpoint's /easgd/center is the centre's parameters; a resumed strategy takes it back.
+  // The checkpoint's /easgd/center is the centre's parameters, /easgd/center_buffers its buffers; a resumed strategy
+  // takes both back.
   io::Checkpoint checkpoint;
-  easgd.save_state(run.params, checkpoint);
+  easgd.save_state(run.params, run.buffers, checkpoint);
   ASSERT_EQ(checkpoint.easgd_center.size(), run.params.size());
   std::vector<float> saved;
   for (const auto* param : run.params) {
@@ -388,11 +389,17 @@ TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
     saved.insert(saved.end(), tensor.data.begin(), tensor.data.end());
   }
   EXPECT_EQ(saved, std::vector<float>(center.begin(), center.begin() + static_cast<std::ptrdiff_t>(saved.size())));
+  ASSERT_EQ(checkpoint.easgd_center_buffers.size(), run.buffers.size());
+  for (const auto* buffer : run.buffers) {
+    const auto& tensor = checkpoint.easgd_center_buffers.at(buffer->name);
+    EXPECT_EQ(tensor.shape, buffer->shape);
+    saved.insert(saved.end(), tensor.data.begin(), tensor.data.end());
+  }
+  EXPECT_EQ(saved, center);
   EasgdStrategy resumed(world, {.tau = 1, .alpha = 0.25});
-  resumed.load_state(checkpoint, run.params);
+  resumed.load_state(checkpoint, run.params, run.buffers);
   resumed.initialize(run.params, run.buffers);
-  const auto& restored = resumed.center();
-  EXPECT_EQ(std::vector<float>(restored.begin(), restored.begin() + static_cast<std::ptrdiff_t>(saved.size())), saved);
+  EXPECT_EQ(resumed.center(), center) << "parameters and buffers";
 }
 
 // ------------------------------------------------------------------------- batch-norm statistics of the centre

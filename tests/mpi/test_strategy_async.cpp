@@ -130,6 +130,20 @@ TEST_F(AsyncEasgd, OneExchangePerRankInTurnMatchesTheFormulas) {
   strategy.settle(t.params, t.buffers);
 }
 
+// Starts `strategy` from every value k of `t` at scale·k + shift; then every rank moves its replica by rank + 1 and
+// exchanges once (the centre moved), and the strategy settles.
+void exchange_once_and_settle(AsyncEasgdStrategy& strategy, Tensors& t, float scale, float shift) {
+  const int r = core::Comm::world().rank();
+  std::vector<float> values(t.size());
+  for (std::size_t k = 0; k < values.size(); ++k) values[k] = scale * static_cast<float>(k) + shift;
+  unpack_values(values.data(), t.params, t.buffers);
+  strategy.initialize(t.params, t.buffers);  // ends with a barrier: every slice holds the initial centre
+  for (auto& v : values) v += static_cast<float>(r + 1);
+  unpack_values(values.data(), t.params, t.buffers);
+  strategy.exchange(t.params, t.buffers);
+  strategy.settle(t.params, t.buffers);
+}
+
 // The centre validated and saved is one: settle() takes it once, the same on every rank, and with_evaluation_model()
 // and save_state() keep using it while another rank exchanges again (without it, rank 0 would fetch a centre that
 // moved between validating and saving). This rank's own next exchange lets go of it.
@@ -138,19 +152,8 @@ TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
   const int p = world.size();
   const int r = world.rank();
   Tensors t;
-  const std::size_t n = t.size();
-  std::vector<float> start(n);
-  for (std::size_t k = 0; k < n; ++k) start[k] = 0.5f * static_cast<float>(k) - 2.0f;
-  unpack_values(start.data(), t.params, t.buffers);
   AsyncEasgdStrategy strategy(world, {.tau = 1, .alpha = 0.25f / static_cast<float>(std::max(p, 1))});
-  strategy.initialize(t.params, t.buffers);
-  world.barrier();
-  // Every rank moves its replica and exchanges once: the centre moved.
-  std::vector<float> moved(n);
-  for (std::size_t k = 0; k < n; ++k) moved[k] = start[k] + static_cast<float>(r + 1);
-  unpack_values(moved.data(), t.params, t.buffers);
-  strategy.exchange(t.params, t.buffers);
-  strategy.settle(t.params, t.buffers);
+  exchange_once_and_settle(strategy, t, 0.5f, -2.0f);
   const std::vector<float> taken = strategy.fetch_center();
   std::vector<float> evaluated;
   strategy.with_evaluation_model(t.params, t.buffers, [&] { evaluated = flatten(t.params, t.buffers); });
@@ -174,7 +177,7 @@ TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
   std::vector<float> again;
   strategy.with_evaluation_model(t.params, t.buffers, [&] { again = flatten(t.params, t.buffers); });
   io::Checkpoint saved;
-  strategy.save_state(t.params, saved);
+  strategy.save_state(t.params, t.buffers, saved);
   std::vector<float> saved_params;
   for (const Param* q : t.params) {
     const auto& data = saved.easgd_center.at(q->name).data;
@@ -189,6 +192,31 @@ TEST_F(AsyncEasgd, SettleTakesTheCentreOnceForValidationAndTheCheckpoint) {
             std::vector<float>(again.begin(), again.begin() + static_cast<std::ptrdiff_t>(saved_params.size())));
   strategy.settle(t.params, t.buffers);
   EXPECT_EQ(strategy.fetch_center(), now);
+}
+
+// The centre's recomputed batch-norm statistics (set_center_buffers at an epoch's end) reach the centre in the
+// windows, not only the centre taken for validation and saving: the exchanges after it go on from them. A buffer of 5
+// values, so that with 4 ranks it spans two shards.
+TEST_F(AsyncEasgd, CentreBuffersReachTheWindows) {
+  const auto world = core::Comm::world();
+  Tensors t(6, 3, 5);
+  AsyncEasgdStrategy strategy(world, {.tau = 1, .alpha = 0.25f / static_cast<float>(world.size())});
+  exchange_once_and_settle(strategy, t, 0.25f, 1.0f);
+  const std::vector<float> before = strategy.fetch_center();
+  const std::vector<float> replica = flatten(t.params, t.buffers);
+
+  const std::vector<float> statistics{-3.0f, 4.5f, 0.125f, 7.0f, 9.25f};
+  strategy.with_evaluation_model(t.params, t.buffers, [&] {
+    t.mean.value = statistics;
+    strategy.set_center_buffers(t.buffers);
+  });
+  std::vector<float> expected = before;
+  std::copy(statistics.begin(), statistics.end(), expected.end() - static_cast<std::ptrdiff_t>(statistics.size()));
+  EXPECT_EQ(strategy.fetch_center(), expected) << "the windows' centre: its parameters untouched, the new buffers";
+  std::vector<float> evaluated;
+  strategy.with_evaluation_model(t.params, t.buffers, [&] { evaluated = flatten(t.params, t.buffers); });
+  EXPECT_EQ(evaluated, expected) << "the centre taken: the same";
+  EXPECT_EQ(flatten(t.params, t.buffers), replica) << "the replica comes back";
 }
 
 TEST_F(AsyncEasgd, OptionsFollowEasgd) {
@@ -352,14 +380,14 @@ TEST_F(AsyncEasgd, CentreImprovesTheHeldOutLossWithUnequalStepCounts) {
   // save_state is not collective: rank 0 alone fetches the centre for its checkpoint.
   if (world.is_root()) {
     io::Checkpoint alone;
-    strategy.save_state(run.params, alone);
+    strategy.save_state(run.params, run.buffers, alone);
     EXPECT_EQ(alone.easgd_center.size(), run.params.size());
   }
   world.barrier();
   // Every rank saves (all see one centre now) and resumes from its checkpoint: every owner fills its slice with
-  // the saved parameters, the buffers come from rank 0's replica.
+  // the saved parameters and buffers.
   io::Checkpoint checkpoint;
-  strategy.save_state(run.params, checkpoint);
+  strategy.save_state(run.params, run.buffers, checkpoint);
   std::vector<float> saved;
   for (const auto* param : run.params) {
     const auto& tensor = checkpoint.easgd_center.at(param->name);
@@ -369,11 +397,9 @@ TEST_F(AsyncEasgd, CentreImprovesTheHeldOutLossWithUnequalStepCounts) {
   ASSERT_LE(saved.size(), seen.size());
   EXPECT_EQ(saved, std::vector<float>(seen.begin(), seen.begin() + static_cast<std::ptrdiff_t>(saved.size())));
   AsyncEasgdStrategy resumed(world, {.tau = 2});
-  resumed.load_state(checkpoint, run.params);
+  resumed.load_state(checkpoint, run.params, run.buffers);
   resumed.initialize(run.params, run.buffers);
-  auto expected = flatten(run.params, run.buffers);  // rank 0's replica, broadcast
-  std::copy(saved.begin(), saved.end(), expected.begin());
-  EXPECT_EQ(resumed.fetch_center(), expected);
+  EXPECT_EQ(resumed.fetch_center(), seen);
 }
 
 TEST_F(AsyncEasgd, AlphaZeroLeavesTheCentreAndTrainsIndependentReplicas) {
