@@ -123,7 +123,7 @@ bool fires(std::string_view point, Action* action, int* error, int* signal) {
   if (s.spec->rank && *s.spec->rank != launcher_rank()) return false;
   std::lock_guard lock(s.mutex);
   const std::int64_t hit = ++s.hits;
-  if (hit < s.spec->after || hit >= s.spec->after + s.spec->times) return false;
+  if (hit < s.spec->after || hit - s.spec->after >= s.spec->times) return false;  // no overflow for a huge times=
   *action = s.spec->action;
   *error = s.spec->error;
   *signal = s.spec->signal;

@@ -38,8 +38,9 @@
 //                              written                                                      (app/infer.cpp)
 //   infer.batch                every rank, after each batch of a slide's tiles is scored (engine/slide_inference.cpp)
 //   tile.tile                  each tile read into a shard                          (preprocessing/tile_job.cpp)
-//   tile.read                  each tile read into a shard, in tile order (eio: its read fails, which ends the
-//                              job)                                                 (preprocessing/tile_job.cpp)
+//   tile.read                  each tile read into a shard, in tile order, of a slide not failed when its batch
+//                              began (eio: its read fails, which ends the job unless the tile's slide failed at an
+//                              earlier tile)                                        (preprocessing/tile_job.cpp)
 //   tile.open                  each slide opened to extract its tiles (eio: the opening fails as an unreadable
 //                              file's would)                                        (preprocessing/tile_job.cpp)
 //   shard.write                each block of tiles written to a shard (enospc, eio)        (io/shard.cpp)

@@ -162,6 +162,10 @@ TEST_F(Integrity, DamagedTileFailsItsSlideAloneAndTheOtherIsTiledAsFromIntactFil
     EXPECT_TRUE(contains(m.failures[0].error, "Corrupt JPEG data")) << m.failures[0].error;
     EXPECT_EQ(testing::shard_tiles(dir_->file(out)), expected);
   }
+  // The count is the one assumed above: a fault on the damaged tile itself (its slide not failed yet) ends the job.
+  const auto on_damaged = tile(damaged, 3, "on-damaged");
+  EXPECT_EQ(on_damaged.code, 1) << on_damaged.err;
+  EXPECT_TRUE(contains(on_damaged.err, "fault injected at tile.read")) << on_damaged.err;
   const auto ended = tile(intact_tile, 3, "ended");
   EXPECT_EQ(ended.code, 1) << ended.err;
   EXPECT_TRUE(contains(ended.err, "Input/output error (fault injected at tile.read)")) << ended.err;
