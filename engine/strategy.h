@@ -47,7 +47,8 @@
 //               checkpoint also carries every rank's replica and momentum (a replica file per rank,
 //               replicas_differ(); on one rank too, whose replica is not the centre either): a run resumed on as
 //               many ranks continues bit for bit; on another rank count every replica starts again from the
-//               centre, with rank 0's momentum.
+//               centre's parameters and /buffers (the recomputed statistics), with rank 0's momentum, while the
+//               live centre keeps /easgd/center_buffers.
 //
 // Every strategy starts from identical replicas (rank 0's parameters and buffers broadcast). Every rank must call
 // every strategy method the same number of times (each may be collective): the trainer gives every rank the

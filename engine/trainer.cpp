@@ -450,11 +450,15 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
       strategy->set_center_buffers(buffers);
     });
   };
-  // Every checkpoint: with the centre's own statistics as its /buffers, recomputed unless they are this step's.
-  auto write_checkpoint = [&](const fs::path& path) {
-    if (bn_data && center_statistics_step != at.step) recompute_center_statistics(false);
-    write_train_checkpoint(path.string(), meta, at, state, comm,
-                           bn_data ? std::span<const float>(center_statistics) : std::span<const float>());
+  // Every checkpoint: with the centre's own statistics as its /buffers, recomputed unless they are this step's. With
+  // `recompute` false (a SIGTERM stop: Slurm's SIGKILL follows within KillWait) and none of this step's, the live
+  // centre's statistics are its /buffers instead, and the resumed run recomputes them at its next validation.
+  auto write_checkpoint = [&](const fs::path& path, bool recompute = true) {
+    if (bn_data && recompute && center_statistics_step != at.step) recompute_center_statistics(false);
+    const bool center_statistics_now = bn_data && center_statistics_step == at.step;
+    write_train_checkpoint(
+        path.string(), meta, at, state, comm,
+        center_statistics_now ? std::span<const float>(center_statistics) : std::span<const float>());
   };
 
   const auto log_every = config.get_int("train.log_every");
@@ -477,7 +481,9 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     stop = core::agree_stop(comm);
     if (stop == core::StopRequest::none) return false;
     const auto t_checkpoint = clock_type::now();
-    if (!checkpoint_written) write_checkpoint(out / "checkpoint.h5");
+    // SIGTERM (the time limit, preemption) leaves seconds before SIGKILL: the checkpoint without the forward passes
+    // that recompute the centre's statistics (distributed.center_bn_tiles tiles).
+    if (!checkpoint_written) write_checkpoint(out / "checkpoint.h5", stop != core::StopRequest::now);
     if (comm.is_root()) {
       spdlog::warn(
           "{}: stopped at step {} (epoch {}, batch {} of it); checkpoint {} written in {:.2f} s; "
