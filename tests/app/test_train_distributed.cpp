@@ -410,7 +410,9 @@ TEST_F(DistributedJob, ReplicaFilesArePublishedAsASetAtEveryCrashPoint) {
   const io::Checkpoint last = io::read_checkpoint((out / "checkpoint-epoch-002.h5").string());
   EXPECT_EQ(last.meta.step, expected.meta.step);
   EXPECT_TRUE(last.params == expected.params) << "the same centre, bit for bit";
+  EXPECT_TRUE(last.buffers == expected.buffers);
   EXPECT_TRUE(last.easgd_center == expected.easgd_center);
+  EXPECT_TRUE(last.easgd_center_buffers == expected.easgd_center_buffers);
   EXPECT_TRUE(last.replicas == expected.replicas) << "the same replicas and momenta";
   EXPECT_EQ(replica_sets(out),
             std::vector<std::string>{io::read_checkpoint((out / "checkpoint.h5").string()).replica_files.set});
@@ -642,6 +644,7 @@ TEST_P(KilledJob, ResumesFromItsLastCheckpoint) {
   EXPECT_TRUE(last.buffers == expected.buffers);
   EXPECT_TRUE(last.optimizer == expected.optimizer) << "the same momentum";
   EXPECT_TRUE(last.easgd_center == expected.easgd_center);
+  EXPECT_TRUE(last.easgd_center_buffers == expected.easgd_center_buffers);
   EXPECT_TRUE(last.replicas == expected.replicas) << "the same replicas and momenta";
   EXPECT_TRUE(last.state == expected.state) << "the same data position";
   const auto a = read_jsonl(straight / "metrics.jsonl", "train");
