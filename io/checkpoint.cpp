@@ -40,6 +40,12 @@ constexpr const char* optimizer_group = "optimizer";
 constexpr const char* easgd_group = "easgd";
 constexpr const char* easgd_center_group = "center";
 constexpr const char* easgd_center_buffers_group = "center_buffers";
+// The attribute "layout" of /easgd: 1 = /easgd/center only (the live centre's buffers are /buffers), 2 = also
+// /easgd/center_buffers. Absent: a file written before it, layout 1, or 2 when it has /easgd/center_buffers (written
+// between the two changes).
+constexpr const char* easgd_layout_key = "layout";
+constexpr std::int64_t easgd_layout_center = 1;
+constexpr std::int64_t easgd_layout_center_buffers = 2;
 constexpr const char* state_group = "state";
 constexpr const char* replicas_group = "replicas";
 constexpr const char* replica_files_group = "replica_files";
@@ -317,6 +323,8 @@ class CheckpointWriter {
 
   void create_easgd(const TensorMap& center, const TensorMap& center_buffers) {
     Handle group = create_group(file_, easgd_group, "/easgd");
+    write_int(group.get(), easgd_layout_key,
+              center_buffers.empty() ? easgd_layout_center : easgd_layout_center_buffers);
     create_tensors(group.get(), easgd_center_group, "easgd/center", center);
     if (!center_buffers.empty()) {
       create_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers", center_buffers);
@@ -843,10 +851,28 @@ class CheckpointReader {
                              : read_all_tensors(group.get(), easgd_center_group, "easgd/center");
   }
 
-  // /easgd/center_buffers, or nothing when the file has none (written before it).
+  // /easgd/center_buffers, or nothing when the file has none (written before it, layout 1). A file whose /easgd says
+  // layout 2 without it is damaged, not old.
   TensorMap read_easgd_center_buffers(const std::vector<TensorSpec>* buffers) const {
     Handle group = open_group(file(), easgd_group, "/easgd", false);
-    if (group.get() < 0 || !has_link(group.get(), easgd_center_buffers_group, "/easgd/center_buffers")) return {};
+    if (group.get() < 0) return {};
+    const bool present = has_link(group.get(), easgd_center_buffers_group, "/easgd/center_buffers");
+    if (hdf5::has_attribute(h5_, group.get(), easgd_layout_key)) {
+      const auto layout = hdf5::read_attribute<std::int64_t>(h5_, group.get(), easgd_layout_key, "/easgd");
+      if (layout > easgd_layout_center_buffers) {
+        fail("/easgd layout " + std::to_string(layout) + " is newer than this Tessera reads (" +
+             std::to_string(easgd_layout_center_buffers) + ")");
+      }
+      if (layout < easgd_layout_center) fail("invalid /easgd layout " + std::to_string(layout));
+      if (layout == easgd_layout_center_buffers && !present) {
+        fail(
+            "missing group '/easgd/center_buffers': its /easgd layout 2 says it holds the live EASGD centre's buffers");
+      }
+      if (layout == easgd_layout_center && present) {
+        fail("'/easgd/center_buffers' is present, but its /easgd layout 1 says it holds none");
+      }
+    }
+    if (!present) return {};
     return buffers != nullptr
                ? read_checked_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers", *buffers, false)
                : read_all_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers");

@@ -23,6 +23,11 @@
 //   /easgd/center_buffers/<name>  float32  the live centre's buffers (the values the elastic exchanges go on from),
 //                                      shaped like the buffer; absent in checkpoints written before it (the live
 //                                      centre's buffers are then /buffers)
+//   /easgd                    attribute layout (int64): 1 = /easgd/center only, 2 = also /easgd/center_buffers
+//                                      (written when the centre has buffers). Absent in files written before it:
+//                                      1, or 2 when /easgd/center_buffers is there. A layout 2 file without
+//                                      /easgd/center_buffers is damaged and refused naming it, not read as an old
+//                                      one; a layout above 2 is refused as newer than the reader
 //   /replicas/<rank>/params/<name>             float32  one rank's own replica, for strategies whose ranks'
 //   /replicas/<rank>/buffers/<name>            float32  models differ (EASGD-type): parameters, buffers and
 //   /replicas/<rank>/optimizer/<state>/<name>  float32  optimizer state as in /params, /buffers, /optimizer
@@ -169,7 +174,7 @@ struct Checkpoint {
   TensorMap buffers;
   OptimizerState optimizer;        // empty() = none
   TensorMap easgd_center;          // empty = none
-  TensorMap easgd_center_buffers;  // empty = none (written only beside easgd_center)
+  TensorMap easgd_center_buffers;  // empty = none (written only beside easgd_center; /easgd layout 1, else 2)
   std::vector<Replica> replicas;   // index = rank; empty = none. Written into the file (/replicas); read from the
                                    // file or from the replica files the index names
   ReplicaFiles replica_files;      // written as /replica_files (then `replicas` must be empty); read back as is

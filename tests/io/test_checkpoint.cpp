@@ -1407,6 +1407,58 @@ TEST(CheckpointErrors, DataDrivenBrokenFiles) {
   }
 }
 
+// /easgd's layout attribute tells a checkpoint written before /easgd/center_buffers (read without it: the live centre's
+// buffers are /buffers) from one that lost it (refused, naming the file and the group).
+TEST(CheckpointErrors, EasgdCentreBuffersLostFromALayout2FileAreAnErrorNotAnOldFile) {
+  TempDir dir;
+  const io::CheckpointLayout layout = small_layout();
+  io::Checkpoint c = make_checkpoint(layout);
+  for (const auto& spec : layout.params) c.easgd_center[spec.name] = make_tensor(spec.shape, 500);
+  for (const auto& spec : layout.buffers) c.easgd_center_buffers[spec.name] = make_buffer(spec.name, spec.shape, 510);
+  const std::string written = dir.file("written.h5");
+  io::write_checkpoint(written, c);
+  const auto edited = [&](const std::string& name, const std::vector<std::string>& mutations) {
+    const std::string path = dir.file(name);
+    fs::copy_file(written, path);
+    for (const auto& mutation : mutations) apply_mutation(path, mutation);
+    return path;
+  };
+  const auto refused = [&](const std::string& path, const std::vector<std::string>& parts) {
+    for (const auto& message : {input_error(path, [&] { io::read_checkpoint(path, layout); }),
+                                input_error(path, [&] { io::read_checkpoint(path); })}) {
+      for (const auto& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
+    }
+  };
+
+  refused(edited("lost.h5", {"delete /easgd/center_buffers"}), {"missing group '/easgd/center_buffers'", "layout 2"});
+  const std::string damaged = edited("damaged.h5", {"delete /easgd/center_buffers/bn1.running_var"});
+  EXPECT_NE(input_error(damaged, [&] { io::read_checkpoint(damaged, layout); }).find("'bn1.running_var'"),
+            std::string::npos);
+  refused(edited("newer.h5", {"set-int /easgd layout 3"}), {"/easgd layout 3 is newer than this Tessera reads (2)"});
+  refused(edited("invalid.h5", {"set-int /easgd layout 0"}), {"invalid /easgd layout 0"});
+  refused(edited("contradicts.h5", {"set-int /easgd layout 1"}), {"'/easgd/center_buffers' is present", "layout 1"});
+
+  // Written before the attribute: without the group an old checkpoint (none), with it one of the files written between
+  // the two changes.
+  for (const std::string& path : {edited("old.h5", {"delete /easgd/center_buffers", "delete-attribute /easgd layout"}),
+                                  edited("unmarked.h5", {"delete-attribute /easgd layout"})}) {
+    SCOPED_TRACE(path);
+    const io::Checkpoint r = io::read_checkpoint(path, layout);
+    expect_bit_exact(r.easgd_center, c.easgd_center, "easgd");
+    if (path.ends_with("old.h5")) {
+      EXPECT_TRUE(r.easgd_center_buffers.empty());
+    } else {
+      expect_bit_exact(r.easgd_center_buffers, c.easgd_center_buffers, "easgd centre buffers");
+    }
+  }
+  // A centre without buffers is written as layout 1 and read back with none.
+  c.easgd_center_buffers.clear();
+  const std::string none = dir.file("none.h5");
+  io::write_checkpoint(none, c);
+  EXPECT_TRUE(io::read_checkpoint(none, layout).easgd_center_buffers.empty());
+  EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "every HDF5 id closed after the errors";
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Provenance: what the model was trained on (io/provenance.h).
 

@@ -16,15 +16,18 @@
 #include "core/comm.h"
 #include "core/error.h"
 #include "engine/batchnorm_recalibration.h"
+#include "engine/checkpoint_adapter.h"
 #include "engine/context.h"
 #include "engine/layers/batchnorm.h"
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/optimizer.h"
 #include "engine/strategy.h"
+#include "io/checkpoint.h"
 #include "tests/engine/gradcheck.h"
 #include "tests/engine/layer_testing.h"
 #include "tests/mpi/strategy_testing.h"
+#include "tests/testing/testing.h"
 
 namespace tessera::engine {
 namespace {
@@ -400,6 +403,59 @@ TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
   resumed.load_state(checkpoint, run.params, run.buffers);
   resumed.initialize(run.params, run.buffers);
   EXPECT_EQ(resumed.center(), center) << "parameters and buffers";
+}
+
+// A checkpoint written before /easgd/center_buffers, resumed as the trainer resumes one (a checked read, the model from
+// /params and /buffers, then load_state and initialize): the live centre's parameters are /easgd/center and its
+// buffers /buffers.
+TEST_F(Strategies, EasgdResumesACheckpointWithoutCentreBuffersFromItsBuffers) {
+  const auto world = core::Comm::world();
+  Replica run("tiny_cnn", 12);
+  EasgdStrategy easgd(world, {.tau = 1, .alpha = 0.25});
+  easgd.initialize(run.params, run.buffers);
+  for (int s = 0; s < 3; ++s) {
+    const Data data(4, 12, 70 + static_cast<std::uint32_t>(world.rank() * 10 + s));
+    run.step(data.images, data.labels, 0, 4, 12, &easgd, s + 1);
+  }
+  // /params the centre's, /buffers other statistics than the live centre's (as recomputed ones are); every rank the
+  // same file's values.
+  io::Checkpoint checkpoint;
+  checkpoint.meta.architecture = "tiny_cnn";
+  checkpoint.meta.input_size = 12;
+  checkpoint.meta.num_classes = 2;
+  easgd.with_evaluation_model(run.params, run.buffers, [&] {
+    for (auto* buffer : run.buffers) {
+      for (float& v : buffer->value) v = 2.0f * v + 0.5f;
+    }
+    store_checkpoint_tensors(run.params, run.buffers, checkpoint);
+  });
+  easgd.save_state(run.params, run.buffers, checkpoint);
+  ASSERT_FALSE(checkpoint.easgd_center_buffers.empty());
+  checkpoint.easgd_center_buffers.clear();  // as written before it
+  const tessera::testing::TempDir dir;
+  const std::string path = dir.file("old.h5");
+  io::write_checkpoint(path, checkpoint);
+
+  Replica resumed_run("tiny_cnn", 12);
+  const io::Checkpoint read = io::read_checkpoint(path, checkpoint_layout(resumed_run.params, resumed_run.buffers));
+  ASSERT_TRUE(read.easgd_center_buffers.empty());
+  load_checkpoint_tensors(read, resumed_run.params, resumed_run.buffers);
+  EasgdStrategy resumed(world, {.tau = 1, .alpha = 0.25});
+  resumed.load_state(read, resumed_run.params, resumed_run.buffers);
+  resumed.initialize(resumed_run.params, resumed_run.buffers);
+
+  const std::vector<float>& center = easgd.center();
+  const std::size_t params_size = flatten(run.params, {}).size();
+  std::vector<float> expected(center.begin(), center.begin() + static_cast<std::ptrdiff_t>(params_size));
+  std::vector<float> statistics;
+  for (auto* buffer : run.buffers) {
+    const auto& tensor = read.buffers.at(buffer->name);
+    statistics.insert(statistics.end(), tensor.data.begin(), tensor.data.end());
+  }
+  ASSERT_NE(statistics, std::vector<float>(center.begin() + static_cast<std::ptrdiff_t>(params_size), center.end()))
+      << "/buffers differ from the live centre's";
+  expected.insert(expected.end(), statistics.begin(), statistics.end());
+  EXPECT_EQ(resumed.center(), expected) << "/easgd/center's parameters, /buffers' statistics";
 }
 
 // ------------------------------------------------------------------------- batch-norm statistics of the centre
