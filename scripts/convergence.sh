@@ -14,6 +14,9 @@
 # SEED=N trains the chosen rows with train.seed N instead of the config's 1 (folders marked -sN): the initial weights,
 # the data order and the augmentation. With runs of several seeds the table ends with their means per row, each
 # against the mean of the one-rank runs of as many epochs (over the same seeds).
+# LR=x trains the chosen rows with optimizer.lr x instead of the config's (folders marked -lrX; the per-worker rate
+# follows it as section 1 says), e.g. EASGD's base rate at p ranks; BETA=b likewise sets distributed.beta (-bB).
+# Every row is compared with the one-rank runs of the config's optimizer.lr.
 set -euo pipefail
 tessera=$(realpath "${1:-build/app/tessera}")
 old=${2:+$(realpath "$2")}
@@ -43,7 +46,7 @@ settings() {
 # One run: train unless finished, then its figures into the run folder's row.json.
 train() {
   local program=$1 strategy=$2 ranks=$3 tag=$4
-  local out="$root/runs/$strategy-$ranks$tag${EPOCHS:+-e$EPOCHS}${SEED:+-s$SEED}"
+  local out="$root/runs/$strategy-$ranks$tag${EPOCHS:+-e$EPOCHS}${SEED:+-s$SEED}${LR:+-lr$LR}${BETA:+-b$BETA}"
   [ -f "$out/row.json" ] && return 0
   settings "$strategy" >/dev/null || exit 2  # an unknown row stops the script before any run
   rm -rf "$out"
@@ -56,7 +59,8 @@ train() {
   # shellcheck disable=SC2046
   mpirun -n "$ranks" --oversubscribe --bind-to none "$program" train "$config" --out "$out" \
     --set data.shards="$root/shards" --set train.threads="$threads" \
-    ${EPOCHS:+--set train.epochs=$EPOCHS} ${SEED:+--set train.seed=$SEED} $(settings "$strategy") >"$out.log" 2>&1 || status=$?
+    ${EPOCHS:+--set train.epochs=$EPOCHS} ${SEED:+--set train.seed=$SEED} \
+    ${LR:+--set optimizer.lr=$LR} ${BETA:+--set distributed.beta=$BETA} $(settings "$strategy") >"$out.log" 2>&1 || status=$?
   if [ "$status" != 0 ]; then
     echo "  failed (exit $status): $out.log" >&2
     return 0
@@ -70,9 +74,11 @@ val = [l for l in lines if l.get("kind") == "val"]
 config = open(out + "/train.config.yaml").read()
 batch = int(re.search(r"batch_size: *(\d+)", config).group(1))
 seed = int(re.search(r"seed: *(\d+)", config).group(1))
+base_lr = float(re.search(r"\noptimizer:(?:\n .*)*?\n  lr: *(\S+)", config).group(1))
+beta = float(re.search(r"\n  beta: *(\S+)", config).group(1))
 logged = re.search(r"learning rate (\S+) per update", open(log).read())
 row = {"strategy": strategy, "ranks": int(ranks), "program": "old" if tag else "new", "batch": batch,
-       "global_batch": batch * int(ranks), "seed": seed, "peak_lr": max(l["lr"] for l in train),
+       "global_batch": batch * int(ranks), "seed": seed, "base_lr": base_lr, "beta": beta, "peak_lr": max(l["lr"] for l in train),
        "logged_lr": float(logged.group(1)) if logged else None, "steps": train[-1]["step"],
        "val_auc": val[-1]["auc"], "val_loss": val[-1]["loss"], "val_tiles": val[-1]["tiles"],
        "epochs": val[-1]["epoch"], "wall_seconds": int(seconds), "load_at_start": load}
@@ -86,18 +92,23 @@ if [ -n "$old" ]; then
   for row in $old_rows; do train "$old" "${row%:*}" "${row#*:}" "-old"; done
 fi
 
-/usr/bin/python3 - "$root" <<'PY'
-import glob, json, statistics, sys
+/usr/bin/python3 - "$root" "$config" <<'PY'
+import glob, json, re, statistics, sys
 rows = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/runs/*/row.json")]
+config_lr = float(re.search(r"\noptimizer:(?:\n .*)*?\n  lr: *(\S+)", open(sys.argv[2]).read()).group(1))
 for r in rows:
-    r.setdefault("seed", 1)  # rows written before the seed was recorded: the config's
-# Each row against the one-rank run of as many epochs and the same seed, or, without one, the one-rank run of the
-# fewest epochs (the config's) of that seed.
-base = sorted((r for r in rows if r["ranks"] == 1 and r["program"] == "new"), key=lambda r: r["epochs"])
+    r.setdefault("seed", 1)  # rows written before the seed, base rate and beta were recorded: the config's
+    r.setdefault("base_lr", config_lr)
+    r.setdefault("beta", 0.9)
+# Each row against the one-rank run of the config's rate, as many epochs and the same seed, or, without one, the
+# one-rank run of the fewest epochs (the config's) of that seed.
+base = sorted((r for r in rows if r["ranks"] == 1 and r["program"] == "new" and r["base_lr"] == config_lr),
+              key=lambda r: r["epochs"])
 base_of = {(r["epochs"], r["seed"]): r for r in base}
 order = {"allreduce": 0, "easgd4": 1, "easgd8": 2, "two-level": 3}
 name = {"easgd4": "easgd, tau 4", "easgd8": "easgd, tau 8", "two-level": "two-level (4 per node, inter easgd, tau 4)"}
-rows.sort(key=lambda r: (r["program"] != "new", r["epochs"], r["ranks"], order[r["strategy"]], r["seed"]))
+rows.sort(key=lambda r: (r["program"] != "new", r["epochs"], r["ranks"], order[r["strategy"]], r["base_lr"], r["beta"],
+                         r["seed"]))
 
 
 def goal(auc, loss, b_auc, b_loss):
@@ -106,8 +117,8 @@ def goal(auc, loss, b_auc, b_loss):
     return "not met (AUC %+.4f, loss %+.1f%%)" % (auc - b_auc, 100 * (loss / b_loss - 1))
 
 
-print("| strategy | ranks | code | epochs | seed | per-worker rate | per-rank batch | global batch | steps | val AUC | val loss | wall s | goal |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| strategy | ranks | code | epochs | seed | optimizer.lr | beta | per-worker rate | per-rank batch | global batch | steps | val AUC | val loss | wall s | goal |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     verdict = "-"
     of_seed = [b for b in base if b["seed"] == r["seed"]]
@@ -116,20 +127,22 @@ for r in rows:
         verdict = goal(r["val_auc"], r["val_loss"], b["val_auc"], b["val_loss"])
         if b["epochs"] != r["epochs"]:
             verdict += " against the %d-epoch one-rank run" % b["epochs"]
-    print("| %s | %d | %s | %d | %d | %.5g | %d | %d | %d | %.4f | %.4f | %d | %s |" % (
-        name.get(r["strategy"], r["strategy"]), r["ranks"], r["program"], r["epochs"], r["seed"], r["peak_lr"],
+    print("| %s | %d | %s | %d | %d | %.5g | %.3g | %.5g | %d | %d | %d | %.4f | %.4f | %d | %s |" % (
+        name.get(r["strategy"], r["strategy"]), r["ranks"], r["program"], r["epochs"], r["seed"], r["base_lr"],
+        r["beta"], r["peak_lr"],
         r["batch"], r["global_batch"], r["steps"], r["val_auc"], r["val_loss"], r["wall_seconds"], verdict))
 
 # Means over seeds, where a row has more than one: each against the mean of the one-rank runs of as many epochs.
 groups = {}
 for r in rows:
-    groups.setdefault((r["program"], r["epochs"], r["ranks"], r["strategy"]), []).append(r)
+    groups.setdefault((r["program"], r["epochs"], r["ranks"], r["strategy"], r["base_lr"], r["beta"]), []).append(r)
 if any(len(g) > 1 for g in groups.values()):
     print()
-    print("| strategy | ranks | code | epochs | seeds | val AUC mean (min-max) | val loss mean (min-max) | goal on the means |")
-    print("|---|---|---|---|---|---|---|---|")
-    for (program, epochs, ranks, strategy), g in groups.items():
-        one = groups.get(("new", epochs, 1, "allreduce"))
+    print("| strategy | ranks | code | epochs | optimizer.lr | beta | per-worker rate | seeds | val AUC mean (min-max) | "
+          "val loss mean (min-max) | goal on the means |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (program, epochs, ranks, strategy, base_lr, beta), g in groups.items():
+        one = groups.get(("new", epochs, 1, "allreduce", config_lr, 0.9))
         auc = statistics.mean(r["val_auc"] for r in g)
         loss = statistics.mean(r["val_loss"] for r in g)
         verdict = "-"
@@ -139,8 +152,9 @@ if any(len(g) > 1 for g in groups.values()):
             seeds = sorted(r["seed"] for r in g)
             if seeds != sorted(r["seed"] for r in one):
                 verdict += " (one-rank seeds %s)" % ",".join(str(r["seed"]) for r in one)
-        print("| %s | %d | %s | %d | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %s |" % (
-            name.get(strategy, strategy), ranks, program, epochs, ",".join(str(r["seed"]) for r in g), auc,
+        print("| %s | %d | %s | %d | %.5g | %.3g | %.5g | %s | %.4f (%.4f-%.4f) | %.4f (%.4f-%.4f) | %s |" % (
+            name.get(strategy, strategy), ranks, program, epochs, base_lr, beta, g[0]["peak_lr"],
+            ",".join(str(r["seed"]) for r in g), auc,
             min(r["val_auc"] for r in g), max(r["val_auc"] for r in g), loss, min(r["val_loss"] for r in g),
             max(r["val_loss"] for r in g), verdict))
 PY
