@@ -572,5 +572,72 @@ TEST_F(MpiProgress, PublishesWhileRunningAndInSequence) {
   EXPECT_EQ(a.finish(), std::int64_t{world.size()} * (world.size() - 1) / 2);
 }
 
+// ------------------------------------------------------------------------------------------- a world of one rank
+
+// Comm::alone() (what `tessera tile` started on its own runs on, without MPI) makes no MPI call, so this runs the same
+// on every rank of the test's world: its collectives keep or hand back this rank's data, and windows on it are memory.
+TEST(Comm, AloneIsAWorldOfOneRankWithoutMpiCalls) {
+  const Comm alone = Comm::alone();
+  EXPECT_TRUE(alone.is_alone());
+  EXPECT_FALSE(Comm::world().is_alone());
+  EXPECT_EQ(alone.rank(), 0);
+  EXPECT_EQ(alone.size(), 1);
+  EXPECT_TRUE(alone.is_root());
+  alone.barrier();
+  alone.poll();
+  std::vector<double> values{1.5, -2.0};
+  alone.allreduce(values.data(), values.size(), ReduceOp::sum);
+  EXPECT_EQ(values, (std::vector<double>{1.5, -2.0}));
+  EXPECT_EQ(alone.allreduce_value<std::int64_t>(7, ReduceOp::max), 7);
+  std::string text = "kept";
+  alone.broadcast(text, 0);
+  EXPECT_EQ(text, "kept");
+  EXPECT_EQ(alone.gather_bytes("mine", 0), std::vector<std::string>{"mine"});
+  EXPECT_EQ(alone.allgather_bytes("mine"), std::vector<std::string>{"mine"});
+  std::vector<float> sum{3.0f};
+  MPI_Request request = alone.iallreduce_sum(sum.data(), sum.size());
+  EXPECT_TRUE(Comm::test(request));
+  Comm::wait(request);
+  EXPECT_EQ(sum[0], 3.0f);
+  EXPECT_TRUE(alone.split_node().is_alone());
+  EXPECT_EQ(alone.split(2, 0).size(), 1);
+  EXPECT_EQ(alone.split(MPI_UNDEFINED, 0).size(), 0);
+  EXPECT_FALSE(ProgressThread(alone).running());
+}
+
+TEST(Window, OnAloneIsLocalMemory) {
+  const Comm alone = Comm::alone();
+  Window window(alone, 4 * sizeof(std::int64_t), sizeof(std::int64_t));
+  const auto* memory = static_cast<const std::int64_t*>(window.local());
+  EXPECT_EQ(std::vector<std::int64_t>(memory, memory + 4), std::vector<std::int64_t>(4, 0));  // zeroed
+  window.lock_all();
+  const std::int64_t two[] = {5, 6};
+  window.put(two, sizeof two, 0, 1);  // at elements 1 and 2
+  window.accumulate_sum(two, 2, 0, 2);
+  EXPECT_EQ(window.fetch_add(10, 0, 0), 0);
+  EXPECT_EQ(window.fetch_add(1, 0, 0), 10);
+  std::int64_t back[4] = {};
+  window.get(back, sizeof back, 0, 0);
+  window.unlock_all();
+  EXPECT_EQ(std::vector<std::int64_t>(back, back + 4), (std::vector<std::int64_t>{11, 5, 11, 6}));
+  EXPECT_THROW(window.put(two, sizeof two, 0, 3), InternalError);  // past the end
+  EXPECT_THROW(window.get(back, 8, 1, 0), InternalError);          // there is no rank 1
+
+  Window shared(alone, 3, 1, Window::Kind::shared);
+  std::size_t bytes = 0;
+  EXPECT_EQ(shared.shared_pointer(0, &bytes), shared.local());
+  EXPECT_EQ(bytes, 3u);
+  const float half[] = {0.5f};
+  Window floats(alone, sizeof(float), sizeof(float));
+  floats.accumulate_sum(half, 1, 0, 0);
+  floats.accumulate_sum(half, 1, 0, 0);
+  EXPECT_EQ(*static_cast<const float*>(floats.local()), 1.0f);
+
+  Progress progress(alone, 5, {.label = "alone", .force_terminal = 0});
+  progress.advance(2);
+  progress.advance(3);
+  EXPECT_EQ(progress.finish(), 5);
+}
+
 }  // namespace
 }  // namespace tessera::core
