@@ -92,6 +92,7 @@ int run(int argc, char** argv) {
   }
 
   core::init_logging(log_level, world.rank(), world.size());
+  if (core::MpiSession::alone()) spdlog::debug("started without a launcher: one rank, without MPI");
   if (world.size() > 1) {
     // Which ranks run where: when a host fails, Open MPI names the host, and this line the ranks on it.
     const core::HostMap hosts = core::describe_hosts(world);

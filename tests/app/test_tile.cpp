@@ -275,7 +275,9 @@ TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {
 // first slide again and the second slide would be tiled. (Here rather than in a test of its own, which would pay for
 // the suite's slides again.)
 TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
-  ASSERT_EQ(run("tile " + job("one")).code, 0);
+  const auto alone = run("tile " + job("one") + " --log-level debug");  // started on its own: no MPI (core/comm.h)
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  EXPECT_TRUE(contains(alone.err, "started without a launcher: one rank, without MPI")) << alone.err;
   const auto r = run_mpi(2, "tile " + job("two"));
   ASSERT_EQ(r.code, 0) << r.err;
   const auto one = testing::shard_tiles(dir_->file("one"));
