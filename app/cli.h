@@ -21,8 +21,8 @@ struct Verb {
   // Declares the verb's options on `command` and returns its action (which runs only if the verb was chosen).
   Action (*setup)(CLI::App& command);
   // Started without a launcher (core::started_by_launcher()), the verb runs without MPI: a world of one rank whose
-  // collectives are local (core/comm.h: Comm::alone()), saving the MPI singleton's start. Only for verbs whose
-  // code uses nothing but core::Comm and core::Window on one rank.
+  // collectives are local (core/comm.h: Comm::alone()). Only for verbs whose code uses nothing but core::Comm,
+  // core::Window and core::ProgressThread on one rank (docs/ARCHITECTURE.md lists what that excludes).
   bool alone_without_mpi = false;
 };
 

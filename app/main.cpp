@@ -117,8 +117,7 @@ int main(int argc, char** argv) {
   core::fault::enabled();        // a malformed TESSERA_FAULT (tests only) ends the process now, before any work
   std::optional<core::MpiSession> mpi;
   try {
-    // `tessera tile` started on its own needs no MPI: without the singleton's start (Open MPI forks its `orted`
-    // daemon) it begins 0.4 s sooner, and any number of such processes may start at once.
+    // `tessera tile` started on its own needs no MPI (why: README, "Running on many processes").
     mpi.emplace(&argc, &argv, core::started_by_launcher() || !app::alone_without_mpi(argc, argv));
   } catch (const std::exception& e) {
     std::cerr << "tessera: cannot start MPI: " << e.what() << "\n";

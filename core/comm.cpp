@@ -203,10 +203,17 @@ bool MpiSession::active() {
 
 bool MpiSession::alone() { return g_alone.load(); }
 
+const std::vector<const char*>& launcher_variables() {
+  // Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (srun --mpi=pmi2, MPICH's Hydra), and any srun step.
+  // Not SLURM_PROCID: a batch script's own process has SLURM_PROCID=0 but no SLURM_STEP_ID, and Open MPI (its
+  // schizo/slurm component) also tells an srun task from a singleton in an allocation by SLURM_STEP_ID alone.
+  static const std::vector<const char*> names{
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "SLURM_STEP_ID"};
+  return names;
+}
+
 bool started_by_launcher() {
-  // Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (srun --mpi=pmi2, MPICH's Hydra), and any Slurm step.
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-                           "PMI_FD", "SLURM_PROCID"}) {
+  for (const char* name : launcher_variables()) {
     if (std::getenv(name) != nullptr) return true;
   }
   return false;
@@ -241,6 +248,11 @@ Comm::Comm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
   }
   TESSERA_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   TESSERA_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MPI_Comm Comm::handle() const {
+  if (alone_) throw InternalError("Comm::handle: a world of one rank without MPI (Comm::alone()) has no MPI handle");
+  return comm_;
 }
 
 Comm Comm::world() {
@@ -331,8 +343,16 @@ bool Comm::test(MPI_Request& request) {
   return done != 0;
 }
 
+// A Comm::alone()'s collectives take root 0 only, as MPI would reject another.
+void Comm::check_alone_root(const char* call, int root) {
+  if (root != 0) {
+    throw InternalError(std::string("Comm::") + call + ": root " + std::to_string(root) +
+                        " in a world of one rank (Comm::alone())");
+  }
+}
+
 void Comm::broadcast(void* data, std::size_t bytes, int root) const {
-  if (alone_) return;
+  if (alone_) return check_alone_root("broadcast", root);
   // At least one call, even for zero bytes, so that every rank takes part and a bad root is reported.
   std::size_t done = 0;
   do {
@@ -352,7 +372,10 @@ void Comm::broadcast(std::string& text, int root) const {
 }
 
 std::vector<std::string> Comm::gather_bytes(const std::string& mine, int root) const {
-  if (alone_) return {mine};
+  if (alone_) {
+    check_alone_root("gather_bytes", root);
+    return {mine};
+  }
   return gather_strings(comm_, rank_, size_, mine, root, false);
 }
 
@@ -426,13 +449,14 @@ Window::~Window() {
 }
 
 void* Window::at(int rank, std::size_t offset, std::size_t bytes) const {
-  const std::size_t start = offset * static_cast<std::size_t>(disp_unit_);
-  if (rank != 0 || start > bytes_ || bytes > bytes_ - start) {
+  const auto unit = static_cast<std::size_t>(disp_unit_);
+  // The offset is compared before it is multiplied, so that offset * unit cannot wrap into the window.
+  if (rank != 0 || offset > bytes_ / unit || bytes > bytes_ - offset * unit) {
     throw InternalError("Window: " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
                         " of rank " + std::to_string(rank) + " lie outside a window of one rank and " +
                         std::to_string(bytes_) + " bytes");
   }
-  return static_cast<char*>(base_) + start;
+  return static_cast<char*>(base_) + offset * unit;
 }
 
 void* Window::shared_pointer(int rank, std::size_t* bytes) const {
@@ -450,13 +474,20 @@ void* Window::shared_pointer(int rank, std::size_t* bytes) const {
   return size == 0 ? nullptr : pointer;
 }
 
-// Epochs on a window of a Comm::alone() do nothing: every transfer completes in the call.
+MPI_Win Window::handle() const {
+  if (alone_memory_) throw InternalError("Window::handle: a window on a Comm::alone() has no MPI handle");
+  return win_;
+}
+
+// Epochs on a window of a Comm::alone() do nothing (on rank 0, the only one): every transfer completes in the call.
 void Window::lock(int rank, bool exclusive) const {
-  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_lock(exclusive ? MPI_LOCK_EXCLUSIVE : MPI_LOCK_SHARED, rank, 0, win_));
+  if (alone_memory_) return static_cast<void>(at(rank, 0, 0));
+  TESSERA_MPI_CHECK(MPI_Win_lock(exclusive ? MPI_LOCK_EXCLUSIVE : MPI_LOCK_SHARED, rank, 0, win_));
 }
 
 void Window::unlock(int rank) const {
-  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_unlock(rank, win_));
+  if (alone_memory_) return static_cast<void>(at(rank, 0, 0));
+  TESSERA_MPI_CHECK(MPI_Win_unlock(rank, win_));
 }
 
 void Window::lock_all() const {
@@ -468,7 +499,8 @@ void Window::unlock_all() const {
 }
 
 void Window::flush(int rank) const {
-  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_flush(rank, win_));
+  if (alone_memory_) return static_cast<void>(at(rank, 0, 0));
+  TESSERA_MPI_CHECK(MPI_Win_flush(rank, win_));
 }
 
 void Window::sync() const {
@@ -499,6 +531,7 @@ void for_each_chunk(int disp_unit, std::size_t count, std::size_t element_bytes,
 // the process's other accumulates as MPI_Accumulate is.
 template <typename T>
 void add_into(void* to, const T* data, std::size_t count) {
+  if (count == 0) return;  // `to` may be a zero-byte window's null base
   const detail::MpiCall hold;
   std::vector<T> sum(count);
   std::memcpy(sum.data(), to, count * sizeof(T));

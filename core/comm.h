@@ -2,8 +2,8 @@
 //
 // - A program started without mpirun/srun runs as a single rank (MPI singleton): every collective is valid.
 //   A verb that needs no MPI on its own (main.cpp: `tile`) starts no MPI at all then (MpiSession(..., false)): its
-//   Comm::world() is a world of one rank whose collectives copy locally and whose windows are local memory, and the
-//   process saves the singleton's start (Open MPI forks its `orted` daemon: 0.4 s of wall time).
+//   Comm::world() is a world of one rank whose collectives copy locally and whose windows are local memory (why:
+//   README, "Running on many processes").
 // - Every MPI call is checked (TESSERA_MPI_CHECK with file and line). MPI errors on communicators and
 //   windows are returned rather than fatal, turned into InternalError naming the call and the rank, and
 //   `main` calls abort_job(), which prints one message naming the rank and takes all ranks down.
@@ -71,9 +71,10 @@ class MpiSession {
   static bool alone();   // the process runs without MPI (start_mpi false)
 };
 
-// Whether a launcher (mpirun, srun, mpiexec) started this process: one of the variables Open MPI, PMIx, PMI or Slurm
-// set for their processes is in the environment.
+// Whether a launcher (mpirun, srun, mpiexec) started this process: one of launcher_variables(), which Open MPI, PMIx,
+// PMI or srun set for the processes they start, is in the environment.
 bool started_by_launcher();
+const std::vector<const char*>& launcher_variables();
 
 // Aborts every rank of the job with `exit_code` after printing "rank R: message" to stderr.
 // Safe to call whether or not MPI is initialized.
@@ -83,7 +84,8 @@ enum class ReduceOp { sum, max, min };
 
 // MPI's wall clock (MPI_Wtime) as a std::chrono clock. Code that times communication uses it rather than
 // steady_clock, so that under SimGrid's SMPI (sim/), where the network is simulated, it reads simulated time;
-// with a real MPI it is an ordinary monotonic wall clock. Valid while MPI is initialized.
+// with a real MPI it is an ordinary monotonic wall clock. Valid while MPI is initialized: never in a process that
+// runs without MPI (MpiSession::alone()).
 struct MpiClock {
   using rep = double;
   using period = std::ratio<1>;
@@ -106,7 +108,7 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_root() const { return rank_ == 0; }
-  MPI_Comm handle() const { return comm_; }
+  MPI_Comm handle() const;  // throws InternalError on an alone() Comm, which has none
 
   void barrier() const;
   // Lets MPI make progress (one MPI_Iprobe; it receives nothing). A rank that computes for long and holds a window
@@ -163,6 +165,7 @@ class Comm {
 
  private:
   Comm(MPI_Comm comm, bool owned);
+  static void check_alone_root(const char* call, int root);
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   bool alone_ = false;
@@ -208,7 +211,7 @@ class Window {
   // value, so call it inside a passive-target epoch (lock/lock_all), not between fences.
   std::int64_t fetch_add(std::int64_t value, int rank, std::size_t offset) const;
 
-  MPI_Win handle() const { return win_; }
+  MPI_Win handle() const;  // throws InternalError on a window of a Comm::alone(), which has none
 
  private:
   // A window on a Comm::alone(): its memory (win_ is then MPI_WIN_NULL), and where `bytes` at `offset` lie in it.
