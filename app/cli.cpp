@@ -2,6 +2,7 @@
 
 #include <iostream>
 #include <map>
+#include <string>
 
 #include "core/comm.h"
 #include "core/error.h"
@@ -14,7 +15,7 @@ const std::vector<Verb>& verbs() {
       {"qc", "Slide quality control: artefact masks (blur, pen ink, folds, bubbles, exposure), flags, a cohort table",
        setup_qc},
       {"tile", "Tile slides with tumour annotations into contiguous HDF5 shards of labelled tiles (parallel)",
-       setup_tile},
+       setup_tile, true},
       {"import", "Import labelled patches (a CSV or a folder by class) into the same shards, split by patient",
        setup_import},
       {"train", "Train a tumour/normal CNN on tile shards (oneDNN; one replica per MPI rank)", setup_train},
@@ -31,6 +32,15 @@ const std::vector<Verb>& verbs() {
       {"bench", "Measure speed: the machine's compute peak and the stages' throughput", setup_bench},
   };
   return list;
+}
+
+bool alone_without_mpi(int argc, char** argv) {
+  if (argc < 2) return false;
+  const std::string word = argv[1];
+  for (const auto& verb : verbs()) {
+    if (word == verb.name) return verb.alone_without_mpi;
+  }
+  return false;
 }
 
 void add_job_options(CLI::App& command, JobOptions& options) {

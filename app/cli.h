@@ -20,7 +20,15 @@ struct Verb {
   const char* summary;
   // Declares the verb's options on `command` and returns its action (which runs only if the verb was chosen).
   Action (*setup)(CLI::App& command);
+  // Started without a launcher (core::started_by_launcher()), the verb runs without MPI: a world of one rank whose
+  // collectives are local (core/comm.h: Comm::alone()). Only for verbs whose code uses nothing but core::Comm,
+  // core::Window and core::ProgressThread on one rank (docs/ARCHITECTURE.md lists what that excludes).
+  bool alone_without_mpi = false;
 };
+
+// Whether `argv` runs a verb with alone_without_mpi as its first word (`tessera tile job.yaml`; with options before
+// the verb, MPI starts as for any verb).
+bool alone_without_mpi(int argc, char** argv);
 
 // Every verb, in the order `tessera --help` lists them (docs/ARCHITECTURE.md "Conventions": explicit registries).
 const std::vector<Verb>& verbs();

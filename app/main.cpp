@@ -92,6 +92,7 @@ int run(int argc, char** argv) {
   }
 
   core::init_logging(log_level, world.rank(), world.size());
+  if (core::MpiSession::alone()) spdlog::debug("started without a launcher: one rank, without MPI");
   if (world.size() > 1) {
     // Which ranks run where: when a host fails, Open MPI names the host, and this line the ranks on it.
     const core::HostMap hosts = core::describe_hosts(world);
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
   core::fault::enabled();        // a malformed TESSERA_FAULT (tests only) ends the process now, before any work
   std::optional<core::MpiSession> mpi;
   try {
-    mpi.emplace(&argc, &argv);
+    // `tessera tile` started on its own needs no MPI (why: README, "Running on many processes").
+    mpi.emplace(&argc, &argv, core::started_by_launcher() || !app::alone_without_mpi(argc, argv));
   } catch (const std::exception& e) {
     std::cerr << "tessera: cannot start MPI: " << e.what() << "\n";
     return core::exit_internal;

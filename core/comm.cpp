@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string_view>
 #include <utility>
@@ -22,6 +23,8 @@ constexpr std::size_t max_mpi_count = static_cast<std::size_t>(INT_MAX);
 
 // World rank, remembered at MPI init so that errors and abort_job() can name it even when MPI is down.
 std::atomic<int> g_world_rank{0};
+// The process runs without MPI (MpiSession(..., false)).
+std::atomic<bool> g_alone{false};
 
 // "/home/me/tessera/core/comm.cpp" -> "core/comm.cpp": enough to find the line, short enough to read.
 std::string short_path(std::string_view file) {
@@ -156,7 +159,11 @@ void throw_mpi_error_with_hint(int code, const char* call, const char* file, int
 
 // ---------------------------------------------------------------------------------------------- session
 
-MpiSession::MpiSession(int* argc, char*** argv) {
+MpiSession::MpiSession(int* argc, char*** argv, bool start_mpi) {
+  if (!start_mpi) {
+    g_alone = true;
+    return;
+  }
   int initialized = 0;
   TESSERA_MPI_CHECK(MPI_Initialized(&initialized));
   if (initialized) throw InternalError("MpiSession: MPI is already initialized (one MpiSession per process)");
@@ -194,6 +201,24 @@ bool MpiSession::active() {
   return initialized && !finalized;
 }
 
+bool MpiSession::alone() { return g_alone.load(); }
+
+const std::vector<const char*>& launcher_variables() {
+  // Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (srun --mpi=pmi2, MPICH's Hydra), and any srun step.
+  // Not SLURM_PROCID: a batch script's own process has SLURM_PROCID=0 but no SLURM_STEP_ID, and Open MPI (its
+  // schizo/slurm component) also tells an srun task from a singleton in an allocation by SLURM_STEP_ID alone.
+  static const std::vector<const char*> names{
+      "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD", "SLURM_STEP_ID"};
+  return names;
+}
+
+bool started_by_launcher() {
+  for (const char* name : launcher_variables()) {
+    if (std::getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
 void abort_job(const std::string& message, int exit_code) {
   std::fprintf(stderr, "tessera: rank %d: %s\n", current_world_rank(), message.c_str());
   std::fflush(stderr);
@@ -206,6 +231,14 @@ void abort_job(const std::string& message, int exit_code) {
 
 // ---------------------------------------------------------------------------------------------- Comm
 
+Comm Comm::alone() {
+  Comm result(MPI_COMM_NULL, false);
+  result.alone_ = true;
+  result.rank_ = 0;
+  result.size_ = 1;
+  return result;
+}
+
 Comm::Comm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
   if (comm_ == MPI_COMM_NULL) {
     owned_ = false;
@@ -217,7 +250,13 @@ Comm::Comm(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
   TESSERA_MPI_CHECK(MPI_Comm_size(comm_, &size_));
 }
 
+MPI_Comm Comm::handle() const {
+  if (alone_) throw InternalError("Comm::handle: a world of one rank without MPI (Comm::alone()) has no MPI handle");
+  return comm_;
+}
+
 Comm Comm::world() {
+  if (MpiSession::alone()) return alone();
   require_active("Comm::world");
   return Comm(MPI_COMM_WORLD, false);
 }
@@ -225,6 +264,7 @@ Comm Comm::world() {
 Comm::Comm(Comm&& other) noexcept
     : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
       owned_(std::exchange(other.owned_, false)),
+      alone_(std::exchange(other.alone_, false)),
       rank_(std::exchange(other.rank_, -1)),
       size_(std::exchange(other.size_, 0)) {}
 
@@ -233,6 +273,7 @@ Comm& Comm::operator=(Comm&& other) noexcept {
     Comm old(std::move(*this));  // frees the communicator this one owned
     comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
     owned_ = std::exchange(other.owned_, false);
+    alone_ = std::exchange(other.alone_, false);
     rank_ = std::exchange(other.rank_, -1);
     size_ = std::exchange(other.size_, 0);
   }
@@ -247,7 +288,9 @@ Comm::~Comm() {
   }
 }
 
-void Comm::barrier() const { TESSERA_MPI_CHECK(MPI_Barrier(comm_)); }
+void Comm::barrier() const {
+  if (!alone_) TESSERA_MPI_CHECK(MPI_Barrier(comm_));
+}
 
 namespace detail {
 std::recursive_mutex& mpi_lock() {
@@ -257,23 +300,28 @@ std::recursive_mutex& mpi_lock() {
 }  // namespace detail
 
 void Comm::poll() const {
+  if (alone_) return;
   int flag = 0;
   TESSERA_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE));
 }
 
 void Comm::allreduce(float* data, std::size_t count, ReduceOp op) const {
+  if (alone_) return;
   allreduce_chunked(comm_, data, count, MPI_FLOAT, op);
 }
 
 void Comm::allreduce(double* data, std::size_t count, ReduceOp op) const {
+  if (alone_) return;
   allreduce_chunked(comm_, data, count, MPI_DOUBLE, op);
 }
 
 void Comm::allreduce(std::int64_t* data, std::size_t count, ReduceOp op) const {
+  if (alone_) return;
   allreduce_chunked(comm_, data, count, MPI_INT64_T, op);
 }
 
 MPI_Request Comm::iallreduce_sum(float* data, std::size_t count) const {
+  if (alone_) return MPI_REQUEST_NULL;
   // One request cannot cover several chunks; 2^31 floats (8 GiB) in one non-blocking call is not a use case.
   if (count > max_mpi_count) {
     throw InternalError("iallreduce_sum: " + std::to_string(count) + " elements exceed one MPI call (max " +
@@ -284,15 +332,27 @@ MPI_Request Comm::iallreduce_sum(float* data, std::size_t count) const {
   return request;
 }
 
-void Comm::wait(MPI_Request& request) { TESSERA_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE)); }
+void Comm::wait(MPI_Request& request) {
+  if (request != MPI_REQUEST_NULL) TESSERA_MPI_CHECK(MPI_Wait(&request, MPI_STATUS_IGNORE));
+}
 
 bool Comm::test(MPI_Request& request) {
+  if (request == MPI_REQUEST_NULL) return true;
   int done = 0;
   TESSERA_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
   return done != 0;
 }
 
+// A Comm::alone()'s collectives take root 0 only, as MPI would reject another.
+void Comm::check_alone_root(const char* call, int root) {
+  if (root != 0) {
+    throw InternalError(std::string("Comm::") + call + ": root " + std::to_string(root) +
+                        " in a world of one rank (Comm::alone())");
+  }
+}
+
 void Comm::broadcast(void* data, std::size_t bytes, int root) const {
+  if (alone_) return check_alone_root("broadcast", root);
   // At least one call, even for zero bytes, so that every rank takes part and a bad root is reported.
   std::size_t done = 0;
   do {
@@ -312,14 +372,20 @@ void Comm::broadcast(std::string& text, int root) const {
 }
 
 std::vector<std::string> Comm::gather_bytes(const std::string& mine, int root) const {
+  if (alone_) {
+    check_alone_root("gather_bytes", root);
+    return {mine};
+  }
   return gather_strings(comm_, rank_, size_, mine, root, false);
 }
 
 std::vector<std::string> Comm::allgather_bytes(const std::string& mine) const {
+  if (alone_) return {mine};
   return gather_strings(comm_, rank_, size_, mine, 0, true);
 }
 
 Comm Comm::split_node() const {
+  if (alone_) return alone();
   int world_rank = 0;
   TESSERA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
   MPI_Comm node = MPI_COMM_NULL;
@@ -330,6 +396,7 @@ Comm Comm::split_node() const {
 }
 
 Comm Comm::split(int color, int key) const {
+  if (alone_) return color == MPI_UNDEFINED ? Comm(MPI_COMM_NULL, false) : alone();
   MPI_Comm part = MPI_COMM_NULL;
   TESSERA_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
   Comm result(part, true);
@@ -345,6 +412,11 @@ Window::Window(const Comm& comm, std::size_t bytes, int disp_unit, Kind kind)
       disp_unit_(disp_unit > 0 ? disp_unit : 1),
       kind_(kind),
       uncaught_at_creation_(std::uncaught_exceptions()) {
+  if (comm.is_alone()) {
+    alone_memory_ = std::make_unique<std::byte[]>(std::max<std::size_t>(1, bytes));  // zeroed; new[]'s alignment
+    base_ = bytes == 0 ? nullptr : alone_memory_.get();
+    return;
+  }
   const detail::MpiCall hold;  // the calls below that do not go through TESSERA_MPI_CHECK take turns too
   const auto size = static_cast<MPI_Aint>(bytes);
   if (kind == Kind::shared) {
@@ -376,8 +448,24 @@ Window::~Window() {
   MPI_Win_free(&win_);
 }
 
+void* Window::at(int rank, std::size_t offset, std::size_t bytes) const {
+  const auto unit = static_cast<std::size_t>(disp_unit_);
+  // The offset is compared before it is multiplied, so that offset * unit cannot wrap into the window.
+  if (rank != 0 || offset > bytes_ / unit || bytes > bytes_ - offset * unit) {
+    throw InternalError("Window: " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
+                        " of rank " + std::to_string(rank) + " lie outside a window of one rank and " +
+                        std::to_string(bytes_) + " bytes");
+  }
+  return static_cast<char*>(base_) + offset * unit;
+}
+
 void* Window::shared_pointer(int rank, std::size_t* bytes) const {
   if (kind_ != Kind::shared) throw InternalError("Window::shared_pointer: not a shared-memory window");
+  if (alone_memory_) {
+    at(rank, 0, 0);  // rank 0 only
+    if (bytes) *bytes = bytes_;
+    return base_;
+  }
   MPI_Aint size = 0;
   int disp_unit = 0;
   void* pointer = nullptr;
@@ -386,21 +474,42 @@ void* Window::shared_pointer(int rank, std::size_t* bytes) const {
   return size == 0 ? nullptr : pointer;
 }
 
+MPI_Win Window::handle() const {
+  if (alone_memory_) throw InternalError("Window::handle: a window on a Comm::alone() has no MPI handle");
+  return win_;
+}
+
+// Epochs on a window of a Comm::alone() do nothing (on rank 0, the only one): every transfer completes in the call.
 void Window::lock(int rank, bool exclusive) const {
+  if (alone_memory_) return static_cast<void>(at(rank, 0, 0));
   TESSERA_MPI_CHECK(MPI_Win_lock(exclusive ? MPI_LOCK_EXCLUSIVE : MPI_LOCK_SHARED, rank, 0, win_));
 }
 
-void Window::unlock(int rank) const { TESSERA_MPI_CHECK(MPI_Win_unlock(rank, win_)); }
+void Window::unlock(int rank) const {
+  if (alone_memory_) return static_cast<void>(at(rank, 0, 0));
+  TESSERA_MPI_CHECK(MPI_Win_unlock(rank, win_));
+}
 
-void Window::lock_all() const { TESSERA_MPI_CHECK(MPI_Win_lock_all(0, win_)); }
+void Window::lock_all() const {
+  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_lock_all(0, win_));
+}
 
-void Window::unlock_all() const { TESSERA_MPI_CHECK(MPI_Win_unlock_all(win_)); }
+void Window::unlock_all() const {
+  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_unlock_all(win_));
+}
 
-void Window::flush(int rank) const { TESSERA_MPI_CHECK(MPI_Win_flush(rank, win_)); }
+void Window::flush(int rank) const {
+  if (alone_memory_) return static_cast<void>(at(rank, 0, 0));
+  TESSERA_MPI_CHECK(MPI_Win_flush(rank, win_));
+}
 
-void Window::sync() const { TESSERA_MPI_CHECK(MPI_Win_sync(win_)); }
+void Window::sync() const {
+  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_sync(win_));
+}
 
-void Window::fence() const { TESSERA_MPI_CHECK(MPI_Win_fence(0, win_)); }
+void Window::fence() const {
+  if (!alone_memory_) TESSERA_MPI_CHECK(MPI_Win_fence(0, win_));
+}
 
 namespace {
 
@@ -418,27 +527,55 @@ void for_each_chunk(int disp_unit, std::size_t count, std::size_t element_bytes,
   }
 }
 
+// Adds `count` elements of `data` into the window's memory at `to` (a window of a Comm::alone()), atomically against
+// the process's other accumulates as MPI_Accumulate is.
+template <typename T>
+void add_into(void* to, const T* data, std::size_t count) {
+  if (count == 0) return;  // `to` may be a zero-byte window's null base
+  const detail::MpiCall hold;
+  std::vector<T> sum(count);
+  std::memcpy(sum.data(), to, count * sizeof(T));
+  for (std::size_t i = 0; i < count; ++i) sum[i] += data[i];
+  std::memcpy(to, sum.data(), count * sizeof(T));
+}
+
 }  // namespace
 
 void Window::put(const void* data, std::size_t bytes, int rank, std::size_t offset) const {
+  if (alone_memory_) {
+    if (bytes > 0) std::memcpy(at(rank, offset, bytes), data, bytes);
+    return;
+  }
   for_each_chunk(disp_unit_, bytes, 1, offset, [&](std::size_t done, int n, MPI_Aint disp) {
     TESSERA_MPI_CHECK(MPI_Put(static_cast<const char*>(data) + done, n, MPI_BYTE, rank, disp, n, MPI_BYTE, win_));
   });
 }
 
 void Window::get(void* data, std::size_t bytes, int rank, std::size_t offset) const {
+  if (alone_memory_) {
+    if (bytes > 0) std::memcpy(data, at(rank, offset, bytes), bytes);
+    return;
+  }
   for_each_chunk(disp_unit_, bytes, 1, offset, [&](std::size_t done, int n, MPI_Aint disp) {
     TESSERA_MPI_CHECK(MPI_Get(static_cast<char*>(data) + done, n, MPI_BYTE, rank, disp, n, MPI_BYTE, win_));
   });
 }
 
 void Window::accumulate_sum(const float* data, std::size_t count, int rank, std::size_t offset) const {
+  if (alone_memory_) {
+    add_into(at(rank, offset, count * sizeof(float)), data, count);
+    return;
+  }
   for_each_chunk(disp_unit_, count, sizeof(float), offset, [&](std::size_t done, int n, MPI_Aint disp) {
     TESSERA_MPI_CHECK(MPI_Accumulate(data + done, n, MPI_FLOAT, rank, disp, n, MPI_FLOAT, MPI_SUM, win_));
   });
 }
 
 void Window::accumulate_sum(const std::int64_t* data, std::size_t count, int rank, std::size_t offset) const {
+  if (alone_memory_) {
+    add_into(at(rank, offset, count * sizeof(std::int64_t)), data, count);
+    return;
+  }
   for_each_chunk(disp_unit_, count, sizeof(std::int64_t), offset, [&](std::size_t done, int n, MPI_Aint disp) {
     TESSERA_MPI_CHECK(MPI_Accumulate(data + done, n, MPI_INT64_T, rank, disp, n, MPI_INT64_T, MPI_SUM, win_));
   });
@@ -446,6 +583,13 @@ void Window::accumulate_sum(const std::int64_t* data, std::size_t count, int ran
 
 std::int64_t Window::fetch_add(std::int64_t value, int rank, std::size_t offset) const {
   std::int64_t previous = 0;
+  if (alone_memory_) {
+    const detail::MpiCall hold;  // atomic against the process's other accumulates, as MPI_Fetch_and_op is
+    void* to = at(rank, offset, sizeof previous);
+    std::memcpy(&previous, to, sizeof previous);
+    add_into(to, &value, 1);
+    return previous;
+  }
   TESSERA_MPI_CHECK(
       MPI_Fetch_and_op(&value, &previous, MPI_INT64_T, rank, static_cast<MPI_Aint>(offset), MPI_SUM, win_));
   TESSERA_MPI_CHECK(MPI_Win_flush(rank, win_));  // `previous` is only defined once the operation completed
@@ -457,6 +601,7 @@ std::int64_t Window::fetch_add(std::int64_t value, int rank, std::size_t offset)
 namespace tessera::core {
 
 ProgressThread::ProgressThread(const Comm& comm, std::chrono::microseconds period) {
+  if (comm.is_alone()) return;  // nothing to progress
   int level = MPI_THREAD_SINGLE;
   TESSERA_MPI_CHECK(MPI_Query_thread(&level));
   if (level < MPI_THREAD_SERIALIZED) {

@@ -1,6 +1,9 @@
 // The MPI communicator facade. Everything in Tessera that talks between processes goes through here.
 //
 // - A program started without mpirun/srun runs as a single rank (MPI singleton): every collective is valid.
+//   A verb that needs no MPI on its own (main.cpp: `tile`) starts no MPI at all then (MpiSession(..., false)): its
+//   Comm::world() is a world of one rank whose collectives copy locally and whose windows are local memory (why:
+//   README, "Running on many processes").
 // - Every MPI call is checked (TESSERA_MPI_CHECK with file and line). MPI errors on communicators and
 //   windows are returned rather than fatal, turned into InternalError naming the call and the rank, and
 //   `main` calls abort_job(), which prints one message naming the rank and takes all ranks down.
@@ -15,6 +18,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <ratio>
 #include <string>
@@ -54,16 +58,23 @@ struct MpiCall {
 // Initializes MPI for the life of main(). Threading level: MPI_THREAD_SERIALIZED (the main thread calls MPI, and
 // allreduce's communication thread while the main thread does not, and a ProgressThread taking turns with it through
 // detail::MpiCall; loader threads never do). Needs FUNNELED.
+// `start_mpi` false: MPI is not initialized, and the process is a world of one rank on its own (alone()).
 class MpiSession {
  public:
-  MpiSession(int* argc, char*** argv);
+  MpiSession(int* argc, char*** argv, bool start_mpi = true);
   ~MpiSession();  // does NOT finalize; if finalize() was not called the process is going down anyway
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
 
   void finalize();       // collective; call once at the end of a successful run
   static bool active();  // MPI initialized and not finalized
+  static bool alone();   // the process runs without MPI (start_mpi false)
 };
+
+// Whether a launcher (mpirun, srun, mpiexec) started this process: one of launcher_variables(), which Open MPI, PMIx,
+// PMI or srun set for the processes they start, is in the environment.
+bool started_by_launcher();
+const std::vector<const char*>& launcher_variables();
 
 // Aborts every rank of the job with `exit_code` after printing "rank R: message" to stderr.
 // Safe to call whether or not MPI is initialized.
@@ -73,7 +84,8 @@ enum class ReduceOp { sum, max, min };
 
 // MPI's wall clock (MPI_Wtime) as a std::chrono clock. Code that times communication uses it rather than
 // steady_clock, so that under SimGrid's SMPI (sim/), where the network is simulated, it reads simulated time;
-// with a real MPI it is an ordinary monotonic wall clock. Valid while MPI is initialized.
+// with a real MPI it is an ordinary monotonic wall clock. Valid while MPI is initialized: never in a process that
+// runs without MPI (MpiSession::alone()).
 struct MpiClock {
   using rep = double;
   using period = std::ratio<1>;
@@ -85,13 +97,18 @@ struct MpiClock {
 
 class Comm {
  public:
-  // MPI_COMM_WORLD (a non-owning handle).
+  // MPI_COMM_WORLD (a non-owning handle); alone() when the process runs without MPI (MpiSession::alone()).
   static Comm world();
+  // A world of one rank that makes no MPI call: barrier and poll do nothing, reductions and broadcasts leave the data
+  // as it is, gathers return this rank's part, splits give another such world (an empty Comm for MPI_UNDEFINED),
+  // windows on it are local memory, and iallreduce_sum returns MPI_REQUEST_NULL. Valid with or without MPI.
+  static Comm alone();
+  bool is_alone() const { return alone_; }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_root() const { return rank_ == 0; }
-  MPI_Comm handle() const { return comm_; }
+  MPI_Comm handle() const;  // throws InternalError on an alone() Comm, which has none
 
   void barrier() const;
   // Lets MPI make progress (one MPI_Iprobe; it receives nothing). A rank that computes for long and holds a window
@@ -114,6 +131,7 @@ class Comm {
   MPI_Request iallreduce_sum(float* data, std::size_t count) const;
   static void wait(MPI_Request& request);
   // True when `request` has completed (it is then MPI_REQUEST_NULL); lets MPI progress non-blocking collectives.
+  // MPI_REQUEST_NULL (an alone() Comm's) is complete without asking MPI.
   static bool test(MPI_Request& request);
 
   // Broadcast from `root`; vectors and strings are resized on the receivers.
@@ -147,8 +165,10 @@ class Comm {
 
  private:
   Comm(MPI_Comm comm, bool owned);
+  static void check_alone_root(const char* call, int root);
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
+  bool alone_ = false;
   int rank_ = 0;
   int size_ = 1;
 };
@@ -156,7 +176,8 @@ class Comm {
 // An MPI one-sided window (RAII: freed in the destructor, which is collective, so destroy windows in the
 // same order on every rank). Each rank exposes `bytes` of its own memory (0 is fine). Creation is
 // collective. A window destroyed during stack unwinding is not freed (MPI_Win_free synchronizes, and the
-// other ranks may never get there): the failing rank is expected to abort_job().
+// other ranks may never get there): the failing rank is expected to abort_job(). On a Comm::alone() the window is
+// this process's memory (zeroed): epochs do nothing and transfers aimed at rank 0 copy or add in place.
 class Window {
  public:
   enum class Kind { allocate, shared };  // shared: MPI_Win_allocate_shared, comm must be node-local
@@ -190,9 +211,12 @@ class Window {
   // value, so call it inside a passive-target epoch (lock/lock_all), not between fences.
   std::int64_t fetch_add(std::int64_t value, int rank, std::size_t offset) const;
 
-  MPI_Win handle() const { return win_; }
+  MPI_Win handle() const;  // throws InternalError on a window of a Comm::alone(), which has none
 
  private:
+  // A window on a Comm::alone(): its memory (win_ is then MPI_WIN_NULL), and where `bytes` at `offset` lie in it.
+  void* at(int rank, std::size_t offset, std::size_t bytes) const;
+  std::unique_ptr<std::byte[]> alone_memory_;
   MPI_Win win_ = MPI_WIN_NULL;
   void* base_ = nullptr;
   std::size_t bytes_ = 0;
@@ -206,7 +230,7 @@ class Window {
 // operations aimed at this rank complete while the rank computes: where the target's MPI serves them (Open MPI's
 // osc/pt2pt, used over TCP) they would otherwise wait until the rank's next MPI call. Its polls and the other
 // threads' MPI calls take turns (detail::MpiCall). Under an MPI that offers less than MPI_THREAD_SERIALIZED no
-// thread is started (running() is false) and the rank progresses only in its own MPI calls.
+// thread is started (running() is false) and the rank progresses only in its own MPI calls; nor on a Comm::alone().
 class ProgressThread {
  public:
   // `comm` must outlive the thread.

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/comm.h"
 #include "core/hash.h"
 #include "io/shard.h"
 #include "tests/testing/testing.h"
@@ -41,6 +42,12 @@ Run run_with(const std::string& prefix, const std::string& args) {
 }  // namespace
 
 Run run(const std::string& args) { return run_with("", args); }
+
+Run run_alone(const std::string& args) {
+  std::string prefix = "env";
+  for (const char* name : core::launcher_variables()) prefix += std::string(" -u ") + name;
+  return run_with(prefix + " ", args);
+}
 
 Run run_mpi(int ranks, const std::string& args) {
   return run_with(

@@ -20,6 +20,9 @@ struct Run {
 
 // `tessera args` through the shell; stdout and stderr captured separately.
 Run run(const std::string& args);
+// The same as a process that no launcher started: the variables of core::launcher_variables() unset, whatever the
+// environment the tests run in (a shell under srun, sbatch or mpirun).
+Run run_alone(const std::string& args);
 // The same under `mpirun -n ranks --oversubscribe`.
 Run run_mpi(int ranks, const std::string& args);
 

@@ -100,8 +100,10 @@ TEST_F(CliInfo, DescribesBothFlavours) {
   EXPECT_TRUE(contains(a.out, "objective    40x")) << a.out;
   EXPECT_TRUE(contains(a.out, "thumbnail")) << a.out;
 
-  const auto g = run("info " + generic_path_);
+  // Started on its own, every verb but `tile` runs as an MPI singleton (core/comm.h).
+  const auto g = testing::run_alone("info --log-level debug " + generic_path_);
   ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_FALSE(contains(g.err, "without MPI")) << g.err;
   EXPECT_TRUE(contains(g.out, "vendor       generic-tiff")) << g.out;
   EXPECT_TRUE(contains(g.out, "0.5000 x 0.5000 um/px, from the TIFF resolution tags")) << g.out;
   EXPECT_TRUE(contains(g.out, "objective    not recorded")) << g.out;

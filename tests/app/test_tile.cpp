@@ -32,6 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::contains;
 using testing::run;
+using testing::run_alone;
 using testing::run_mpi;
 
 // Four small synthetic slides (two tumour, two normal), made once for the whole suite.
@@ -275,9 +276,13 @@ TEST_F(Tile, LabelsAndFractionsMatchTheAnnotationPolygons) {
 // first slide again and the second slide would be tiled. (Here rather than in a test of its own, which would pay for
 // the suite's slides again.)
 TEST_F(Tile, OneAndTwoRanksGiveTheSameTiles) {
-  ASSERT_EQ(run("tile " + job("one")).code, 0);
-  const auto r = run_mpi(2, "tile " + job("two"));
+  const std::string without_mpi = "started without a launcher: one rank, without MPI";
+  const auto alone = run_alone("tile " + job("one") + " --log-level debug");  // no MPI (core/comm.h)
+  ASSERT_EQ(alone.code, 0) << alone.err;
+  EXPECT_TRUE(contains(alone.err, without_mpi)) << alone.err;
+  const auto r = run_mpi(2, "tile " + job("two") + " --log-level debug");
   ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, without_mpi)) << r.err;  // under a launcher, tile starts MPI
   const auto one = testing::shard_tiles(dir_->file("one"));
   const auto two = testing::shard_tiles(dir_->file("two"));
   EXPECT_EQ(one.size(), two.size());
