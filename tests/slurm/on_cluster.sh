@@ -4,7 +4,8 @@
 #
 #   on_cluster.sh TESSERA TESTCLUSTER EXAMPLES PART
 #     cluster   up twice (idempotent), two idle nodes with their own names, down; status then finds none
-#     tile      tile.sbatch on 2 nodes x 2 tasks writes the shards `mpirun -n 4 tessera tile` writes, bit for bit
+#     tile      tile.sbatch on 2 nodes x 2 tasks writes the shards `mpirun -n 4 tessera tile` writes, bit for bit, and
+#               so does `tessera tile` run by a batch script itself (no srun), as one rank without MPI
 #     train     train.sbatch under allreduce, easgd and two-level ends with the weights of the same job under
 #               mpirun on one host, bit for bit (two-level's node groups are the Slurm nodes: t1 ranks 0-1, t2 2-3);
 #               async-easgd completes and validates (not reproducible by design)
@@ -227,7 +228,17 @@ case "$part" in
       same_h5 "$work/local-shards/$shard" "$work/slurm-shards/$shard" / "tile under Slurm"
     done <"$work/local.txt"
     grep -q "4 ranks on 2 host(s)" "$work/tile-$job.out" || fail "tile did not run 4 ranks on 2 nodes: $(head -3 "$work/tile-$job.out")"
-    echo "tile: $(wc -l <"$work/local.txt") shards from sbatch on 2 nodes x 2 tasks, bit for bit as under mpirun -n 4"
+    grep -q "without MPI" "$work/tile-$job.out" && fail "tile under srun started without MPI: $(head -3 "$work/tile-$job.out")"
+    # The batch script's own process (no srun: SLURM_PROCID=0, no SLURM_STEP_ID) tiles as one rank without MPI.
+    job=$(submit tile-alone -N 1 --ntasks=1 --wrap "'$tessera' tile '$work/tile.yaml' --out '$work/alone-shards' --log-level debug")
+    wait_done "$job" "tile in a batch script without srun"
+    grep -q "started without a launcher: one rank, without MPI" "$work/tile-alone-$job.out" ||
+      fail "tile in a batch script without srun started MPI: $(head -5 "$work/tile-alone-$job.out")"
+    while read -r shard; do
+      same_h5 "$work/local-shards/$shard" "$work/alone-shards/$shard" / "tile in a batch script without srun"
+    done <"$work/local.txt"
+    echo "tile: $(wc -l <"$work/local.txt") shards from sbatch on 2 nodes x 2 tasks, bit for bit as under mpirun -n 4, and as" \
+      "one batch-script process without srun and without MPI"
     ;;
 
   train)
