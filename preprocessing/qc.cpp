@@ -69,6 +69,9 @@ constexpr double kFoldWeakShare = 0.6;
 // median, haematoxylin at least kFoldMinHaematoxylinShare of its own) count where they join a fold's core.
 constexpr double kFoldEosinRatio = 2.0;
 constexpr double kFoldMinHaematoxylinShare = 0.5;
+// Pieces of one fold in line with each other, at most this far apart, are one fold for the size test
+// (qc.min_artefact_um2): about the width of a bubble or an exposure field, where a thin fold may be lost.
+constexpr double kFoldMaxGapUm = 320.0;
 // Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
 constexpr double kConcentrationLevels = 100.0;
 
@@ -299,6 +302,96 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
     walk(0, cols - 1 - c, 1, -1);
   }
   return out;
+}
+
+// A thin fold is found in pieces where something breaks it (it crosses a bubble's rim, an exposure field's edge or a
+// hole in the tissue): each piece alone may be smaller than the smallest artefact kept, while the fold is not. Drops
+// the 8-connected components of `mask` whose chain is below `min_pixels` in all. Pieces chain when one of them is
+// elongated (at least kChainMinElongation times as long as wide, from its second moments) and the other lies in line
+// with it beyond its end: the line between their centres within kChainMaxAngle of the elongated piece's axis (of both
+// axes when both are elongated, their axes then within kChainMaxAngle of each other), their facing ends at most
+// `max_gap` pixels apart. Two round specks never chain.
+constexpr double kChainMinElongation = 3.0;
+constexpr double kChainMaxAngle = 20.0 * M_PI / 180.0;
+void remove_small_chains(cv::Mat1b& mask, double min_pixels, double max_gap) {
+  if (min_pixels <= 1.0 || cv::countNonZero(mask) == 0) return;
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  // Second moments about each piece's centre.
+  std::vector<cv::Vec3d> moments(at(n), cv::Vec3d(0.0, 0.0, 0.0));
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (l[c] == 0) continue;
+      const double dx = c - centroids.at<double>(l[c], 0), dy = r - centroids.at<double>(l[c], 1);
+      moments[at(l[c])] += cv::Vec3d(dx * dx, dy * dy, dx * dy);
+    }
+  }
+  struct Piece {
+    cv::Point2d centre, axis;  // axis: a unit vector along the piece
+    double length = 0.0;
+    bool elongated = false;
+  };
+  std::vector<Piece> pieces(at(n));
+  double longest = 0.0;
+  for (int i = 1; i < n; ++i) {
+    const double area = stats.at<int>(i, cv::CC_STAT_AREA);
+    const double xx = moments[at(i)][0] / area, yy = moments[at(i)][1] / area, xy = moments[at(i)][2] / area;
+    const double spread = std::hypot(0.5 * (xx - yy), xy);
+    const double angle = 0.5 * std::atan2(2.0 * xy, xx - yy);
+    Piece& p = pieces[at(i)];
+    p.centre = {centroids.at<double>(i, 0), centroids.at<double>(i, 1)};
+    p.axis = {std::cos(angle), std::sin(angle)};
+    // A uniform bar of length L has a variance of L²/12 along it; a line one pixel wide is one pixel wide.
+    p.length = std::sqrt(12.0 * (0.5 * (xx + yy) + spread));
+    const double width = std::max(1.0, std::sqrt(12.0 * std::max(0.0, 0.5 * (xx + yy) - spread)));
+    p.elongated = p.length >= kChainMinElongation * width;
+    longest = std::max(longest, p.length);
+  }
+  // Pairs by their centres' x (pieces further apart cannot chain), joined into chains (union-find).
+  std::vector<int> order, chain(at(n));
+  for (int i = 1; i < n; ++i) order.push_back(i);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return pieces[at(a)].centre.x < pieces[at(b)].centre.x; });
+  for (int i = 0; i < n; ++i) chain[at(i)] = i;
+  const auto root = [&](int i) {
+    while (chain[at(i)] != i) i = chain[at(i)] = chain[at(chain[at(i)])];
+    return i;
+  };
+  const double cos_max = std::cos(kChainMaxAngle);
+  // The end of `p` facing `towards` (a unit vector): along its axis when it is elongated.
+  const auto end = [](const Piece& p, const cv::Point2d& towards) {
+    const cv::Point2d along = p.elongated ? (p.axis.dot(towards) >= 0.0 ? p.axis : -p.axis) : towards;
+    return p.centre + 0.5 * p.length * along;
+  };
+  for (std::size_t a = 0; a < order.size(); ++a) {
+    const Piece& p = pieces[at(order[a])];
+    for (std::size_t b = a + 1; b < order.size(); ++b) {
+      const Piece& q = pieces[at(order[b])];
+      if (q.centre.x - p.centre.x > max_gap + 0.5 * (p.length + longest)) break;
+      if (!p.elongated && !q.elongated) continue;
+      const cv::Point2d d = q.centre - p.centre;
+      const double distance = std::hypot(d.x, d.y);
+      if (distance <= 0.0 || distance - 0.5 * (p.length + q.length) > max_gap) continue;
+      if (p.elongated && q.elongated && std::abs(p.axis.dot(q.axis)) < cos_max) continue;
+      if ((p.elongated && std::abs(d.dot(p.axis)) < cos_max * distance) ||
+          (q.elongated && std::abs(d.dot(q.axis)) < cos_max * distance)) {
+        continue;
+      }
+      const cv::Point2d gap = end(q, -d / distance) - end(p, d / distance);
+      if (std::hypot(gap.x, gap.y) > max_gap) continue;
+      chain[at(root(order[b]))] = root(order[a]);
+    }
+  }
+  std::vector<double> chain_area(at(n), 0.0);
+  for (int i = 1; i < n; ++i) chain_area[at(root(i))] += stats.at<int>(i, cv::CC_STAT_AREA);
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (l[c] != 0 && chain_area[at(root(l[c]))] < min_pixels) m[c] = 0;
+    }
+  }
 }
 
 // Each 8-connected component of `mask` filled to its convex hull.
@@ -792,7 +885,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     fold |= weak;
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
     mask(Artefact::fold) &= tissue;
-    remove_small_objects(mask(Artefact::fold), min_pixels);
+    // A thin fold crossing a bubble, an exposure field or a hole is found in pieces, each maybe smaller than a speck:
+    // they are judged together.
+    remove_small_chains(mask(Artefact::fold), min_pixels, kFoldMaxGapUm / mpp);
   }
 
   // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.
