@@ -481,7 +481,8 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
       .number("qc.underexposure_ratio", 0.8,
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
-      .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
+      .number("qc.min_artefact_um2", 20000.0,
+              "Artefact specks smaller than this are ignored (a fold's pieces in line count together)", 0, 1e9)
       .number("qc.margin_um", 48.0, "Excluded areas reach this many um beyond the artefacts found (their faded edges)",
               0, 1000)
       .number("qc.max_fraction", 0.1,
