@@ -1,6 +1,7 @@
 #include "preprocessing/qc.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -8,9 +9,11 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "core/measure.h"
 #include "preprocessing/overlay.h"
 #include "preprocessing/stain.h"
 
@@ -139,13 +142,7 @@ void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
       if (l[c] > 0 && g[c] != 0) keep[static_cast<std::size_t>(l[c])] = 1;
     }
   }
-  for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
-    auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < mask.cols; ++c) {
-      if (keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
-    }
-  }
+  keep_labelled(mask, labels, keep);
 }
 
 // Keeps the components of `mask` that are nearly convex (area at least kMinBubbleSolidity of their convex hull's):
@@ -306,15 +303,20 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
 
 // A thin fold is found in pieces where something breaks it (it crosses a bubble's rim, an exposure field's edge or a
 // hole in the tissue): each piece alone may be smaller than the smallest artefact kept, while the fold is not. Drops
-// the 8-connected components of `mask` whose chain is below `min_pixels` in all. Pieces chain when one of them is
-// elongated (at least kChainMinElongation times as long as wide, from its second moments) and the other lies in line
-// with it beyond its end: the line between their centres within kChainMaxAngle of the elongated piece's axis (of both
-// axes when both are elongated, their axes then within kChainMaxAngle of each other), their facing ends at most
-// `max_gap` pixels apart. Two round specks never chain.
+// the 8-connected components of `mask` whose chain is below `min_pixels` in all. Pieces chain when one of them is a
+// stretch of fold, elongated (at least kChainMinElongation times as long as wide, from its second moments) and at
+// least kChainMinLengthShare of `max_gap` long, and the other lies in line with it beyond one of its ends: seen from
+// that end, the other's centre (a round piece) or its facing end (an elongated one, whose axis is then within
+// kChainMaxAngle of the first's and which sees the first's end likewise) lies within kChainMaxAngle of the axis, and
+// the facing ends are at most `max_gap` pixels apart. Pieces chain only through stretches of fold, so round specks
+// never chain, directly or through a speck or sliver between them. Distances are in pixels along x: the QC level's
+// pixels are taken as square (an anisotropic slide's y is off by the ratio of its mpp's).
 constexpr double kChainMinElongation = 3.0;
+constexpr double kChainMinLengthShare = 0.5;
 constexpr double kChainMaxAngle = 20.0 * M_PI / 180.0;
 void remove_small_chains(cv::Mat1b& mask, double min_pixels, double max_gap) {
   if (min_pixels <= 1.0 || cv::countNonZero(mask) == 0) return;
+  const auto started = std::chrono::steady_clock::now();
   cv::Mat labels, stats, centroids;
   const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
   const auto at = [](int i) { return static_cast<std::size_t>(i); };
@@ -334,7 +336,6 @@ void remove_small_chains(cv::Mat1b& mask, double min_pixels, double max_gap) {
     bool elongated = false;
   };
   std::vector<Piece> pieces(at(n));
-  double longest = 0.0;
   for (int i = 1; i < n; ++i) {
     const double area = stats.at<int>(i, cv::CC_STAT_AREA);
     const double xx = moments[at(i)][0] / area, yy = moments[at(i)][1] / area, xy = moments[at(i)][2] / area;
@@ -346,52 +347,70 @@ void remove_small_chains(cv::Mat1b& mask, double min_pixels, double max_gap) {
     // A uniform bar of length L has a variance of L²/12 along it; a line one pixel wide is one pixel wide.
     p.length = std::sqrt(12.0 * (0.5 * (xx + yy) + spread));
     const double width = std::max(1.0, std::sqrt(12.0 * std::max(0.0, 0.5 * (xx + yy) - spread)));
-    p.elongated = p.length >= kChainMinElongation * width;
-    longest = std::max(longest, p.length);
+    p.elongated = p.length >= kChainMinElongation * width && p.length >= kChainMinLengthShare * max_gap;
   }
-  // Pairs by their centres' x (pieces further apart cannot chain), joined into chains (union-find).
-  std::vector<int> order, chain(at(n));
-  for (int i = 1; i < n; ++i) order.push_back(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return pieces[at(a)].centre.x < pieces[at(b)].centre.x; });
+  // Pieces by the cells of a grid of max_gap squares their bounding boxes cover: what lies within max_gap of a point
+  // is in the 3 x 3 cells around it at most.
+  const double cell = std::max(1.0, max_gap);
+  const int grid_cols = static_cast<int>(mask.cols / cell) + 1, grid_rows = static_cast<int>(mask.rows / cell) + 1;
+  const auto cell_of = [&](double v, int cells) { return std::clamp(static_cast<int>(v / cell), 0, cells - 1); };
+  std::vector<std::vector<int>> grid(at(grid_cols) * at(grid_rows));
+  for (int i = 1; i < n; ++i) {
+    const int x = stats.at<int>(i, cv::CC_STAT_LEFT), y = stats.at<int>(i, cv::CC_STAT_TOP);
+    const int x1 = cell_of(x + stats.at<int>(i, cv::CC_STAT_WIDTH) - 1, grid_cols);
+    const int y1 = cell_of(y + stats.at<int>(i, cv::CC_STAT_HEIGHT) - 1, grid_rows);
+    for (int gy = cell_of(y, grid_rows); gy <= y1; ++gy) {
+      for (int gx = cell_of(x, grid_cols); gx <= x1; ++gx) grid[at(gy) * at(grid_cols) + at(gx)].push_back(i);
+    }
+  }
+  std::vector<int> chain(at(n)), seen(at(n), 0);
   for (int i = 0; i < n; ++i) chain[at(i)] = i;
   const auto root = [&](int i) {
     while (chain[at(i)] != i) i = chain[at(i)] = chain[at(chain[at(i)])];
     return i;
   };
   const double cos_max = std::cos(kChainMaxAngle);
-  // The end of `p` facing `towards` (a unit vector): along its axis when it is elongated.
-  const auto end = [](const Piece& p, const cv::Point2d& towards) {
-    const cv::Point2d along = p.elongated ? (p.axis.dot(towards) >= 0.0 ? p.axis : -p.axis) : towards;
-    return p.centre + 0.5 * p.length * along;
+  // Whether `v` (from an end) points within kChainMaxAngle of `direction` (a unit vector), or the two touch.
+  const auto ahead = [&](const cv::Point2d& v, const cv::Point2d& direction) {
+    const double distance = std::hypot(v.x, v.y);
+    return distance <= 1.0 || v.dot(direction) >= cos_max * distance;
   };
-  for (std::size_t a = 0; a < order.size(); ++a) {
-    const Piece& p = pieces[at(order[a])];
-    for (std::size_t b = a + 1; b < order.size(); ++b) {
-      const Piece& q = pieces[at(order[b])];
-      if (q.centre.x - p.centre.x > max_gap + 0.5 * (p.length + longest)) break;
-      if (!p.elongated && !q.elongated) continue;
-      const cv::Point2d d = q.centre - p.centre;
-      const double distance = std::hypot(d.x, d.y);
-      if (distance <= 0.0 || distance - 0.5 * (p.length + q.length) > max_gap) continue;
-      if (p.elongated && q.elongated && std::abs(p.axis.dot(q.axis)) < cos_max) continue;
-      if ((p.elongated && std::abs(d.dot(p.axis)) < cos_max * distance) ||
-          (q.elongated && std::abs(d.dot(q.axis)) < cos_max * distance)) {
-        continue;
+  int stamp = 0;
+  for (int i = 1; i < n; ++i) {
+    const Piece& p = pieces[at(i)];
+    if (!p.elongated) continue;
+    for (const double side : {-1.0, 1.0}) {
+      const cv::Point2d out = side * p.axis, tip = p.centre + 0.5 * p.length * out;
+      ++stamp;
+      const int gx1 = cell_of(tip.x + max_gap, grid_cols), gy1 = cell_of(tip.y + max_gap, grid_rows);
+      for (int gy = cell_of(tip.y - max_gap, grid_rows); gy <= gy1; ++gy) {
+        for (int gx = cell_of(tip.x - max_gap, grid_cols); gx <= gx1; ++gx) {
+          for (const int j : grid[at(gy) * at(grid_cols) + at(gx)]) {
+            if (j == i || seen[at(j)] == stamp) continue;
+            seen[at(j)] = stamp;
+            const Piece& q = pieces[at(j)];
+            bool joins = false;
+            if (!q.elongated) {
+              const cv::Point2d v = q.centre - tip;
+              joins = std::hypot(v.x, v.y) - 0.5 * q.length <= max_gap && ahead(v, out);
+            } else if (std::abs(p.axis.dot(q.axis)) >= cos_max) {
+              // q's end nearer p's.
+              const cv::Point2d back = (q.axis.dot(tip - q.centre) >= 0.0 ? 1.0 : -1.0) * q.axis;
+              const cv::Point2d v = q.centre + 0.5 * q.length * back - tip;
+              joins = std::hypot(v.x, v.y) <= max_gap && ahead(v, out) && ahead(-v, back);
+            }
+            if (joins) chain[at(root(j))] = root(i);
+          }
+        }
       }
-      const cv::Point2d gap = end(q, -d / distance) - end(p, d / distance);
-      if (std::hypot(gap.x, gap.y) > max_gap) continue;
-      chain[at(root(order[b]))] = root(order[a]);
     }
   }
   std::vector<double> chain_area(at(n), 0.0);
   for (int i = 1; i < n; ++i) chain_area[at(root(i))] += stats.at<int>(i, cv::CC_STAT_AREA);
-  for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
-    auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < mask.cols; ++c) {
-      if (l[c] != 0 && chain_area[at(root(l[c]))] < min_pixels) m[c] = 0;
-    }
-  }
+  std::vector<std::uint8_t> keep(at(n), 0);
+  for (int i = 1; i < n; ++i) keep[at(i)] = chain_area[at(root(i))] >= min_pixels;
+  keep_labelled(mask, labels, keep);
+  spdlog::debug("QC fold pieces: {} in {:.3f} s", n - 1, core::seconds_since(started));
 }
 
 // Each 8-connected component of `mask` filled to its convex hull.
