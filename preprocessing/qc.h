@@ -17,8 +17,9 @@
 //                 under it along a row, column or diagonal that crosses the stroke (at most 3 times as long as the
 //                 stroke is wide where it passes: about 20° or steeper, not along the stroke nor grazing a curve),
 //                 and its mask covers the ink there. A thin fold crossing a bubble, an exposure field or a hole is
-//                 found in pieces: pieces in line with an elongated one (axes and the line between them within 20°,
-//                 ends at most 320 µm apart) count together against `min_artefact_um2`
+//                 found in pieces: pieces in line beyond an end of a stretch of fold (a piece at least 3 times as
+//                 long as wide and 160 µm long; seen from that end within 20° of its axis, ends at most 320 µm apart)
+//                 count together against `min_artefact_um2`; round specks never chain
 //   bubble        air bubbles and coverslip edges: thin grey lines (a strong neutral component of the optical density,
 //                 narrower than an ink stroke); the nearly convex area a closed line encloses is the bubble
 //   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median; not where
