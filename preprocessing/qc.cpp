@@ -309,8 +309,9 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
 // that end, the other's centre (a round piece) or its facing end (an elongated one, whose axis is then within
 // kChainMaxAngle of the first's and which sees the first's end likewise) lies within kChainMaxAngle of the axis, and
 // the facing ends are at most `max_gap` pixels apart. Pieces chain only through stretches of fold, so round specks
-// never chain, directly or through a speck or sliver between them. Distances are in pixels along x: the QC level's
-// pixels are taken as square (an anisotropic slide's y is off by the ratio of its mpp's).
+// never chain, directly or through a speck or sliver between them. `max_gap` is in pixels of the slide's x mpp and
+// angles are taken on the pixel grid, the QC level's pixels being taken as square: on a slide whose y mpp differs,
+// gaps and angles along y are off by the ratio of the two.
 constexpr double kChainMinElongation = 3.0;
 constexpr double kChainMinLengthShare = 0.5;
 constexpr double kChainMaxAngle = 20.0 * M_PI / 180.0;
