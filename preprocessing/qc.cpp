@@ -1,6 +1,7 @@
 #include "preprocessing/qc.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -8,9 +9,11 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
+#include "core/measure.h"
 #include "preprocessing/overlay.h"
 #include "preprocessing/stain.h"
 
@@ -69,6 +72,9 @@ constexpr double kFoldWeakShare = 0.6;
 // median, haematoxylin at least kFoldMinHaematoxylinShare of its own) count where they join a fold's core.
 constexpr double kFoldEosinRatio = 2.0;
 constexpr double kFoldMinHaematoxylinShare = 0.5;
+// Pieces of one fold in line with each other, at most this far apart, are one fold for the size test
+// (qc.min_artefact_um2): about the width of a bubble or an exposure field, where a thin fold may be lost.
+constexpr double kFoldMaxGapUm = 320.0;
 // Concentrations are quantized for the median filter: this many levels per OD unit (OD up to 255/levels).
 constexpr double kConcentrationLevels = 100.0;
 
@@ -136,13 +142,7 @@ void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
       if (l[c] > 0 && g[c] != 0) keep[static_cast<std::size_t>(l[c])] = 1;
     }
   }
-  for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
-    auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < mask.cols; ++c) {
-      if (keep[static_cast<std::size_t>(l[c])] == 0) m[c] = 0;
-    }
-  }
+  keep_labelled(mask, labels, keep);
 }
 
 // Keeps the components of `mask` that are nearly convex (area at least kMinBubbleSolidity of their convex hull's):
@@ -301,6 +301,119 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
   return out;
 }
 
+// A thin fold is found in pieces where something breaks it (it crosses a bubble's rim, an exposure field's edge or a
+// hole in the tissue): each piece alone may be smaller than the smallest artefact kept, while the fold is not. Drops
+// the 8-connected components of `mask` whose chain is below `min_pixels` in all. Pieces chain when one of them is a
+// stretch of fold, elongated (at least kChainMinElongation times as long as wide, from its second moments) and at
+// least kChainMinLengthShare of `max_gap` long, and the other lies in line with it beyond one of its ends: seen from
+// that end, the other's centre (a round piece) or its facing end (an elongated one, whose axis is then within
+// kChainMaxAngle of the first's and which sees the first's end likewise) lies within kChainMaxAngle of the axis, and
+// the facing ends are at most `max_gap` pixels apart. Pieces chain only through stretches of fold, so round specks
+// never chain, directly or through a speck or sliver between them. `max_gap` is in pixels of the slide's x mpp and
+// angles are taken on the pixel grid, the QC level's pixels being taken as square: on a slide whose y mpp differs,
+// gaps and angles along y are off by the ratio of the two.
+constexpr double kChainMinElongation = 3.0;
+constexpr double kChainMinLengthShare = 0.5;
+constexpr double kChainMaxAngle = 20.0 * M_PI / 180.0;
+void remove_small_chains(cv::Mat1b& mask, double min_pixels, double max_gap) {
+  if (min_pixels <= 1.0 || cv::countNonZero(mask) == 0) return;
+  const auto started = std::chrono::steady_clock::now();
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
+  const auto at = [](int i) { return static_cast<std::size_t>(i); };
+  // Second moments about each piece's centre.
+  std::vector<cv::Vec3d> moments(at(n), cv::Vec3d(0.0, 0.0, 0.0));
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* l = labels.ptr<int>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if (l[c] == 0) continue;
+      const double dx = c - centroids.at<double>(l[c], 0), dy = r - centroids.at<double>(l[c], 1);
+      moments[at(l[c])] += cv::Vec3d(dx * dx, dy * dy, dx * dy);
+    }
+  }
+  struct Piece {
+    cv::Point2d centre, axis;  // axis: a unit vector along the piece
+    double length = 0.0;
+    bool elongated = false;
+  };
+  std::vector<Piece> pieces(at(n));
+  for (int i = 1; i < n; ++i) {
+    const double area = stats.at<int>(i, cv::CC_STAT_AREA);
+    const double xx = moments[at(i)][0] / area, yy = moments[at(i)][1] / area, xy = moments[at(i)][2] / area;
+    const double spread = std::hypot(0.5 * (xx - yy), xy);
+    const double angle = 0.5 * std::atan2(2.0 * xy, xx - yy);
+    Piece& p = pieces[at(i)];
+    p.centre = {centroids.at<double>(i, 0), centroids.at<double>(i, 1)};
+    p.axis = {std::cos(angle), std::sin(angle)};
+    // A uniform bar of length L has a variance of L²/12 along it; a line one pixel wide is one pixel wide.
+    p.length = std::sqrt(12.0 * (0.5 * (xx + yy) + spread));
+    const double width = std::max(1.0, std::sqrt(12.0 * std::max(0.0, 0.5 * (xx + yy) - spread)));
+    p.elongated = p.length >= kChainMinElongation * width && p.length >= kChainMinLengthShare * max_gap;
+  }
+  // Pieces by the cells of a grid of max_gap squares their bounding boxes cover: what lies within max_gap of a point
+  // is in the 3 x 3 cells around it at most.
+  const double cell = std::max(1.0, max_gap);
+  const int grid_cols = static_cast<int>(mask.cols / cell) + 1, grid_rows = static_cast<int>(mask.rows / cell) + 1;
+  const auto cell_of = [&](double v, int cells) { return std::clamp(static_cast<int>(v / cell), 0, cells - 1); };
+  std::vector<std::vector<int>> grid(at(grid_cols) * at(grid_rows));
+  for (int i = 1; i < n; ++i) {
+    const int x = stats.at<int>(i, cv::CC_STAT_LEFT), y = stats.at<int>(i, cv::CC_STAT_TOP);
+    const int x1 = cell_of(x + stats.at<int>(i, cv::CC_STAT_WIDTH) - 1, grid_cols);
+    const int y1 = cell_of(y + stats.at<int>(i, cv::CC_STAT_HEIGHT) - 1, grid_rows);
+    for (int gy = cell_of(y, grid_rows); gy <= y1; ++gy) {
+      for (int gx = cell_of(x, grid_cols); gx <= x1; ++gx) grid[at(gy) * at(grid_cols) + at(gx)].push_back(i);
+    }
+  }
+  std::vector<int> chain(at(n)), seen(at(n), 0);
+  for (int i = 0; i < n; ++i) chain[at(i)] = i;
+  const auto root = [&](int i) {
+    while (chain[at(i)] != i) i = chain[at(i)] = chain[at(chain[at(i)])];
+    return i;
+  };
+  const double cos_max = std::cos(kChainMaxAngle);
+  // Whether `v` (from an end) points within kChainMaxAngle of `direction` (a unit vector), or the two touch.
+  const auto ahead = [&](const cv::Point2d& v, const cv::Point2d& direction) {
+    const double distance = std::hypot(v.x, v.y);
+    return distance <= 1.0 || v.dot(direction) >= cos_max * distance;
+  };
+  int stamp = 0;
+  for (int i = 1; i < n; ++i) {
+    const Piece& p = pieces[at(i)];
+    if (!p.elongated) continue;
+    for (const double side : {-1.0, 1.0}) {
+      const cv::Point2d out = side * p.axis, tip = p.centre + 0.5 * p.length * out;
+      ++stamp;
+      const int gx1 = cell_of(tip.x + max_gap, grid_cols), gy1 = cell_of(tip.y + max_gap, grid_rows);
+      for (int gy = cell_of(tip.y - max_gap, grid_rows); gy <= gy1; ++gy) {
+        for (int gx = cell_of(tip.x - max_gap, grid_cols); gx <= gx1; ++gx) {
+          for (const int j : grid[at(gy) * at(grid_cols) + at(gx)]) {
+            if (j == i || seen[at(j)] == stamp) continue;
+            seen[at(j)] = stamp;
+            const Piece& q = pieces[at(j)];
+            bool joins = false;
+            if (!q.elongated) {
+              const cv::Point2d v = q.centre - tip;
+              joins = std::hypot(v.x, v.y) - 0.5 * q.length <= max_gap && ahead(v, out);
+            } else if (std::abs(p.axis.dot(q.axis)) >= cos_max) {
+              // q's end nearer p's.
+              const cv::Point2d back = (q.axis.dot(tip - q.centre) >= 0.0 ? 1.0 : -1.0) * q.axis;
+              const cv::Point2d v = q.centre + 0.5 * q.length * back - tip;
+              joins = std::hypot(v.x, v.y) <= max_gap && ahead(v, out) && ahead(-v, back);
+            }
+            if (joins) chain[at(root(j))] = root(i);
+          }
+        }
+      }
+    }
+  }
+  std::vector<double> chain_area(at(n), 0.0);
+  for (int i = 1; i < n; ++i) chain_area[at(root(i))] += stats.at<int>(i, cv::CC_STAT_AREA);
+  std::vector<std::uint8_t> keep(at(n), 0);
+  for (int i = 1; i < n; ++i) keep[at(i)] = chain_area[at(root(i))] >= min_pixels;
+  keep_labelled(mask, labels, keep);
+  spdlog::debug("QC fold pieces: {} in {:.3f} s", n - 1, core::seconds_since(started));
+}
+
 // Each 8-connected component of `mask` filled to its convex hull.
 cv::Mat1b convex_hulls(const cv::Mat1b& mask) {
   std::vector<std::vector<cv::Point>> contours;
@@ -388,7 +501,8 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
       .number("qc.underexposure_ratio", 0.8,
               "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
-      .number("qc.min_artefact_um2", 20000.0, "Artefact specks smaller than this are ignored", 0, 1e9)
+      .number("qc.min_artefact_um2", 20000.0,
+              "Artefact specks smaller than this are ignored (a fold's pieces in line count together)", 0, 1e9)
       .number("qc.margin_um", 48.0, "Excluded areas reach this many um beyond the artefacts found (their faded edges)",
               0, 1000)
       .number("qc.max_fraction", 0.1,
@@ -792,7 +906,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     fold |= weak;
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
     mask(Artefact::fold) &= tissue;
-    remove_small_objects(mask(Artefact::fold), min_pixels);
+    // A thin fold crossing a bubble, an exposure field or a hole is found in pieces, each maybe smaller than a speck:
+    // they are judged together.
+    remove_small_chains(mask(Artefact::fold), min_pixels, kFoldMaxGapUm / mpp);
   }
 
   // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.

@@ -16,7 +16,10 @@
 //                 sides of a stroke (its core or its fainter pixels, before they are kept for joining a core) continues
 //                 under it along a row, column or diagonal that crosses the stroke (at most 3 times as long as the
 //                 stroke is wide where it passes: about 20° or steeper, not along the stroke nor grazing a curve),
-//                 and its mask covers the ink there
+//                 and its mask covers the ink there. A thin fold crossing a bubble, an exposure field or a hole is
+//                 found in pieces: pieces in line beyond an end of a stretch of fold (a piece at least 3 times as
+//                 long as wide and 160 µm long; seen from that end within 20° of its axis, ends at most 320 µm apart)
+//                 count together against `min_artefact_um2`; round specks never chain
 //   bubble        air bubbles and coverslip edges: thin grey lines (a strong neutral component of the optical density,
 //                 narrower than an ink stroke); the nearly convex area a closed line encloses is the bubble
 //   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median; not where
@@ -78,7 +81,8 @@ struct QcOptions {
   double fold_ratio = 1.3;
   double underexposure_ratio = 0.8;
   double min_tissue_mm2 = 1.0;        // less tissue: the slide-level flag "too little tissue"
-  double min_artefact_um2 = 20000.0;  // smaller specks of a class are dropped (≈ 140 µm square)
+  double min_artefact_um2 = 20000.0;  // smaller specks of a class are dropped (≈ 140 µm square; a fold's pieces in line
+                                      // count together)
   std::array<bool, kArtefactCount> enabled{true, true, true, true, true, true, true, true, true};
   std::array<QcAction, kArtefactCount> action{QcAction::flag,    QcAction::exclude, QcAction::exclude,
                                               QcAction::exclude, QcAction::exclude, QcAction::exclude,

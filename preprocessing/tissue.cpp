@@ -145,7 +145,6 @@ bool looks_like_ink(const cv::Vec3b& rgb) {
   return hue >= kInkHueMin && hue < kInkHueMax;
 }
 
-
 // Fills holes (4-connected background components that do not touch the border) smaller than `max_area`.
 void fill_small_holes(cv::Mat1b& mask, double max_area) {
   if (max_area <= 0.0) return;
@@ -265,6 +264,10 @@ void remove_small_objects(cv::Mat1b& mask, double min_area) {
   const int n = cv::connectedComponentsWithStats(mask, labels, stats, centroids, 8, CV_32S);
   std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
   for (int i = 1; i < n; ++i) keep[static_cast<std::size_t>(i)] = stats.at<int>(i, cv::CC_STAT_AREA) >= min_area;
+  keep_labelled(mask, labels, keep);
+}
+
+void keep_labelled(cv::Mat1b& mask, const cv::Mat& labels, const std::vector<std::uint8_t>& keep) {
   for (int r = 0; r < mask.rows; ++r) {
     const auto* l = labels.ptr<int>(r);
     auto* m = mask.ptr<std::uint8_t>(r);
@@ -290,8 +293,8 @@ cv::Mat read_slide_image(const io::Slide& slide, double mpp, double* downsample,
   // [i·downsample, (i+1)·downsample) exactly along x.
   *downsample = static_cast<double>(slide.width()) / static_cast<double>(cols);
   const int coarsest = slide.best_level_for_mpp(image_mpp);
-  int level = source == SourceLevel::oversampled ? slide.best_level_for_mpp(image_mpp / kMaskSourceOversampling)
-                                                 : coarsest;
+  int level =
+      source == SourceLevel::oversampled ? slide.best_level_for_mpp(image_mpp / kMaskSourceOversampling) : coarsest;
   const auto pixels = [&](int l) {
     const io::SlideLevel& info = slide.levels()[static_cast<std::size_t>(l)];
     return info.width * info.height;

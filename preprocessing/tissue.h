@@ -8,6 +8,8 @@
 // (strongly saturated green, blue, black ink) are rejected.
 #pragma once
 
+#include <vector>
+
 #include <opencv2/core.hpp>
 
 #include "core/config.h"
@@ -42,6 +44,9 @@ struct TissueMask {
 
 // Removes the 8-connected foreground components of `mask` smaller than `min_area` pixels (tissue masks, QC masks).
 void remove_small_objects(cv::Mat1b& mask, double min_area);
+
+// Clears the pixels of `mask` whose component in `labels` (CV_32S, 0 = background) has keep[label] == 0.
+void keep_labelled(cv::Mat1b& mask, const cv::Mat& labels, const std::vector<std::uint8_t>& keep);
 
 // How read_slide_image picks the pyramid level it averages from.
 enum class SourceLevel {
