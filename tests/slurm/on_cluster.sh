@@ -4,8 +4,8 @@
 #
 #   on_cluster.sh TESSERA TESTCLUSTER EXAMPLES PART
 #     cluster   up twice (idempotent), two idle nodes with their own names, down; status then finds none
-#     tile      tile.sbatch on 2 nodes x 2 tasks writes the shards `mpirun -n 4 tessera tile` writes, bit for bit, and
-#               so does `tessera tile` run by a batch script itself (no srun), as one rank without MPI
+#     tile      tile.sbatch on 2 nodes x 2 tasks writes the shards `mpirun -n 4 tessera tile` writes, bit for bit; `tessera tile`
+#               run by a batch script itself (no srun) runs as one rank without MPI and writes what mpirun -n 1 writes
 #     train     train.sbatch under allreduce, easgd and two-level ends with the weights of the same job under
 #               mpirun on one host, bit for bit (two-level's node groups are the Slurm nodes: t1 ranks 0-1, t2 2-3);
 #               async-easgd completes and validates (not reproducible by design)
@@ -234,11 +234,17 @@ case "$part" in
     wait_done "$job" "tile in a batch script without srun"
     grep -q "started without a launcher: one rank, without MPI" "$work/tile-alone-$job.out" ||
       fail "tile in a batch script without srun started MPI: $(head -5 "$work/tile-alone-$job.out")"
+    mpirun --allow-run-as-root -n 1 "$tessera" tile "$work/tile.yaml" --out "$work/local1-shards" >"$work/local1-tile.log" 2>&1 ||
+      fail "tile under mpirun -n 1: $(tail -5 "$work/local1-tile.log")"
+    (cd "$work/local1-shards" && ls shard-*.h5) >"$work/local1.txt"
+    (cd "$work/alone-shards" && ls shard-*.h5) >"$work/alone.txt"
+    [ -s "$work/local1.txt" ] || fail "no shards under mpirun -n 1"
+    cmp -s "$work/local1.txt" "$work/alone.txt" || fail "the shard files differ: $(diff "$work/local1.txt" "$work/alone.txt")"
     while read -r shard; do
-      same_h5 "$work/local-shards/$shard" "$work/alone-shards/$shard" / "tile in a batch script without srun"
-    done <"$work/local.txt"
-    echo "tile: $(wc -l <"$work/local.txt") shards from sbatch on 2 nodes x 2 tasks, bit for bit as under mpirun -n 4, and as" \
-      "one batch-script process without srun and without MPI"
+      same_h5 "$work/local1-shards/$shard" "$work/alone-shards/$shard" / "tile in a batch script without srun"
+    done <"$work/local1.txt"
+    echo "tile: $(wc -l <"$work/local.txt") shards from sbatch on 2 nodes x 2 tasks, bit for bit as under mpirun -n 4;" \
+      "$(wc -l <"$work/alone.txt") from the batch script's own process (no srun, no MPI), bit for bit as under mpirun -n 1"
     ;;
 
   train)
