@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -843,17 +844,10 @@ class CheckpointReader {
     return state;
   }
 
-  TensorMap read_easgd(const std::vector<TensorSpec>* params) const {
-    Handle group = open_group(file(), easgd_group, "/easgd", false);
-    if (group.get() < 0) return {};
-    if (!has_link(group.get(), easgd_center_group, "/easgd/center")) fail("missing group '/easgd/center'");
-    return params != nullptr ? read_checked_tensors(group.get(), easgd_center_group, "easgd/center", *params, false)
-                             : read_all_tensors(group.get(), easgd_center_group, "easgd/center");
-  }
-
-  // /easgd/center_buffers, or nothing when the file has none (written before it, layout 1). A file whose /easgd says
-  // layout 2 without it is damaged, not old.
-  TensorMap read_easgd_center_buffers(const std::vector<TensorSpec>* buffers) const {
+  // /easgd: the centre and, in layout 2, its buffers; both empty when the file has none. The layout is checked before
+  // anything is read: a file whose /easgd says layout 2 without /easgd/center_buffers (or with an empty one) is
+  // damaged, not old. `expected` checks the tensors against the model (nullptr: free-form).
+  std::pair<TensorMap, TensorMap> read_easgd(const CheckpointLayout* expected) const {
     Handle group = open_group(file(), easgd_group, "/easgd", false);
     if (group.get() < 0) return {};
     const bool present = has_link(group.get(), easgd_center_buffers_group, "/easgd/center_buffers");
@@ -872,10 +866,21 @@ class CheckpointReader {
         fail("'/easgd/center_buffers' is present, but its /easgd layout 1 says it holds none");
       }
     }
-    if (!present) return {};
-    return buffers != nullptr
-               ? read_checked_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers", *buffers, false)
-               : read_all_tensors(group.get(), easgd_center_buffers_group, "easgd/center_buffers");
+    if (!has_link(group.get(), easgd_center_group, "/easgd/center")) fail("missing group '/easgd/center'");
+    const auto read = [&](const char* name, const std::string& path, const std::vector<TensorSpec>* specs) {
+      return specs != nullptr ? read_checked_tensors(group.get(), name, path, *specs, false)
+                              : read_all_tensors(group.get(), name, path);
+    };
+    std::pair<TensorMap, TensorMap> easgd{
+        read(easgd_center_group, "easgd/center", expected != nullptr ? &expected->params : nullptr), {}};
+    if (present) {
+      easgd.second =
+          read(easgd_center_buffers_group, "easgd/center_buffers", expected != nullptr ? &expected->buffers : nullptr);
+      if (easgd.second.empty()) {
+        fail("'/easgd/center_buffers' is empty: in /easgd layout 2 it holds the live EASGD centre's buffers");
+      }
+    }
+    return easgd;
   }
 
   // The group /replicas, or an invalid handle when the file has none.
@@ -1276,8 +1281,7 @@ Checkpoint read_checkpoint(const std::string& path, ReplicaRead replicas) {
   c.params = r.read_all_tensors(r.file(), params_group, params_group);
   c.buffers = r.read_all_tensors(r.file(), buffers_group, buffers_group);
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, nullptr);
-  c.easgd_center = r.read_easgd(nullptr);
-  c.easgd_center_buffers = r.read_easgd_center_buffers(nullptr);
+  std::tie(c.easgd_center, c.easgd_center_buffers) = r.read_easgd(nullptr);
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(nullptr);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();
@@ -1297,8 +1301,7 @@ Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expe
   c.params = r.read_checked_tensors(r.file(), params_group, params_group, expected.params, false);
   c.buffers = r.read_checked_tensors(r.file(), buffers_group, buffers_group, expected.buffers, false);
   c.optimizer = r.read_optimizer(r.file(), optimizer_group, &expected.params);
-  c.easgd_center = r.read_easgd(&expected.params);
-  c.easgd_center_buffers = r.read_easgd_center_buffers(&expected.buffers);
+  std::tie(c.easgd_center, c.easgd_center_buffers) = r.read_easgd(&expected);
   if (replicas == ReplicaRead::all) c.replicas = r.read_replicas(&expected);
   c.replica_files = r.read_replica_files();
   c.state = r.read_state();

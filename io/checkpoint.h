@@ -26,8 +26,8 @@
 //   /easgd                    attribute layout (int64): 1 = /easgd/center only, 2 = also /easgd/center_buffers
 //                                      (written when the centre has buffers). Absent in files written before it:
 //                                      1, or 2 when /easgd/center_buffers is there. A layout 2 file without
-//                                      /easgd/center_buffers is damaged and refused naming it, not read as an old
-//                                      one; a layout above 2 is refused as newer than the reader
+//                                      /easgd/center_buffers (or with it empty) is damaged and refused naming it,
+//                                      not read as an old one; a layout above 2 is refused as newer than the reader
 //   /replicas/<rank>/params/<name>             float32  one rank's own replica, for strategies whose ranks'
 //   /replicas/<rank>/buffers/<name>            float32  models differ (EASGD-type): parameters, buffers and
 //   /replicas/<rank>/optimizer/<state>/<name>  float32  optimizer state as in /params, /buffers, /optimizer
@@ -232,7 +232,9 @@ Checkpoint read_checkpoint(const std::string& path, ReplicaRead replicas = Repli
 // as /params, /buffers and /optimizer, and the replicas must be ranks 0..n-1 without gaps; errors name the
 // replica ("tensor 'fc.weight' in /replicas/1/params has shape ..."). With ReplicaRead::skip, /replicas is
 // neither read nor checked and `replicas` stays empty (inference; a resumed rank that reads its own replica
-// with read_checkpoint_replica).
+// with read_checkpoint_replica). /easgd is read and checked by both reads whoever uses it, so `tessera predict` and
+// `infer` (engine/inference.cpp, a checked read) refuse a file whose /easgd layout is above 2 although they use only
+// /params and /buffers.
 Checkpoint read_checkpoint(const std::string& path, const CheckpointLayout& expected,
                            ReplicaRead replicas = ReplicaRead::all);
 

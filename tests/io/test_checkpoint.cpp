@@ -1314,6 +1314,9 @@ void apply_mutation(const std::string& path, const std::string& mutation) {
   std::string value;
   if (verb == "delete") {
     ASSERT_GE(H5Ldelete(file.id, target.c_str(), H5P_DEFAULT), 0);
+  } else if (verb == "add-group") {
+    H5Id group{H5Gcreate2(file.id, target.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose};
+    ASSERT_GE(group.id, 0) << target;
   } else if (verb == "delete-attribute") {
     in >> argument;
     ASSERT_GE(H5Adelete_by_name(file.id, target.c_str(), argument.c_str(), H5P_DEFAULT), 0);
@@ -1434,6 +1437,25 @@ TEST(CheckpointErrors, EasgdCentreBuffersLostFromALayout2FileAreAnErrorNotAnOldF
   const std::string damaged = edited("damaged.h5", {"delete /easgd/center_buffers/bn1.running_var"});
   EXPECT_NE(input_error(damaged, [&] { io::read_checkpoint(damaged, layout); }).find("'bn1.running_var'"),
             std::string::npos);
+  // The free-form read (tessera quantize's) keeps what is there; written back, the file is still layout 2 and the
+  // checked read still refuses it.
+  io::Checkpoint kept = io::read_checkpoint(damaged);
+  ASSERT_FALSE(kept.easgd_center_buffers.empty());
+  EXPECT_EQ(kept.easgd_center_buffers.count("bn1.running_var"), 0u);
+  EXPECT_EQ(kept.easgd_center_buffers.size(), c.easgd_center_buffers.size() - 1);
+  const std::string rewritten = dir.file("rewritten.h5");
+  io::write_checkpoint(rewritten, kept);
+  EXPECT_NE(input_error(rewritten, [&] { io::read_checkpoint(rewritten, layout); }).find("'bn1.running_var'"),
+            std::string::npos);
+  refused(edited("empty.h5", {"delete /easgd/center_buffers", "add-group /easgd/center_buffers"}),
+          {"/easgd/center_buffers"});
+  const std::string empty = dir.file("empty.h5");
+  EXPECT_NE(input_error(empty, [&] { io::read_checkpoint(empty); }).find("'/easgd/center_buffers' is empty"),
+            std::string::npos);
+  refused(edited("string.h5", {"set-string /easgd layout 2"}), {"'layout'", "must be an integer"});
+  // The layout is checked before /easgd/center is read.
+  refused(edited("newer-without-centre.h5", {"set-int /easgd layout 3", "delete /easgd/center"}),
+          {"/easgd layout 3 is newer than this Tessera reads (2)"});
   refused(edited("newer.h5", {"set-int /easgd layout 3"}), {"/easgd layout 3 is newer than this Tessera reads (2)"});
   refused(edited("invalid.h5", {"set-int /easgd layout 0"}), {"invalid /easgd layout 0"});
   refused(edited("contradicts.h5", {"set-int /easgd layout 1"}), {"'/easgd/center_buffers' is present", "layout 1"});

@@ -4,6 +4,7 @@
 // recomputed for its own weights. Every test is collective
 // (tests/mpi/mpi_main.cpp): checks are EXPECTs after the communication.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <cstdint>
 #include <memory>
@@ -405,9 +406,9 @@ TEST_F(Strategies, EasgdEvaluatesAndSavesTheCentre) {
   EXPECT_EQ(resumed.center(), center) << "parameters and buffers";
 }
 
-// A checkpoint written before /easgd/center_buffers, resumed as the trainer resumes one (a checked read, the model from
-// /params and /buffers, then load_state and initialize): the live centre's parameters are /easgd/center and its
-// buffers /buffers.
+// A checkpoint written before /easgd/center_buffers (neither the group nor /easgd's layout attribute), resumed as the
+// trainer resumes one (a checked read, the model from /params and /buffers, then load_state and initialize): the live
+// centre's parameters are /easgd/center and its buffers /buffers.
 TEST_F(Strategies, EasgdResumesACheckpointWithoutCentreBuffersFromItsBuffers) {
   const auto world = core::Comm::world();
   Replica run("tiny_cnn", 12);
@@ -435,6 +436,13 @@ TEST_F(Strategies, EasgdResumesACheckpointWithoutCentreBuffersFromItsBuffers) {
   const tessera::testing::TempDir dir;
   const std::string path = dir.file("old.h5");
   io::write_checkpoint(path, checkpoint);
+  {  // without the attribute /easgd layout, which came after
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(file, 0);
+    const herr_t deleted = H5Adelete_by_name(file, "/easgd", "layout", H5P_DEFAULT);
+    H5Fclose(file);
+    ASSERT_GE(deleted, 0);
+  }
 
   Replica resumed_run("tiny_cnn", 12);
   const io::Checkpoint read = io::read_checkpoint(path, checkpoint_layout(resumed_run.params, resumed_run.buffers));
