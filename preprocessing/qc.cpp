@@ -534,7 +534,9 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
       .number("qc.fold_ratio", 1.3, "A fold: both H and E at least this many times their local median over the tissue",
               1, 10)
       .number("qc.underexposure_ratio", 0.8,
-              "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
+              "Under-exposed: glass darker than this share of the slide's median glass brightness, or a field of "
+              "tissue darkened by a neutral grey below this share of the tissue around it",
+              0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
       .number("qc.min_artefact_um2", 20000.0,
               "Artefact specks smaller than this are ignored (a fold's pieces in line count together)", 0, 1e9)
