@@ -53,6 +53,10 @@ constexpr double kRimMaxWidthUm = 64.0;     // wider neutral areas are ink (or a
 // Glass darkened this far below the slide's glass, neutral, is under-exposed.
 constexpr double kUnderMaxSaturation = 0.12;
 
+// An under-exposed field over tissue that holds little glass: its darkened tissue is judged against the tissue in a
+// ring this wide around it.
+constexpr double kUnderRingUm = 96.0;
+
 // A clipped channel: an over-exposed pixel.
 constexpr int kClippedLevel = 253;
 
@@ -454,6 +458,37 @@ double median_where(const cv::Mat1f& plane, const cv::Mat1b& mask, bool inside) 
   return median_of(std::move(values));
 }
 
+// The components of `candidates` (wide areas of tissue darkened by a neutral grey) that are fields of an exposure
+// fault: at least `min_pixels`, less than half on `fold`, and their median `grey` below `ratio` times the median grey
+// of the tissue around them (tissue outside `candidates` at most `ring` pixels away; at least a quarter of
+// `min_pixels` of it). Dense tissue is about as bright as the tissue it lies in; a camera field darkened by a neutral
+// grey is far darker, and so is a fold (tissue lying double), which is why folds are left out.
+cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, const cv::Mat1b& tissue,
+                          const cv::Mat1b& fold, double ratio, int ring, double min_pixels) {
+  cv::Mat labels, stats, centroids;
+  const int n = cv::connectedComponentsWithStats(candidates, labels, stats, centroids, 8, CV_32S);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  const cv::Rect whole(0, 0, candidates.cols, candidates.rows);
+  for (int i = 1; i < n; ++i) {
+    if (stats.at<int>(i, cv::CC_STAT_AREA) < min_pixels) continue;
+    const cv::Rect box =
+        cv::Rect(stats.at<int>(i, cv::CC_STAT_LEFT) - ring, stats.at<int>(i, cv::CC_STAT_TOP) - ring,
+                 stats.at<int>(i, cv::CC_STAT_WIDTH) + 2 * ring, stats.at<int>(i, cv::CC_STAT_HEIGHT) + 2 * ring) &
+        whole;
+    const cv::Mat1b field = labels(box) == i;
+    if (2 * cv::countNonZero(field & fold(box)) >= stats.at<int>(i, cv::CC_STAT_AREA)) continue;
+    cv::Mat1b around;
+    cv::dilate(field, around, elliptic(2 * ring + 1));
+    around &= tissue(box) & ~candidates(box);
+    if (cv::countNonZero(around) < min_pixels / 4.0) continue;
+    const cv::Mat1f g = grey(box);
+    if (median_where(g, field, true) < ratio * median_where(g, around, true)) keep[static_cast<std::size_t>(i)] = 1;
+  }
+  cv::Mat1b out = candidates.clone();
+  keep_labelled(out, labels, keep);
+  return out;
+}
+
 // The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
 // kConcentrationLevels per unit; pixels off tissue count as the tissue's global median.
 cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
@@ -499,7 +534,9 @@ core::Schema& declare_qc_keys(core::Schema& schema) {
       .number("qc.fold_ratio", 1.3, "A fold: both H and E at least this many times their local median over the tissue",
               1, 10)
       .number("qc.underexposure_ratio", 0.8,
-              "Under-exposed: glass darker than this share of the slide's median glass brightness", 0, 1)
+              "Under-exposed: glass darker than this share of the slide's median glass brightness, or a field of "
+              "tissue darkened by a neutral grey below this share of the tissue around it",
+              0, 1)
       .number("qc.min_tissue_mm2", 1.0, "Less tissue than this flags the slide (too little tissue)", 0, 1e6)
       .number("qc.min_artefact_um2", 20000.0,
               "Artefact specks smaller than this are ignored (a fold's pieces in line count together)", 0, 1e9)
@@ -820,24 +857,6 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
-  if (on(Artefact::underexposed) && has_background) {
-    // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
-    // black ink); each such field's convex hull takes in what lies between.
-    const double limit = options.underexposure_ratio * result.background_brightness;
-    cv::Mat1b dark_glass = (grey < limit) & grey_glass & ~thin;
-    for (const auto& [a, ink] : inks) dark_glass &= ~*ink;
-    cv::morphologyEx(dark_glass, dark_glass, cv::MORPH_OPEN, elliptic(5));
-    remove_small_objects(dark_glass, min_pixels / 4.0);
-    // Darkened tissue counts only where it joins darkened glass: dense tissue alone is no exposure fault.
-    cv::Mat1b under = dark_glass | (wide & tissue & ~ink_black);
-    for (const auto& [a, ink] : inks) under &= ~*ink;
-    keep_touching(under, dark_glass);
-    cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
-    remove_small_objects(under, min_pixels / 4.0);
-    mask(Artefact::underexposed) = convex_hulls(under);
-    remove_small_objects(mask(Artefact::underexposed), min_pixels);
-  }
-
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
   // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it).
   if (on(Artefact::fold) && has_tissue) {
@@ -909,6 +928,29 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     // A thin fold crossing a bubble, an exposure field or a hole is found in pieces, each maybe smaller than a speck:
     // they are judged together.
     remove_small_chains(mask(Artefact::fold), min_pixels, kFoldMaxGapUm / mpp);
+  }
+
+  if (on(Artefact::underexposed) && has_background) {
+    // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
+    // black ink); each such field's convex hull takes in what lies between.
+    const double limit = options.underexposure_ratio * result.background_brightness;
+    cv::Mat1b dark_glass = (grey < limit) & grey_glass & ~thin;
+    for (const auto& [a, ink] : inks) dark_glass &= ~*ink;
+    cv::morphologyEx(dark_glass, dark_glass, cv::MORPH_OPEN, elliptic(5));
+    remove_small_objects(dark_glass, min_pixels / 4.0);
+    // Darkened tissue counts only where it joins darkened glass, or where it is a field far darker than the tissue
+    // around it (a field over tissue that holds little glass): dense tissue alone is no exposure fault, and a fold
+    // (found above) is darker than the tissue around it too.
+    cv::Mat1b darkened = wide & tissue & ~ink_black;
+    for (const auto& [a, ink] : inks) darkened &= ~*ink;
+    const int ring = std::max(1, static_cast<int>(std::lround(kUnderRingUm / mpp)));
+    cv::Mat1b under = dark_glass | darkened;
+    keep_touching(under, dark_glass | darkened_fields(darkened, grey, tissue, mask(Artefact::fold),
+                                                      options.underexposure_ratio, ring, min_pixels));
+    cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
+    remove_small_objects(under, min_pixels / 4.0);
+    mask(Artefact::underexposed) = convex_hulls(under);
+    remove_small_objects(mask(Artefact::underexposed), min_pixels);
   }
 
   // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.

@@ -473,6 +473,18 @@ TEST(Qc, ExposureFieldsAreFound) {
   }
 }
 
+// Seed 2611 draws its under-exposed field almost wholly over tissue: the field holds too little glass to be found
+// through darkened glass (IoU 0 when only that counted), so it is found as tissue far darker than the tissue around
+// it. Its clean twin (no exposure fields drawn) has no under-exposure.
+TEST(Qc, UnderexposedFieldOverTissueIsFound) {
+  synth::SynthSlideOptions o = slide_options(2611);
+  o.exposure = true;
+  const Checked c = run_on_synthetic(o);
+  EXPECT_GT(iou_of(c, Artefact::underexposed), 0.8);
+  o.exposure = false;
+  EXPECT_EQ(cv::countNonZero(run_on_synthetic(o).qc.masks[static_cast<std::size_t>(index(Artefact::underexposed))]), 0);
+}
+
 TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
   synth::SynthSlideOptions o = slide_options(2203);
   o.pen_marks = true;
