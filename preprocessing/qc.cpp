@@ -858,8 +858,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
-  // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it).
-  if (on(Artefact::fold) && has_tissue) {
+  // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it). Found for
+  // under-exposure too, which leaves folds out of its fields, and kept as a class only when folds are on.
+  if ((on(Artefact::fold) || on(Artefact::underexposed)) && has_tissue) {
     cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
@@ -952,6 +953,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     mask(Artefact::underexposed) = convex_hulls(under);
     remove_small_objects(mask(Artefact::underexposed), min_pixels);
   }
+  if (!on(Artefact::fold)) mask(Artefact::fold).setTo(0);  // found above for under-exposure only
 
   // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.
   release(grey, h_smooth, e_smooth, h_local, e_local, neutral, clipped, grey_glass, strongly_neutral, rim, wide,

@@ -489,6 +489,7 @@ TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
   synth::SynthSlideOptions o = slide_options(2203);
   o.pen_marks = true;
   o.folds = true;
+  o.exposure = true;
   QcOptions qc;
   const Checked all = run_on_synthetic(o, qc);
   qc.enabled[static_cast<std::size_t>(index(Artefact::fold))] = false;
@@ -496,6 +497,11 @@ TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
   const Checked some = run_on_synthetic(o, qc);
   EXPECT_GT(fraction(all, Artefact::fold), 0.005);
   EXPECT_EQ(cv::countNonZero(some.qc.masks[static_cast<std::size_t>(index(Artefact::fold))]), 0);
+  // Under-exposure leaves folds out of its fields whether or not folds are a class of their own.
+  EXPECT_GT(fraction(all, Artefact::underexposed), 0.005);
+  EXPECT_EQ(cv::countNonZero(some.qc.masks[static_cast<std::size_t>(index(Artefact::underexposed))] !=
+                             all.qc.masks[static_cast<std::size_t>(index(Artefact::underexposed))]),
+            0);
   // Exclude: the union of the exclude classes; flag: the rest.
   cv::Mat1b expected_excluded = cv::Mat1b::zeros(all.qc.tissue.mask.size());
   for (const Artefact a : all_artefacts()) {
