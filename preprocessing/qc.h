@@ -25,10 +25,11 @@
 //   overexposed   washed-out tissue: a clipped channel, or both stains at most 1/1.2 of their local median; not where
 //                 a bubble is (the tissue seen through it is paler too: that is the bubble's)
 //   underexposed  glass far darker than the slide's own glass (below `underexposure_ratio` of its median
-//                 brightness), with the tissue darkened by a neutral grey that joins it; or, where a field holds
-//                 little glass, a wide area of tissue darkened by a neutral grey whose median grey is below
-//                 `underexposure_ratio` of the tissue's within 96 µm around it and that lies less than half on a
-//                 fold; each field as its convex hull
+//                 brightness), with the tissue darkened by a neutral grey that joins it; or a wide area of tissue
+//                 darkened by a neutral grey (at least `min_artefact_um2`) whose median grey is below
+//                 `underexposure_ratio` of the tissue's within 96 µm around it (a ring of at least a quarter of
+//                 `min_artefact_um2` of tissue) and that lies less than half on a fold (folds are found for this
+//                 even when their class is off); each field as its convex hull; only on slides with glass
 // and slide-level checks: too little tissue (< `min_tissue_mm2`), not a brightfield slide (a dark background:
 // fluorescence; its artefact masks are then left empty, the classes being brightfield H&E's), and, over a cohort
 // (add_cohort_flags), stain far from the cohort's.
