@@ -4,8 +4,9 @@
 #
 #   on_cluster.sh TESSERA TESTCLUSTER EXAMPLES PART
 #     cluster   up twice (idempotent), two idle nodes with their own names, down; status then finds none
-#     tile      tile.sbatch on 2 nodes x 2 tasks writes the shards `mpirun -n 4 tessera tile` writes, bit for bit; `tessera tile`
-#               run by a batch script itself (no srun) runs as one rank without MPI and writes what mpirun -n 1 writes
+#     tile      tile.sbatch on 2 nodes x 2 tasks writes the shards `mpirun -n 4 tessera tile` writes, bit for bit;
+#               `tessera tile` run by a batch script itself (no srun) runs as one rank without MPI and writes what
+#               `mpirun -n 1` writes
 #     train     train.sbatch under allreduce, easgd and two-level ends with the weights of the same job under
 #               mpirun on one host, bit for bit (two-level's node groups are the Slurm nodes: t1 ranks 0-1, t2 2-3);
 #               async-easgd completes and validates (not reproducible by design)
