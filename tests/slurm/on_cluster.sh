@@ -103,6 +103,20 @@ same_h5() {
   }
 }
 
+# Two tile outputs, $work/A-shards and $work/B-shards, hold the same shard files, each the same bit for bit; their
+# lists are left in $work/A.txt and $work/B.txt.
+same_shards() {
+  local a=$1 b=$2 what=$3
+  (cd "$work/$a-shards" && ls shard-*.h5) >"$work/$a.txt"
+  (cd "$work/$b-shards" && ls shard-*.h5) >"$work/$b.txt"
+  [ -s "$work/$a.txt" ] || fail "$what: no shards in $work/$a-shards"
+  cmp -s "$work/$a.txt" "$work/$b.txt" || fail "$what: the shard files differ: $(diff "$work/$a.txt" "$work/$b.txt")"
+  local shard
+  while read -r shard; do
+    same_h5 "$work/$a-shards/$shard" "$work/$b-shards/$shard" / "$what"
+  done <"$work/$a.txt"
+}
+
 # Two training outputs end with the same easgd state: the checkpoint's weights and centre and, when the replicas
 # differ at the end, each rank's replica file beside the checkpoint, in the one set the checkpoint names (the set's
 # name differs between runs): both runs have them, or neither, and they agree.
@@ -221,13 +235,7 @@ case "$part" in
     wait_done "$job" "tile.sbatch"
     one_host "$tessera" tile "$work/tile.yaml" --out "$work/local-shards" >"$work/local-tile.log" 2>&1 ||
       fail "tile under mpirun: $(tail -5 "$work/local-tile.log")"
-    (cd "$work/local-shards" && ls shard-*.h5) >"$work/local.txt"
-    (cd "$work/slurm-shards" && ls shard-*.h5) >"$work/slurm.txt"
-    [ -s "$work/local.txt" ] || fail "no shards"
-    cmp -s "$work/local.txt" "$work/slurm.txt" || fail "the shard files differ: $(diff "$work/local.txt" "$work/slurm.txt")"
-    while read -r shard; do
-      same_h5 "$work/local-shards/$shard" "$work/slurm-shards/$shard" / "tile under Slurm"
-    done <"$work/local.txt"
+    same_shards local slurm "tile under Slurm"
     grep -q "4 ranks on 2 host(s)" "$work/tile-$job.out" || fail "tile did not run 4 ranks on 2 nodes: $(head -3 "$work/tile-$job.out")"
     grep -q "without MPI" "$work/tile-$job.out" && fail "tile under srun started without MPI: $(head -3 "$work/tile-$job.out")"
     # The batch script's own process (no srun: SLURM_PROCID=0, no SLURM_STEP_ID) tiles as one rank without MPI.
@@ -237,13 +245,7 @@ case "$part" in
       fail "tile in a batch script without srun started MPI: $(head -5 "$work/tile-alone-$job.out")"
     mpirun --allow-run-as-root -n 1 "$tessera" tile "$work/tile.yaml" --out "$work/local1-shards" >"$work/local1-tile.log" 2>&1 ||
       fail "tile under mpirun -n 1: $(tail -5 "$work/local1-tile.log")"
-    (cd "$work/local1-shards" && ls shard-*.h5) >"$work/local1.txt"
-    (cd "$work/alone-shards" && ls shard-*.h5) >"$work/alone.txt"
-    [ -s "$work/local1.txt" ] || fail "no shards under mpirun -n 1"
-    cmp -s "$work/local1.txt" "$work/alone.txt" || fail "the shard files differ: $(diff "$work/local1.txt" "$work/alone.txt")"
-    while read -r shard; do
-      same_h5 "$work/local1-shards/$shard" "$work/alone-shards/$shard" / "tile in a batch script without srun"
-    done <"$work/local1.txt"
+    same_shards local1 alone "tile in a batch script without srun"
     echo "tile: $(wc -l <"$work/local.txt") shards from sbatch on 2 nodes x 2 tasks, bit for bit as under mpirun -n 4;" \
       "$(wc -l <"$work/alone.txt") from the batch script's own process (no srun, no MPI), bit for bit as under mpirun -n 1"
     ;;
