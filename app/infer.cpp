@@ -12,10 +12,11 @@
 // another until the end, when rank 0 gathers what each did for infer.json. tiles: slides go one after another and
 // every rank scores a contiguous share of each slide's tiles, so one large slide uses every rank; rank 0 plans each
 // slide, gathers its map and writes its outputs on a second thread while the next slide is scored. auto (the
-// default) takes tiles when there are fewer slides to do than ranks; else slides, except that the slides whose file
-// is larger than one rank's share of the job (the files' total size over the ranks) go first, one after another, as
-// with tiles, and the rest as with slides ("tiles+slides" in infer.json, whose split_slides names the first kind):
-// one slide that dwarfs the rest then uses every rank instead of keeping one busy while the others idle. Either way
+// default) takes tiles when there are fewer slides to do than ranks; else slides, except that a slide larger than one
+// rank's share of the slides left (their bytes over the ranks, io::slide_bytes), largest first, goes first as with
+// tiles, and so on while at least as many slides are left as ranks, and once fewer are left they all go as with tiles
+// ("tiles+slides" in infer.json, whose split_slides names the split ones): one slide that dwarfs the rest then uses
+// every rank instead of keeping one busy while the others idle, and no rank is left without a slide. Either way
 // a slide's outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the
 // slide each rank holds (whole slides: the rank pushes the counter past the end; split slides: the ranks agree
 // between slides).
@@ -97,8 +98,9 @@ const core::Schema& infer_schema() {
         .string("infer.distribute", "auto",
                 "How slides go to the ranks under MPI: slides (each slide whole to one rank, largest first, handed "
                 "out as ranks ask), tiles (every slide's tiles split over all ranks), auto (tiles with fewer slides to "
-                "do than ranks, else slides, but the slides larger than a rank's share of the job (file size) first "
-                "with their tiles split)",
+                "do than ranks, else slides, but a slide larger than a rank's share of the slides left (bytes) goes "
+                "first with its tiles split, again while at least as many slides are left as ranks, and all of them "
+                "once fewer are left)",
                 {"auto", "slides", "tiles"});
     prep::declare_tissue_keys(schema, "unset: the checkpoint's (its tiling's), else this default");
     prep::declare_qc_keys(schema);
@@ -177,13 +179,13 @@ struct Assignment {
   std::uintmax_t total_bytes = 0;  // the files' sizes added up (tiles_slides, on rank 0)
 };
 
-// Rank 0: how `pending` (the slides to do, in input order; `bytes[s]` the size of slide s's file, 0 when missing:
-// it sorts last and fails on the rank that opens it) go to `ranks` ranks under infer.distribute `key`.
+// Rank 0: how `pending` (the slides to do, in input order; `bytes[s]` slide s's io::slide_bytes, 0 when missing: it
+// sorts last and fails on the rank that opens it) go to `ranks` ranks under infer.distribute `key`.
 //   tiles   input order, every slide split.
-//   slides  largest file first (a large slide started last would keep one rank busy alone), none split.
-//   auto    tiles on one rank or with fewer slides than ranks; else largest first, and the slides larger than one
-//           rank's share of the job (more than the files' total over the ranks: fewer than `ranks` of them) are
-//           split, the rest go whole (slides when none is that large).
+//   slides  largest first (a large slide started last would keep one rank busy alone), none split.
+//   auto    tiles on one rank or with fewer slides than ranks; else largest first, the first
+//           analysis::slides_to_split of them split (the same rule again on the slides left) and the rest whole
+//           (slides when none is split, tiles when all are).
 Assignment assign_slides(const std::string& key, int ranks, std::vector<std::int64_t> pending,
                          const std::vector<std::uintmax_t>& bytes) {
   Assignment a;
@@ -197,10 +199,15 @@ Assignment assign_slides(const std::string& key, int ranks, std::vector<std::int
   std::stable_sort(a.order.begin(), a.order.end(), [&](std::int64_t x, std::int64_t y) { return size(x) > size(y); });
   a.mode = Distribution::slides;
   if (key == "slides") return a;
-  for (const std::int64_t s : a.order) a.total_bytes += size(s);
-  const auto share = static_cast<std::uintmax_t>(ranks);
-  while (a.split < n && size(a.order[a.split]) * share > a.total_bytes) ++a.split;
-  if (a.split > 0) a.mode = Distribution::tiles_slides;
+  std::vector<std::uintmax_t> largest_first;
+  for (const std::int64_t s : a.order) largest_first.push_back(size(s));
+  for (const std::uintmax_t b : largest_first) a.total_bytes += b;
+  a.split = analysis::slides_to_split(largest_first, ranks);
+  if (a.split == n) {
+    a.mode = Distribution::tiles;
+  } else if (a.split > 0) {
+    a.mode = Distribution::tiles_slides;
+  }
   return a;
 }
 
@@ -407,9 +414,8 @@ int run_infer(const InferOptions& options) {
     }
     std::vector<std::uintmax_t> bytes(inputs.size(), 0);
     for (const std::int64_t s : to_do) {
-      std::error_code error;
-      const std::uintmax_t size = fs::file_size(inputs[static_cast<std::size_t>(s)].path, error);
-      bytes[static_cast<std::size_t>(s)] = error ? 0 : size;
+      const auto k = static_cast<std::size_t>(s);
+      bytes[k] = io::slide_bytes(inputs[k].path);
     }
     assignment = assign_slides(distribute_key, world.size(), std::move(to_do), bytes);
   }
@@ -452,12 +458,11 @@ int run_infer(const InferOptions& options) {
         split_ids.push_back(fmt::format("{}/{} {}", s + 1, inputs.size(), inputs[s].id));
       }
       spdlog::info(
-          "{} slide(s) to do on {} ranks (infer.distribute {}): {} larger than a rank's share of the job ({:.1f} of "
-          "{:.1f} MB of files) with each slide's tiles split over the ranks first ({}), then the other {} whole, "
-          "largest first, to the rank that asks",
-          pending, world.size(), distribute_key, assignment.split,
-          static_cast<double>(assignment.total_bytes) / world.size() / 1e6,
-          static_cast<double>(assignment.total_bytes) / 1e6, fmt::join(split_ids, ", "), pending - assignment.split);
+          "{} slide(s) to do on {} ranks (infer.distribute {}): {} with their tiles split over the ranks first, each "
+          "larger than a rank's share of the slides left then ({}; {:.1f} MB of files to do), then the other {} "
+          "whole, largest first, to the rank that asks",
+          pending, world.size(), distribute_key, assignment.split, fmt::join(split_ids, ", "),
+          static_cast<double>(assignment.total_bytes) / 1e6, pending - assignment.split);
     } else if (world.size() > 1) {
       spdlog::info("{} slide(s) to do on {} ranks: {} (infer.distribute {})", pending, world.size(),
                    mode == Distribution::slides ? "whole slides, largest first, to the rank that asks"
@@ -603,9 +608,12 @@ int run_infer(const InferOptions& options) {
 
     json slides = json::array();
     for (auto& [s, entry] : entries) slides.push_back(std::move(entry));
-    json split_slides = json::array();  // the slides scored by every rank together, in the order scored
-    for (std::size_t k = 0; k < assignment.split; ++k) {
-      split_slides.push_back(inputs[static_cast<std::size_t>(order[k])].id);
+    // tiles+slides: the slides done with their tiles split over every rank, in the order scored (a failed one is
+    // among the failures alone); the other modes split all or none.
+    json split_slides = json::array();
+    for (std::size_t k = 0; mode == Distribution::tiles_slides && k < assignment.split; ++k) {
+      const auto s = static_cast<std::size_t>(order[k]);
+      if (failures.count(s) == 0) split_slides.push_back(inputs[s].id);
     }
     std::map<std::string, std::string> failed;  // id → error
     for (const auto& [s, failure] : failures) failed[failure.first] = failure.second;
@@ -695,9 +703,9 @@ Action setup_infer(CLI::App& command) {
       "Writes per slide <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson (QuPath), .xml (ASAP), "
       ".detections.csv (CAMELYON16) and .report.json into the output folder, and infer.json. Runs the "
       "same under mpirun/srun: with at least as many slides as ranks each rank takes whole slides (largest first) "
-      "and writes their outputs, else every rank scores a share of each slide's tiles and rank 0 writes; so does a "
-      "slide larger than a rank's share of the job, first (infer.distribute). A failing slide is reported and the "
-      "rest go on (exit code 3 at the end).");
+      "and writes their outputs, else every rank scores a share of each slide's tiles and rank 0 writes; a slide "
+      "larger than a rank's share of the slides left is split over every rank first (infer.distribute). A failing "
+      "slide is reported and the rest go on (exit code 3 at the end).");
   return [options] { return run_infer(*options); };
 }
 

@@ -14,8 +14,8 @@
 #
 # BIG=SIZE adds one slide of SIZE x SIZE px to the job (e.g. BIG=16384 SLIDES=8: one slide that dwarfs the rest) and a
 # fourth way, 2x1-auto: 2 ranks x 1 thread with infer.distribute auto, which splits the tiles of the slides larger
-# than a rank's share of the job over both ranks first and hands out the rest whole. Each run prints how its slides
-# went (infer.json's distribute and split_slides).
+# than a rank's share of the slides left over both ranks first and hands out the rest whole. Each run prints how its
+# slides went (infer.json's distribute and split_slides).
 #
 # HOSTS=1 adds two runs of 4 ranks x 1 thread with whole slides: on this machine alone (4x1-slides), and across two
 # test hosts of scripts/testhosts.sh, 2 ranks each, over TCP (4x1-hosts; root and network namespaces needed; the

@@ -538,16 +538,19 @@ TEST_F(Infer, WholeAndSplitSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
                                           large.string(),     slide("tumor_002"),  slide("normal_002")};
   std::string slides;
   std::uintmax_t total = 0;
-  std::uintmax_t others = 0;  // the largest file but the large slide's
-  for (const auto& file : files) {
-    slides += (slides.empty() ? "" : ",") + file;
-    total += fs::file_size(file);
-    if (file != large.string()) others = std::max(others, fs::file_size(file));
+  std::size_t next = 0;  // the largest file but the large slide's (the first of equal ones): the first whole slide
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    slides += (slides.empty() ? "" : ",") + files[k];
+    total += fs::file_size(files[k]);
+    if (files[k] != large.string() &&
+        (files[next] == large.string() || fs::file_size(files[k]) > fs::file_size(files[next]))) {
+      next = k;
+    }
   }
-  // The large slide's file is more than a third of the job's, but less than half, and no other is near a third.
+  // The large slide's file is more than a third of the job's, but less than half, and no other is a third of the rest.
   ASSERT_GT(3 * fs::file_size(large), total);
   ASSERT_LT(2 * fs::file_size(large), total);
-  ASSERT_LT(3 * others, total);
+  ASSERT_LT(3 * fs::file_size(files[next]), total - fs::file_size(large));
   const std::string all_outputs = "--set outputs=[] --batch 7";
 
   const auto one = infer(slides, "whole1", all_outputs);
@@ -563,7 +566,8 @@ TEST_F(Infer, WholeAndSplitSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
     EXPECT_EQ(many.code, 3) << many.err;
     EXPECT_TRUE(contains(many.err, "1 of 6 slides failed") && contains(many.err, "truncated.svs")) << many.err;
     if (ranks == 3) {
-      EXPECT_TRUE(contains(many.err, "1 larger than a rank's share") && contains(many.err, "then the other 5 whole"))
+      EXPECT_TRUE(contains(many.err, "1 with their tiles split over the ranks first") &&
+                  contains(many.err, "then the other 5 whole"))
           << many.err;
     }
     const fs::path folder = dir_->file(out);
@@ -574,7 +578,7 @@ TEST_F(Infer, WholeAndSplitSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
         json x = without_timings(read_json(reference / name));
         json y = without_timings(read_json(folder / name));
         EXPECT_EQ(x["distribute"], "tiles");
-        EXPECT_EQ(x["split_slides"].size(), 6u) << "one rank scores every tile of every slide";
+        EXPECT_EQ(x["split_slides"], json::array()) << "one rank: every slide split, none named";
         EXPECT_EQ(y["distribute"], ranks == 2 ? "slides" : "tiles+slides");
         EXPECT_EQ(y["split_slides"], ranks == 2 ? json::array() : json::array({"large"}));
         EXPECT_EQ(y["ranks"], ranks);
@@ -608,14 +612,16 @@ TEST_F(Infer, WholeAndSplitSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
   }
 
   // SIGUSR1 on rank 1 of three once it has scored its share of the large slide: every rank stops before the whole
-  // slides, and the large slide's outputs and record (which the rerun skips) are one rank's.
+  // slides (the largest of them first), and the large slide's outputs and record are one rank's; a rerun of it finds it
+  // up to date and lists the record's entry.
   const fs::path stopped_out = dir_->file("whole3-usr1");
   const auto stopped = testing::run_script(
       "TESSERA_FAULT='infer.slide-scored after=1 rank=1 do=usr1' $MPIEXEC -n 3 $TESSERA infer --checkpoint " +
       checkpoint() + " --slides " + slides + " --out " + stopped_out.string() + " " + all_outputs +
       " 2>&1\necho \"exit $?\"\n");
   EXPECT_TRUE(contains(stopped.out, "exit 75\n")) << stopped.out;
-  EXPECT_TRUE(contains(stopped.out, "SIGUSR1: stopped before slide 1/6 tumor_001 (5 of 6 slide(s) not started)"))
+  const std::string before = std::to_string(next + 1) + "/6 " + fs::path(files[next]).stem().string();
+  EXPECT_TRUE(contains(stopped.out, "SIGUSR1: stopped before slide " + before + " (5 of 6 slide(s) not started)"))
       << stopped.out;
   EXPECT_FALSE(fs::exists(stopped_out / "infer.json")) << "the job's summary is the rerun's";
   std::vector<std::string> written;
@@ -629,6 +635,17 @@ TEST_F(Infer, WholeAndSplitSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
                           [](const std::string& n) { return n.starts_with("large.") || contains(n, "/large."); }));
   EXPECT_TRUE(std::find(written.begin(), written.end(), "large.heatmap.h5") != written.end());
   EXPECT_TRUE(std::find(written.begin(), written.end(), ".tessera-infer/large.json") != written.end());
+  const auto rerun = infer(large.string(), "whole3-usr1", all_outputs, 3);
+  EXPECT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_TRUE(contains(rerun.err, "slide 1/1 large: up to date")) << rerun.err;
+  const json summary = without_timings(read_json(stopped_out / "infer.json"));
+  const json listed = without_timings(read_json(reference / "infer.json"));
+  json large_entry;
+  for (const auto& entry : listed["slides"]) {
+    if (entry["id"] == "large") large_entry = entry;
+  }
+  EXPECT_EQ(summary["slides"], json::array({large_entry})) << "the record's entry: the one a one-rank run lists";
+  EXPECT_EQ(summary["tiles"], 0) << "nothing scored again";
 }
 
 // Slide quality control inside infer: a slide with marker ink (green/blue/black and red) loses the cells mostly under
