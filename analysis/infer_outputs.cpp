@@ -30,6 +30,20 @@ std::string file_identity(const std::string& path) {
   return fmt::format("{}|{}|{}.{:09d}", path, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
 }
 
+std::size_t slides_to_split(const std::vector<std::uintmax_t>& largest_first, int ranks) {
+  const std::size_t n = largest_first.size();
+  const auto share = static_cast<std::size_t>(std::max(ranks, 1));
+  std::uintmax_t left = 0;  // the bytes of [split, n)
+  for (const std::uintmax_t bytes : largest_first) left += bytes;
+  std::size_t split = 0;
+  for (; split < n; ++split) {
+    if (n - split < share) return n;  // fewer slides left than ranks: whole, some ranks would have none
+    if (largest_first[split] * share <= left) break;
+    left -= largest_first[split];
+  }
+  return split;
+}
+
 // What every slide's outputs depend on: the checkpoint file and the effective job, less the keys that pick the
 // slides, the folder, the threads or how slides are distributed over ranks (they change no slide's outputs).
 std::string infer_job_key(const core::Config& config, const std::string& checkpoint_path) {

@@ -8,10 +8,12 @@
 // killed after N slides redoes only the rest.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,12 @@ std::filesystem::path slide_record_path(const std::filesystem::path& out, const 
 // otherwise (an unreadable record is logged).
 std::optional<nlohmann::json> finished_slide(const std::filesystem::path& out, const std::string& id,
                                              const std::string& key);
+
+// infer.distribute auto on `ranks` ranks: of the slides to do, their bytes largest first (io::slide_bytes), how many
+// go first with their tiles split over every rank. While at least `ranks` slides are left, the next is split when it
+// is more than one rank's share of the slides left (their bytes, its own included, over the ranks); once fewer than
+// `ranks` are left, all of them are (as for a whole job with fewer slides than ranks). 0: every slide goes whole.
+std::size_t slides_to_split(const std::vector<std::uintmax_t>& largest_first, int ranks);
 
 // Removes the files of a killed run that were never finished (`<output>.tmp-<pid>`, a TIFF's
 // `<output>.tmp-<pid>.levelN`) from `out` and its record folder. Only under the folder's lock: no live job writes

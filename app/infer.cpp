@@ -12,16 +12,21 @@
 // another until the end, when rank 0 gathers what each did for infer.json. tiles: slides go one after another and
 // every rank scores a contiguous share of each slide's tiles, so one large slide uses every rank; rank 0 plans each
 // slide, gathers its map and writes its outputs on a second thread while the next slide is scored. auto (the
-// default) takes slides when there are at least as many slides to do as ranks, else tiles. Either way a slide's
-// outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the slide each
-// rank holds (slides: the rank pushes the counter past the end; tiles: the ranks agree between slides).
+// default) takes tiles when there are fewer slides to do than ranks; else slides, except that a slide larger than one
+// rank's share of the slides left (their bytes over the ranks, io::slide_bytes), largest first, goes first as with
+// tiles, and so on while at least as many slides are left as ranks, and once fewer are left they all go as with tiles
+// ("tiles+slides" in infer.json, whose split_slides names the split ones): one slide that dwarfs the rest then uses
+// every rank instead of keeping one busy while the others idle, and no rank is left without a slide. Either way
+// a slide's outputs are those of a one-rank run (its map bit for bit). A SIGUSR1 on any rank stops the job after the
+// slide each rank holds (whole slides: the rank pushes the counter past the end; split slides: the ranks agree
+// between slides).
 //
-// Outputs in the output folder (by the rank that scored the slide, rank 0 with tiles; each written atomically): per
-// slide the outputs of analysis/heatmap_outputs.h (`outputs` picks some; default all):
+// Outputs in the output folder (by the rank that scored the slide, rank 0 for a split slide; each written atomically):
+// per slide the outputs of analysis/heatmap_outputs.h (`outputs` picks some; default all):
 //   <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson, .xml, .detections.csv, .report.json
 // and for the job (rank 0) infer.json (per slide: outputs, cells, tiles, seconds, max probability, regions; the
-// failures; per rank: slides scored, seconds, and the time it waited for work or for other ranks) and
-// infer.config.yaml (the effective job).
+// failures; how the slides went to the ranks; per rank: slides scored, seconds, and the time it waited for work or
+// for other ranks) and infer.config.yaml (the effective job).
 // A slide that fails (missing, corrupt, unreadable region) is reported naming its file, the others go on, and the
 // failures are listed at the end with exit code 3. The resume records are analysis/infer_outputs.h's.
 #include <algorithm>
@@ -92,8 +97,10 @@ const core::Schema& infer_schema() {
                 {"fp32", "bf16", "int8"})
         .string("infer.distribute", "auto",
                 "How slides go to the ranks under MPI: slides (each slide whole to one rank, largest first, handed "
-                "out as ranks ask), tiles (every slide's tiles split over all ranks), auto (slides when there are at "
-                "least as many slides to do as ranks, else tiles)",
+                "out as ranks ask), tiles (every slide's tiles split over all ranks), auto (tiles with fewer slides to "
+                "do than ranks, else slides, but a slide larger than a rank's share of the slides left (bytes) goes "
+                "first with its tiles split, again while at least as many slides are left as ranks, and all of them "
+                "once fewer are left)",
                 {"auto", "slides", "tiles"});
     prep::declare_tissue_keys(schema, "unset: the checkpoint's (its tiling's), else this default");
     prep::declare_qc_keys(schema);
@@ -146,37 +153,88 @@ analysis::QcOutcome qc_outcome(const engine::SlideInferenceStats& stats) {
 }
 
 // How the slides of a job go to the ranks (infer.distribute; the header comment above says when which).
-enum class Distribution { tiles, slides };
+//   tiles         every slide's tiles over every rank, one slide after another
+//   slides        each slide whole to one rank
+//   tiles_slides  (auto) the slides that dwarf the rest as with tiles, one after another, then the rest as with slides
+enum class Distribution { tiles, slides, tiles_slides };
 
-const char* to_string(Distribution mode) { return mode == Distribution::slides ? "slides" : "tiles"; }
-
-// auto: whole slides when there are at least as many slides to do as ranks (each rank then has one to start with),
-// else the tiles of each slide over every rank. One rank: tiles (its single rank scores every tile either way).
-Distribution choose_distribution(const std::string& key, int ranks, std::size_t pending) {
-  if (key == "slides") return Distribution::slides;
-  if (key == "tiles") return Distribution::tiles;
-  return ranks > 1 && pending >= static_cast<std::size_t>(ranks) ? Distribution::slides : Distribution::tiles;
+const char* to_string(Distribution mode) {
+  switch (mode) {
+    case Distribution::tiles:
+      return "tiles";
+    case Distribution::slides:
+      return "slides";
+    case Distribution::tiles_slides:
+      return "tiles+slides";
+  }
+  return "unknown";
 }
 
-// Hands out the slides to do (indices into the job's input list, in `order`) and says when the ranks stop.
-//   tiles   every rank takes every slide, in order; before each, the ranks agree whether to stop (core::agree_stop),
-//           a collective every rank reaches.
-//   slides  each slide goes to the one rank that takes it: the rank adds 1 to a counter on rank 0 with one
-//           MPI_Fetch_and_op (one-sided: rank 0 runs no server loop and scores slides itself) and takes order[t],
-//           t the value it got. A rank asked to stop (SIGUSR1, or SIGTERM between slides) takes no more and pushes
-//           the counter past the end, so every other rank stops after the slide it holds.
+// The slides to do in the order they are handed out: the first `split` of them with their tiles over every rank,
+// the rest whole.
+struct Assignment {
+  Distribution mode = Distribution::tiles;
+  std::vector<std::int64_t> order;  // indices into the job's input list
+  std::size_t split = 0;
+  std::uintmax_t total_bytes = 0;  // the files' sizes added up (tiles_slides, on rank 0)
+};
+
+// Rank 0: how `pending` (the slides to do, in input order; `bytes[s]` slide s's io::slide_bytes, 0 when missing: it
+// sorts last and fails on the rank that opens it) go to `ranks` ranks under infer.distribute `key`.
+//   tiles   input order, every slide split.
+//   slides  largest first (a large slide started last would keep one rank busy alone), none split.
+//   auto    tiles on one rank or with fewer slides than ranks; else largest first, the first
+//           analysis::slides_to_split of them split (the same rule again on the slides left) and the rest whole
+//           (slides when none is split, tiles when all are).
+Assignment assign_slides(const std::string& key, int ranks, std::vector<std::int64_t> pending,
+                         const std::vector<std::uintmax_t>& bytes) {
+  Assignment a;
+  a.order = std::move(pending);
+  const std::size_t n = a.order.size();
+  if (key == "tiles" || (key == "auto" && (ranks == 1 || n < static_cast<std::size_t>(ranks)))) {
+    a.split = n;
+    return a;
+  }
+  const auto size = [&](std::int64_t s) { return bytes[static_cast<std::size_t>(s)]; };
+  std::stable_sort(a.order.begin(), a.order.end(), [&](std::int64_t x, std::int64_t y) { return size(x) > size(y); });
+  a.mode = Distribution::slides;
+  if (key == "slides") return a;
+  std::vector<std::uintmax_t> largest_first;
+  for (const std::int64_t s : a.order) largest_first.push_back(size(s));
+  for (const std::uintmax_t b : largest_first) a.total_bytes += b;
+  a.split = analysis::slides_to_split(largest_first, ranks);
+  if (a.split == n) {
+    a.mode = Distribution::tiles;
+  } else if (a.split > 0) {
+    a.mode = Distribution::tiles_slides;
+  }
+  return a;
+}
+
+// Hands out the slides to do (indices into the job's input list, in the assignment's order) and says when the ranks
+// stop.
+//   split  (the first `split`) every rank takes every slide, in order; before each, and once after the last when
+//          whole slides follow, the ranks agree whether to stop (core::agree_stop), a collective every rank reaches.
+//   whole  (the rest) each slide goes to the one rank that takes it: the rank adds 1 to a counter on rank 0 with one
+//          MPI_Fetch_and_op (one-sided: rank 0 runs no server loop and scores slides itself) and takes the t-th whole
+//          slide, t the value it got. A rank asked to stop (SIGUSR1, or SIGTERM between slides) takes no more and
+//          pushes the counter past the end, so every other rank stops after the slide it holds.
 // wait_seconds() is this rank's time in these calls: waiting for work, or for the other ranks to agree.
 class SlideQueue {
  public:
   struct Next {
     std::optional<std::size_t> slide;  // none: no more for this rank
+    bool whole = false;                // the slide is this rank's alone (else every rank's)
     core::StopRequest stop = core::StopRequest::none;
   };
 
-  // Collective (a window is created in slides mode).
-  SlideQueue(const core::Comm& world, Distribution mode, std::vector<std::int64_t> order)
-      : world_(world), mode_(mode), order_(std::move(order)) {
-    if (mode_ != Distribution::slides) return;
+  // Collective (a window is created unless every slide is split).
+  SlideQueue(const core::Comm& world, const Assignment& assignment)
+      : world_(world),
+        order_(assignment.order),
+        split_(assignment.split),
+        whole_phase_(assignment.mode == Distribution::slides) {
+    if (assignment.mode == Distribution::tiles) return;
     counter_.emplace(world_, world_.is_root() ? sizeof(std::int64_t) : 0, sizeof(std::int64_t));
     if (world_.is_root()) {
       counter_->lock(0, true);
@@ -213,17 +271,21 @@ class SlideQueue {
   Next next() {
     const auto start = std::chrono::steady_clock::now();
     Next result;
-    if (mode_ == Distribution::tiles) {
+    if (!whole_phase_) {
       result.stop = core::agree_stop(world_);
-      if (result.stop == core::StopRequest::none && position_ < order_.size()) {
+      if (result.stop == core::StopRequest::none && position_ < split_) {
         result.slide = static_cast<std::size_t>(order_[position_++]);
+      } else if (result.stop == core::StopRequest::none && counter_) {
+        whole_phase_ = true;  // the split slides are done, every rank agreed to go on: the others go whole
       }
-    } else {
+    }
+    if (whole_phase_) {
       result.stop = core::stop_requested();
-      const auto past_end = static_cast<std::int64_t>(order_.size());
+      const auto past_end = static_cast<std::int64_t>(order_.size() - split_);
       const std::int64_t ticket = counter_->fetch_add(result.stop == core::StopRequest::none ? 1 : past_end, 0, 0);
       if (result.stop == core::StopRequest::none && ticket < past_end) {
-        result.slide = static_cast<std::size_t>(order_[static_cast<std::size_t>(ticket)]);
+        result.slide = static_cast<std::size_t>(order_[split_ + static_cast<std::size_t>(ticket)]);
+        result.whole = true;
       }
     }
     wait_seconds_ += core::seconds_since(start);
@@ -234,11 +296,12 @@ class SlideQueue {
 
  private:
   const core::Comm& world_;
-  Distribution mode_;
   std::vector<std::int64_t> order_;
-  std::optional<core::Window> counter_;  // slides: the next ticket, one int64 on rank 0
-  bool locked_ = false;                  // slides: inside the queue's epoch (lock_all)
-  std::size_t position_ = 0;             // tiles
+  std::size_t split_;                    // order_[0, split_) split, the rest whole
+  bool whole_phase_;                     // handing out whole slides
+  std::optional<core::Window> counter_;  // whole slides: the next ticket, one int64 on rank 0
+  bool locked_ = false;                  // whole slides: inside the queue's epoch (lock_all)
+  std::size_t position_ = 0;             // split slides
   double wait_seconds_ = 0.0;
 };
 
@@ -246,8 +309,8 @@ class SlideQueue {
 struct RankReport {
   std::map<std::size_t, json> written;  // slide index → summary entry (the slides this rank wrote)
   std::map<std::size_t, std::pair<std::string, std::string>> failed;  // slide index → id, error
-  std::int64_t slides = 0;  // slides this rank scored (tiles: its share of each)
-  std::int64_t tiles = 0;   // tiles of the slides this rank planned (tiles: rank 0 counts them)
+  std::int64_t slides = 0;  // slides this rank scored (split slides: its share of each)
+  std::int64_t tiles = 0;   // tiles of the slides this rank planned (split slides: rank 0 counts them)
   double seconds = 0.0;     // wall time from the first slide to the end of the last rank's
   double idle_seconds = 0.0;
 
@@ -325,17 +388,17 @@ int run_infer(const InferOptions& options) {
   if (prep::qc_enabled(config)) inference_options.qc = prep::qc_options(config);
 
   // Slides finished by an earlier run of this job are skipped; the others are the slides to do, in the order they
-  // are handed out (rank 0 decides, every rank follows): input order when each slide's tiles are split, largest
-  // file first when whole slides are handed out (a large slide started last would keep one rank busy alone).
+  // are handed out and each split or whole (assign_slides: rank 0 decides, every rank follows).
   const std::string job = analysis::infer_job_key(config, checkpoint_path);
   const std::string distribute_key = config.get_string("infer.distribute");
   std::vector<std::string> keys;
   for (const auto& input : inputs) keys.push_back(analysis::slide_key(job, input.path, input.mpp));
-  std::vector<std::int64_t> order;
+  Assignment assignment;
   std::map<std::size_t, json> finished;  // slide index → summary entry (rank 0)
   if (world.is_root()) {
     analysis::remove_unfinished(out);
     fs::create_directories(out / analysis::kInferRecordFolder);
+    std::vector<std::int64_t> to_do;
     for (std::size_t s = 0; s < inputs.size(); ++s) {
       if (!options.force) {
         if (auto entry = analysis::finished_slide(out, inputs[s].id, keys[s])) {
@@ -347,29 +410,33 @@ int run_infer(const InferOptions& options) {
           continue;
         }
       }
-      order.push_back(static_cast<std::int64_t>(s));
+      to_do.push_back(static_cast<std::int64_t>(s));
     }
-    if (choose_distribution(distribute_key, world.size(), order.size()) == Distribution::slides) {
-      std::vector<std::uintmax_t> bytes(inputs.size(), 0);
-      for (const std::int64_t s : order) {
-        std::error_code error;  // a missing file sorts last and fails when its rank opens it
-        const std::uintmax_t size = fs::file_size(inputs[static_cast<std::size_t>(s)].path, error);
-        bytes[static_cast<std::size_t>(s)] = error ? 0 : size;
-      }
-      std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-        return bytes[static_cast<std::size_t>(a)] > bytes[static_cast<std::size_t>(b)];
-      });
+    std::vector<std::uintmax_t> bytes(inputs.size(), 0);
+    for (const std::int64_t s : to_do) {
+      const auto k = static_cast<std::size_t>(s);
+      bytes[k] = io::slide_bytes(inputs[k].path);
     }
+    assignment = assign_slides(distribute_key, world.size(), std::move(to_do), bytes);
   }
-  world.broadcast(order, 0);
+  world.broadcast(assignment.order, 0);
+  std::int64_t shape[2] = {static_cast<std::int64_t>(assignment.mode), static_cast<std::int64_t>(assignment.split)};
+  world.broadcast(shape, sizeof shape, 0);
+  assignment.mode = static_cast<Distribution>(shape[0]);
+  assignment.split = static_cast<std::size_t>(shape[1]);
+  const std::vector<std::int64_t>& order = assignment.order;
   const std::size_t pending = order.size();
-  const Distribution mode = choose_distribution(distribute_key, world.size(), pending);
+  const Distribution mode = assignment.mode;
   // Whole slides: each rank plans, scores and writes its slides alone, on a communicator of its own.
   std::optional<core::Comm> own;
-  if (mode == Distribution::slides) own.emplace(world.split(world.rank(), 0));
-  const core::Comm& scoring = own ? *own : world;
-  inference_options.progress = mode == Distribution::tiles || world.is_root();  // one progress line: rank 0's
-  engine::SlideInference inference(model, checkpoint_path, inference_options);
+  if (mode != Distribution::tiles) own.emplace(world.split(world.rank(), 0));
+  // One progress line per slide (core::Progress is collective over the slide's ranks): every rank's share of a
+  // split slide, and rank 0's own whole slides. Otherwise the two are alike (the log and infer.json take the
+  // settings from the first).
+  inference_options.progress = true;
+  engine::SlideInference split_inference(model, checkpoint_path, inference_options);
+  inference_options.progress = world.is_root();
+  engine::SlideInference whole_inference(model, checkpoint_path, inference_options);
 
   if (world.is_root()) {
     fs::create_directories(out);
@@ -377,14 +444,26 @@ int run_infer(const InferOptions& options) {
     spdlog::info(
         "inferring {} slide(s) with {} ({}, {} px at {:g} µm/px, stain {}, epoch {}, {}), stride {} px, tta {}, "
         "tissue >= {:g} of a tile on a {:g} µm/px mask{} ({}), on {} rank(s) x {} thread(s)",
-        inputs.size(), checkpoint, model.meta.architecture, inference.input_size(), inference.mpp(),
-        model.meta.stain_normalization, model.meta.epoch, engine::to_string(precision), inference.stride(), engine::to_string(inference_options.tta),
-        inference_options.min_tissue, inference_options.tissue.mask_mpp,
+        inputs.size(), checkpoint, model.meta.architecture, split_inference.input_size(), split_inference.mpp(),
+        model.meta.stain_normalization, model.meta.epoch, engine::to_string(precision), split_inference.stride(),
+        engine::to_string(inference_options.tta), inference_options.min_tissue, inference_options.tissue.mask_mpp,
         inference_options.tissue.reject_pen_marks ? ", pen marks rejected" : "",
         model.meta.tissue ? "the checkpoint's tiling unless set" : "the job's; the checkpoint records none",
         world.size(), engine::threads());
     spdlog::info("the model's training data: {}", io::describe(model.meta.provenance));
-    if (world.size() > 1) {
+    if (world.size() > 1 && mode == Distribution::tiles_slides) {
+      std::vector<std::string> split_ids;
+      for (std::size_t k = 0; k < assignment.split; ++k) {
+        const auto s = static_cast<std::size_t>(order[k]);
+        split_ids.push_back(fmt::format("{}/{} {}", s + 1, inputs.size(), inputs[s].id));
+      }
+      spdlog::info(
+          "{} slide(s) to do on {} ranks (infer.distribute {}): {} with their tiles split over the ranks first, each "
+          "larger than a rank's share of the slides left then ({}; {:.1f} MB of files to do), then the other {} "
+          "whole, largest first, to the rank that asks",
+          pending, world.size(), distribute_key, assignment.split, fmt::join(split_ids, ", "),
+          static_cast<double>(assignment.total_bytes) / 1e6, pending - assignment.split);
+    } else if (world.size() > 1) {
       spdlog::info("{} slide(s) to do on {} ranks: {} (infer.distribute {})", pending, world.size(),
                    mode == Distribution::slides ? "whole slides, largest first, to the rank that asks"
                                                 : "every slide's tiles split over the ranks",
@@ -394,10 +473,10 @@ int run_infer(const InferOptions& options) {
 
   const auto t_start = std::chrono::steady_clock::now();
   RankReport report;
-  double scoring_wait = 0.0;  // tiles: this rank's time waiting for the others inside the slides
+  double scoring_wait = 0.0;  // split slides: this rank's time waiting for the others inside the slides
 
-  // The scoring rank of a slide (rank 0 with tiles, each rank with whole slides) writes its outputs on a second
-  // thread while it scores its next slide (one slide in flight: memory stays at one extra map and thumbnail).
+  // The scoring rank of a slide (rank 0 for a split slide, each rank for its whole slides) writes its outputs on a
+  // second thread while it scores its next slide (one slide in flight: memory stays at one extra map and thumbnail).
   std::future<analysis::WrittenSlide> writing;
   std::size_t writing_slide = 0;
   auto collect = [&] {
@@ -409,12 +488,11 @@ int run_infer(const InferOptions& options) {
       report.failed[writing_slide] = {done.id, done.error};
     }
   };
-  SlideQueue queue(world, mode, order);
-  // Rank 0 holds the slide counter: while it plans, scores and writes its own slides, a thread lets MPI serve the
-  // other ranks' requests for a slide (needed where the target's MPI serves one-sided operations, as Open MPI's
+  SlideQueue queue(world, assignment);
+  // Rank 0 holds the slide counter: while it plans, scores and writes its own whole slides, a thread lets MPI serve
+  // the other ranks' requests for a slide (needed where the target's MPI serves one-sided operations, as Open MPI's
   // osc/pt2pt over TCP does; elsewhere they never wait for rank 0).
   std::optional<core::ProgressThread> serving;
-  if (mode == Distribution::slides && world.is_root() && world.size() > 1) serving.emplace(world);
   core::StopRequest stop = core::StopRequest::none;
   for (;;) {
     const SlideQueue::Next next = queue.next();
@@ -422,6 +500,9 @@ int run_infer(const InferOptions& options) {
       stop = next.stop;
       break;
     }
+    if (next.whole && world.is_root() && world.size() > 1 && !serving) serving.emplace(world);
+    const core::Comm& scoring = next.whole ? *own : world;
+    engine::SlideInference& inference = next.whole ? whole_inference : split_inference;
     const std::size_t s = *next.slide;
     const auto& input = inputs[s];
     const std::string position = fmt::format("{}/{}", s + 1, inputs.size());
@@ -527,6 +608,13 @@ int run_infer(const InferOptions& options) {
 
     json slides = json::array();
     for (auto& [s, entry] : entries) slides.push_back(std::move(entry));
+    // tiles+slides: the slides done with their tiles split over every rank, in the order scored (a failed one is
+    // among the failures alone); the other modes split all or none.
+    json split_slides = json::array();
+    for (std::size_t k = 0; mode == Distribution::tiles_slides && k < assignment.split; ++k) {
+      const auto s = static_cast<std::size_t>(order[k]);
+      if (failures.count(s) == 0) split_slides.push_back(inputs[s].id);
+    }
     std::map<std::string, std::string> failed;  // id → error
     for (const auto& [s, failure] : failures) failed[failure.first] = failure.second;
     json failure_list = json::array();
@@ -536,7 +624,8 @@ int run_infer(const InferOptions& options) {
                           {"ranks", world.size()},
                           {"threads_per_rank", engine::threads()},
                           {"distribute", to_string(mode)},
-                          {"stride", inference.stride()},
+                          {"split_slides", split_slides},
+                          {"stride", split_inference.stride()},
                           {"tta", engine::to_string(inference_options.tta)},
                           {"precision", engine::to_string(precision)},
                           {"threshold", threshold},
@@ -614,8 +703,9 @@ Action setup_infer(CLI::App& command) {
       "Writes per slide <slide>.heatmap.h5, .overlay.png, .heatmap.tif, .geojson (QuPath), .xml (ASAP), "
       ".detections.csv (CAMELYON16) and .report.json into the output folder, and infer.json. Runs the "
       "same under mpirun/srun: with at least as many slides as ranks each rank takes whole slides (largest first) "
-      "and writes their outputs, else every rank scores a share of each slide's tiles and rank 0 writes "
-      "(infer.distribute). A failing slide is reported and the rest go on (exit code 3 at the end).");
+      "and writes their outputs, else every rank scores a share of each slide's tiles and rank 0 writes; a slide "
+      "larger than a rank's share of the slides left is split over every rank first (infer.distribute). A failing "
+      "slide is reported and the rest go on (exit code 3 at the end).");
   return [options] { return run_infer(*options); };
 }
 

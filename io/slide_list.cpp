@@ -21,6 +21,33 @@ std::string slide_id_of(const std::string& path) {
   return std::filesystem::path(path).stem().string();
 }
 
+namespace {
+
+std::uintmax_t folder_bytes(const std::filesystem::path& folder) {
+  std::uintmax_t total = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code file_ec;
+    if (!it->is_regular_file(file_ec)) continue;
+    const std::uintmax_t size = it->file_size(file_ec);
+    if (!file_ec) total += size;
+  }
+  return total;
+}
+
+}  // namespace
+
+std::uintmax_t slide_bytes(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return folder_bytes(path);
+  if (looks_like_dicom(path)) {
+    const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+    return folder_bytes(folder.empty() ? std::filesystem::path(".") : folder);
+  }
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  return ec ? 0 : size;
+}
+
 std::vector<std::string> expand_slide_patterns(const std::vector<std::string>& patterns, const std::string& source,
                                                const std::string& key) {
   std::vector<std::string> paths;

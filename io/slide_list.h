@@ -5,6 +5,7 @@
 // its file name without the extension; two slides with one id are a ConfigError (their outputs would collide).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ std::string input_csv(const core::Config& config);
 // "data/slides/tumor_001.tif" → "tumor_001"; a DICOM series (a folder, or one file of it) → its folder's name, or its
 // Series Instance UID when the folder holds several series (io/dicom_slide.h).
 std::string slide_id_of(const std::string& path);
+
+// The bytes of a slide's files, by which infer orders and splits the slides over the ranks: a file's size; a folder's
+// (a DICOM series) regular files added up; a DICOM file named directly, its folder's (where the reader finds its
+// series; other series there count too). 0 when the path cannot be read (the slide fails when it is opened).
+std::uintmax_t slide_bytes(const std::string& path);
 
 // Files and globs → slide paths, in the order given (each glob's matches sorted). `source` and `key` name the
 // setting in errors (the job file and e.g. "input.slides").

@@ -12,12 +12,17 @@
 # Reinhard stain normalization; untrained weights score as fast as trained ones); the slides come from
 # `tessera synth` (SIZE x SIZE px at 0.25 um/px). Both are made once in the work folder.
 #
+# BIG=SIZE adds one slide of SIZE x SIZE px to the job (e.g. BIG=16384 SLIDES=8: one slide that dwarfs the rest) and a
+# fourth way, 2x1-auto: 2 ranks x 1 thread with infer.distribute auto, which splits the tiles of the slides larger
+# than a rank's share of the slides left over both ranks first and hands out the rest whole. Each run prints how its
+# slides went (infer.json's distribute and split_slides).
+#
 # HOSTS=1 adds two runs of 4 ranks x 1 thread with whole slides: on this machine alone (4x1-slides), and across two
 # test hosts of scripts/testhosts.sh, 2 ranks each, over TCP (4x1-hosts; root and network namespaces needed; the
 # hosts are made at 10 Gbit/s and removed at the end). On a 2-core machine these 4 ranks share the same 2 cores.
 #
 #   scripts/bench-infer-ranks.sh [work folder]        (default data/bench-infer-ranks)
-#   SLIDES=16 SIZE=4096 ROUNDS=3 HOSTS=0 TESSERA=build/app/tessera MPIEXEC="mpirun ..." scripts/bench-infer-ranks.sh
+#   SLIDES=16 SIZE=4096 BIG= ROUNDS=3 HOSTS=0 TESSERA=build/app/tessera MPIEXEC="mpirun ..." scripts/bench-infer-ranks.sh
 set -eu
 
 TESSERA=${TESSERA:-build/app/tessera}
@@ -26,6 +31,7 @@ WORK=${1:-data/bench-infer-ranks}
 SLIDES=${SLIDES:-16}
 SIZE=${SIZE:-4096}
 ROUNDS=${ROUNDS:-3}
+BIG=${BIG:-}
 HOSTS=${HOSTS:-0}
 TESTHOSTS=$(dirname "$0")/testhosts.sh
 
@@ -40,6 +46,20 @@ if [ ! -f "$WORK/synth/dataset.csv" ]; then
   "$TESSERA" synth --out "$WORK/synth" --slides "$SLIDES" --size "$SIZE" --seed 3 --set preview.enabled=false \
     >"$WORK/synth.log" 2>&1
 fi
+input="--csv $WORK/synth/dataset.csv"
+if [ -n "$BIG" ]; then
+  # A tumour slide of BIG x BIG px under its own name (synth names its slides tumor_001, ... in every folder).
+  if [ ! -f "$WORK/big-$BIG.svs" ]; then
+    "$TESSERA" synth --out "$WORK/big-synth-$BIG" --slides 1 --size "$BIG" --seed 5 --set slides.tumour_fraction=1 \
+      --set preview.enabled=false >"$WORK/big-synth-$BIG.log" 2>&1
+    cp "$WORK/big-synth-$BIG/slides/tumor_001.svs" "$WORK/big-$BIG.svs"
+  fi
+  list="$WORK/big-$BIG.svs"
+  for slide in "$WORK"/synth/slides/*.svs "$WORK"/synth/slides/*.tif; do
+    if [ -f "$slide" ]; then list="$list,$slide"; fi
+  done
+  input="--slides $list"
+fi
 
 now() { date +%s.%N; }
 # run NAME "LAUNCHER" "ARGS": one infer job into $WORK/runs/NAME-ROUND, its wall time in wall.txt
@@ -49,13 +69,15 @@ run() {
   rm -rf "$out"
   start=$(now)
   # shellcheck disable=SC2086  # the launcher and the arguments are word lists
-  $2 "$TESSERA" infer --checkpoint "$WORK/model/checkpoint.h5" --csv "$WORK/synth/dataset.csv" --out "$out" $3 \
-    >"$WORK/runs/$name-$round.log" 2>&1
+  $2 "$TESSERA" infer --checkpoint "$WORK/model/checkpoint.h5" $input --out "$out" $3 >"$WORK/runs/$name-$round.log" 2>&1
   end=$(now)
   echo "$start $end" | awk '{ printf "%.3f\n", $2 - $1 }' >"$out/wall.txt"
 }
 
 names="1x2 2x1-slides 2x1-tiles"
+if [ -n "$BIG" ]; then
+  names="$names 2x1-auto"
+fi
 if [ "$HOSTS" = 1 ]; then
   "$TESTHOSTS" check
   trap '"$TESTHOSTS" down' EXIT
@@ -70,6 +92,9 @@ while [ "$round" -le "$ROUNDS" ]; do
   run 1x2 "" "--threads 2"
   run 2x1-slides "$MPIEXEC -n 2" "--threads 1 --distribute slides"
   run 2x1-tiles "$MPIEXEC -n 2" "--threads 1 --distribute tiles"
+  if [ -n "$BIG" ]; then
+    run 2x1-auto "$MPIEXEC -n 2" "--threads 1 --distribute auto"
+  fi
   if [ "$HOSTS" = 1 ]; then
     run 4x1-slides "$MPIEXEC -n 4" "--threads 1 --distribute slides"
     run 4x1-hosts "$TESTHOSTS mpirun --host t1:2,t2:2 -n 4" "--threads 1 --distribute slides"
@@ -96,7 +121,8 @@ for name in names:
     idle = ", ".join(f"rank {p['rank']} {100 * p['idle_fraction']:.1f}%" for p in best[2]["per_rank"])
     print(f"{name:11s} infer.json seconds best {best[0]:.2f} median {statistics.median(r[0] for r in rows):.2f}; "
           f"wall best {min(r[1] for r in rows):.2f} median {statistics.median(r[1] for r in rows):.2f}; "
-          f"{best[2]['tiles']} tiles, {len(best[2]['slides'])} slides; idle {idle}")
+          f"{best[2]['tiles']} tiles, {len(best[2]['slides'])} slides; idle {idle}; "
+          f"distribute {best[2]['distribute']}, split {', '.join(best[2].get('split_slides', [])) or 'none'}")
 for name in names[1:]:
     print(f"{name} against 1x2 (best seconds): {figures['1x2'] / figures[name]:.2f}x")
 EOF

@@ -26,6 +26,20 @@ const core::Schema& schema() {
   return instance;
 }
 
+// infer.distribute auto: the slides that dwarf the rest are split, the rule applied again to the slides left, and all
+// of them once fewer are left than ranks.
+TEST(InferSlidesToSplit, TheSlidesThatDwarfTheRestAndAllOnceFewerAreLeftThanRanks) {
+  EXPECT_EQ(slides_to_split({25, 25, 25, 25}, 2), 0u) << "alike: every slide whole";
+  EXPECT_EQ(slides_to_split({50, 30, 20}, 2), 0u) << "half, not more: whole";
+  EXPECT_EQ(slides_to_split({60, 30, 5, 5}, 2), 2u) << "the 30 is more than half of the 40 left";
+  EXPECT_EQ(slides_to_split({60, 10, 10, 10, 10}, 2), 1u);
+  EXPECT_EQ(slides_to_split({40, 20, 20, 20}, 3), 1u) << "40 of 100 > a third; then 20 of 60 is a third, not more";
+  EXPECT_EQ(slides_to_split({70, 10, 10, 10}, 4), 4u) << "3 left on 4 ranks: all split, no rank without a slide";
+  EXPECT_EQ(slides_to_split({10, 10, 10}, 4), 3u) << "fewer slides than ranks from the start";
+  EXPECT_EQ(slides_to_split({0, 0}, 2), 0u) << "missing files: nothing to split by";
+  EXPECT_EQ(slides_to_split({}, 2), 0u);
+}
+
 TEST(InferJobKey, TheSlidesTheFolderTheThreadsAndTheDistributionChangeNoSlidesOutputsButTheSettingsDo) {
   testing::TempDir dir;
   const std::string checkpoint = dir.file("checkpoint.h5");

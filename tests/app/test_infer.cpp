@@ -1,11 +1,11 @@
 // `tessera infer` end to end on small synthetic slides with a tiny model trained for the suite: the heatmap's
 // geometry follows the slide, the model's resolution and the stride, and it scores exactly the tissue cells; a
 // cell on the tiling grid scores as `predict` scores that tile from the shards; one and two ranks splitting each
-// slide's tiles give the same map bit for bit, and two and three ranks taking whole slides give every output file of
-// one rank; test-time augmentation changes the scores and keeps them probabilities; the map finds the
-// annotated tumour of a slide the model did not train on, and so does the DICOM Segmentation of that slide as a DICOM
-// series; a slide that cannot be opened or read fails alone (on two ranks, only one of which reads the broken part),
-// and job mistakes are refused naming the key.
+// slide's tiles give the same map bit for bit, and two and three ranks taking whole slides, or splitting the tiles of
+// a slide that dwarfs the rest first, give every output file of one rank; test-time augmentation changes the scores and
+// keeps them probabilities; the map finds the annotated tumour of a slide the model did not train on, and so does the
+// DICOM Segmentation of that slide as a DICOM series; a slide that cannot be opened or read fails alone (on two ranks,
+// only one of which reads the broken part), and job mistakes are refused naming the key.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -482,26 +482,75 @@ std::string file_text(const fs::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// Expects the file `name` of output folder `folder` to be `reference`'s: a heatmap field by field and its
+// probabilities bit for bit (the bytes of two heatmap.h5 differ even between two one-rank runs: HDF5 stamps objects
+// with their creation time), a JSON file less its timings, every other file (overlay, TIFF, GeoJSON, XML, CSV) byte for
+// byte.
+void expect_same_output(const fs::path& reference, const fs::path& folder, const std::string& name) {
+  const fs::path a = reference / name;
+  const fs::path b = folder / name;
+  ASSERT_TRUE(fs::exists(a)) << "a one-rank run writes no " << name;
+  if (contains(name, ".heatmap.h5")) {
+    const io::Heatmap x = io::read_heatmap(a.string());
+    const io::Heatmap y = io::read_heatmap(b.string());
+    EXPECT_EQ(x.slide_id, y.slide_id);
+    EXPECT_EQ(x.slide_path, y.slide_path);
+    EXPECT_EQ(x.slide_width, y.slide_width);
+    EXPECT_EQ(x.slide_height, y.slide_height);
+    EXPECT_EQ(x.slide_mpp, y.slide_mpp);
+    EXPECT_EQ(x.tile_mpp, y.tile_mpp);
+    EXPECT_EQ(x.origin_x, y.origin_x);
+    EXPECT_EQ(x.origin_y, y.origin_y);
+    EXPECT_EQ(x.step, y.step);
+    EXPECT_EQ(x.tile, y.tile);
+    EXPECT_EQ(x.rows, y.rows);
+    EXPECT_EQ(x.cols, y.cols);
+    EXPECT_EQ(x.checkpoint, y.checkpoint);
+    EXPECT_TRUE(same_bits(x.prob, y.prob));
+    EXPECT_GT(x.scored_cells(), 0);
+  } else if (fs::path(name).extension() == ".json") {
+    EXPECT_EQ(without_timings(read_json(a)), without_timings(read_json(b)));
+  } else {
+    EXPECT_TRUE(file_text(a) == file_text(b)) << "the bytes differ";
+  }
+}
+
 // Whole slides handed out to the ranks (more slides than ranks): each rank plans, scores and writes its own slides,
-// and whichever rank took which, every output is one rank's. Compared file by file: the heatmaps field by field and
-// their probabilities bit for bit (the bytes of two heatmap.h5 differ even between two one-rank runs: HDF5 stamps
-// objects with their creation time), the JSON files less their timings, the job file less its output folder, every
-// other file (overlay, TIFF, GeoJSON, XML, CSV) byte for byte. A slide that cannot be opened fails alone.
-TEST_F(Infer, WholeSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
+// and whichever rank took which, every output is one rank's (expect_same_output; the job file less its output
+// folder). A slide that cannot be opened fails alone. On three ranks one slide dwarfs the rest (its file is more than
+// a third of the job's): by default its tiles are split over the ranks first and the others go whole, with the outputs
+// of one rank again; SIGUSR1 after that slide stops the job there, with its outputs and record those of one rank.
+TEST_F(Infer, WholeAndSplitSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
   const fs::path extra = dir_->file("whole-extra");
   fs::create_directories(extra);
   // A fifth slide, larger than the suite's (it is handed out first), and one cut short.
   const auto r = run("synth --out " + (extra / "synth").string() +
-                     " --slides 1 --size 3072 --seed 11 --set preview.enabled=false --set slides.tumour_fraction=1");
+                     " --slides 1 --size 3584 --seed 11 --set preview.enabled=false --set slides.tumour_fraction=1");
   ASSERT_EQ(r.code, 0) << r.err;
   fs::path made = extra / "synth/slides/tumor_001.svs";
   if (!fs::exists(made)) made = extra / "synth/slides/tumor_001.tif";
   const fs::path large = extra / ("large" + made.extension().string());
   fs::copy_file(made, large);
-  fs::copy_file(slide("tumor_001"), extra / "truncated.svs");
-  fs::resize_file(extra / "truncated.svs", fs::file_size(extra / "truncated.svs") / 3);
-  const std::string slides = slide("tumor_001") + "," + slide("normal_001") + "," + (extra / "truncated.svs").string() +
-                             "," + large.string() + "," + slide("tumor_002") + "," + slide("normal_002");
+  const fs::path truncated = extra / "truncated.svs";
+  fs::copy_file(slide("tumor_001"), truncated);
+  fs::resize_file(truncated, fs::file_size(truncated) / 3);
+  const std::vector<std::string> files = {slide("tumor_001"), slide("normal_001"), truncated.string(),
+                                          large.string(),     slide("tumor_002"),  slide("normal_002")};
+  std::string slides;
+  std::uintmax_t total = 0;
+  std::size_t next = 0;  // the largest file but the large slide's (the first of equal ones): the first whole slide
+  for (std::size_t k = 0; k < files.size(); ++k) {
+    slides += (slides.empty() ? "" : ",") + files[k];
+    total += fs::file_size(files[k]);
+    if (files[k] != large.string() &&
+        (files[next] == large.string() || fs::file_size(files[k]) > fs::file_size(files[next]))) {
+      next = k;
+    }
+  }
+  // The large slide's file is more than a third of the job's, but less than half, and no other is a third of the rest.
+  ASSERT_GT(3 * fs::file_size(large), total);
+  ASSERT_LT(2 * fs::file_size(large), total);
+  ASSERT_LT(3 * fs::file_size(files[next]), total - fs::file_size(large));
   const std::string all_outputs = "--set outputs=[] --batch 7";
 
   const auto one = infer(slides, "whole1", all_outputs);
@@ -516,66 +565,87 @@ TEST_F(Infer, WholeSlidesOnTwoAndThreeRanksGiveTheOutputsOfOneRank) {
     const auto many = infer(slides, out, all_outputs, ranks);
     EXPECT_EQ(many.code, 3) << many.err;
     EXPECT_TRUE(contains(many.err, "1 of 6 slides failed") && contains(many.err, "truncated.svs")) << many.err;
+    if (ranks == 3) {
+      EXPECT_TRUE(contains(many.err, "1 with their tiles split over the ranks first") &&
+                  contains(many.err, "then the other 5 whole"))
+          << many.err;
+    }
     const fs::path folder = dir_->file(out);
     ASSERT_EQ(files_under(folder), names) << ranks << " ranks";
     for (const auto& name : names) {
       SCOPED_TRACE(name + " on " + std::to_string(ranks) + " ranks");
-      const fs::path a = reference / name;
-      const fs::path b = folder / name;
-      if (contains(name, ".heatmap.h5")) {
-        const io::Heatmap x = io::read_heatmap(a.string());
-        const io::Heatmap y = io::read_heatmap(b.string());
-        EXPECT_EQ(x.slide_id, y.slide_id);
-        EXPECT_EQ(x.slide_path, y.slide_path);
-        EXPECT_EQ(x.slide_width, y.slide_width);
-        EXPECT_EQ(x.slide_height, y.slide_height);
-        EXPECT_EQ(x.slide_mpp, y.slide_mpp);
-        EXPECT_EQ(x.tile_mpp, y.tile_mpp);
-        EXPECT_EQ(x.origin_x, y.origin_x);
-        EXPECT_EQ(x.origin_y, y.origin_y);
-        EXPECT_EQ(x.step, y.step);
-        EXPECT_EQ(x.tile, y.tile);
-        EXPECT_EQ(x.rows, y.rows);
-        EXPECT_EQ(x.cols, y.cols);
-        EXPECT_EQ(x.checkpoint, y.checkpoint);
-        EXPECT_TRUE(same_bits(x.prob, y.prob));
-        EXPECT_GT(x.scored_cells(), 0);
-      } else if (name == "infer.json") {
-        json x = without_timings(read_json(a));
-        json y = without_timings(read_json(b));
+      if (name == "infer.json") {
+        json x = without_timings(read_json(reference / name));
+        json y = without_timings(read_json(folder / name));
         EXPECT_EQ(x["distribute"], "tiles");
-        EXPECT_EQ(y["distribute"], "slides");
+        EXPECT_EQ(x["split_slides"], json::array()) << "one rank: every slide split, none named";
+        EXPECT_EQ(y["distribute"], ranks == 2 ? "slides" : "tiles+slides");
+        EXPECT_EQ(y["split_slides"], ranks == 2 ? json::array() : json::array({"large"}));
         EXPECT_EQ(y["ranks"], ranks);
         ASSERT_EQ(y["per_rank"].size(), static_cast<std::size_t>(ranks));
         int scored = 0;
-        const json per_rank = read_json(b)["per_rank"];
+        const json per_rank = read_json(folder / name)["per_rank"];
         for (const auto& rank : per_rank) {
           scored += rank["slides"].get<int>();
           EXPECT_GE(rank["idle_fraction"].get<double>(), 0.0);
           EXPECT_LE(rank["idle_fraction"].get<double>(), 1.0);
         }
-        EXPECT_EQ(scored, 5) << "each slide that opens scored by one rank";
-        for (const char* key : {"ranks", "threads_per_rank", "distribute", "per_rank"}) {
+        EXPECT_EQ(scored, ranks == 2 ? 5 : 3 + 4) << "each slide that opens scored by one rank, the large one by all";
+        for (const char* key : {"ranks", "threads_per_rank", "distribute", "split_slides", "per_rank"}) {
           x.erase(key);
           y.erase(key);
         }
         EXPECT_EQ(x, y);
         EXPECT_EQ(x["slides"].size(), 5u);
         EXPECT_EQ(x["failures"].size(), 1u);
-      } else if (fs::path(name).extension() == ".json") {
-        EXPECT_EQ(without_timings(read_json(a)), without_timings(read_json(b)));
       } else if (name == "infer.config.yaml") {
-        std::string text = file_text(b);
+        std::string text = file_text(folder / name);
         const std::string folder_text = folder.string();
         const auto at = text.find(folder_text);
         ASSERT_NE(at, std::string::npos) << "the job file names its output folder";
         text.replace(at, folder_text.size(), reference.string());
-        EXPECT_EQ(file_text(a), text);
+        EXPECT_EQ(file_text(reference / name), text);
       } else {
-        EXPECT_TRUE(file_text(a) == file_text(b)) << "the bytes differ";
+        expect_same_output(reference, folder, name);
       }
     }
   }
+
+  // SIGUSR1 on rank 1 of three once it has scored its share of the large slide: every rank stops before the whole
+  // slides (the largest of them first), and the large slide's outputs and record are one rank's; a rerun of it finds it
+  // up to date and lists the record's entry.
+  const fs::path stopped_out = dir_->file("whole3-usr1");
+  const auto stopped = testing::run_script(
+      "TESSERA_FAULT='infer.slide-scored after=1 rank=1 do=usr1' $MPIEXEC -n 3 $TESSERA infer --checkpoint " +
+      checkpoint() + " --slides " + slides + " --out " + stopped_out.string() + " " + all_outputs +
+      " 2>&1\necho \"exit $?\"\n");
+  EXPECT_TRUE(contains(stopped.out, "exit 75\n")) << stopped.out;
+  const std::string before = std::to_string(next + 1) + "/6 " + fs::path(files[next]).stem().string();
+  EXPECT_TRUE(contains(stopped.out, "SIGUSR1: stopped before slide " + before + " (5 of 6 slide(s) not started)"))
+      << stopped.out;
+  EXPECT_FALSE(fs::exists(stopped_out / "infer.json")) << "the job's summary is the rerun's";
+  std::vector<std::string> written;
+  for (const auto& name : files_under(stopped_out)) {
+    if (name == "infer.config.yaml") continue;
+    SCOPED_TRACE(name + " after SIGUSR1");
+    written.push_back(name);
+    expect_same_output(reference, stopped_out, name);
+  }
+  EXPECT_TRUE(std::all_of(written.begin(), written.end(),
+                          [](const std::string& n) { return n.starts_with("large.") || contains(n, "/large."); }));
+  EXPECT_TRUE(std::find(written.begin(), written.end(), "large.heatmap.h5") != written.end());
+  EXPECT_TRUE(std::find(written.begin(), written.end(), ".tessera-infer/large.json") != written.end());
+  const auto rerun = infer(large.string(), "whole3-usr1", all_outputs, 3);
+  EXPECT_EQ(rerun.code, 0) << rerun.err;
+  EXPECT_TRUE(contains(rerun.err, "slide 1/1 large: up to date")) << rerun.err;
+  const json summary = without_timings(read_json(stopped_out / "infer.json"));
+  const json listed = without_timings(read_json(reference / "infer.json"));
+  json large_entry;
+  for (const auto& entry : listed["slides"]) {
+    if (entry["id"] == "large") large_entry = entry;
+  }
+  EXPECT_EQ(summary["slides"], json::array({large_entry})) << "the record's entry: the one a one-rank run lists";
+  EXPECT_EQ(summary["tiles"], 0) << "nothing scored again";
 }
 
 // Slide quality control inside infer: a slide with marker ink (green/blue/black and red) loses the cells mostly under

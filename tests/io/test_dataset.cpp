@@ -190,4 +190,21 @@ TEST(InputSlides, InputCsvIsADatasetWhateverItsNameEndsWith) {
   EXPECT_EQ(as_file[0].id, "truth");
 }
 
+// The bytes by which infer orders and splits slides: a DICOM series counts every file of its folder, whether the folder
+// or one of its files is named (a file with the DICOM preamble, "DICM" at byte 128); another slide its file's size.
+TEST(InputSlides, SlideBytesCountEveryFileOfADicomSeries) {
+  tessera::testing::TempDir dir;
+  const fs::path series = dir.file("series");
+  fs::create_directories(series / "nested");
+  write_text((series / "1.dcm").string(), std::string(128, '\0') + "DICM" + std::string(868, 'x'));  // 1000 bytes
+  write_text((series / "2.dcm").string(), std::string(128, '\0') + "DICM" + std::string(368, 'x'));  // 500
+  write_text((series / "nested/3.dcm").string(), std::string(700, 'x'));  // not the series' (the reader skips it)
+  write_text(dir.file("plain.svs"), std::string(300, 'x'));
+  EXPECT_EQ(io::slide_bytes(series.string()), 1500u);
+  EXPECT_EQ(io::slide_bytes((series / "2.dcm").string()), 1500u);
+  EXPECT_EQ(io::slide_bytes((series / "nested/3.dcm").string()), 700u) << "no preamble: the file alone";
+  EXPECT_EQ(io::slide_bytes(dir.file("plain.svs")), 300u);
+  EXPECT_EQ(io::slide_bytes(dir.file("missing.svs")), 0u);
+}
+
 }  // namespace
