@@ -175,8 +175,10 @@ struct TiffTileReader::Impl {
     const Level& level = levels[static_cast<std::size_t>(level_index)];
     const std::uint32_t index = row * level.tiles_across + column;
     const std::uint64_t key = TileCache::key(static_cast<std::uint32_t>(level_index), index);
-    if (auto cached = cache.find(key)) return *cached;
+    return cache.get(key, [&] { return decode(level_index, level, column, row, index); });
+  }
 
+  cv::Mat decode(int level_index, const Level& level, std::uint32_t column, std::uint32_t row, std::uint32_t index) {
     cv::Mat pixels(static_cast<int>(level.tile_height), static_cast<int>(level.tile_width), CV_8UC3);
     const auto bytes = static_cast<tmsize_t>(pixels.total() * pixels.elemSize());
     Lease lease = acquire();
@@ -207,7 +209,6 @@ struct TiffTileReader::Impl {
         throw error;
       }
     }
-    cache.insert(key, pixels);
     return pixels;
   }
 };

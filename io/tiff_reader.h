@@ -22,8 +22,8 @@
 // Thread safety: read() may be called from many threads at once. A TIFF* is not thread-safe (it holds the
 // current directory and codec state), so the reader keeps a pool of handles: each read takes one for itself
 // (opening another when all are busy) and gives it back afterwards; the pool grows to the number of threads
-// that read at the same time. The cache has its own mutex; two threads that miss the same tile both decode it
-// (same pixels), which is cheaper than holding a lock across a decode. libtiff's error and warning messages go to
+// that read at the same time. The cache has its own mutex; a thread that needs a tile another thread is decoding
+// waits for that decode (io/tile_cache.h) rather than decode it again. libtiff's error and warning messages go to
 // per-handle callbacks (TIFFOpenOptions), never to process-wide state, so a thread only ever sees its own decode's
 // messages; a handle whose decode failed is closed, not returned to the pool.
 #pragma once

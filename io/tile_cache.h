@@ -1,11 +1,14 @@
 // The decoded-tile cache shared by the direct tile readers (io/tiff_reader.h, io/dicom_slide.h): decoded tiles,
 // least recently used first out once their bytes pass the capacity. cv::Mat shares its pixels by reference count,
-// so a tile handed out stays valid after eviction. Thread-safe; two threads that miss the same tile both decode it
-// (same pixels), which is cheaper than holding a lock across a decode.
+// so a tile handed out stays valid after eviction. Thread-safe, and no lock is held across a decode: a thread that
+// needs a tile another thread is decoding waits for that decode instead of decoding the tile again (threads reading
+// neighbouring regions need the same tiles at the same time); when that decode fails, the waiting thread decodes
+// the tile itself, so that every thread sees only its own decode's errors.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <future>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -38,6 +41,40 @@ class TileCache {
     return it->second->second;
   }
 
+  // The tile of `key`: the cached one, else the one `decode()` returns (kept in the cache), else, while another
+  // thread decodes it, that thread's result. What `decode` throws is thrown (and nothing is kept).
+  template <typename Decode>
+  cv::Mat get(std::uint64_t key, Decode&& decode) {
+    std::promise<cv::Mat> promise;
+    std::shared_future<cv::Mat> pending;
+    {
+      const std::lock_guard lock(mutex_);
+      if (auto it = index_.find(key); it != index_.end()) {
+        entries_.splice(entries_.begin(), entries_, it->second);
+        return it->second->second;
+      }
+      if (auto it = decoding_.find(key); it != decoding_.end()) {
+        pending = it->second;
+      } else {
+        decoding_.emplace(key, promise.get_future().share());
+      }
+    }
+    if (pending.valid()) {
+      cv::Mat tile = pending.get();
+      return tile.empty() ? decode() : tile;  // that decode failed: this thread's own decode says why
+    }
+    cv::Mat tile;
+    try {
+      tile = decode();
+    } catch (...) {
+      finish_decoding(key, promise, cv::Mat());
+      throw;
+    }
+    insert(key, tile);
+    finish_decoding(key, promise, tile);
+    return tile;
+  }
+
   void insert(std::uint64_t key, const cv::Mat& tile) {
     const std::size_t bytes = tile.total() * tile.elemSize();
     if (bytes > capacity_) return;
@@ -56,11 +93,22 @@ class TileCache {
 
  private:
   using Entries = std::list<std::pair<std::uint64_t, cv::Mat>>;
+
+  // Ends this thread's decode of `key`: the threads waiting for it get `tile` (empty: the decode failed).
+  void finish_decoding(std::uint64_t key, std::promise<cv::Mat>& promise, const cv::Mat& tile) {
+    {
+      const std::lock_guard lock(mutex_);
+      decoding_.erase(key);
+    }
+    promise.set_value(tile);
+  }
+
   std::mutex mutex_;
   std::size_t capacity_;
   std::size_t bytes_ = 0;
   Entries entries_;
   std::unordered_map<std::uint64_t, Entries::iterator> index_;
+  std::unordered_map<std::uint64_t, std::shared_future<cv::Mat>> decoding_;  // tiles a thread is decoding now
 };
 
 }  // namespace tessera::io

@@ -542,18 +542,23 @@ class Extractor {
         errors[j] = std::current_exception();
       }
     };
+    // Each thread claims runs of neighbouring tiles, which share most of their stored tiles: each stored tile is then
+    // mostly needed by one thread (a thread that needs one another thread is decoding waits for it: io/tile_cache.h).
+    constexpr std::size_t kClaimedTiles = 8;
     std::atomic<std::size_t> next{0};
     core::run_on_threads(threads_, [&](int) {
-      for (std::size_t j = next++; j < n; j = next++) {
-        if (parallel[j] == 0) continue;
-        const auto& t = tiles[begin + j];
-        const auto& planned = plans_[t.slide].tiles[t.tile];
-        read_tile(j, [&] {
-          std::uint8_t* pixels = images + j * tile_bytes;
-          const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
-          copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
-                    pixels);
-        });
+      for (std::size_t first = next.fetch_add(kClaimedTiles); first < n; first = next.fetch_add(kClaimedTiles)) {
+        for (std::size_t j = first; j < std::min(n, first + kClaimedTiles); ++j) {
+          if (parallel[j] == 0) continue;
+          const auto& t = tiles[begin + j];
+          const auto& planned = plans_[t.slide].tiles[t.tile];
+          read_tile(j, [&] {
+            std::uint8_t* pixels = images + j * tile_bytes;
+            const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
+            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
+                      pixels);
+          });
+        }
       }
     });
     for (std::size_t j = 0; j < n; ++j) {

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
@@ -18,41 +19,27 @@ namespace tessera::prep {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-void PixelChecksum::add(const std::uint8_t* data, std::size_t bytes) {
-  std::size_t i = 0;
-  while (i < bytes && pending_size_ != 0) take(data[i++]);
-  for (; i + sizeof(std::uint64_t) <= bytes; i += sizeof(std::uint64_t)) {
-    std::uint64_t word = 0;
-    std::memcpy(&word, data + i, sizeof word);
-    mix(word);
+struct PixelChecksum::State {
+  XXH3_state_t* xxh = XXH3_createState();
+};
+
+PixelChecksum::PixelChecksum() : state_(std::make_unique<State>()) {
+  if (state_->xxh == nullptr || XXH3_64bits_reset(state_->xxh) != XXH_OK) {
+    throw core::InternalError("cannot start a pixel checksum (xxHash)");
   }
-  while (i < bytes) take(data[i++]);
+}
+
+PixelChecksum::~PixelChecksum() { XXH3_freeState(state_->xxh); }
+
+void PixelChecksum::add(const std::uint8_t* data, std::size_t bytes) {
+  if (bytes != 0) XXH3_64bits_update(state_->xxh, data, bytes);
 }
 
 void PixelChecksum::add(const std::string& text) {
   add(reinterpret_cast<const std::uint8_t*>(text.data()), text.size() + 1);
 }
 
-std::string PixelChecksum::hex() const {
-  PixelChecksum done = *this;
-  for (std::size_t i = 0; i < pending_size_; ++i) done.mix(pending_[i]);
-  return fmt::format("{:016x}", done.hash_);
-}
-
-void PixelChecksum::take(std::uint8_t byte) {
-  pending_[pending_size_++] = byte;
-  if (pending_size_ == sizeof(std::uint64_t)) {
-    std::uint64_t word = 0;
-    std::memcpy(&word, pending_, sizeof word);
-    mix(word);
-    pending_size_ = 0;
-  }
-}
-
-void PixelChecksum::mix(std::uint64_t value) {
-  hash_ ^= value;
-  hash_ *= core::kFnv1aPrime;
-}
+std::string PixelChecksum::hex() const { return fmt::format("{:016x}", XXH3_64bits_digest(state_->xxh)); }
 
 fs::path shard_record_path(const fs::path& out, std::int64_t index) {
   return out / kTileRecordFolder / (shard_name(index) + ".json");

@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
-#include "core/hash.h"
 #include "preprocessing/tile_job.h"
 
 namespace tessera::prep {
@@ -25,20 +25,22 @@ namespace tessera::prep {
 // The folder of the shard records, inside the output folder.
 inline constexpr const char* kTileRecordFolder = ".tessera-tile-shards";
 
-// FNV-1a over 64-bit words (and the bytes of a tail): a checksum of a shard's pixels as they are written, checked
-// when a rerun keeps the shard. The same bytes give the same checksum however they are split into calls.
+// XXH3 (64 bits, xxHash): a checksum of a shard's pixels as they are written, checked when a rerun keeps the shard.
+// The same bytes give the same checksum however they are split into calls. (Records written with the FNV-1a
+// checksum of earlier versions do not match: a rerun extracts their shards again.)
 class PixelChecksum {
  public:
+  PixelChecksum();
+  ~PixelChecksum();
+  PixelChecksum(const PixelChecksum&) = delete;
+  PixelChecksum& operator=(const PixelChecksum&) = delete;
   void add(const std::uint8_t* data, std::size_t bytes);
   void add(const std::string& text);  // with its terminating zero
   std::string hex() const;            // 16 hex digits
 
  private:
-  void take(std::uint8_t byte);
-  void mix(std::uint64_t value);
-  std::uint64_t hash_ = core::kFnv1aOffset;
-  std::uint8_t pending_[sizeof(std::uint64_t)] = {};
-  std::size_t pending_size_ = 0;
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 struct ShardRecord {
