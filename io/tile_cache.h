@@ -11,7 +11,6 @@
 #include <future>
 #include <list>
 #include <mutex>
-#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -33,12 +32,11 @@ class TileCache {
     return bytes_;
   }
 
-  std::optional<cv::Mat> find(std::uint64_t key) {
+  // Threads waiting now for another thread's decode of `key` (for tests).
+  std::size_t waiting(std::uint64_t key) {
     const std::lock_guard lock(mutex_);
-    auto it = index_.find(key);
-    if (it == index_.end()) return std::nullopt;
-    entries_.splice(entries_.begin(), entries_, it->second);
-    return it->second->second;
+    const auto it = decoding_.find(key);
+    return it == decoding_.end() ? 0 : it->second.waiters;
   }
 
   // The tile of `key`: the cached one, else the one `decode()` returns (kept in the cache), else, while another
@@ -54,9 +52,10 @@ class TileCache {
         return it->second->second;
       }
       if (auto it = decoding_.find(key); it != decoding_.end()) {
-        pending = it->second;
+        pending = it->second.result;
+        ++it->second.waiters;
       } else {
-        decoding_.emplace(key, promise.get_future().share());
+        decoding_.emplace(key, Decoding{promise.get_future().share(), 0});
       }
     }
     if (pending.valid()) {
@@ -75,11 +74,18 @@ class TileCache {
     return tile;
   }
 
+ private:
+  using Entries = std::list<std::pair<std::uint64_t, cv::Mat>>;
+  struct Decoding {
+    std::shared_future<cv::Mat> result;  // empty when the decode failed
+    std::size_t waiters = 0;
+  };
+
   void insert(std::uint64_t key, const cv::Mat& tile) {
     const std::size_t bytes = tile.total() * tile.elemSize();
     if (bytes > capacity_) return;
     const std::lock_guard lock(mutex_);
-    if (index_.count(key) != 0) return;  // another thread decoded it meanwhile
+    if (index_.count(key) != 0) return;
     entries_.emplace_front(key, tile);
     index_[key] = entries_.begin();
     bytes_ += bytes;
@@ -90,9 +96,6 @@ class TileCache {
       entries_.pop_back();
     }
   }
-
- private:
-  using Entries = std::list<std::pair<std::uint64_t, cv::Mat>>;
 
   // Ends this thread's decode of `key`: the threads waiting for it get `tile` (empty: the decode failed).
   void finish_decoding(std::uint64_t key, std::promise<cv::Mat>& promise, const cv::Mat& tile) {
@@ -108,7 +111,7 @@ class TileCache {
   std::size_t bytes_ = 0;
   Entries entries_;
   std::unordered_map<std::uint64_t, Entries::iterator> index_;
-  std::unordered_map<std::uint64_t, std::shared_future<cv::Mat>> decoding_;  // tiles a thread is decoding now
+  std::unordered_map<std::uint64_t, Decoding> decoding_;  // tiles a thread is decoding now
 };
 
 }  // namespace tessera::io

@@ -2,16 +2,18 @@
 // slides of test_slide.cpp (both flavours, JPEG and deflate, level factors 2 and 3, odd sizes) on every level,
 // regions across tile borders and past the slide's edges; on tiled TIFFs written here with other encodings
 // (LZW, uncompressed, RGB JPEG); the fallback to OpenSlide for layouts it does not decode; blank Aperio tiles;
-// concurrent reads; the tile cache under eviction.
+// concurrent reads; the tile cache under eviction, and a thread waiting for the decode another thread is doing.
 #include "io/tiff_reader.h"
 
 #include <tiffio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,6 +24,7 @@
 #include "core/error.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
+#include "io/tile_cache.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::io {
@@ -511,6 +514,64 @@ TEST(TiffTileReader, DeclinesFilesLibtiffCannotOpen) {
   std::string why_not;
   EXPECT_EQ(TiffTileReader::open(path, {{10, 10}}, false, why_not), nullptr);
   EXPECT_NE(why_not.find("libtiff cannot open the file"), std::string::npos) << why_not;
+}
+
+}  // namespace
+}  // namespace tessera::io
+
+namespace tessera::io {
+namespace {
+
+// A tile of `shade`, as a decode would return it.
+cv::Mat shaded_tile(int shade) { return cv::Mat(4, 4, CV_8UC3, cv::Scalar(shade, shade, shade)); }
+
+TEST(TileCache, AThreadWaitsForTheDecodeAnotherThreadIsDoingInsteadOfDecodingAgain) {
+  TileCache cache(std::size_t{1} << 20);
+  const auto key = TileCache::key(1, 7);
+  std::atomic<int> decodes{0};
+  std::future<cv::Mat> second;
+  const cv::Mat first = cache.get(key, [&] {
+    ++decodes;
+    // Another thread needs the same tile while this one decodes it.
+    second = std::async(std::launch::async, [&] {
+      return cache.get(key, [&] {
+        ++decodes;
+        return shaded_tile(2);
+      });
+    });
+    while (cache.waiting(key) == 0) std::this_thread::yield();
+    return shaded_tile(1);
+  });
+  const cv::Mat waited = second.get();
+  EXPECT_EQ(decodes, 1);
+  EXPECT_EQ(waited.data, first.data);  // the one decode's pixels
+  EXPECT_EQ(cache.bytes(), first.total() * first.elemSize());
+  EXPECT_EQ(cache.get(key, [] { return shaded_tile(3); }).data, first.data);  // cached now
+}
+
+TEST(TileCache, AThreadWhoseAwaitedDecodeFailedDecodesTheTileItself) {
+  TileCache cache(std::size_t{1} << 20);
+  const auto key = TileCache::key(0, 3);
+  std::atomic<int> decodes{0};
+  std::future<cv::Mat> second;
+  EXPECT_THROW(cache.get(key,
+                         [&]() -> cv::Mat {
+                           ++decodes;
+                           second = std::async(std::launch::async, [&] {
+                             return cache.get(key, [&] {
+                               ++decodes;
+                               return shaded_tile(5);
+                             });
+                           });
+                           while (cache.waiting(key) == 0) std::this_thread::yield();
+                           throw core::CorruptTileError("cannot decode tile 3", "slide.tif");
+                         }),
+               core::CorruptTileError);
+  const cv::Mat own = second.get();
+  EXPECT_EQ(decodes, 2);
+  EXPECT_EQ(own.at<cv::Vec3b>(0, 0), cv::Vec3b(5, 5, 5));  // its own decode's pixels, not kept: a failed
+  EXPECT_EQ(cache.bytes(), 0u);                            // decode's waiter does not fill the cache
+  EXPECT_EQ(cache.waiting(key), 0u);
 }
 
 }  // namespace
