@@ -36,6 +36,9 @@ constexpr const char* shard_format_name = "tessera-shard";
 constexpr const char* manifest_format_name = "tessera-shards";
 constexpr int manifest_format_version = 1;
 constexpr int rgb_channels = 3;
+// The shard writer asks the kernel to write images out in pieces of this many bytes
+// (ShardWriter::Impl::images_written).
+constexpr std::uint64_t kWritebackBytes = std::uint64_t{16} << 20;
 
 // ---------------------------------------------------------------------------------------------------------
 // HDF5 plumbing (io/hdf5.h): RAII ids, a quiet error stack, checks that turn failures into Tessera errors, and
@@ -101,19 +104,29 @@ struct ShardWriter::Impl {
   std::int64_t written_count = 0;
   bool finished = false;
 
-  // The file's descriptor (HDF5's default sec2 driver) and the images' file offset, for start_writeback().
+  // The file's descriptor (HDF5's default sec2 driver) and the images' file offset, for images_written().
   int fd = -1;
   std::uint64_t images_offset = 0;
+  // Image bytes written since the kernel was last asked to write them out: [pending_from, + pending_bytes).
+  std::uint64_t pending_from = 0;
+  std::uint64_t pending_bytes = 0;
 
-  // Asks the kernel to start writing `bytes` of images from image byte `from` to the disk now, without waiting:
-  // finish() must make the shard durable (core::publish_file syncs it), and a sync that finds most of the shard
-  // already written returns sooner than one that writes it all then. Only a hint: a failure here is the sync's to
-  // report.
-  void start_writeback(std::uint64_t from, std::uint64_t bytes) const {
-    if (fd >= 0 && bytes > 0) {
-      (void)::sync_file_range(fd, static_cast<off64_t>(images_offset + from), static_cast<off64_t>(bytes),
-                              SYNC_FILE_RANGE_WRITE);
-    }
+  // Called after `bytes` of images were written from image byte `from`: once kWritebackBytes of contiguous images
+  // are written, asks the kernel to start writing them to the disk, without waiting. finish() must make the shard
+  // durable (core::publish_file syncs it), and a sync that finds most of the shard already on its way returns sooner
+  // than one that writes all of it then; asking in large pieces keeps the requests few. Only a hint: a failure
+  // here is the sync's to report.
+  void images_written(std::uint64_t from, std::uint64_t bytes) {
+    if (fd < 0 || bytes == 0) return;
+    if (pending_bytes > 0 && from != pending_from + pending_bytes) start_writeback();
+    if (pending_bytes == 0) pending_from = from;
+    pending_bytes += bytes;
+    if (pending_bytes >= kWritebackBytes) start_writeback();
+  }
+  void start_writeback() {
+    (void)::sync_file_range(fd, static_cast<off64_t>(images_offset + pending_from), static_cast<off64_t>(pending_bytes),
+                            SYNC_FILE_RANGE_WRITE);
+    pending_bytes = 0;
   }
 
   void close_quietly() {
@@ -236,8 +249,8 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
   if (const int error = core::fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
   h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
            what);
-  impl.start_writeback(static_cast<std::uint64_t>(first) * impl.tile_bytes,
-                       static_cast<std::uint64_t>(count) * impl.tile_bytes);
+  impl.images_written(static_cast<std::uint64_t>(first) * impl.tile_bytes,
+                      static_cast<std::uint64_t>(count) * impl.tile_bytes);
 
   for (std::int64_t k = 0; k < count; ++k) {
     const auto i = static_cast<std::size_t>(first + k);
