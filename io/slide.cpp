@@ -328,6 +328,31 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   return slide;
 }
 
+Slide Slide::reopen(const SlideLayout& layout) {
+  check_readable(layout.path);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(layout.path, ec)) throw core::InputError("not a regular file", layout.path);
+  if (layout.levels.empty() || layout.tiff.size() != layout.levels.size() || layout.mpp_source == MppSource::unknown) {
+    throw core::InternalError("slide layout of '" + layout.path + "' without levels or resolution");
+  }
+  Slide slide;
+  slide.path_ = layout.path;
+  slide.vendor_ = layout.vendor;
+  slide.levels_ = layout.levels;
+  slide.mpp_x_ = layout.mpp_x;
+  slide.mpp_y_ = layout.mpp_y;
+  slide.mpp_source_ = layout.mpp_source;
+  slide.tiff_ = TiffTileReader::open_known(layout.path, layout.tiff, layout.missing_tiles_blank);
+  slide.reader_ = "direct TIFF (" + slide.tiff_->description() + ")";
+  return slide;
+}
+
+std::optional<SlideLayout> Slide::layout() const {
+  if (tiff_ == nullptr || !has_mpp()) return std::nullopt;
+  return SlideLayout{path_,  vendor_,     levels_,         mpp_x_,
+                     mpp_y_, mpp_source_, tiff_->layout(), tiff_->missing_tiles_blank()};
+}
+
 Slide Slide::open_dicom(const std::string& path, const SlideOpenOptions& options) {
   Slide slide;
   slide.path_ = path;
@@ -417,6 +442,7 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
       throw;
     }
   }
+  if (osr_ == nullptr) throw core::InternalError("slide '" + path_ + "' was reopened for reads alone (Slide::reopen)");
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
   if (const auto error = osr_->run(
           path_, [&](openslide_t* osr) { openslide_read_associated_image(osr, name.c_str(), argb.data()); })) {

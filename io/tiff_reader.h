@@ -47,6 +47,18 @@ class TiffTileReader {
  public:
   static constexpr std::size_t kCacheBytes = std::size_t{64} << 20;
 
+  // Where a level's tiles are, as open() found them: enough to read them again without walking the file's
+  // directories (open_known).
+  struct LevelLayout {
+    std::uint32_t directory = 0;  // TIFF directory
+    std::int64_t width = 0;
+    std::int64_t height = 0;
+    std::uint32_t tile_width = 0;
+    std::uint32_t tile_height = 0;
+    std::uint16_t compression = 0;  // TIFF compression tag
+    bool jpeg_ycbcr = false;        // YCbCr JPEG, decoded to RGB by libjpeg
+  };
+
   // The reader for `path` whose pyramid levels have `levels` sizes (level 0 first), or nullptr when some level
   // cannot be read directly; `why_not` then says why ("level 0: JPEG 2000 tiles (compression 33003)").
   // `missing_tiles_blank`: a tile with no bytes reads as white instead of failing (Aperio scanners leave such
@@ -55,6 +67,12 @@ class TiffTileReader {
   static std::unique_ptr<TiffTileReader> open(const std::string& path, const std::vector<TiffLevelSize>& levels,
                                               bool missing_tiles_blank, std::string& why_not,
                                               std::size_t cache_bytes = kCacheBytes);
+  // The reader of a file open() accepted with these `levels` (layout()), without reading the file now: each level's
+  // directory is read when its tiles are first needed (libtiff reads only that directory, not the others), and
+  // checked against its layout then: a file changed since (another size, tiles or compression) fails that read
+  // with a core::InputError naming the file.
+  static std::unique_ptr<TiffTileReader> open_known(const std::string& path, const std::vector<LevelLayout>& levels,
+                                                    bool missing_tiles_blank, std::size_t cache_bytes = kCacheBytes);
   ~TiffTileReader();
   TiffTileReader(const TiffTileReader&) = delete;
   TiffTileReader& operator=(const TiffTileReader&) = delete;
@@ -69,6 +87,9 @@ class TiffTileReader {
 
   // The tile encodings, e.g. "JPEG tiles" or "JPEG, deflate tiles" (levels may differ).
   const std::string& description() const;
+  // Every level's layout, for open_known().
+  std::vector<LevelLayout> layout() const;
+  bool missing_tiles_blank() const;
   // The TIFF directory that holds `level`.
   int directory(int level) const;
   // Bytes of decoded tiles held in the cache now (≤ cache_bytes).

@@ -130,7 +130,36 @@ struct PlanResult {
   std::map<std::string, std::int64_t> qc_dropped;  // tiles QC dropped, by artefact class
   std::map<std::string, std::int64_t> qc_kept;     // tiles over qc.max_fraction kept (tile.artefact_tiles: keep)
   std::vector<PlannedTile> tiles;
+  // The slide as planning opened it, when it is read directly from its TIFF tiles: extraction reopens it from this
+  // (io::Slide::reopen), without OpenSlide and without reading every TIFF directory again.
+  std::optional<io::SlideLayout> layout;
 };
+
+json layout_json(const io::SlideLayout& l) {
+  json levels = json::array();
+  for (const auto& v : l.levels) levels.push_back({v.width, v.height, v.downsample, v.tile_width, v.tile_height});
+  json tiff = json::array();
+  for (const auto& t : l.tiff) {
+    tiff.push_back({t.directory, t.width, t.height, t.tile_width, t.tile_height, t.compression, t.jpeg_ycbcr});
+  }
+  return {{"path", l.path},   {"vendor", l.vendor},
+          {"levels", levels}, {"mpp_x", l.mpp_x},
+          {"mpp_y", l.mpp_y}, {"mpp_source", static_cast<int>(l.mpp_source)},
+          {"tiff", tiff},     {"blank", l.missing_tiles_blank}};
+}
+
+io::SlideLayout layout_from(const json& j) {
+  io::SlideLayout l;
+  l.path = j["path"];
+  l.vendor = j["vendor"];
+  for (const auto& v : j["levels"]) l.levels.push_back({v[0], v[1], v[2], v[3], v[4]});
+  for (const auto& t : j["tiff"]) l.tiff.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6]});
+  l.mpp_x = j["mpp_x"];
+  l.mpp_y = j["mpp_y"];
+  l.mpp_source = static_cast<io::MppSource>(j["mpp_source"].get<int>());
+  l.missing_tiles_blank = j["blank"];
+  return l;
+}
 
 std::string serialize(const PlanResult& p) {
   json j = {{"id", p.input.id},
@@ -146,6 +175,7 @@ std::string serialize(const PlanResult& p) {
             {"synthetic", p.synthetic},
             {"qc_dropped", p.qc_dropped},
             {"qc_kept", p.qc_kept}};
+  if (p.layout) j["layout"] = layout_json(*p.layout);
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
   j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(PlannedTile)));
   const auto packed = json::to_cbor(j);
@@ -172,6 +202,7 @@ std::vector<PlanResult> deserialize(const std::string& bytes) {
     p.synthetic = j["synthetic"];
     p.qc_dropped = j["qc_dropped"].get<std::map<std::string, std::int64_t>>();
     p.qc_kept = j["qc_kept"].get<std::map<std::string, std::int64_t>>();
+    if (j.contains("layout")) p.layout = layout_from(j["layout"]);
     const auto& blob = j["tiles"].get_binary();
     p.tiles.resize(blob.size() / sizeof(PlannedTile));
     if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(PlannedTile));
@@ -307,6 +338,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     }
     result.footprint = plan.footprint;
     result.slide_mpp = plan.slide_mpp;
+    result.layout = slide.layout();
     result.tiles = std::move(plan.tiles);
   } catch (const core::Error& e) {
     if (e.kind() != core::ErrorKind::input) throw;
@@ -611,7 +643,9 @@ class Extractor {
       }
       io::SlideOpenOptions options;
       options.assume_mpp = plan.assume_mpp;
-      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plan.input.path, options)))
+      return opened_
+          .emplace(index, std::make_unique<io::Slide>(plan.layout ? io::Slide::reopen(*plan.layout)
+                                                                  : io::Slide::open(plan.input.path, options)))
           .first->second.get();
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;

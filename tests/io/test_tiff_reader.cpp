@@ -157,6 +157,31 @@ TEST_P(DirectTiff, SamePixelsAsOpenSlideOnEveryLevel) {
   }
 }
 
+TEST_P(DirectTiff, AReopenedSlideReadsWhatTheOpenedOneRead) {
+  const Slide opened = Slide::open(path_);
+  const auto layout = opened.layout();
+  ASSERT_TRUE(layout.has_value());
+  const Slide reopened = Slide::reopen(*layout);
+  EXPECT_EQ(reopened.reader(), opened.reader());
+  EXPECT_EQ(reopened.vendor(), opened.vendor());
+  EXPECT_EQ(reopened.mpp(), opened.mpp());
+  EXPECT_EQ(reopened.mpp_y(), opened.mpp_y());
+  ASSERT_EQ(reopened.level_count(), opened.level_count());
+  // Levels from the finest to the coarsest and back: each level's directory is read when first needed.
+  for (const int i : {reopened.level_count() - 1, 0, 1}) {
+    SCOPED_TRACE("level " + std::to_string(i));
+    const SlideLevel& level = opened.level(i);
+    EXPECT_EQ(reopened.level(i).downsample, level.downsample);
+    EXPECT_EQ(reopened.level(i).tile_width, level.tile_width);
+    const auto w = level.width + kMargin;
+    const auto h = level.height + kMargin;
+    EXPECT_EQ(differing_values(reopened.read_region(0, 0, i, w, h), opened.read_region(0, 0, i, w, h)), 0);
+  }
+  EXPECT_EQ(differing_values(reopened.read_at_mpp(301, 207, 37, 29, 0.75), opened.read_at_mpp(301, 207, 37, 29, 0.75)),
+            0);
+  EXPECT_TRUE(reopened.properties().empty());  // reads alone: no OpenSlide
+}
+
 TEST_P(DirectTiff, ReadsAtMppMatchOpenSlideAndWindows) {
   const Slide direct = Slide::open(path_);
   const Slide reference = open_with_openslide(path_);
@@ -347,6 +372,28 @@ void write_aperio_raw(const std::string& path, std::uint16_t compression, const 
   }
   ASSERT_EQ(TIFFWriteDirectory(tif), 1);
   TIFFClose(tif);
+}
+
+TEST(DirectTiffReopen, ASlideChangedSinceItsLayoutWasTakenFailsItsReadsNamingTheFile) {
+  TempDir dir;
+  const std::string path = dir.file("changing.tif");
+  TiffWriterOptions options;
+  options.compression = TiffCompression::jpeg;
+  testing::write_pattern_slide(path, 600, 400, options);
+  const auto layout = Slide::open(path).layout();
+  ASSERT_TRUE(layout.has_value());
+  options.tile_size = 128;  // the same levels in other tiles
+  testing::write_pattern_slide(path, 600, 400, options);
+  const Slide reopened = Slide::reopen(*layout);
+  try {
+    reopened.read_region(0, 0, 0, 50, 50);
+    FAIL() << "a changed file was read";
+  } catch (const core::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find("the file changed since"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(Slide::reopen(*layout), core::FileNotFoundError);
 }
 
 TEST(DirectTiffAperio, Jpeg2000TilesAreDeclined) {
