@@ -104,7 +104,7 @@ struct ShardWriter::Impl {
   std::int64_t written_count = 0;
   bool finished = false;
 
-  // The file's descriptor (HDF5's default sec2 driver) and the images' file offset, for images_written().
+  // The file's descriptor (HDF5's sec2 driver only; else -1) and the images' file offset, for images_written().
   int fd = -1;
   std::uint64_t images_offset = 0;
   // Image bytes written since the kernel was last asked to write them out: [pending_from, + pending_bytes).
@@ -124,8 +124,13 @@ struct ShardWriter::Impl {
     if (pending_bytes >= kWritebackBytes) start_writeback();
   }
   void start_writeback() {
-    (void)::sync_file_range(fd, static_cast<off64_t>(images_offset + pending_from), static_cast<off64_t>(pending_bytes),
-                            SYNC_FILE_RANGE_WRITE);
+#ifdef __linux__
+    if (::sync_file_range(fd, static_cast<off_t>(images_offset + pending_from), static_cast<off_t>(pending_bytes),
+                          SYNC_FILE_RANGE_WRITE) != 0 &&
+        (errno == ENOSYS || errno == EINVAL || errno == ESPIPE)) {
+      fd = -1;  // not supported for this file: stop asking
+    }
+#endif
     pending_bytes = 0;
   }
 
@@ -178,8 +183,15 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
     const auto hn = static_cast<hsize_t>(tile_count);
     impl.images = hdf5::create_dataset<std::uint8_t>(h5, file, "images", {hn, t, t, static_cast<hsize_t>(rgb_channels)},
                                                      {.allocation = hdf5::DatasetOptions::Allocation::early_unfilled});
+    // The handle is a file descriptor only with the sec2 driver (HDF5_DRIVER in the environment can choose
+    // another); with any other, no writeback hints.
+    const hid_t file_access = H5Fget_access_plist(file);
+    const bool sec2 = file_access >= 0 && H5Pget_driver(file_access) == H5FD_SEC2;
+    if (file_access >= 0) H5Pclose(file_access);
     void* handle = nullptr;
-    if (H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) impl.fd = *static_cast<int*>(handle);
+    if (sec2 && H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
+      impl.fd = *static_cast<int*>(handle);
+    }
     const haddr_t images_offset = H5Dget_offset(impl.images.get());
     if (images_offset == HADDR_UNDEF) impl.fd = -1;  // no offset (an empty shard): nothing to write back
     impl.images_offset = static_cast<std::uint64_t>(images_offset);

@@ -95,6 +95,10 @@ struct SlideLayout {
   MppSource mpp_source = MppSource::unknown;
   std::vector<TiffTileReader::LevelLayout> tiff;  // per level
   bool missing_tiles_blank = false;
+  // The file as open() found it: reopen() refuses a file whose size or modification time differs (not the inode,
+  // which differs between copies of the same file on each node).
+  std::int64_t file_size = -1;
+  std::int64_t file_mtime_ns = 0;
 };
 
 class Slide {
@@ -108,8 +112,9 @@ class Slide {
   // The slide of `layout` opened again for reads alone: read_region(), read_at_mpp(), SlideWindow and the geometry
   // (levels, µm/px) give exactly what the slide it was taken from gave; it has no properties, no associated images
   // (read_associated_image throws) and no OpenSlide handle. Throws what open() throws for a file that is missing or
-  // not readable; libtiff reads a level's directory when its tiles are first needed, and a file changed since
-  // fails that read (io/tiff_reader.h, open_known).
+  // not readable, core::InputError "changed since it was planned (size/mtime)" for a file whose size or
+  // modification time is not the layout's; libtiff reads a level's directory when its tiles are first needed, and
+  // a directory that no longer matches the layout fails that read naming the file (io/tiff_reader.h, open_known).
   static Slide reopen(const SlideLayout& layout);
 
   Slide(Slide&&) noexcept;
@@ -216,6 +221,8 @@ class Slide {
   double mpp_y_ = 0.0;
   MppSource mpp_source_ = MppSource::openslide_property;
   std::string mpp_problem_;
+  std::int64_t file_size_ = -1;  // the file's size and modification time when open() began (SlideLayout)
+  std::int64_t file_mtime_ns_ = 0;
 };
 
 // One read of a level window kept in memory, from which read_at_mpp() requests that fall inside it are served

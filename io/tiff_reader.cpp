@@ -168,7 +168,16 @@ struct TiffTileReader::Impl {
   bool select(Handle& handle, const Level& level) const {
     if (handle.directory == level.directory) return true;
     handle.directory.reset();
-    if (TIFFSetDirectory(handle.tif, level.directory) != 1) return false;
+    if (TIFFSetDirectory(handle.tif, level.directory) != 1) {
+      // open_known: the planned directory is gone (a file changed since, which reopen()'s size and time check
+      // did not catch, or that changed after it).
+      if (header_only) {
+        handle.last_error =
+            fmt::format("the file has no readable TIFF directory {} (it changed since it was planned){}",
+                        level.directory, handle.last_error.empty() ? "" : ": " + handle.last_error);
+      }
+      return false;
+    }
     // A pseudo-tag: reset by every directory read. libjpeg then converts YCbCr to RGB with its usual
     // upsampling, as OpenSlide's own JPEG decoding does.
     if (level.jpeg_ycbcr && TIFFSetField(handle.tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB) != 1) return false;
@@ -184,8 +193,8 @@ struct TiffTileReader::Impl {
         tile_height != level.tile_height || compression != level.compression ||
         TIFFTileSize(handle.tif) != static_cast<tmsize_t>(level.tile_width) * level.tile_height * kChannels) {
       handle.last_error = fmt::format(
-          "the directory holds {}x{} pixels in {}x{} {} tiles, not the {}x{} in {}x{} {} tiles the slide was opened "
-          "with (the file changed since)",
+          "the directory holds {}x{} pixels in {}x{} {} tiles, not the {}x{} in {}x{} {} tiles the slide was planned "
+          "with (the file changed since it was planned)",
           width, height, tile_width, tile_height, compression_name(compression), level.width, level.height,
           level.tile_width, level.tile_height, compression_name(level.compression));
       return false;

@@ -11,6 +11,7 @@
 #include <future>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -43,8 +44,8 @@ class TileCache {
   // thread decodes it, that thread's result. What `decode` throws is thrown (and nothing is kept).
   template <typename Decode>
   cv::Mat get(std::uint64_t key, Decode&& decode) {
-    std::promise<cv::Mat> promise;
     std::shared_future<cv::Mat> pending;
+    std::optional<std::promise<cv::Mat>> promise;  // this thread's decode's, made only on a miss
     {
       const std::lock_guard lock(mutex_);
       if (auto it = index_.find(key); it != index_.end()) {
@@ -55,22 +56,20 @@ class TileCache {
         pending = it->second.result;
         ++it->second.waiters;
       } else {
-        decoding_.emplace(key, Decoding{promise.get_future().share(), 0});
+        promise.emplace();
+        decoding_.emplace(key, Decoding{promise->get_future().share(), 0});
       }
     }
     if (pending.valid()) {
       cv::Mat tile = pending.get();
       return tile.empty() ? decode() : tile;  // that decode failed: this thread's own decode says why
     }
-    cv::Mat tile;
-    try {
-      tile = decode();
-    } catch (...) {
-      finish_decoding(key, promise, cv::Mat());
-      throw;
-    }
+    // However this ends (decode or insert throwing included), the entry goes and the waiters are answered: with
+    // the tile, else with an empty one, and then they decode it themselves.
+    Finishing finishing{*this, key, *promise};
+    cv::Mat tile = decode();
     insert(key, tile);
-    finish_decoding(key, promise, tile);
+    finishing.finish(tile);
     return tile;
   }
 
@@ -97,14 +96,25 @@ class TileCache {
     }
   }
 
-  // Ends this thread's decode of `key`: the threads waiting for it get `tile` (empty: the decode failed).
-  void finish_decoding(std::uint64_t key, std::promise<cv::Mat>& promise, const cv::Mat& tile) {
-    {
-      const std::lock_guard lock(mutex_);
-      decoding_.erase(key);
+  // This thread's decode of `key`: finish() ends it with the tile; else, when it goes out of scope, it ends with
+  // an empty one (the decode failed). The threads waiting for it get that.
+  struct Finishing {
+    TileCache& cache;
+    std::uint64_t key;
+    std::promise<cv::Mat>& promise;
+    bool finished = false;
+    void finish(const cv::Mat& tile) {
+      {
+        const std::lock_guard lock(cache.mutex_);
+        cache.decoding_.erase(key);
+      }
+      finished = true;
+      promise.set_value(tile);
     }
-    promise.set_value(tile);
-  }
+    ~Finishing() {
+      if (!finished) finish(cv::Mat());
+    }
+  };
 
   std::mutex mutex_;
   std::size_t capacity_;

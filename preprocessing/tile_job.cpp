@@ -142,10 +142,16 @@ json layout_json(const io::SlideLayout& l) {
   for (const auto& t : l.tiff) {
     tiff.push_back({t.directory, t.width, t.height, t.tile_width, t.tile_height, t.compression, t.jpeg_ycbcr});
   }
-  return {{"path", l.path},   {"vendor", l.vendor},
-          {"levels", levels}, {"mpp_x", l.mpp_x},
-          {"mpp_y", l.mpp_y}, {"mpp_source", static_cast<int>(l.mpp_source)},
-          {"tiff", tiff},     {"blank", l.missing_tiles_blank}};
+  return {{"path", l.path},
+          {"vendor", l.vendor},
+          {"levels", levels},
+          {"mpp_x", l.mpp_x},
+          {"mpp_y", l.mpp_y},
+          {"mpp_source", static_cast<int>(l.mpp_source)},
+          {"tiff", tiff},
+          {"blank", l.missing_tiles_blank},
+          {"file_size", l.file_size},
+          {"file_mtime_ns", l.file_mtime_ns}};
 }
 
 io::SlideLayout layout_from(const json& j) {
@@ -158,6 +164,8 @@ io::SlideLayout layout_from(const json& j) {
   l.mpp_y = j["mpp_y"];
   l.mpp_source = static_cast<io::MppSource>(j["mpp_source"].get<int>());
   l.missing_tiles_blank = j["blank"];
+  l.file_size = j["file_size"];
+  l.file_mtime_ns = j["file_mtime_ns"];
   return l;
 }
 
@@ -1035,6 +1043,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
     core::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
+    bool earlier_records_logged = false;  // a record of an earlier version of Tessera was logged
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
       // SIGUSR1: the shard in hand was finished and recorded; no new one is begun.
       if (core::stop_requested() != core::StopRequest::none) break;
@@ -1052,7 +1061,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       // (unchecked) shard is kept: one already put in place (a run killed between that and its manifest) may have
       // been rewritten without slides that failed elsewhere in that run, which this run's failures need not match;
       // it is extracted again.
-      if (const auto record = finished_shard(out, hash, span, digest.hex())) {
+      if (const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged)) {
         spdlog::info("{}: kept from an earlier run of this job ({} tiles, pixels verified)", shard_name(span.index),
                      record->kept);
         extract_failed.insert(record->failed.begin(), record->failed.end());

@@ -26,8 +26,10 @@ namespace tessera::prep {
 inline constexpr const char* kTileRecordFolder = ".tessera-tile-shards";
 
 // XXH3 (64 bits, xxHash): a checksum of a shard's pixels as they are written, checked when a rerun keeps the shard.
-// The same bytes give the same checksum however they are split into calls. (Records written with the FNV-1a
-// checksum of earlier versions do not match: a rerun extracts their shards again.)
+// The same bytes give the same checksum however they are split into calls. A record names it (kChecksumAlgorithm);
+// records of earlier versions (FNV-1a, unnamed) are not kept: a rerun extracts their shards again, saying so.
+inline constexpr const char* kChecksumAlgorithm = "xxh3-64";
+
 class PixelChecksum {
  public:
   PixelChecksum();
@@ -61,9 +63,11 @@ void write_shard_record(const std::filesystem::path& out, const ShardRecord& rec
 
 // The record of shard `span` of job `job`, when there is one that matches; nullopt otherwise (no record, another
 // job's, another span: the rank count changed, other tiles at the span's place: a slide failed planning in one run
-// and not in the other, an unreadable record: logged).
+// and not in the other, an unreadable record: logged, a record of an earlier version of Tessera: logged once per
+// `earlier_logged` flag, which starts false for each job; every time without one).
 std::optional<ShardRecord> read_shard_record(const std::filesystem::path& out, const std::string& job,
-                                             const ShardSpan& span, const std::string& tiles);
+                                             const ShardSpan& span, const std::string& tiles,
+                                             bool* earlier_logged = nullptr);
 
 // True when the shard at `path` opens as a shard and, with `check_pixels`, holds the record's tile count and pixel
 // checksum. Says why not in the log.
@@ -73,7 +77,9 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
 // it and it can be kept as it is; nullopt when it must be extracted again. Only an extracted (unchecked) shard is
 // kept: one already put in place (a run killed between that and its manifest) may have been rewritten without
 // slides that failed elsewhere in that run, which this run's failures need not match.
+// `earlier_logged`: as for read_shard_record().
 std::optional<ShardRecord> finished_shard(const std::filesystem::path& out, const std::string& job,
-                                          const ShardSpan& span, const std::string& tiles);
+                                          const ShardSpan& span, const std::string& tiles,
+                                          bool* earlier_logged = nullptr);
 
 }  // namespace tessera::prep
