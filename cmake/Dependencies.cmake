@@ -29,6 +29,8 @@ pkg_check_modules(OPENJPEG REQUIRED IMPORTED_TARGET libopenjp2)
 pkg_check_modules(OPENSLIDE REQUIRED IMPORTED_TARGET openslide)
 # libdeflate: the heatmap TIFF's tiles compressed on several threads (io/tiff_writer.h), as libtiff itself does.
 pkg_check_modules(LIBDEFLATE REQUIRED IMPORTED_TARGET libdeflate)
+# xxHash: the checksum of the shards' pixels the tile job records and checks on resume (preprocessing/tile_resume.h).
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # cpp-httplib (tessera view's server): Debian builds it as a library; its flags (TLS, compression) come with it.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 

@@ -901,10 +901,7 @@ struct DicomSlide::Impl {
   cv::Mat frame(std::size_t instance_index, std::int64_t frame_index) const {
     const std::uint64_t key =
         TileCache::key(static_cast<std::uint32_t>(instance_index), static_cast<std::uint32_t>(frame_index));
-    if (auto cached = cache.find(key)) return *cached;
-    cv::Mat tile = decode_frame(*instances[instance_index], frame_index);
-    cache.insert(key, tile);
-    return tile;
+    return cache.get(key, [&] { return decode_frame(*instances[instance_index], frame_index); });
   }
 
   // Pixels [lx, lx+width) × [ly, ly+height) of instance `index`'s total pixel matrix, white where no frame is.

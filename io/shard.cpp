@@ -36,6 +36,9 @@ constexpr const char* shard_format_name = "tessera-shard";
 constexpr const char* manifest_format_name = "tessera-shards";
 constexpr int manifest_format_version = 1;
 constexpr int rgb_channels = 3;
+// The shard writer asks the kernel to write images out in pieces of this many bytes
+// (ShardWriter::Impl::images_written).
+constexpr std::uint64_t kWritebackBytes = std::uint64_t{16} << 20;
 
 // ---------------------------------------------------------------------------------------------------------
 // HDF5 plumbing (io/hdf5.h): RAII ids, a quiet error stack, checks that turn failures into Tessera errors, and
@@ -101,6 +104,36 @@ struct ShardWriter::Impl {
   std::int64_t written_count = 0;
   bool finished = false;
 
+  // The file's descriptor (HDF5's sec2 driver only; else -1) and the images' file offset, for images_written().
+  int fd = -1;
+  std::uint64_t images_offset = 0;
+  // Image bytes written since the kernel was last asked to write them out: [pending_from, + pending_bytes).
+  std::uint64_t pending_from = 0;
+  std::uint64_t pending_bytes = 0;
+
+  // Called after `bytes` of images were written from image byte `from`: once kWritebackBytes of contiguous images
+  // are written, asks the kernel to start writing them to the disk, without waiting. finish() must make the shard
+  // durable (core::publish_file syncs it), and a sync that finds most of the shard already on its way returns sooner
+  // than one that writes all of it then; asking in large pieces keeps the requests few. Only a hint: a failure
+  // here is the sync's to report.
+  void images_written(std::uint64_t from, std::uint64_t bytes) {
+    if (fd < 0 || bytes == 0) return;
+    if (pending_bytes > 0 && from != pending_from + pending_bytes) start_writeback();
+    if (pending_bytes == 0) pending_from = from;
+    pending_bytes += bytes;
+    if (pending_bytes >= kWritebackBytes) start_writeback();
+  }
+  void start_writeback() {
+#ifdef __linux__
+    if (::sync_file_range(fd, static_cast<off_t>(images_offset + pending_from), static_cast<off_t>(pending_bytes),
+                          SYNC_FILE_RANGE_WRITE) != 0 &&
+        (errno == ENOSYS || errno == EINVAL || errno == ESPIPE)) {
+      fd = -1;  // not supported for this file: stop asking
+    }
+#endif
+    pending_bytes = 0;
+  }
+
   void close_quietly() {
     artefacts.close();
     slide_index.close();
@@ -150,6 +183,18 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
     const auto hn = static_cast<hsize_t>(tile_count);
     impl.images = hdf5::create_dataset<std::uint8_t>(h5, file, "images", {hn, t, t, static_cast<hsize_t>(rgb_channels)},
                                                      {.allocation = hdf5::DatasetOptions::Allocation::early_unfilled});
+    // The handle is a file descriptor only with the sec2 driver (HDF5_DRIVER in the environment can choose
+    // another); with any other, no writeback hints.
+    const hid_t file_access = H5Fget_access_plist(file);
+    const bool sec2 = file_access >= 0 && H5Pget_driver(file_access) == H5FD_SEC2;
+    if (file_access >= 0) H5Pclose(file_access);
+    void* handle = nullptr;
+    if (sec2 && H5Fget_vfd_handle(file, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
+      impl.fd = *static_cast<int*>(handle);
+    }
+    const haddr_t images_offset = H5Dget_offset(impl.images.get());
+    if (images_offset == HADDR_UNDEF) impl.fd = -1;  // no offset (an empty shard): nothing to write back
+    impl.images_offset = static_cast<std::uint64_t>(images_offset);
     impl.labels = hdf5::create_dataset<std::uint8_t>(h5, file, "labels", {hn});
     impl.fractions = hdf5::create_dataset<float>(h5, file, "tumor_fraction", {hn});
     impl.coords = hdf5::create_dataset<std::int64_t>(h5, file, "coords", {hn, 2});
@@ -194,8 +239,8 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
                                 std::to_string(impl.slide_count) + " slides ('" + impl.path + "')");
     }
     if ((r.artefacts & ~kShardArtefactBits) != 0 || (r.artefacts != 0 && !impl.attributes.artefacts)) {
-      throw core::InternalError("ShardWriter: artefact bits " + std::to_string(r.artefacts) +
-                                " not writable to '" + impl.path + "'");
+      throw core::InternalError("ShardWriter: artefact bits " + std::to_string(r.artefacts) + " not writable to '" +
+                                impl.path + "'");
     }
   }
   if (count == 0) return;
@@ -216,6 +261,8 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
   if (const int error = core::fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
   h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
            what);
+  impl.images_written(static_cast<std::uint64_t>(first) * impl.tile_bytes,
+                      static_cast<std::uint64_t>(count) * impl.tile_bytes);
 
   for (std::int64_t k = 0; k < count; ++k) {
     const auto i = static_cast<std::size_t>(first + k);
@@ -733,8 +780,8 @@ Manifest read_manifest(const std::string& path) {
     if (!slide.origin.empty() && slide.origin != slide_origin(true) && slide.origin != slide_origin(false)) {
       f.fail(field + ".origin", "expected 'synthetic' or 'real', got '" + slide.origin + "'");
     }
-    for (const auto& [key, counts] : {std::pair{"qc_dropped_tiles", &slide.qc_dropped_tiles},
-                                      std::pair{"qc_kept_tiles", &slide.qc_kept_tiles}}) {
+    for (const auto& [key, counts] :
+         {std::pair{"qc_dropped_tiles", &slide.qc_dropped_tiles}, std::pair{"qc_kept_tiles", &slide.qc_kept_tiles}}) {
       if (!s.contains(key)) continue;
       const json& by_class = s[key];
       if (!by_class.is_object()) f.fail(field + "." + key, "expected an object of counts");

@@ -14,11 +14,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <tiffio.h>
@@ -144,6 +147,14 @@ void check_readable(const std::string& path) {
   }
 }
 
+// The file's size and modification time (ns), or nullopt when stat(2) fails.
+std::optional<std::pair<std::int64_t, std::int64_t>> file_stamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::pair{static_cast<std::int64_t>(st.st_size),
+                   static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
 }  // namespace
 
 // The OpenSlide handle of a slide. OpenSlide 3.4.1's errors are sticky: once a read fails, every later call on
@@ -215,6 +226,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   if (!std::filesystem::exists(path, ec)) throw core::FileNotFoundError(path);
   if (looks_like_dicom(path)) return open_dicom(path, options);
   if (!std::filesystem::is_regular_file(path, ec)) throw core::InputError("not a regular file", path);
+  const auto stamp = file_stamp(path);  // before any read: a file changed while it is read does not match it
 
   const char* vendor = openslide_detect_vendor(path.c_str());
   openslide_t* osr = vendor != nullptr ? openslide_open(path.c_str()) : nullptr;
@@ -236,6 +248,7 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   slide.path_ = path;
   slide.vendor_ = vendor;
   slide.osr_ = std::make_unique<OpenSlideHandle>(osr);
+  if (stamp) std::tie(slide.file_size_, slide.file_mtime_ns_) = *stamp;
 
   for (const char* const* name = openslide_get_property_names(osr); name != nullptr && *name != nullptr; ++name) {
     const char* value = openslide_get_property_value(osr, *name);
@@ -328,6 +341,36 @@ Slide Slide::open(const std::string& path, const SlideOpenOptions& options) {
   return slide;
 }
 
+Slide Slide::reopen(const SlideLayout& layout) {
+  check_readable(layout.path);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(layout.path, ec)) throw core::InputError("not a regular file", layout.path);
+  if (layout.levels.empty() || layout.tiff.size() != layout.levels.size() || layout.mpp_source == MppSource::unknown) {
+    throw core::InternalError("slide layout of '" + layout.path + "' without levels or resolution");
+  }
+  const auto stamp = file_stamp(layout.path);
+  if (!stamp || stamp->first != layout.file_size || stamp->second != layout.file_mtime_ns) {
+    throw core::InputError("changed since it was planned (size/mtime)", layout.path);
+  }
+  Slide slide;
+  slide.path_ = layout.path;
+  slide.vendor_ = layout.vendor;
+  slide.levels_ = layout.levels;
+  slide.mpp_x_ = layout.mpp_x;
+  slide.mpp_y_ = layout.mpp_y;
+  slide.mpp_source_ = layout.mpp_source;
+  slide.tiff_ = TiffTileReader::open_known(layout.path, layout.tiff, layout.missing_tiles_blank);
+  slide.reader_ = "direct TIFF (" + slide.tiff_->description() + ")";
+  return slide;
+}
+
+std::optional<SlideLayout> Slide::layout() const {
+  if (tiff_ == nullptr || !has_mpp() || file_size_ < 0) return std::nullopt;
+  return SlideLayout{path_,      vendor_,       levels_,         mpp_x_,
+                     mpp_y_,     mpp_source_,   tiff_->layout(), tiff_->missing_tiles_blank(),
+                     file_size_, file_mtime_ns_};
+}
+
 Slide Slide::open_dicom(const std::string& path, const SlideOpenOptions& options) {
   Slide slide;
   slide.path_ = path;
@@ -417,6 +460,7 @@ cv::Mat Slide::read_associated_image(const std::string& name) const {
       throw;
     }
   }
+  if (osr_ == nullptr) throw core::InternalError("slide '" + path_ + "' was reopened for reads alone (Slide::reopen)");
   std::vector<std::uint32_t> argb(static_cast<std::size_t>(it->width) * static_cast<std::size_t>(it->height));
   if (const auto error = osr_->run(
           path_, [&](openslide_t* osr) { openslide_read_associated_image(osr, name.c_str(), argb.data()); })) {

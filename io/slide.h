@@ -54,11 +54,12 @@
 
 #include <opencv2/core.hpp>
 
+#include "io/tiff_reader.h"
+
 typedef struct _openslide openslide_t;
 
 namespace tessera::io {
 
-class TiffTileReader;
 class DicomSlide;
 
 struct SlideLevel {
@@ -82,6 +83,24 @@ struct SlideOpenOptions {
   bool require_mpp = true;
 };
 
+// What reading the regions of a slide read directly from its TIFF tiles needs (Slide::layout), so that a job that
+// opened it once (the tile job's planning) can open it again for reads alone (Slide::reopen, its extraction, possibly
+// on another rank): without OpenSlide and without walking the file's TIFF directories again.
+struct SlideLayout {
+  std::string path;
+  std::string vendor;
+  std::vector<SlideLevel> levels;
+  double mpp_x = 0.0;
+  double mpp_y = 0.0;
+  MppSource mpp_source = MppSource::unknown;
+  std::vector<TiffTileReader::LevelLayout> tiff;  // per level
+  bool missing_tiles_blank = false;
+  // The file as open() found it: reopen() refuses a file whose size or modification time differs (not the inode,
+  // which differs between copies of the same file on each node).
+  std::int64_t file_size = -1;
+  std::int64_t file_mtime_ns = 0;
+};
+
 class Slide {
  public:
   // Throws core::FileNotFoundError (missing), core::InputError "permission denied" (not readable by this user),
@@ -89,6 +108,14 @@ class Slide {
   // (OpenSlide does not recognize it), core::InputError "corrupt slide: <openslide message>" (recognized but
   // unreadable), core::InputError for a missing resolution (message names the `assume_mpp` setting).
   static Slide open(const std::string& path, const SlideOpenOptions& options = {});
+
+  // The slide of `layout` opened again for reads alone: read_region(), read_at_mpp(), SlideWindow and the geometry
+  // (levels, µm/px) give exactly what the slide it was taken from gave; it has no properties, no associated images
+  // (read_associated_image throws) and no OpenSlide handle. Throws what open() throws for a file that is missing or
+  // not readable, core::InputError "changed since it was planned (size/mtime)" for a file whose size or
+  // modification time is not the layout's; libtiff reads a level's directory when its tiles are first needed, and
+  // a directory that no longer matches the layout fails that read naming the file (io/tiff_reader.h, open_known).
+  static Slide reopen(const SlideLayout& layout);
 
   Slide(Slide&&) noexcept;
   Slide& operator=(Slide&&) noexcept;
@@ -102,6 +129,8 @@ class Slide {
   // used: <reason>)" for a generic-tiff or aperio slide the direct path declined.
   const std::string& reader() const { return reader_; }
   bool reads_tiff_directly() const { return tiff_ != nullptr; }
+  // What reopen() needs; nullopt unless reads_tiff_directly() and the resolution is known.
+  std::optional<SlideLayout> layout() const;
   bool is_dicom() const { return dicom_ != nullptr; }
   // What a reader of the slide should know that is not an error (DICOM: imperfections tolerated, files ignored,
   // optical paths not used, tiles of a sparse level missing); empty for most slides.
@@ -192,6 +221,8 @@ class Slide {
   double mpp_y_ = 0.0;
   MppSource mpp_source_ = MppSource::openslide_property;
   std::string mpp_problem_;
+  std::int64_t file_size_ = -1;  // the file's size and modification time when open() began (SlideLayout)
+  std::int64_t file_mtime_ns_ = 0;
 };
 
 // One read of a level window kept in memory, from which read_at_mpp() requests that fall inside it are served

@@ -66,13 +66,14 @@ int keep_warning(TIFF*, void* user_data, const char* module, const char* fmt, va
   return 1;
 }
 
-// Opens `path` for reading; nullptr (with handle->last_error) when libtiff cannot.
-std::unique_ptr<Handle> open_handle(const std::string& path) {
+// Opens `path` for reading; nullptr (with handle->last_error) when libtiff cannot. `header_only`: libtiff reads
+// no directory now (the handle's first select() reads the one it needs).
+std::unique_ptr<Handle> open_handle(const std::string& path, bool header_only = false) {
   auto handle = std::make_unique<Handle>();
   TIFFOpenOptions* options = TIFFOpenOptionsAlloc();
   TIFFOpenOptionsSetErrorHandlerExtR(options, keep_error, handle.get());
   TIFFOpenOptionsSetWarningHandlerExtR(options, keep_warning, handle.get());
-  handle->tif = TIFFOpenExt(path.c_str(), "r", options);
+  handle->tif = TIFFOpenExt(path.c_str(), header_only ? "rh" : "r", options);
   TIFFOpenOptionsFree(options);
   return handle;
 }
@@ -96,23 +97,27 @@ std::string compression_name(std::uint16_t compression) {
   }
 }
 
+// "JPEG tiles", "JPEG, deflate tiles": the levels' encodings in level order.
+std::string describe(const std::vector<TiffTileReader::LevelLayout>& levels) {
+  std::vector<std::string> encodings;
+  for (const auto& level : levels) {
+    const std::string name = compression_name(level.compression);
+    if (std::find(encodings.begin(), encodings.end(), name) == encodings.end()) encodings.push_back(name);
+  }
+  return fmt::format("{} tiles", fmt::join(encodings, ", "));
+}
+
 }  // namespace
 
 struct TiffTileReader::Impl {
-  struct Level {
-    tdir_t directory = 0;
-    std::int64_t width = 0;
-    std::int64_t height = 0;
-    std::uint32_t tile_width = 0;
-    std::uint32_t tile_height = 0;
+  struct Level : LevelLayout {
     std::uint32_t tiles_across = 0;
-    std::uint16_t compression = COMPRESSION_NONE;
-    bool jpeg_ycbcr = false;  // needs JPEGCOLORMODE_RGB after every directory change
   };
 
   std::string path;
   std::vector<Level> levels;
   bool missing_tiles_blank = false;
+  bool header_only = false;  // open_known: new handles read no directory at open
   std::string description;
 
   std::mutex pool_mutex;
@@ -150,7 +155,7 @@ struct TiffTileReader::Impl {
         return Lease(*this, std::move(handle));
       }
     }
-    std::unique_ptr<Handle> handle = open_handle(path);
+    std::unique_ptr<Handle> handle = open_handle(path, header_only);
     if (handle->tif == nullptr) {
       throw core::InputError("cannot reopen the slide with libtiff" +
                                  (handle->last_error.empty() ? std::string() : ": " + handle->last_error),
@@ -163,10 +168,37 @@ struct TiffTileReader::Impl {
   bool select(Handle& handle, const Level& level) const {
     if (handle.directory == level.directory) return true;
     handle.directory.reset();
-    if (TIFFSetDirectory(handle.tif, level.directory) != 1) return false;
+    if (TIFFSetDirectory(handle.tif, level.directory) != 1) {
+      // open_known: the planned directory is gone (a file changed since, which reopen()'s size and time check
+      // did not catch, or that changed after it).
+      if (header_only) {
+        handle.last_error =
+            fmt::format("the file has no readable TIFF directory {} (it changed since it was planned){}",
+                        level.directory, handle.last_error.empty() ? "" : ": " + handle.last_error);
+      }
+      return false;
+    }
     // A pseudo-tag: reset by every directory read. libjpeg then converts YCbCr to RGB with its usual
     // upsampling, as OpenSlide's own JPEG decoding does.
     if (level.jpeg_ycbcr && TIFFSetField(handle.tif, TIFFTAG_JPEGCOLORMODE, JPEGCOLORMODE_RGB) != 1) return false;
+    // The directory is still the one the level was found in (open_known: the file may have changed since).
+    std::uint32_t width = 0, height = 0, tile_width = 0, tile_height = 0;
+    std::uint16_t compression = COMPRESSION_NONE;
+    TIFFGetField(handle.tif, TIFFTAG_IMAGEWIDTH, &width);
+    TIFFGetField(handle.tif, TIFFTAG_IMAGELENGTH, &height);
+    TIFFGetField(handle.tif, TIFFTAG_TILEWIDTH, &tile_width);
+    TIFFGetField(handle.tif, TIFFTAG_TILELENGTH, &tile_height);
+    TIFFGetFieldDefaulted(handle.tif, TIFFTAG_COMPRESSION, &compression);
+    if (width != level.width || height != level.height || tile_width != level.tile_width ||
+        tile_height != level.tile_height || compression != level.compression ||
+        TIFFTileSize(handle.tif) != static_cast<tmsize_t>(level.tile_width) * level.tile_height * kChannels) {
+      handle.last_error = fmt::format(
+          "the directory holds {}x{} pixels in {}x{} {} tiles, not the {}x{} in {}x{} {} tiles the slide was planned "
+          "with (the file changed since it was planned)",
+          width, height, tile_width, tile_height, compression_name(compression), level.width, level.height,
+          level.tile_width, level.tile_height, compression_name(level.compression));
+      return false;
+    }
     handle.directory = level.directory;
     return true;
   }
@@ -175,8 +207,10 @@ struct TiffTileReader::Impl {
     const Level& level = levels[static_cast<std::size_t>(level_index)];
     const std::uint32_t index = row * level.tiles_across + column;
     const std::uint64_t key = TileCache::key(static_cast<std::uint32_t>(level_index), index);
-    if (auto cached = cache.find(key)) return *cached;
+    return cache.get(key, [&] { return decode(level_index, level, column, row, index); });
+  }
 
+  cv::Mat decode(int level_index, const Level& level, std::uint32_t column, std::uint32_t row, std::uint32_t index) {
     cv::Mat pixels(static_cast<int>(level.tile_height), static_cast<int>(level.tile_width), CV_8UC3);
     const auto bytes = static_cast<tmsize_t>(pixels.total() * pixels.elemSize());
     Lease lease = acquire();
@@ -207,7 +241,6 @@ struct TiffTileReader::Impl {
         throw error;
       }
     }
-    cache.insert(key, pixels);
     return pixels;
   }
 };
@@ -247,7 +280,6 @@ std::unique_ptr<TiffTileReader> TiffTileReader::open(const std::string& path, co
   auto impl = std::make_unique<Impl>(cache_bytes);
   impl->path = path;
   impl->missing_tiles_blank = missing_tiles_blank;
-  std::vector<std::string> encodings;
   for (std::size_t i = 0; i < levels.size(); ++i) {
     const auto decline = [&](const std::string& why) {
       why_not = fmt::format("level {}: {}", i, why);
@@ -332,18 +364,45 @@ std::unique_ptr<TiffTileReader> TiffTileReader::open(const std::string& path, co
     if (tiles_across * tiles_down != TIFFNumberOfTiles(tif)) {
       return decline(fmt::format("{} tiles, not a {}x{} grid", TIFFNumberOfTiles(tif), level.tiles_across, tiles_down));
     }
-    if (std::find(encodings.begin(), encodings.end(), name) == encodings.end()) encodings.push_back(name);
     impl->levels.push_back(level);
   }
   if (impl->levels.empty()) {
     why_not = "no pyramid levels";
     return nullptr;
   }
-  for (std::size_t i = 0; i < encodings.size(); ++i) impl->description += (i == 0 ? "" : ", ") + encodings[i];
-  impl->description += " tiles";
+  impl->description = describe({impl->levels.begin(), impl->levels.end()});
   impl->idle.push_back(std::move(handle));
   return std::unique_ptr<TiffTileReader>(new TiffTileReader(std::move(impl)));
 }
+
+std::unique_ptr<TiffTileReader> TiffTileReader::open_known(const std::string& path,
+                                                           const std::vector<LevelLayout>& levels,
+                                                           bool missing_tiles_blank, std::size_t cache_bytes) {
+  if (levels.empty()) throw core::InternalError("direct TIFF reader of '" + path + "' without levels");
+  auto impl = std::make_unique<Impl>(cache_bytes);
+  impl->path = path;
+  impl->missing_tiles_blank = missing_tiles_blank;
+  impl->header_only = true;
+  for (const auto& known : levels) {
+    if (known.tile_width == 0 || known.tile_height == 0 || known.tile_width > kMaxTileSide ||
+        known.tile_height > kMaxTileSide || known.width <= 0 || known.height <= 0) {
+      throw core::InternalError(fmt::format("direct TIFF reader of '{}': invalid level layout", path));
+    }
+    Impl::Level level;
+    static_cast<LevelLayout&>(level) = known;
+    level.tiles_across =
+        static_cast<std::uint32_t>((static_cast<std::uint64_t>(known.width) + known.tile_width - 1) / known.tile_width);
+    impl->levels.push_back(level);
+  }
+  impl->description = describe(levels);
+  return std::unique_ptr<TiffTileReader>(new TiffTileReader(std::move(impl)));
+}
+
+std::vector<TiffTileReader::LevelLayout> TiffTileReader::layout() const {
+  return {impl_->levels.begin(), impl_->levels.end()};
+}
+
+bool TiffTileReader::missing_tiles_blank() const { return impl_->missing_tiles_blank; }
 
 cv::Mat TiffTileReader::read(int level_index, std::int64_t lx, std::int64_t ly, int width, int height,
                              cv::Mat into) const {

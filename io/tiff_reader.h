@@ -22,8 +22,8 @@
 // Thread safety: read() may be called from many threads at once. A TIFF* is not thread-safe (it holds the
 // current directory and codec state), so the reader keeps a pool of handles: each read takes one for itself
 // (opening another when all are busy) and gives it back afterwards; the pool grows to the number of threads
-// that read at the same time. The cache has its own mutex; two threads that miss the same tile both decode it
-// (same pixels), which is cheaper than holding a lock across a decode. libtiff's error and warning messages go to
+// that read at the same time. The cache has its own mutex; a thread that needs a tile another thread is decoding
+// waits for that decode (io/tile_cache.h) rather than decode it again. libtiff's error and warning messages go to
 // per-handle callbacks (TIFFOpenOptions), never to process-wide state, so a thread only ever sees its own decode's
 // messages; a handle whose decode failed is closed, not returned to the pool.
 #pragma once
@@ -47,6 +47,18 @@ class TiffTileReader {
  public:
   static constexpr std::size_t kCacheBytes = std::size_t{64} << 20;
 
+  // Where a level's tiles are, as open() found them: enough to read them again without walking the file's
+  // directories (open_known).
+  struct LevelLayout {
+    std::uint32_t directory = 0;  // TIFF directory
+    std::int64_t width = 0;
+    std::int64_t height = 0;
+    std::uint32_t tile_width = 0;
+    std::uint32_t tile_height = 0;
+    std::uint16_t compression = 0;  // TIFF compression tag
+    bool jpeg_ycbcr = false;        // YCbCr JPEG, decoded to RGB by libjpeg
+  };
+
   // The reader for `path` whose pyramid levels have `levels` sizes (level 0 first), or nullptr when some level
   // cannot be read directly; `why_not` then says why ("level 0: JPEG 2000 tiles (compression 33003)").
   // `missing_tiles_blank`: a tile with no bytes reads as white instead of failing (Aperio scanners leave such
@@ -55,6 +67,12 @@ class TiffTileReader {
   static std::unique_ptr<TiffTileReader> open(const std::string& path, const std::vector<TiffLevelSize>& levels,
                                               bool missing_tiles_blank, std::string& why_not,
                                               std::size_t cache_bytes = kCacheBytes);
+  // The reader of a file open() accepted with these `levels` (layout()), without reading the file now: each level's
+  // directory is read when its tiles are first needed (libtiff reads only that directory, not the others), and
+  // checked against its layout then: a file changed since (another size, tiles or compression) fails that read
+  // with a core::InputError naming the file.
+  static std::unique_ptr<TiffTileReader> open_known(const std::string& path, const std::vector<LevelLayout>& levels,
+                                                    bool missing_tiles_blank, std::size_t cache_bytes = kCacheBytes);
   ~TiffTileReader();
   TiffTileReader(const TiffTileReader&) = delete;
   TiffTileReader& operator=(const TiffTileReader&) = delete;
@@ -69,6 +87,9 @@ class TiffTileReader {
 
   // The tile encodings, e.g. "JPEG tiles" or "JPEG, deflate tiles" (levels may differ).
   const std::string& description() const;
+  // Every level's layout, for open_known().
+  std::vector<LevelLayout> layout() const;
+  bool missing_tiles_blank() const;
   // The TIFF directory that holds `level`.
   int directory(int level) const;
   // Bytes of decoded tiles held in the cache now (≤ cache_bytes).

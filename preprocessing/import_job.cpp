@@ -545,6 +545,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   std::map<std::string, std::string> failed;
   {
     core::Progress progress(world, total, {.label = "import", .unit = "patches"});
+    bool earlier_records_logged = false;  // a record of an earlier version of Tessera was logged
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
       const fs::path final_path = out / shard_name(span.index);
       const std::string unchecked = final_path.string() + ".unchecked";
@@ -556,7 +557,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
         const std::uint8_t label = p.label;
         digest.add(&label, 1);
       }
-      if (const auto record = finished_shard(out, hash, span, digest.hex())) {
+      if (const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged)) {
         spdlog::info("{}: kept from an earlier run of this job ({} patches, pixels verified)", shard_name(span.index),
                      record->kept);
         failed.insert(record->failed.begin(), record->failed.end());

@@ -130,7 +130,44 @@ struct PlanResult {
   std::map<std::string, std::int64_t> qc_dropped;  // tiles QC dropped, by artefact class
   std::map<std::string, std::int64_t> qc_kept;     // tiles over qc.max_fraction kept (tile.artefact_tiles: keep)
   std::vector<PlannedTile> tiles;
+  // The slide as planning opened it, when it is read directly from its TIFF tiles: extraction reopens it from this
+  // (io::Slide::reopen), without OpenSlide and without reading every TIFF directory again.
+  std::optional<io::SlideLayout> layout;
 };
+
+json layout_json(const io::SlideLayout& l) {
+  json levels = json::array();
+  for (const auto& v : l.levels) levels.push_back({v.width, v.height, v.downsample, v.tile_width, v.tile_height});
+  json tiff = json::array();
+  for (const auto& t : l.tiff) {
+    tiff.push_back({t.directory, t.width, t.height, t.tile_width, t.tile_height, t.compression, t.jpeg_ycbcr});
+  }
+  return {{"path", l.path},
+          {"vendor", l.vendor},
+          {"levels", levels},
+          {"mpp_x", l.mpp_x},
+          {"mpp_y", l.mpp_y},
+          {"mpp_source", static_cast<int>(l.mpp_source)},
+          {"tiff", tiff},
+          {"blank", l.missing_tiles_blank},
+          {"file_size", l.file_size},
+          {"file_mtime_ns", l.file_mtime_ns}};
+}
+
+io::SlideLayout layout_from(const json& j) {
+  io::SlideLayout l;
+  l.path = j["path"];
+  l.vendor = j["vendor"];
+  for (const auto& v : j["levels"]) l.levels.push_back({v[0], v[1], v[2], v[3], v[4]});
+  for (const auto& t : j["tiff"]) l.tiff.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6]});
+  l.mpp_x = j["mpp_x"];
+  l.mpp_y = j["mpp_y"];
+  l.mpp_source = static_cast<io::MppSource>(j["mpp_source"].get<int>());
+  l.missing_tiles_blank = j["blank"];
+  l.file_size = j["file_size"];
+  l.file_mtime_ns = j["file_mtime_ns"];
+  return l;
+}
 
 std::string serialize(const PlanResult& p) {
   json j = {{"id", p.input.id},
@@ -146,6 +183,7 @@ std::string serialize(const PlanResult& p) {
             {"synthetic", p.synthetic},
             {"qc_dropped", p.qc_dropped},
             {"qc_kept", p.qc_kept}};
+  if (p.layout) j["layout"] = layout_json(*p.layout);
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(p.tiles.data());
   j["tiles"] = json::binary(std::vector<std::uint8_t>(bytes, bytes + p.tiles.size() * sizeof(PlannedTile)));
   const auto packed = json::to_cbor(j);
@@ -172,6 +210,7 @@ std::vector<PlanResult> deserialize(const std::string& bytes) {
     p.synthetic = j["synthetic"];
     p.qc_dropped = j["qc_dropped"].get<std::map<std::string, std::int64_t>>();
     p.qc_kept = j["qc_kept"].get<std::map<std::string, std::int64_t>>();
+    if (j.contains("layout")) p.layout = layout_from(j["layout"]);
     const auto& blob = j["tiles"].get_binary();
     p.tiles.resize(blob.size() / sizeof(PlannedTile));
     if (!p.tiles.empty()) std::memcpy(p.tiles.data(), blob.data(), p.tiles.size() * sizeof(PlannedTile));
@@ -307,6 +346,7 @@ PlanResult plan_one(const SlideInput& input, const TileSettings& settings) {
     }
     result.footprint = plan.footprint;
     result.slide_mpp = plan.slide_mpp;
+    result.layout = slide.layout();
     result.tiles = std::move(plan.tiles);
   } catch (const core::Error& e) {
     if (e.kind() != core::ErrorKind::input) throw;
@@ -542,18 +582,23 @@ class Extractor {
         errors[j] = std::current_exception();
       }
     };
+    // Each thread claims runs of neighbouring tiles, which share most of their stored tiles: each stored tile is then
+    // mostly needed by one thread (a thread that needs one another thread is decoding waits for it: io/tile_cache.h).
+    constexpr std::size_t kClaimedTiles = 8;
     std::atomic<std::size_t> next{0};
     core::run_on_threads(threads_, [&](int) {
-      for (std::size_t j = next++; j < n; j = next++) {
-        if (parallel[j] == 0) continue;
-        const auto& t = tiles[begin + j];
-        const auto& planned = plans_[t.slide].tiles[t.tile];
-        read_tile(j, [&] {
-          std::uint8_t* pixels = images + j * tile_bytes;
-          const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
-          copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
-                    pixels);
-        });
+      for (std::size_t first = next.fetch_add(kClaimedTiles); first < n; first = next.fetch_add(kClaimedTiles)) {
+        for (std::size_t j = first; j < std::min(n, first + kClaimedTiles); ++j) {
+          if (parallel[j] == 0) continue;
+          const auto& t = tiles[begin + j];
+          const auto& planned = plans_[t.slide].tiles[t.tile];
+          read_tile(j, [&] {
+            std::uint8_t* pixels = images + j * tile_bytes;
+            const cv::Mat into(t_size, t_size, CV_8UC3, pixels);  // read straight into the batch
+            copy_tile(opened_.at(t.slide)->read_at_mpp(planned.x, planned.y, t_size, t_size, attributes_.mpp, into),
+                      pixels);
+          });
+        }
       }
     });
     for (std::size_t j = 0; j < n; ++j) {
@@ -606,7 +651,9 @@ class Extractor {
       }
       io::SlideOpenOptions options;
       options.assume_mpp = plan.assume_mpp;
-      return opened_.emplace(index, std::make_unique<io::Slide>(io::Slide::open(plan.input.path, options)))
+      return opened_
+          .emplace(index, std::make_unique<io::Slide>(plan.layout ? io::Slide::reopen(*plan.layout)
+                                                                  : io::Slide::open(plan.input.path, options)))
           .first->second.get();
     } catch (const core::Error& e) {
       if (e.kind() != core::ErrorKind::input) throw;
@@ -996,6 +1043,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
   std::vector<ShardSpan> written;  // shards of this rank still to be checked and put in place
   {
     core::Progress progress(world, total, {.label = "extract", .unit = "tiles"});
+    bool earlier_records_logged = false;  // a record of an earlier version of Tessera was logged
     for (const auto& span : spans[static_cast<std::size_t>(world.rank())]) {
       // SIGUSR1: the shard in hand was finished and recorded; no new one is begun.
       if (core::stop_requested() != core::StopRequest::none) break;
@@ -1013,7 +1061,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       // (unchecked) shard is kept: one already put in place (a run killed between that and its manifest) may have
       // been rewritten without slides that failed elsewhere in that run, which this run's failures need not match;
       // it is extracted again.
-      if (const auto record = finished_shard(out, hash, span, digest.hex())) {
+      if (const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged)) {
         spdlog::info("{}: kept from an earlier run of this job ({} tiles, pixels verified)", shard_name(span.index),
                      record->kept);
         extract_failed.insert(record->failed.begin(), record->failed.end());

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <xxhash.h>
 #include <nlohmann/json.hpp>
 
 #include "core/atomic_file.h"
@@ -18,55 +19,42 @@ namespace tessera::prep {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-void PixelChecksum::add(const std::uint8_t* data, std::size_t bytes) {
-  std::size_t i = 0;
-  while (i < bytes && pending_size_ != 0) take(data[i++]);
-  for (; i + sizeof(std::uint64_t) <= bytes; i += sizeof(std::uint64_t)) {
-    std::uint64_t word = 0;
-    std::memcpy(&word, data + i, sizeof word);
-    mix(word);
+struct PixelChecksum::State {
+  XXH3_state_t* xxh = XXH3_createState();
+};
+
+PixelChecksum::PixelChecksum() : state_(std::make_unique<State>()) {
+  if (state_->xxh == nullptr || XXH3_64bits_reset(state_->xxh) != XXH_OK) {
+    throw core::InternalError("cannot start a pixel checksum (xxHash)");
   }
-  while (i < bytes) take(data[i++]);
+}
+
+PixelChecksum::~PixelChecksum() { XXH3_freeState(state_->xxh); }
+
+void PixelChecksum::add(const std::uint8_t* data, std::size_t bytes) {
+  if (bytes != 0) XXH3_64bits_update(state_->xxh, data, bytes);
 }
 
 void PixelChecksum::add(const std::string& text) {
   add(reinterpret_cast<const std::uint8_t*>(text.data()), text.size() + 1);
 }
 
-std::string PixelChecksum::hex() const {
-  PixelChecksum done = *this;
-  for (std::size_t i = 0; i < pending_size_; ++i) done.mix(pending_[i]);
-  return fmt::format("{:016x}", done.hash_);
-}
-
-void PixelChecksum::take(std::uint8_t byte) {
-  pending_[pending_size_++] = byte;
-  if (pending_size_ == sizeof(std::uint64_t)) {
-    std::uint64_t word = 0;
-    std::memcpy(&word, pending_, sizeof word);
-    mix(word);
-    pending_size_ = 0;
-  }
-}
-
-void PixelChecksum::mix(std::uint64_t value) {
-  hash_ ^= value;
-  hash_ *= core::kFnv1aPrime;
-}
+std::string PixelChecksum::hex() const { return fmt::format("{:016x}", XXH3_64bits_digest(state_->xxh)); }
 
 fs::path shard_record_path(const fs::path& out, std::int64_t index) {
   return out / kTileRecordFolder / (shard_name(index) + ".json");
 }
 
 void write_shard_record(const fs::path& out, const ShardRecord& record) {
-  const json doc = {{"job", record.job},           {"index", record.index},  {"first", record.first},
-                    {"count", record.count},       {"tiles", record.tiles},  {"kept", record.kept},
-                    {"checksum", record.checksum}, {"failed", record.failed}};
+  const json doc = {
+      {"job", record.job},           {"index", record.index},   {"first", record.first},
+      {"count", record.count},       {"tiles", record.tiles},   {"kept", record.kept},
+      {"checksum", record.checksum}, {"failed", record.failed}, {"checksum_algorithm", kChecksumAlgorithm}};
   core::write_file_atomic(shard_record_path(out, record.index).string(), doc.dump() + "\n");
 }
 
 std::optional<ShardRecord> read_shard_record(const fs::path& out, const std::string& job, const ShardSpan& span,
-                                             const std::string& tiles) {
+                                             const std::string& tiles, bool* earlier_logged) {
   const fs::path path = shard_record_path(out, span.index);
   if (!fs::exists(path)) return std::nullopt;
   try {
@@ -77,6 +65,14 @@ std::optional<ShardRecord> read_shard_record(const fs::path& out, const std::str
         doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
         doc.at("tiles").get<std::string>(),    doc.at("kept").get<std::int64_t>(),
         doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
+    if (doc.value("checksum_algorithm", std::string()) != kChecksumAlgorithm) {
+      if (earlier_logged == nullptr || !*earlier_logged) {
+        spdlog::info("{}: resume record from an earlier version of tessera: extracting again{}", path.string(),
+                     earlier_logged == nullptr ? "" : " (the same for every such record of this job)");
+        if (earlier_logged != nullptr) *earlier_logged = true;
+      }
+      return std::nullopt;
+    }
     if (record.job != job || record.index != span.index || record.first != span.first || record.count != span.count ||
         record.tiles != tiles) {
       return std::nullopt;
@@ -118,10 +114,10 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
 }
 
 std::optional<ShardRecord> finished_shard(const fs::path& out, const std::string& job, const ShardSpan& span,
-                                          const std::string& tiles) {
+                                          const std::string& tiles, bool* earlier_logged) {
   const fs::path final_path = out / shard_name(span.index);
   const std::string unchecked = final_path.string() + ".unchecked";
-  auto record = read_shard_record(out, job, span, tiles);
+  auto record = read_shard_record(out, job, span, tiles, earlier_logged);
   if (record && !fs::exists(final_path) && fs::exists(unchecked) && shard_matches(unchecked, *record, true)) {
     return record;
   }

@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
-#include "core/hash.h"
 #include "preprocessing/tile_job.h"
 
 namespace tessera::prep {
@@ -25,20 +25,24 @@ namespace tessera::prep {
 // The folder of the shard records, inside the output folder.
 inline constexpr const char* kTileRecordFolder = ".tessera-tile-shards";
 
-// FNV-1a over 64-bit words (and the bytes of a tail): a checksum of a shard's pixels as they are written, checked
-// when a rerun keeps the shard. The same bytes give the same checksum however they are split into calls.
+// XXH3 (64 bits, xxHash): a checksum of a shard's pixels as they are written, checked when a rerun keeps the shard.
+// The same bytes give the same checksum however they are split into calls. A record names it (kChecksumAlgorithm);
+// records of earlier versions (FNV-1a, unnamed) are not kept: a rerun extracts their shards again, saying so.
+inline constexpr const char* kChecksumAlgorithm = "xxh3-64";
+
 class PixelChecksum {
  public:
+  PixelChecksum();
+  ~PixelChecksum();
+  PixelChecksum(const PixelChecksum&) = delete;
+  PixelChecksum& operator=(const PixelChecksum&) = delete;
   void add(const std::uint8_t* data, std::size_t bytes);
   void add(const std::string& text);  // with its terminating zero
   std::string hex() const;            // 16 hex digits
 
  private:
-  void take(std::uint8_t byte);
-  void mix(std::uint64_t value);
-  std::uint64_t hash_ = core::kFnv1aOffset;
-  std::uint8_t pending_[sizeof(std::uint64_t)] = {};
-  std::size_t pending_size_ = 0;
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 struct ShardRecord {
@@ -59,9 +63,11 @@ void write_shard_record(const std::filesystem::path& out, const ShardRecord& rec
 
 // The record of shard `span` of job `job`, when there is one that matches; nullopt otherwise (no record, another
 // job's, another span: the rank count changed, other tiles at the span's place: a slide failed planning in one run
-// and not in the other, an unreadable record: logged).
+// and not in the other, an unreadable record: logged, a record of an earlier version of Tessera: logged once per
+// `earlier_logged` flag, which starts false for each job; every time without one).
 std::optional<ShardRecord> read_shard_record(const std::filesystem::path& out, const std::string& job,
-                                             const ShardSpan& span, const std::string& tiles);
+                                             const ShardSpan& span, const std::string& tiles,
+                                             bool* earlier_logged = nullptr);
 
 // True when the shard at `path` opens as a shard and, with `check_pixels`, holds the record's tile count and pixel
 // checksum. Says why not in the log.
@@ -71,7 +77,9 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
 // it and it can be kept as it is; nullopt when it must be extracted again. Only an extracted (unchecked) shard is
 // kept: one already put in place (a run killed between that and its manifest) may have been rewritten without
 // slides that failed elsewhere in that run, which this run's failures need not match.
+// `earlier_logged`: as for read_shard_record().
 std::optional<ShardRecord> finished_shard(const std::filesystem::path& out, const std::string& job,
-                                          const ShardSpan& span, const std::string& tiles);
+                                          const ShardSpan& span, const std::string& tiles,
+                                          bool* earlier_logged = nullptr);
 
 }  // namespace tessera::prep

@@ -12,7 +12,7 @@ packages=(
   libdnnl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
-  libtiff-dev libdeflate-dev libjpeg-dev
+  libtiff-dev libdeflate-dev libjpeg-dev libxxhash-dev
   libcpp-httplib-dev
   libdcmtk-dev dcmtk libopenjp2-7-dev libgdcm-tools dicom3tools python3-pydicom
   libsimgrid-dev

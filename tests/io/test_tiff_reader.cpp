@@ -2,16 +2,19 @@
 // slides of test_slide.cpp (both flavours, JPEG and deflate, level factors 2 and 3, odd sizes) on every level,
 // regions across tile borders and past the slide's edges; on tiled TIFFs written here with other encodings
 // (LZW, uncompressed, RGB JPEG); the fallback to OpenSlide for layouts it does not decode; blank Aperio tiles;
-// concurrent reads; the tile cache under eviction.
+// concurrent reads; the tile cache under eviction, and a thread waiting for the decode another thread is doing.
 #include "io/tiff_reader.h"
 
 #include <tiffio.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -22,6 +25,7 @@
 #include "core/error.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
+#include "io/tile_cache.h"
 #include "tests/testing/testing.h"
 
 namespace tessera::io {
@@ -152,6 +156,31 @@ TEST_P(DirectTiff, SamePixelsAsOpenSlideOnEveryLevel) {
       }
     }
   }
+}
+
+TEST_P(DirectTiff, AReopenedSlideReadsWhatTheOpenedOneRead) {
+  const Slide opened = Slide::open(path_);
+  const auto layout = opened.layout();
+  ASSERT_TRUE(layout.has_value());
+  const Slide reopened = Slide::reopen(*layout);
+  EXPECT_EQ(reopened.reader(), opened.reader());
+  EXPECT_EQ(reopened.vendor(), opened.vendor());
+  EXPECT_EQ(reopened.mpp(), opened.mpp());
+  EXPECT_EQ(reopened.mpp_y(), opened.mpp_y());
+  ASSERT_EQ(reopened.level_count(), opened.level_count());
+  // Levels from the finest to the coarsest and back: each level's directory is read when first needed.
+  for (const int i : {reopened.level_count() - 1, 0, 1}) {
+    SCOPED_TRACE("level " + std::to_string(i));
+    const SlideLevel& level = opened.level(i);
+    EXPECT_EQ(reopened.level(i).downsample, level.downsample);
+    EXPECT_EQ(reopened.level(i).tile_width, level.tile_width);
+    const auto w = level.width + kMargin;
+    const auto h = level.height + kMargin;
+    EXPECT_EQ(differing_values(reopened.read_region(0, 0, i, w, h), opened.read_region(0, 0, i, w, h)), 0);
+  }
+  EXPECT_EQ(differing_values(reopened.read_at_mpp(301, 207, 37, 29, 0.75), opened.read_at_mpp(301, 207, 37, 29, 0.75)),
+            0);
+  EXPECT_TRUE(reopened.properties().empty());  // reads alone: no OpenSlide
 }
 
 TEST_P(DirectTiff, ReadsAtMppMatchOpenSlideAndWindows) {
@@ -346,6 +375,59 @@ void write_aperio_raw(const std::string& path, std::uint16_t compression, const 
   TIFFClose(tif);
 }
 
+TEST(DirectTiffReopen, ASlideRewrittenWithOtherPixelsSinceItsLayoutWasTakenIsRefusedNamingTheFile) {
+  TempDir dir;
+  const std::string path = dir.file("rewritten.tif");
+  TiffWriterOptions options;
+  options.compression = TiffCompression::deflate;
+  testing::write_pattern_slide(path, 600, 400, options);
+  const auto layout = Slide::open(path).layout();
+  ASSERT_TRUE(layout.has_value());
+  // Other pixels in the same file: the same size, the same directories, only the modification time tells. (Set
+  // a second on explicitly: a rewrite within one tick of the file system's clock would keep the time.)
+  ASSERT_EQ(testing::damage_tiles(
+                path, 0, [](std::uint32_t, std::uint32_t) { return true; }, testing::TileDamage::zeros),
+            6);
+  ASSERT_EQ(static_cast<std::int64_t>(std::filesystem::file_size(path)), layout->file_size);
+  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) + std::chrono::seconds(1));
+  try {
+    (void)Slide::reopen(*layout);
+    FAIL() << "a changed file was reopened";
+  } catch (const core::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find("changed since it was planned (size/mtime)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DirectTiffReopen, ASlideChangedSinceItsLayoutWasTakenFailsItsReadsNamingTheFile) {
+  TempDir dir;
+  const std::string path = dir.file("changing.tif");
+  TiffWriterOptions options;
+  options.compression = TiffCompression::jpeg;
+  testing::write_pattern_slide(path, 600, 400, options);
+  const auto layout = Slide::open(path).layout();
+  ASSERT_TRUE(layout.has_value());
+  options.tile_size = 128;  // the same levels in other tiles
+  testing::write_pattern_slide(path, 600, 400, options);
+  EXPECT_THROW((void)Slide::reopen(*layout), core::InputError);  // its size and time
+  // A change the size and time do not show (or one made after reopen()): the directory read is checked too.
+  auto stale = *layout;
+  const auto now = Slide::open(path).layout();
+  ASSERT_TRUE(now.has_value());
+  stale.file_size = now->file_size;
+  stale.file_mtime_ns = now->file_mtime_ns;
+  const Slide reopened = Slide::reopen(stale);
+  try {
+    reopened.read_region(0, 0, 0, 50, 50);
+    FAIL() << "a changed file was read";
+  } catch (const core::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find("the file changed since it was planned"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(Slide::reopen(*layout), core::FileNotFoundError);
+}
+
 TEST(DirectTiffAperio, Jpeg2000TilesAreDeclined) {
   TempDir dir;
   const std::string path = dir.file("j2k.svs");
@@ -511,6 +593,64 @@ TEST(TiffTileReader, DeclinesFilesLibtiffCannotOpen) {
   std::string why_not;
   EXPECT_EQ(TiffTileReader::open(path, {{10, 10}}, false, why_not), nullptr);
   EXPECT_NE(why_not.find("libtiff cannot open the file"), std::string::npos) << why_not;
+}
+
+}  // namespace
+}  // namespace tessera::io
+
+namespace tessera::io {
+namespace {
+
+// A tile of `shade`, as a decode would return it.
+cv::Mat shaded_tile(int shade) { return cv::Mat(4, 4, CV_8UC3, cv::Scalar(shade, shade, shade)); }
+
+TEST(TileCache, AThreadWaitsForTheDecodeAnotherThreadIsDoingInsteadOfDecodingAgain) {
+  TileCache cache(std::size_t{1} << 20);
+  const auto key = TileCache::key(1, 7);
+  std::atomic<int> decodes{0};
+  std::future<cv::Mat> second;
+  const cv::Mat first = cache.get(key, [&] {
+    ++decodes;
+    // Another thread needs the same tile while this one decodes it.
+    second = std::async(std::launch::async, [&] {
+      return cache.get(key, [&] {
+        ++decodes;
+        return shaded_tile(2);
+      });
+    });
+    while (cache.waiting(key) == 0) std::this_thread::yield();
+    return shaded_tile(1);
+  });
+  const cv::Mat waited = second.get();
+  EXPECT_EQ(decodes, 1);
+  EXPECT_EQ(waited.data, first.data);  // the one decode's pixels
+  EXPECT_EQ(cache.bytes(), first.total() * first.elemSize());
+  EXPECT_EQ(cache.get(key, [] { return shaded_tile(3); }).data, first.data);  // cached now
+}
+
+TEST(TileCache, AThreadWhoseAwaitedDecodeFailedDecodesTheTileItself) {
+  TileCache cache(std::size_t{1} << 20);
+  const auto key = TileCache::key(0, 3);
+  std::atomic<int> decodes{0};
+  std::future<cv::Mat> second;
+  EXPECT_THROW(cache.get(key,
+                         [&]() -> cv::Mat {
+                           ++decodes;
+                           second = std::async(std::launch::async, [&] {
+                             return cache.get(key, [&] {
+                               ++decodes;
+                               return shaded_tile(5);
+                             });
+                           });
+                           while (cache.waiting(key) == 0) std::this_thread::yield();
+                           throw core::CorruptTileError("cannot decode tile 3", "slide.tif");
+                         }),
+               core::CorruptTileError);
+  const cv::Mat own = second.get();
+  EXPECT_EQ(decodes, 2);
+  EXPECT_EQ(own.at<cv::Vec3b>(0, 0), cv::Vec3b(5, 5, 5));  // its own decode's pixels, not kept: a failed
+  EXPECT_EQ(cache.bytes(), 0u);                            // decode's waiter does not fill the cache
+  EXPECT_EQ(cache.waiting(key), 0u);
 }
 
 }  // namespace

@@ -5,10 +5,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 #include "core/partition.h"
@@ -230,6 +234,31 @@ TEST_F(ResumeFixture, AShardWhoseFileNoLongerHoldsWhatItsRecordSaysIsExtractedAg
   EXPECT_FALSE(finished_shard(out, "job-hash", span, "tiles-digest"));
   std::ofstream(out / (shard_name(span.index) + ".unchecked")) << "not a shard";
   EXPECT_FALSE(finished_shard(out, "job-hash", span, "tiles-digest"));
+}
+
+TEST_F(ResumeFixture, ARecordOfAnEarlierVersionExtractsItAgainSayingSoOncePerJob) {
+  // The record as earlier versions wrote it (FNV-1a checksum, no checksum_algorithm), otherwise matching.
+  const std::string earlier =
+      "{\"job\": \"job-hash\", \"index\": 3, \"first\": 40, \"count\": 4, \"tiles\": "
+      "\"tiles-digest\", \"kept\": 4, \"checksum\": \"" +
+      record.checksum + "\", \"failed\": {}}";
+  std::ofstream(shard_record_path(out, span.index)) << earlier;
+  std::ostringstream log;
+  const auto logger = spdlog::default_logger();
+  logger->sinks().push_back(std::make_shared<spdlog::sinks::ostream_sink_mt>(log));
+  bool logged = false;
+  const bool kept_first = finished_shard(out, "job-hash", span, "tiles-digest", &logged).has_value();
+  const bool kept_second = finished_shard(out, "job-hash", span, "tiles-digest", &logged).has_value();
+  logger->sinks().pop_back();
+  EXPECT_FALSE(kept_first);
+  EXPECT_FALSE(kept_second);
+  EXPECT_TRUE(logged);
+  const std::string said = "resume record from an earlier version of tessera: extracting again";
+  const auto at = log.str().find(said);
+  EXPECT_NE(at, std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find(said, at + 1), std::string::npos) << log.str();  // once
+  write_shard_record(out, record);  // this version's record of the same shard is kept
+  EXPECT_TRUE(finished_shard(out, "job-hash", span, "tiles-digest", &logged));
 }
 
 TEST_F(ResumeFixture, AnUnreadableRecordExtractsItAgain) {
