@@ -149,6 +149,40 @@ void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
   keep_labelled(mask, labels, keep);
 }
 
+// Where a stroke narrower than the width test crosses tissue (the tissue's colour takes its faded edges below the
+// ink's tests), the test cuts it into wide pieces on either side. The stretches of `raw` (black pixels) outside `wide`
+// (the pieces), 2 px clear of them, that come within 2 px of two different pieces.
+cv::Mat1b narrow_stretches(const cv::Mat1b& raw, const cv::Mat1b& wide) {
+  cv::Mat pieces, stretches;
+  cv::connectedComponents(wide, pieces, 8, CV_32S);
+  cv::Mat1b near_wide;
+  cv::dilate(wide, near_wide, elliptic(5));
+  cv::Mat1b out = raw & ~near_wide;
+  const int n = cv::connectedComponents(out, stretches, 8, CV_32S);
+  std::vector<int> first(static_cast<std::size_t>(n), 0);
+  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  constexpr int kReach = 2;
+  for (int r = 0; r < out.rows; ++r) {
+    for (int c = 0; c < out.cols; ++c) {
+      const int l = stretches.at<int>(r, c);
+      if (l == 0 || keep[static_cast<std::size_t>(l)] != 0) continue;
+      for (int dr = -kReach; dr <= kReach; ++dr) {
+        for (int dc = -kReach; dc <= kReach; ++dc) {
+          const int rr = r + dr, cc = c + dc;
+          if (rr < 0 || cc < 0 || rr >= out.rows || cc >= out.cols) continue;
+          const int k = pieces.at<int>(rr, cc);
+          if (k == 0) continue;
+          int& f = first[static_cast<std::size_t>(l)];
+          if (f == 0) f = k;
+          if (f != k) keep[static_cast<std::size_t>(l)] = 1;
+        }
+      }
+    }
+  }
+  keep_labelled(out, stretches, keep);
+  return out;
+}
+
 // Keeps the components of `mask` that are nearly convex (area at least kMinBubbleSolidity of their convex hull's):
 // bubbles are round, while loops of grey specks in dense tissue enclose ragged areas.
 constexpr double kMinBubbleSolidity = 0.85;
@@ -768,14 +802,18 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
   cv::Mat1b black_stroke = ink_black | neutral;
+  cv::Mat1b narrow = ink_black.clone();
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
   // The width test shaves a stroke's rounded ends and faded edges: a short stroke about as wide as a rim passes it and
   // may yet fall below the smallest artefact once shaved. The black ink mask takes back the stroke's dark or neutral
   // pixels within the test's reach of the wide core (hysteresis); the other rules keep to the core.
   {
+    narrow = narrow_stretches(narrow, ink_black);
     cv::Mat1b reach;
-    cv::dilate(ink_black, reach, elliptic(rim_kernel));
+    cv::dilate(ink_black | narrow, reach, elliptic(rim_kernel));
     black_stroke &= reach;
+    black_stroke |= narrow;
+    narrow.release();
   }
   // Green and blue ink over purple tissue shifts towards blue: each stroke takes the colour most of it has.
   {
