@@ -806,7 +806,8 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
   // The width test shaves a stroke's rounded ends and faded edges: a short stroke about as wide as a rim passes it and
   // may yet fall below the smallest artefact once shaved. The black ink mask takes back the stroke's dark or neutral
-  // pixels within the test's reach of the wide core (hysteresis); the other rules keep to the core.
+  // pixels within the test's reach of the wide core (hysteresis), and of the narrower stretches joining two wide pieces
+  // (narrow_stretches); the other rules keep to the core.
   {
     narrow = narrow_stretches(narrow, ink_black);
     cv::Mat1b reach;

@@ -9,7 +9,9 @@
 //                 saturated than eosin and lies at hue 345°..25° where eosin sits near 300°..340°. Black ink must be
 //                 wider than a bubble's rim (an opening 64 µm wide); its mask then takes back the stroke's dark or
 //                 neutral pixels within that width of the wide core (the opening shaves a stroke's ends and faded
-//                 edges); the other classes' rules and the sharpness reference use the core
+//                 edges), and a narrower stretch of black pixels joining two wide pieces (a stroke crossing tissue,
+//                 whose colour takes its faded edges below the tests); the other classes' rules and the sharpness
+//                 reference use the core
 //   fold          doubled tissue: BOTH haematoxylin and eosin at least `fold_ratio` times their local median over the
 //                 tissue around it (a lymphoid area raises only H, stroma only E); inside an over-exposed field or a
 //                 bubble, against that field's or bubble's own tissue. Fainter pixels join a fold's core:
