@@ -339,6 +339,54 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
   return out;
 }
 
+// Drops the pieces of pen ink (`pens`, one mask a colour) below `min_pixels` unless joined, through ink of any colour
+// or `dark` pixels within `reach` (an odd kernel size) of two colours' ink (where strokes cross), to ink of another
+// colour with which they are at least `min_pixels` in all.
+void remove_small_ink(const std::array<cv::Mat1b*, 4>& pens, const cv::Mat1b& dark, int reach, double min_pixels) {
+  if (min_pixels <= 1.0) return;
+  const cv::Size size = dark.size();
+  cv::Mat1b joined = cv::Mat1b::zeros(size), crossing = cv::Mat1b::zeros(size), near;
+  cv::Mat1b once = cv::Mat1b::zeros(size);  // within reach of one colour at least
+  for (const cv::Mat1b* pen : pens) {
+    joined |= *pen;
+    cv::dilate(*pen, near, elliptic(reach));
+    crossing |= once & near;
+    once |= near;
+  }
+  joined |= crossing & dark;
+  cv::Mat joined_labels, joined_stats, centroids;
+  const int n = cv::connectedComponentsWithStats(joined, joined_labels, joined_stats, centroids, 8, CV_32S);
+  std::vector<std::uint8_t> colours(static_cast<std::size_t>(n), 0);  // one bit a colour
+  for (std::size_t i = 0; i < pens.size(); ++i) {
+    for (int r = 0; r < size.height; ++r) {
+      const auto* p = pens[i]->ptr<std::uint8_t>(r);
+      const auto* l = joined_labels.ptr<int>(r);
+      for (int c = 0; c < size.width; ++c) {
+        if (p[c] != 0) colours[static_cast<std::size_t>(l[c])] |= static_cast<std::uint8_t>(1U << i);
+      }
+    }
+  }
+  for (std::size_t i = 0; i < pens.size(); ++i) {
+    cv::Mat1b& pen = *pens[i];
+    if (cv::countNonZero(pen) == 0) continue;
+    cv::Mat labels, stats;
+    const int pieces = cv::connectedComponentsWithStats(pen, labels, stats, centroids, 8, CV_32S);
+    std::vector<std::uint8_t> keep(static_cast<std::size_t>(pieces), 0);
+    for (int r = 0; r < size.height; ++r) {
+      const auto* l = labels.ptr<int>(r);
+      const auto* j = joined_labels.ptr<int>(r);
+      for (int c = 0; c < size.width; ++c) {
+        const auto k = static_cast<std::size_t>(l[c]), g = static_cast<std::size_t>(j[c]);
+        if (k == 0 || keep[k] != 0) continue;
+        const bool joined_to_other =
+            (colours[g] & ~(1U << i)) != 0 && joined_stats.at<int>(j[c], cv::CC_STAT_AREA) >= min_pixels;
+        keep[k] = stats.at<int>(l[c], cv::CC_STAT_AREA) >= min_pixels || joined_to_other;
+      }
+    }
+    keep_labelled(pen, labels, keep);
+  }
+}
+
 // A thin fold is found in pieces where something breaks it (it crosses a bubble's rim, an exposure field's edge or a
 // hole in the tissue): each piece alone may be smaller than the smallest artefact kept, while the fold is not. Drops
 // the 8-connected components of `mask` whose chain is below `min_pixels` in all. Pieces chain when one of them is a
@@ -740,7 +788,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size), ink_black = cv::Mat1b::zeros(size),
             ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
             grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size),
-            rim = cv::Mat1b::zeros(size);
+            rim = cv::Mat1b::zeros(size), dark = cv::Mat1b::zeros(size);
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
     const auto* t = tissue.ptr<std::uint8_t>(r);
@@ -756,6 +804,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
       const bool far_from_white = distance >= 30.0;
       bool coloured_ink = false;
       if (far_from_white) {
+        if (v.value < kBlackMaxValue) dark(r, c) = 255;
         if (v.value < kBlackMaxValue && v.saturation < kBlackMaxSaturation) {
           ink_black(r, c) = 255;
         } else if (v.saturation >= kRedMinSaturation && (v.hue >= kRedHueLow || v.hue < kRedHueHigh)) {
@@ -846,11 +895,18 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
                                                                 {Artefact::pen_black, &ink_black},
                                                                 {Artefact::pen_red, &ink_red}}};
   for (const auto& [a, ink] : inks) {
-    if (!on(a)) continue;
-    cv::morphologyEx(a == Artefact::pen_black ? black_stroke : *ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
-    remove_small_objects(mask(a), min_pixels);
+    if (on(a)) cv::morphologyEx(a == Artefact::pen_black ? black_stroke : *ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
   }
   black_stroke.release();
+  // Where strokes of two colours cross, the crossing is darker than either and of neither colour: it cuts a short
+  // stroke into pieces that may each be below the smallest artefact while the stroke is not. Ink is sized with all its
+  // colours together (crossings: dark pixels within the width test's reach of two colours' ink); a piece of one colour
+  // is kept when it is large enough alone, or when its joined ink is and holds ink of another colour. Each pixel keeps
+  // its colour.
+  remove_small_ink(
+      {&mask(Artefact::pen_green), &mask(Artefact::pen_blue), &mask(Artefact::pen_black), &mask(Artefact::pen_red)},
+      dark, rim_kernel, min_pixels);
+  dark.release();
 
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
   cv::Mat1b rims = cv::Mat1b::zeros(size);  // the grey lines, kept out of the sharpness reference
