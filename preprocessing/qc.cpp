@@ -345,17 +345,23 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
 void remove_small_ink(const std::array<cv::Mat1b*, 4>& pens, const cv::Mat1b& dark, int reach, double min_pixels) {
   if (min_pixels <= 1.0) return;
   const cv::Size size = dark.size();
-  cv::Mat1b joined = cv::Mat1b::zeros(size), crossing = cv::Mat1b::zeros(size), near;
-  cv::Mat1b once = cv::Mat1b::zeros(size);  // within reach of one colour at least
-  for (const cv::Mat1b* pen : pens) {
-    joined |= *pen;
-    cv::dilate(*pen, near, elliptic(reach));
-    crossing |= once & near;
-    once |= near;
-  }
-  joined |= crossing & dark;
   cv::Mat joined_labels, joined_stats, centroids;
-  const int n = cv::connectedComponentsWithStats(joined, joined_labels, joined_stats, centroids, 8, CV_32S);
+  int n = 0;
+  {
+    cv::Mat1b joined = cv::Mat1b::zeros(size), crossing = cv::Mat1b::zeros(size), near;
+    cv::Mat1b once = cv::Mat1b::zeros(size);  // within reach of one colour at least
+    for (const cv::Mat1b* pen : pens) {
+      joined |= *pen;
+      cv::dilate(*pen, near, elliptic(reach));
+      crossing |= once & near;
+      once |= near;
+    }
+    joined |= crossing & dark;
+    crossing.release();
+    near.release();
+    once.release();
+    n = cv::connectedComponentsWithStats(joined, joined_labels, joined_stats, centroids, 8, CV_32S);
+  }
   std::vector<std::uint8_t> colours(static_cast<std::size_t>(n), 0);  // one bit a colour
   for (std::size_t i = 0; i < pens.size(); ++i) {
     for (int r = 0; r < size.height; ++r) {

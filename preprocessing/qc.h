@@ -91,7 +91,7 @@ struct QcOptions {
   double underexposure_ratio = 0.8;
   double min_tissue_mm2 = 1.0;        // less tissue: the slide-level flag "too little tissue"
   double min_artefact_um2 = 20000.0;  // smaller specks of a class are dropped (≈ 140 µm square; a fold's pieces in line
-                                      // count together)
+                                      // count together, and pen ink with the ink of other colours it crosses)
   std::array<bool, kArtefactCount> enabled{true, true, true, true, true, true, true, true, true};
   std::array<QcAction, kArtefactCount> action{QcAction::flag,    QcAction::exclude, QcAction::exclude,
                                               QcAction::exclude, QcAction::exclude, QcAction::exclude,

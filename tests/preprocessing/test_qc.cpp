@@ -547,6 +547,50 @@ TEST(Qc, BlackStrokeNarrowerOverTissueIsFoundAcrossIt) {
   EXPECT_GT(mask_iou(found, truth), 0.8);
 }
 
+// A short red stroke (72 µm wide) crossed near one end by a blue one, on glass at the QC level (8 µm a pixel): the
+// crossing is darker than either ink and of neither colour, and cuts the red into pieces below qc.min_artefact_um2
+// (312 QC pixels here), as on seed 9231's normal_004. Each colour sized alone, the red was dropped (0 of its pixels
+// found); sized with the blue it crosses, it is kept. A red speck below the minimum, far from other ink, is still
+// dropped.
+TEST(Qc, InkCutByACrossingStrokeOfAnotherColourIsKept) {
+  constexpr double kMpp = 8.0;
+  cv::Mat rgb(256, 256, CV_8UC3, cv::Scalar(242, 241, 236));
+  cv::Mat1b red = cv::Mat1b::zeros(rgb.size()), blue = cv::Mat1b::zeros(rgb.size()), speck = red.clone();
+  cv::line(red, cv::Point(64, 100), cv::Point(110, 100), cv::Scalar(255), 9);
+  cv::line(blue, cv::Point(95, 20), cv::Point(95, 230), cv::Scalar(255), 12);
+  cv::line(speck, cv::Point(180, 200), cv::Point(200, 200), cv::Scalar(255), 9);
+  red |= speck;
+  // Optical densities of the two inks per channel (R, G, B): red ink absorbs green and blue, blue ink red and green.
+  const cv::Vec3f red_od(0.1f, 1.4f, 1.2f), blue_od(1.4f, 0.9f, 0.2f);
+  cv::Mat1f red_amount, blue_amount;
+  red.convertTo(red_amount, CV_32F, 1.0 / 255.0);
+  blue.convertTo(blue_amount, CV_32F, 1.0 / 255.0);
+  cv::GaussianBlur(red_amount, red_amount, cv::Size(0, 0), 0.7);
+  cv::GaussianBlur(blue_amount, blue_amount, cv::Size(0, 0), 0.7);
+  for (int r = 0; r < rgb.rows; ++r) {
+    for (int c = 0; c < rgb.cols; ++c) {
+      cv::Vec3b& px = rgb.at<cv::Vec3b>(r, c);
+      for (int k = 0; k < 3; ++k) {
+        const float od = -std::log(px[k] / 255.0f) + red_amount(r, c) * red_od[k] + blue_amount(r, c) * blue_od[k];
+        px[k] = cv::saturate_cast<std::uint8_t>(255.0f * std::exp(-od));
+      }
+    }
+  }
+  QcOptions options;
+  const double min_pixels = options.min_artefact_um2 / (kMpp * kMpp);
+  const cv::Mat1b red_only = red & ~blue & ~speck;
+  cv::Mat labels;
+  ASSERT_EQ(cv::connectedComponents(red_only, labels, 8, CV_32S), 3) << "the crossing cuts the red stroke in two";
+  for (int piece = 1; piece <= 2; ++piece) ASSERT_LT(cv::countNonZero(labels == piece), min_pixels);
+  ASSERT_LT(cv::countNonZero(speck), min_pixels);
+  const QcResult qc = run_qc(rgb, cv::Mat1f(), 1.0, kMpp, options);
+  const cv::Mat1b& found = qc.masks[static_cast<std::size_t>(index(Artefact::pen_red))];
+  EXPECT_GT(cv::countNonZero(found & red_only), 0.9 * cv::countNonZero(red_only));
+  EXPECT_EQ(cv::countNonZero(found & speck), 0) << "a small red speck alone is still dropped";
+  const cv::Mat1b& found_blue = qc.masks[static_cast<std::size_t>(index(Artefact::pen_blue))];
+  EXPECT_GT(mask_iou(found_blue, blue), 0.8);
+}
+
 TEST(Qc, DisabledClassesAreNotDetectedAndActionsPickTheUnion) {
   synth::SynthSlideOptions o = slide_options(2203);
   o.pen_marks = true;
