@@ -6,7 +6,12 @@
 //   pen_green, pen_blue, pen_black, pen_red
 //                 marker ink, told from H&E by colour: stained tissue has red ≥ green (hue 240°..40°), green and
 //                 blue ink absorb red (hue 60°..236°), black ink is dark and nearly neutral, red ink is far more
-//                 saturated than eosin and lies at hue 345°..25° where eosin sits near 300°..340°
+//                 saturated than eosin and lies at hue 345°..25° where eosin sits near 300°..340°. Black ink must be
+//                 wider than a bubble's rim (an opening 64 µm wide); its mask then takes back the stroke's dark or
+//                 neutral pixels within that width of the wide core (the opening shaves a stroke's ends and faded
+//                 edges), and a narrower stretch of black pixels joining two wide pieces (a stroke crossing tissue,
+//                 whose colour takes its faded edges below the tests); the other classes' rules and the sharpness
+//                 reference use the core
 //   fold          doubled tissue: BOTH haematoxylin and eosin at least `fold_ratio` times their local median over the
 //                 tissue around it (a lymphoid area raises only H, stroma only E); inside an over-exposed field or a
 //                 bubble, against that field's or bubble's own tissue. Fainter pixels join a fold's core:
@@ -86,7 +91,7 @@ struct QcOptions {
   double underexposure_ratio = 0.8;
   double min_tissue_mm2 = 1.0;        // less tissue: the slide-level flag "too little tissue"
   double min_artefact_um2 = 20000.0;  // smaller specks of a class are dropped (≈ 140 µm square; a fold's pieces in line
-                                      // count together)
+                                      // count together, and pen ink with the ink of other colours it crosses)
   std::array<bool, kArtefactCount> enabled{true, true, true, true, true, true, true, true, true};
   std::array<QcAction, kArtefactCount> action{QcAction::flag,    QcAction::exclude, QcAction::exclude,
                                               QcAction::exclude, QcAction::exclude, QcAction::exclude,
