@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +112,53 @@ Hsv hsv(const cv::Vec3b& rgb) {
 double white_distance(const cv::Vec3b& rgb) {
   const double dr = 255.0 - rgb[0], dg = 255.0 - rgb[1], db = 255.0 - rgb[2];
   return std::sqrt(dr * dr + dg * dg + db * db);
+}
+
+// What QC derives from the QC-level image again where it needs it, instead of keeping a plane of it as large as the
+// level (a CAMELYON-size slide's QC level has 21 Mpx): grey level, glass that is nearly neutral, stain concentrations.
+float grey_of(const cv::Vec3b& p) { return static_cast<float>(0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]); }
+
+cv::Mat1f grey_image(const cv::Mat& rgb) {
+  cv::Mat1f out(rgb.size());
+  for (int r = 0; r < rgb.rows; ++r) {
+    const auto* in = rgb.ptr<cv::Vec3b>(r);
+    auto* o = out.ptr<float>(r);
+    for (int c = 0; c < rgb.cols; ++c) o[c] = grey_of(in[c]);
+  }
+  return out;
+}
+
+// Far from white and nearly neutral: glass (outside tissue) that a darkened field may have turned grey.
+bool grey_glass_colour(const cv::Vec3b& p) {
+  return white_distance(p) >= 30.0 && hsv(p).saturation < kUnderMaxSaturation;
+}
+
+// rgb_to_od of each channel value.
+std::array<double, 256> od_table() {
+  std::array<double, 256> od{};
+  for (int i = 0; i < 256; ++i) {
+    const auto v = static_cast<std::uint8_t>(i);
+    od[static_cast<std::size_t>(i)] = rgb_to_od(cv::Vec3b(v, v, v))[0];
+  }
+  return od;
+}
+
+// The H and E concentrations (Ruifrok vectors, OD units, negative ones 0) of every pixel of `rgb`.
+void stain_planes(const cv::Mat& rgb, const cv::Matx33d& unmix, cv::Mat1f& h, cv::Mat1f& e) {
+  const std::array<double, 256> od = od_table();
+  h.create(rgb.size());
+  e.create(rgb.size());
+  for (int r = 0; r < rgb.rows; ++r) {
+    const auto* in = rgb.ptr<cv::Vec3b>(r);
+    auto* hr = h.ptr<float>(r);
+    auto* er = e.ptr<float>(r);
+    for (int c = 0; c < rgb.cols; ++c) {
+      const cv::Vec3b& p = in[c];
+      const cv::Vec3d concentrations = unmix * cv::Vec3d(od[p[0]], od[p[1]], od[p[2]]);
+      hr[c] = static_cast<float>(std::max(0.0, concentrations[0]));
+      er[c] = static_cast<float>(std::max(0.0, concentrations[1]));
+    }
+  }
 }
 
 // The interiors of closed outlines in `lines` (holes of its foreground), with the outlines.
@@ -444,26 +493,58 @@ void release(Mats&... mats) {
   (mats.release(), ...);
 }
 
-// The median of `plane` over the pixels where `mask` is set (`inside`) or not; 0 when there are none.
-double median_where(const cv::Mat1f& plane, const cv::Mat1b& mask, bool inside) {
-  std::vector<float> values;
-  values.reserve(static_cast<std::size_t>(inside ? cv::countNonZero(mask) : plane.total() - cv::countNonZero(mask)));
-  for (int r = 0; r < plane.rows; ++r) {
-    const auto* v = plane.ptr<float>(r);
+// The value median_of picks (the one at sorted position n/2) among `value(r, c)` for the pixels where `mask` is set
+// (`inside`) or not, without a copy of them: a histogram of the values' top 16 bits, then the values of the bin that
+// holds it. 0 when there are none. The values are floats that are not negative (their bits then sort as they do).
+template <typename Value>
+double median_where(const cv::Mat1b& mask, bool inside, const Value& value) {
+  constexpr int kShift = 16;
+  std::vector<std::uint32_t> histogram(std::size_t{1} << (32 - kShift), 0);
+  const auto key = [](float v) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits >> kShift;
+  };
+  std::uint64_t count = 0;
+  for (int r = 0; r < mask.rows; ++r) {
     const auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < plane.cols; ++c) {
-      if ((m[c] != 0) == inside) values.push_back(v[c]);
+    for (int c = 0; c < mask.cols; ++c) {
+      if ((m[c] != 0) != inside) continue;
+      ++histogram[key(value(r, c))];
+      ++count;
     }
   }
-  return median_of(std::move(values));
+  if (count == 0) return 0.0;
+  std::uint64_t rank = count / 2, below = 0;
+  std::uint32_t bin = 0;
+  while (below + histogram[bin] <= rank) below += histogram[bin++];
+  std::vector<float> values;
+  values.reserve(histogram[bin]);
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if ((m[c] != 0) != inside) continue;
+      const float v = value(r, c);
+      if (key(v) == bin) values.push_back(v);
+    }
+  }
+  const auto at = values.begin() + static_cast<std::ptrdiff_t>(rank - below);
+  std::nth_element(values.begin(), at, values.end());
+  return *at;
+}
+
+// The median of `plane` over the pixels where `mask` is set (`inside`) or not; 0 when there are none.
+double median_where(const cv::Mat1f& plane, const cv::Mat1b& mask, bool inside) {
+  return median_where(mask, inside, [&](int r, int c) { return plane(r, c); });
 }
 
 // The components of `candidates` (wide areas of tissue darkened by a neutral grey) that are fields of an exposure
-// fault: at least `min_pixels`, less than half on `fold`, and their median `grey` below `ratio` times the median grey
-// of the tissue around them (tissue outside `candidates` at most `ring` pixels away; at least a quarter of
-// `min_pixels` of it). Dense tissue is about as bright as the tissue it lies in; a camera field darkened by a neutral
-// grey is far darker, and so is a fold (tissue lying double), which is why folds are left out.
-cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, const cv::Mat1b& tissue,
+// fault: at least `min_pixels`, less than half on `fold` (empty: no folds), and their median grey level (of `rgb`)
+// below `ratio` times the median grey of the tissue around them (tissue outside `candidates` at most `ring` pixels
+// away; at least a quarter of `min_pixels` of it). Dense tissue is about as bright as the tissue it lies in; a camera
+// field darkened by a neutral grey is far darker, and so is a fold (tissue lying double), which is why folds are left
+// out.
+cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat& rgb, const cv::Mat1b& tissue,
                           const cv::Mat1b& fold, double ratio, int ring, double min_pixels) {
   cv::Mat labels, stats, centroids;
   const int n = cv::connectedComponentsWithStats(candidates, labels, stats, centroids, 8, CV_32S);
@@ -476,12 +557,12 @@ cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, co
                  stats.at<int>(i, cv::CC_STAT_WIDTH) + 2 * ring, stats.at<int>(i, cv::CC_STAT_HEIGHT) + 2 * ring) &
         whole;
     const cv::Mat1b field = labels(box) == i;
-    if (2 * cv::countNonZero(field & fold(box)) >= stats.at<int>(i, cv::CC_STAT_AREA)) continue;
+    if (!fold.empty() && 2 * cv::countNonZero(field & fold(box)) >= stats.at<int>(i, cv::CC_STAT_AREA)) continue;
     cv::Mat1b around;
     cv::dilate(field, around, elliptic(2 * ring + 1));
     around &= tissue(box) & ~candidates(box);
     if (cv::countNonZero(around) < min_pixels / 4.0) continue;
-    const cv::Mat1f g = grey(box);
+    const cv::Mat1f g = grey_image(rgb(box));
     if (median_where(g, field, true) < ratio * median_where(g, around, true)) keep[static_cast<std::size_t>(i)] = 1;
   }
   cv::Mat1b out = candidates.clone();
@@ -490,8 +571,9 @@ cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, co
 }
 
 // The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
-// kConcentrationLevels per unit; pixels off tissue count as the tissue's global median.
-cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
+// kConcentrationLevels per unit (concentration_of gives it in OD units); pixels off tissue count as the tissue's
+// global median.
+cv::Mat1b local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
   cv::Mat1b q(value.size());
   for (int r = 0; r < value.rows; ++r) {
     const auto* v = value.ptr<float>(r);
@@ -504,10 +586,24 @@ cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, i
   }
   cv::Mat1b median;
   cv::medianBlur(q, median, window | 1);
-  cv::Mat1f out;
-  median.convertTo(out, CV_32F, 1.0 / kConcentrationLevels);
-  return out;
+  return median;
 }
+
+// A quantized concentration (local_tissue_median) in OD units, as converting the whole plane to float gives it.
+class Concentrations {
+ public:
+  Concentrations() {
+    cv::Mat1b levels(1, 256);
+    for (int i = 0; i < 256; ++i) levels(0, i) = static_cast<std::uint8_t>(i);
+    cv::Mat1f values;
+    levels.convertTo(values, CV_32F, 1.0 / kConcentrationLevels);
+    for (int i = 0; i < 256; ++i) table_[static_cast<std::size_t>(i)] = values(0, i);
+  }
+  float operator()(std::uint8_t level) const { return table_[level]; }
+
+ private:
+  std::array<float, 256> table_{};
+};
 
 }  // namespace
 
@@ -680,45 +776,38 @@ TissueMask qc_tissue(const cv::Mat& rgb, double downsample, double mpp) {
   return detect_tissue(rgb, downsample, mpp, tissue_options);
 }
 
-// run_qc on the QC-level image, its sharpness and its tissue (qc_tissue).
-QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMask qc_tissue_mask, double mpp,
-                        const QcOptions& options) {
+// run_qc on the QC-level image and its tissue (qc_tissue); `sharpness` gives measure_sharpness's map for a tissue mask
+// (or an empty map: blur not measured). It is asked for only when blur is looked for, after the planes the other
+// classes need are freed.
+QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const cv::Mat1b&)>& sharpness_of,
+                        TissueMask qc_tissue_mask, double mpp, const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
-  if (!sharpness.empty() && sharpness.size() != rgb.size()) {
-    throw core::InternalError("run_qc: the sharpness map must have the image's size");
-  }
   QcResult result;
   result.options = options;
   result.tissue = std::move(qc_tissue_mask);
   const cv::Mat1b& tissue = result.tissue.mask;
   const cv::Size size = rgb.size();
-  for (auto& m : result.masks) m = cv::Mat1b::zeros(size);
-  result.severe_blur = cv::Mat1b::zeros(size);
+  // Each class's mask is made where it is found (zeros for the others at the end): a mask not found yet takes no
+  // memory.
   const double um2_per_pixel = mpp * mpp;
   const double min_pixels = options.min_artefact_um2 / um2_per_pixel;
   const auto on = [&](Artefact a) { return options.enabled[static_cast<std::size_t>(index(a))]; };
   auto mask = [&](Artefact a) -> cv::Mat1b& { return result.masks[static_cast<std::size_t>(index(a))]; };
 
-  // Per pixel colour measures, brightness, stain concentrations.
+  // Per pixel colour measures. (Brightness and stain concentrations come below, one plane at a time.)
   const StainVectors stains = ruifrok_he();
   const cv::Matx33d unmix = unmixing_matrix(stains);
-  cv::Mat1f h(size), e(size), grey(size);
+  const std::array<double, 256> od_of = od_table();
   cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size), ink_black = cv::Mat1b::zeros(size),
-            ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
-            grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size),
-            rim = cv::Mat1b::zeros(size);
+            ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size),
+            strongly_neutral = cv::Mat1b::zeros(size), rim = cv::Mat1b::zeros(size);
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
-    const auto* t = tissue.ptr<std::uint8_t>(r);
     for (int c = 0; c < size.width; ++c) {
       const cv::Vec3b& p = in[c];
       const Hsv v = hsv(p);
       const double distance = white_distance(p);
-      const float g = static_cast<float>(0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]);
-      grey(r, c) = g;
-      const cv::Vec3d od = unmix * rgb_to_od(p);
-      h(r, c) = static_cast<float>(std::max(0.0, od[0]));
-      e(r, c) = static_cast<float>(std::max(0.0, od[1]));
+      const cv::Vec3d od = unmix * cv::Vec3d(od_of[p[0]], od_of[p[1]], od_of[p[2]]);
       const bool far_from_white = distance >= 30.0;
       bool coloured_ink = false;
       if (far_from_white) {
@@ -734,21 +823,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
         if (!coloured_ink && od[2] >= kNeutralMinResidual) neutral(r, c) = 255;
         if (!coloured_ink && od[2] >= kRimMinResidual) rim(r, c) = 255;
         if (!coloured_ink && od[2] >= kBlackMinResidual) strongly_neutral(r, c) = 255;
-        if (t[c] == 0 && v.saturation < kUnderMaxSaturation) grey_glass(r, c) = 255;
       }
-      if (std::max({p[0], p[1], p[2]}) >= kClippedLevel) clipped(r, c) = 255;
     }
   }
-  // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
-  const int tissue_count = cv::countNonZero(tissue);
-  const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
-  result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
-  result.background_brightness = median_where(grey, tissue, false);
-  result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
-  const double overall_brightness = cv::mean(grey)[0];
-  result.stain_h = median_where(h, tissue, true);
-  result.stain_e = median_where(e, tissue, true);
-  result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
 
   // Neutral areas split by width: thin lines are bubble rims and coverslip edges, wide ones ink (black ink must be
   // wide and neutral too).
@@ -756,6 +833,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   cv::Mat1b wide;
   cv::morphologyEx(neutral, wide, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide, wide, elliptic(3));
+  neutral.release();
   // Rims by their own width (the faint fringe of a blurred rim passes the weaker neutral test and would widen it).
   cv::Mat1b wide_rim;
   cv::morphologyEx(rim, wide_rim, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -764,9 +842,11 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   // and it outlines the stroke as a closed grey loop. Nothing next to coloured ink is a rim.
   cv::Mat1b ink_fringe = ink_green | ink_blue | ink_red;
   cv::dilate(ink_fringe, ink_fringe, elliptic(5));
-  const cv::Mat1b thin = rim & ~wide_rim & ~ink_fringe;
+  cv::Mat1b thin = rim & ~wide_rim & ~ink_fringe;
+  release(rim, wide_rim, ink_fringe);
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
+  strongly_neutral.release();
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
   // Green and blue ink over purple tissue shifts towards blue: each stroke takes the colour most of it has.
   {
@@ -802,6 +882,11 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     cv::morphologyEx(*ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
     remove_small_objects(mask(a), min_pixels);
   }
+  // The raw ink pixels, also of a class that is off (its ink still hides the tissue) and the specks the pen masks
+  // drop: folds and exposure faults are not looked for under them (the pen masks instead take 0.784 -> 0.541 of one
+  // fold on seed 9111 and 0.676 -> 0.576 of one on 9161).
+  cv::Mat1b ink = ink_green | ink_blue | ink_black | ink_red;
+  release(ink_green, ink_blue, ink_black, ink_red);
 
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
   cv::Mat1b rims = cv::Mat1b::zeros(size);  // the grey lines, kept out of the sharpness reference
@@ -816,33 +901,58 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
   }
 
-  // The section's outline: tissue with its gaps closed and holes filled (for exposure).
-  cv::Mat1b section;
-  cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
-  section = fill_enclosed(section);
-
-  // The stains' local medians over the tissue around each pixel (folds and over-exposure compare against them).
-  cv::Mat1f h_smooth, e_smooth, h_local, e_local;
+  // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
+  const int tissue_count = cv::countNonZero(tissue);
+  const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
+  result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
+  double overall_brightness = 0.0;
+  {
+    const cv::Mat1f grey = grey_image(rgb);
+    result.background_brightness = median_where(grey, tissue, false);
+    result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
+    overall_brightness = cv::mean(grey)[0];
+  }
+  // The stains, smoothed, and their local medians over the tissue around each pixel (folds and over-exposure compare
+  // against them).
+  cv::Mat1f h_smooth, e_smooth;
+  {
+    cv::Mat1f h, e;
+    stain_planes(rgb, unmix, h, e);
+    result.stain_h = median_where(h, tissue, true);
+    result.stain_e = median_where(e, tissue, true);
+    if (has_tissue) {
+      cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
+      h.release();
+      cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
+    }
+  }
+  result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
+  cv::Mat1b h_local, e_local;  // quantized (concentration gives the OD)
   if (has_tissue) {
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
-    cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
-    cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
-    h.release();
-    e.release();
     h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
     e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
   }
+  const Concentrations concentration;
   constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
 
   if (on(Artefact::overexposed)) {
     // Tissue with a clipped channel, and tissue whose stains are both far paler than the tissue around it: washed
     // out. (Bright glass beside the section is harmless, and some scanners clip their glass anyway.)
-    cv::Mat1b over = clipped & tissue;
+    cv::Mat1b over = cv::Mat1b::zeros(size);
+    for (int r = 0; r < size.height; ++r) {
+      const auto* in = rgb.ptr<cv::Vec3b>(r);
+      for (int c = 0; c < size.width; ++c) {
+        const cv::Vec3b& p = in[c];
+        if (tissue(r, c) != 0 && std::max({p[0], p[1], p[2]}) >= kClippedLevel) over(r, c) = 255;
+      }
+    }
     if (!h_local.empty()) {
       for (int r = 0; r < size.height; ++r) {
         for (int c = 0; c < size.width; ++c) {
           if (tissue(r, c) == 0) continue;
-          const float hl = std::max(h_local(r, c), kMinConcentration), el = std::max(e_local(r, c), kMinConcentration);
+          const float hl = std::max(concentration(h_local(r, c)), kMinConcentration);
+          const float el = std::max(concentration(e_local(r, c)), kMinConcentration);
           if (h_smooth(r, c) * kOverexposureRatio <= hl && e_smooth(r, c) * kOverexposureRatio <= el) over(r, c) = 255;
         }
       }
@@ -851,9 +961,14 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(5));
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
+    // Only fields that touch the section's outline (tissue with its gaps closed and holes filled).
+    cv::Mat1b section;
+    cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
+    section = fill_enclosed(section);
     keep_touching(over, section);
+    section.release();
     // Tissue seen through a bubble is paler too: that is the bubble (its own class), not the exposure.
-    over &= ~mask(Artefact::bubble);
+    if (!mask(Artefact::bubble).empty()) over &= ~mask(Artefact::bubble);
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
   }
@@ -861,9 +976,12 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it). Found for
   // under-exposure too, which leaves folds out of its fields, and kept as a class only when folds are on.
   if ((on(Artefact::fold) || on(Artefact::underexposed)) && has_tissue) {
-    cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
+    // The reference is the local median, replaced inside each field and bubble (h_local and e_local are not needed
+    // after this).
+    cv::Mat1b &h_ref = h_local, &e_ref = e_local;
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
+      if (mask(a).empty()) continue;
       // Each field or bubble on its own: fields differ in how much they wash out, and a false field at a section's
       // pale edge must not set the reference of a real one.
       const cv::Mat1b domains = mask(a) & tissue;
@@ -885,7 +1003,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
             es.push_back(e_smooth(box.y + r, box.x + c));
           }
         }
-        cv::Mat1f h_box = h_ref(box), e_box = e_ref(box);
+        cv::Mat1b h_box = h_ref(box), e_box = e_ref(box);
         local_tissue_median(h_smooth(box), domain, window, median_of(hs)).copyTo(h_box, domain);
         local_tissue_median(e_smooth(box), domain, window, median_of(es)).copyTo(e_box, domain);
       }
@@ -897,7 +1015,8 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     for (int r = 0; r < size.height; ++r) {
       for (int c = 0; c < size.width; ++c) {
         if (tissue(r, c) == 0) continue;
-        const float hl = std::max(h_ref(r, c), kMinConcentration), el = std::max(e_ref(r, c), kMinConcentration);
+        const float hl = std::max(concentration(h_ref(r, c)), kMinConcentration);
+        const float el = std::max(concentration(e_ref(r, c)), kMinConcentration);
         if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
         if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
         // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin far
@@ -906,15 +1025,13 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
           weak(r, c) = 255;
       }
     }
+    release(h_smooth, e_smooth, h_ref, e_ref);
     // Ink strokes hide the tissue under them, and their blurred edges (a QC pixel partly on the stroke, and the
     // stains' smoothing) add the ink's colour, which raises both stains as doubled tissue does: folds are found beside
     // a stroke, 2 px clear of it, and continue under it where found on both sides (the fold's mask then covers the
     // ink it runs under, as the fold lies there).
-    // The raw ink pixels, also of a class that is off (its ink still hides the tissue) and the specks the pen masks
-    // drop (the pen masks instead take 0.784 -> 0.541 of one fold on seed 9111 and 0.676 -> 0.576 of one on 9161).
-    cv::Mat1b hidden = cv::Mat1b::zeros(size);
-    for (const auto& [a, ink] : inks) hidden |= *ink;
-    cv::dilate(hidden, hidden, elliptic(5));
+    cv::Mat1b hidden;
+    cv::dilate(ink, hidden, elliptic(5));
     fold &= ~hidden;
     weak &= ~hidden;
     cv::morphologyEx(fold, fold, cv::MORPH_OPEN, elliptic(3));
@@ -922,86 +1039,110 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     // The opening may take a pixel or two more beside them: a fold is continued across both.
     cv::dilate(hidden, hidden, elliptic(5));
     weak |= continued_under(weak | fold, hidden);
+    hidden.release();
     keep_touching(weak, fold);
     fold |= weak;
+    weak.release();
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
+    fold.release();
     mask(Artefact::fold) &= tissue;
     // A thin fold crossing a bubble, an exposure field or a hole is found in pieces, each maybe smaller than a speck:
     // they are judged together.
     remove_small_chains(mask(Artefact::fold), min_pixels, kFoldMaxGapUm / mpp);
   }
+  release(h_smooth, e_smooth, h_local, e_local);
 
   if (on(Artefact::underexposed) && has_background) {
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
     // black ink); each such field's convex hull takes in what lies between.
     const double limit = options.underexposure_ratio * result.background_brightness;
-    cv::Mat1b dark_glass = (grey < limit) & grey_glass & ~thin;
-    for (const auto& [a, ink] : inks) dark_glass &= ~*ink;
+    cv::Mat1b dark_glass(size);
+    constexpr int kBandRows = 64;  // the grey level a band of rows at a time
+    for (int r0 = 0; r0 < size.height; r0 += kBandRows) {
+      const int r1 = std::min(size.height, r0 + kBandRows);
+      const cv::Mat1b darker = grey_image(rgb.rowRange(r0, r1)) < limit;
+      for (int r = r0; r < r1; ++r) {
+        const auto* in = rgb.ptr<cv::Vec3b>(r);
+        for (int c = 0; c < size.width; ++c) {
+          const bool dark = darker(r - r0, c) != 0 && tissue(r, c) == 0 && grey_glass_colour(in[c]) &&
+                            thin(r, c) == 0 && ink(r, c) == 0;
+          dark_glass(r, c) = dark ? 255 : 0;
+        }
+      }
+    }
     cv::morphologyEx(dark_glass, dark_glass, cv::MORPH_OPEN, elliptic(5));
     remove_small_objects(dark_glass, min_pixels / 4.0);
     // Darkened tissue counts only where it joins darkened glass, or where it is a field far darker than the tissue
     // around it (a field over tissue that holds little glass): dense tissue alone is no exposure fault, and a fold
     // (found above) is darker than the tissue around it too.
-    cv::Mat1b darkened = wide & tissue & ~ink_black;
-    for (const auto& [a, ink] : inks) darkened &= ~*ink;
+    const cv::Mat1b darkened = wide & tissue & ~ink;
     const int ring = std::max(1, static_cast<int>(std::lround(kUnderRingUm / mpp)));
     cv::Mat1b under = dark_glass | darkened;
-    keep_touching(under, dark_glass | darkened_fields(darkened, grey, tissue, mask(Artefact::fold),
+    keep_touching(under, dark_glass | darkened_fields(darkened, rgb, tissue, mask(Artefact::fold),
                                                       options.underexposure_ratio, ring, min_pixels));
     cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
     remove_small_objects(under, min_pixels / 4.0);
     mask(Artefact::underexposed) = convex_hulls(under);
     remove_small_objects(mask(Artefact::underexposed), min_pixels);
   }
-  if (!on(Artefact::fold)) mask(Artefact::fold).setTo(0);  // found above for under-exposure only
-
-  // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.
-  release(grey, h_smooth, e_smooth, h_local, e_local, neutral, clipped, grey_glass, strongly_neutral, rim, wide,
-          wide_rim, ink_fringe, section);
+  if (!on(Artefact::fold)) mask(Artefact::fold).release();  // found above for under-exposure only
+  // Blur needs none of the planes above but the rims.
+  release(wide, ink);
+  thin.release();
 
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
-  if (on(Artefact::blur) && !sharpness.empty()) {
-    cv::Mat1b sharp_tissue = tissue.clone();
-    // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
-    // inside a bubble is still tissue, and may be out of focus as any other.)
-    for (const Artefact a :
-         {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red, Artefact::fold}) {
-      sharp_tissue &= ~mask(a);
+  if (on(Artefact::blur) && sharpness_of) {
+    cv::Mat1f sharpness = sharpness_of(tissue);
+    if (!sharpness.empty() && sharpness.size() != size) {
+      throw core::InternalError("run_qc: the sharpness map must have the image's size");
     }
-    sharp_tissue &= ~rims;
-    cv::Mat1b inner;
-    cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
-    std::vector<float> values;
-    for (int r = 0; r < size.height; ++r) {
-      for (int c = 0; c < size.width; ++c) {
-        if (inner(r, c) != 0) values.push_back(sharpness(r, c));
-      }
-    }
-    result.sharpness = median_of(values);
-    if (result.sharpness > 0.0) {
-      // Mean over tissue in a small window: normalized convolution.
-      cv::Mat1f weight, sum;
-      inner.convertTo(weight, CV_32F, 1.0 / 255.0);
-      cv::Mat1f weighted = sharpness.mul(weight);
-      const cv::Size window(7, 7);
-      cv::blur(weighted, sum, window);
-      cv::blur(weight, weight, window);
-      cv::Mat1b blur = cv::Mat1b::zeros(size), severe = cv::Mat1b::zeros(size);
-      for (int r = 0; r < size.height; ++r) {
-        for (int c = 0; c < size.width; ++c) {
-          if (tissue(r, c) == 0 || weight(r, c) < 0.2f) continue;
-          const double ratio = sum(r, c) / weight(r, c) / result.sharpness;
-          if (ratio < options.blur_ratio) blur(r, c) = 255;
-          if (ratio < options.severe_blur_ratio) severe(r, c) = 255;
+    if (!sharpness.empty()) {
+      cv::Mat1b inner;
+      {
+        cv::Mat1b sharp_tissue = tissue.clone();
+        // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
+        // inside a bubble is still tissue, and may be out of focus as any other.)
+        for (const Artefact a :
+             {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_black, Artefact::pen_red, Artefact::fold}) {
+          if (!mask(a).empty()) sharp_tissue &= ~mask(a);
         }
+        sharp_tissue &= ~rims;
+        cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
       }
-      cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
-      blur &= tissue;
-      remove_small_objects(blur, min_pixels);
-      mask(Artefact::blur) = blur;
-      result.severe_blur = severe & blur;
+      result.sharpness = median_where(sharpness, inner, true);
+      if (result.sharpness > 0.0) {
+        // Mean over tissue in a small window: normalized convolution (the weighted sharpness and its sum in place).
+        cv::Mat1f weight;
+        inner.convertTo(weight, CV_32F, 1.0 / 255.0);
+        inner.release();
+        cv::multiply(sharpness, weight, sharpness);
+        const cv::Size window(7, 7);
+        cv::blur(sharpness, sharpness, window);
+        cv::blur(weight, weight, window);
+        const cv::Mat1f& sum = sharpness;
+        cv::Mat1b blur = cv::Mat1b::zeros(size), severe = cv::Mat1b::zeros(size);
+        for (int r = 0; r < size.height; ++r) {
+          for (int c = 0; c < size.width; ++c) {
+            if (tissue(r, c) == 0 || weight(r, c) < 0.2f) continue;
+            const double ratio = sum(r, c) / weight(r, c) / result.sharpness;
+            if (ratio < options.blur_ratio) blur(r, c) = 255;
+            if (ratio < options.severe_blur_ratio) severe(r, c) = 255;
+          }
+        }
+        release(sharpness, weight);
+        cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
+        blur &= tissue;
+        remove_small_objects(blur, min_pixels);
+        mask(Artefact::blur) = blur;
+        result.severe_blur = severe & blur;
+      }
     }
   }
+  rims.release();
+  for (auto& m : result.masks) {
+    if (m.empty()) m = cv::Mat1b::zeros(size);
+  }
+  if (result.severe_blur.empty()) result.severe_blur = cv::Mat1b::zeros(size);
 
   const double tissue_pixels = std::max(1, cv::countNonZero(tissue));
   for (const Artefact a : kAll) {
@@ -1035,7 +1176,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
 QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
                 const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
-  return find_artefacts(rgb, sharpness, qc_tissue(rgb, downsample, mpp), mpp, options);
+  // A copy: the blur stage works on the map in place.
+  const auto given = [&](const cv::Mat1b&) { return cv::Mat1f(sharpness.clone()); };
+  return find_artefacts(rgb, given, qc_tissue(rgb, downsample, mpp), mpp, options);
 }
 
 QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_out) {
@@ -1054,11 +1197,10 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_o
                            slide.path());
   }
   const double mpp = slide.mpp() * downsample;
-  TissueMask tissue = qc_tissue(rgb, downsample, mpp);
-  // Sharpness is used over tissue only (run_qc): the rest of the slide is not read at blur_mpp.
-  const bool blur = options.enabled[static_cast<std::size_t>(index(Artefact::blur))];
-  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options, tissue.mask) : cv::Mat1f();
-  QcResult result = find_artefacts(rgb, sharpness, std::move(tissue), mpp, options);
+  // Sharpness is used over tissue only: the rest of the slide is not read at blur_mpp. It is read when blur is looked
+  // for, after the other classes' planes are freed.
+  const auto measured = [&](const cv::Mat1b& tissue) { return measure_sharpness(slide, rgb.size(), options, tissue); };
+  QcResult result = find_artefacts(rgb, measured, qc_tissue(rgb, downsample, mpp), mpp, options);
   if (rgb_out != nullptr) *rgb_out = rgb;
   return result;
 }
