@@ -901,6 +901,14 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
   }
 
+  // The section's outline: tissue with its gaps closed and holes filled (for exposure; made before the stain planes,
+  // as filling takes a label plane).
+  cv::Mat1b section;
+  if (on(Artefact::overexposed)) {
+    cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
+    section = fill_enclosed(section);
+  }
+
   // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
   const int tissue_count = cv::countNonZero(tissue);
   const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
@@ -961,10 +969,6 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(5));
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
-    // Only fields that touch the section's outline (tissue with its gaps closed and holes filled).
-    cv::Mat1b section;
-    cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
-    section = fill_enclosed(section);
     keep_touching(over, section);
     section.release();
     // Tissue seen through a bubble is paler too: that is the bubble (its own class), not the exposure.
