@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include <malloc.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <opencv2/imgproc.hpp>
@@ -133,33 +135,70 @@ bool grey_glass_colour(const cv::Vec3b& p) {
   return white_distance(p) >= 30.0 && hsv(p).saturation < kUnderMaxSaturation;
 }
 
-// rgb_to_od of each channel value.
-std::array<double, 256> od_table() {
-  std::array<double, 256> od{};
-  for (int i = 0; i < 256; ++i) {
-    const auto v = static_cast<std::uint8_t>(i);
-    od[static_cast<std::size_t>(i)] = rgb_to_od(cv::Vec3b(v, v, v))[0];
-  }
-  return od;
-}
-
-// The H and E concentrations (Ruifrok vectors, OD units, negative ones 0) of every pixel of `rgb`.
-void stain_planes(const cv::Mat& rgb, const cv::Matx33d& unmix, cv::Mat1f& h, cv::Mat1f& e) {
-  const std::array<double, 256> od = od_table();
-  h.create(rgb.size());
-  e.create(rgb.size());
-  for (int r = 0; r < rgb.rows; ++r) {
-    const auto* in = rgb.ptr<cv::Vec3b>(r);
-    auto* hr = h.ptr<float>(r);
-    auto* er = e.ptr<float>(r);
-    for (int c = 0; c < rgb.cols; ++c) {
-      const cv::Vec3b& p = in[c];
-      const cv::Vec3d concentrations = unmix * cv::Vec3d(od[p[0]], od[p[1]], od[p[2]]);
-      hr[c] = static_cast<float>(std::max(0.0, concentrations[0]));
-      er[c] = static_cast<float>(std::max(0.0, concentrations[1]));
+// The H and E concentrations (Ruifrok vectors, OD units, negative ones 0) of a pixel.
+class StainConcentrations {
+ public:
+  explicit StainConcentrations(const cv::Matx33d& unmix) : unmix_(unmix) {
+    for (int i = 0; i < 256; ++i) {
+      const auto v = static_cast<std::uint8_t>(i);
+      od_[static_cast<std::size_t>(i)] = rgb_to_od(cv::Vec3b(v, v, v))[0];
     }
   }
-}
+  cv::Vec2f operator()(const cv::Vec3b& p) const {
+    const cv::Vec3d c = unmix_ * cv::Vec3d(od_[p[0]], od_[p[1]], od_[p[2]]);
+    return {static_cast<float>(std::max(0.0, c[0])), static_cast<float>(std::max(0.0, c[1]))};
+  }
+  double residual(const cv::Vec3b& p) const { return (unmix_ * cv::Vec3d(od_[p[0]], od_[p[1]], od_[p[2]]))[2]; }
+
+ private:
+  cv::Matx33d unmix_;
+  std::array<double, 256> od_{};  // rgb_to_od of each channel value
+};
+
+// The stains smoothed over a few QC pixels (a Gaussian of σ 1 px), computed a band of rows at a time instead of as two
+// float planes as large as the QC level: each band is computed from the image rows around it, beyond the kernel's
+// reach (OpenCV's float kernel for σ 1 reaches 4 px), so that every value is the one smoothing the whole plane gives.
+class SmoothedStains {
+ public:
+  static constexpr int kBandRows = 128;
+  SmoothedStains(const cv::Mat& rgb, const StainConcentrations& stains) : rgb_(rgb), stains_(stains) {}
+  // Rows [r0, r1) of the smoothed H and E planes (r1 - r0 rows).
+  void rows(int r0, int r1, cv::Mat1f& h, cv::Mat1f& e) {
+    constexpr int kMargin = 8;
+    const int a = std::max(0, r0 - kMargin), b = std::min(rgb_.rows, r1 + kMargin);
+    h_.create(b - a, rgb_.cols);
+    e_.create(b - a, rgb_.cols);
+    for (int r = a; r < b; ++r) {
+      const auto* in = rgb_.ptr<cv::Vec3b>(r);
+      auto* hr = h_.ptr<float>(r - a);
+      auto* er = e_.ptr<float>(r - a);
+      for (int c = 0; c < rgb_.cols; ++c) {
+        const cv::Vec2f he = stains_(in[c]);
+        hr[c] = he[0];
+        er[c] = he[1];
+      }
+    }
+    cv::GaussianBlur(h_, h_smooth_, cv::Size(0, 0), 1.0);
+    cv::GaussianBlur(e_, e_smooth_, cv::Size(0, 0), 1.0);
+    h = h_smooth_.rowRange(r0 - a, r1 - a);
+    e = e_smooth_.rowRange(r0 - a, r1 - a);
+  }
+  // Calls `visit(r0, r1, h, e)` for each band of rows, top to bottom.
+  template <typename Visit>
+  void each_band(const Visit& visit) {
+    cv::Mat1f h, e;
+    for (int r0 = 0; r0 < rgb_.rows; r0 += kBandRows) {
+      const int r1 = std::min(rgb_.rows, r0 + kBandRows);
+      rows(r0, r1, h, e);
+      visit(r0, r1, h, e);
+    }
+  }
+
+ private:
+  const cv::Mat& rgb_;
+  const StainConcentrations& stains_;
+  cv::Mat1f h_, e_, h_smooth_, e_smooth_;
+};
 
 // The interiors of closed outlines in `lines` (holes of its foreground), with the outlines.
 cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
@@ -183,19 +222,20 @@ cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
   return filled;
 }
 
-// Keeps the components of `mask` that overlap `region`.
+// Keeps the (8-connected) components of `mask` (0 or 255) that overlap `region`: each is flooded with a mark from a
+// pixel it has in `region`, then the marked ones are kept (no label plane as large as the mask).
 void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
-  cv::Mat labels;
-  const int n = cv::connectedComponents(mask, labels, 8, CV_32S);
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  constexpr std::uint8_t kTouching = 128;
   for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
     const auto* g = region.ptr<std::uint8_t>(r);
     for (int c = 0; c < mask.cols; ++c) {
-      if (l[c] > 0 && g[c] != 0) keep[static_cast<std::size_t>(l[c])] = 1;
+      if (g[c] != 0 && mask(r, c) == 255) cv::floodFill(mask, cv::Point(c, r), cv::Scalar(kTouching), nullptr, 0, 0, 8);
     }
   }
-  keep_labelled(mask, labels, keep);
+  for (int r = 0; r < mask.rows; ++r) {
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) m[c] = m[c] == kTouching ? 255 : 0;
+  }
 }
 
 // Keeps the components of `mask` that are nearly convex (area at least kMinBubbleSolidity of their convex hull's):
@@ -487,10 +527,18 @@ double median_of(std::vector<float> values) {
   return *mid;
 }
 
-// Frees QC-level planes no longer needed (memory grows with the slide's area).
+// A class's mask that holds nothing is freed (find_artefacts gives it zeros at the end).
+void drop_if_empty(cv::Mat1b& mask) {
+  if (!mask.empty() && cv::countNonZero(mask) == 0) mask.release();
+}
+
+// Frees QC-level planes no longer needed (memory grows with the slide's area), and gives the heap's free pages back to
+// the system: tessera keeps blocks up to 32 MB on the heap (app/main.cpp), where a freed plane between live ones would
+// otherwise stay resident.
 template <typename... Mats>
 void release(Mats&... mats) {
   (mats.release(), ...);
+  malloc_trim(0);
 }
 
 // The value median_of picks (the one at sorted position n/2) among `value(r, c)` for the pixels where `mask` is set
@@ -570,20 +618,25 @@ cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat& rgb, const
   return out;
 }
 
-// The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
-// kConcentrationLevels per unit (concentration_of gives it in OD units); pixels off tissue count as the tissue's
-// global median.
-cv::Mat1b local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
-  cv::Mat1b q(value.size());
+// `value` quantized to kConcentrationLevels per unit (Concentrations gives it in OD units) into `out` (same size),
+// where `tissue` is set; elsewhere `global` (the tissue's global median) quantized.
+void quantize_tissue(const cv::Mat1f& value, const cv::Mat1b& tissue, double global, cv::Mat1b& out) {
   for (int r = 0; r < value.rows; ++r) {
     const auto* v = value.ptr<float>(r);
     const auto* t = tissue.ptr<std::uint8_t>(r);
-    auto* o = q.ptr<std::uint8_t>(r);
+    auto* o = out.ptr<std::uint8_t>(r);
     for (int c = 0; c < value.cols; ++c) {
       const double x = t[c] != 0 ? v[c] : global;
       o[c] = cv::saturate_cast<std::uint8_t>(x * kConcentrationLevels);
     }
   }
+}
+
+// The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized (quantize_tissue);
+// pixels off tissue count as the tissue's global median.
+cv::Mat1b local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
+  cv::Mat1b q(value.size());
+  quantize_tissue(value, tissue, global, q);
   cv::Mat1b median;
   cv::medianBlur(q, median, window | 1);
   return median;
@@ -797,7 +850,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
   // Per pixel colour measures. (Brightness and stain concentrations come below, one plane at a time.)
   const StainVectors stains = ruifrok_he();
   const cv::Matx33d unmix = unmixing_matrix(stains);
-  const std::array<double, 256> od_of = od_table();
+  const StainConcentrations concentrations(unmix);
   cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size), ink_black = cv::Mat1b::zeros(size),
             ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size),
             strongly_neutral = cv::Mat1b::zeros(size), rim = cv::Mat1b::zeros(size);
@@ -807,7 +860,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
       const cv::Vec3b& p = in[c];
       const Hsv v = hsv(p);
       const double distance = white_distance(p);
-      const cv::Vec3d od = unmix * cv::Vec3d(od_of[p[0]], od_of[p[1]], od_of[p[2]]);
+      const double residual = concentrations.residual(p);
       const bool far_from_white = distance >= 30.0;
       bool coloured_ink = false;
       if (far_from_white) {
@@ -820,9 +873,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
           (v.hue < kBlueHueMin ? ink_green : ink_blue)(r, c) = 255;
           coloured_ink = true;
         }
-        if (!coloured_ink && od[2] >= kNeutralMinResidual) neutral(r, c) = 255;
-        if (!coloured_ink && od[2] >= kRimMinResidual) rim(r, c) = 255;
-        if (!coloured_ink && od[2] >= kBlackMinResidual) strongly_neutral(r, c) = 255;
+        if (!coloured_ink && residual >= kNeutralMinResidual) neutral(r, c) = 255;
+        if (!coloured_ink && residual >= kRimMinResidual) rim(r, c) = 255;
+        if (!coloured_ink && residual >= kBlackMinResidual) strongly_neutral(r, c) = 255;
       }
     }
   }
@@ -833,7 +886,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
   cv::Mat1b wide;
   cv::morphologyEx(neutral, wide, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide, wide, elliptic(3));
-  neutral.release();
+  release(neutral);
   // Rims by their own width (the faint fringe of a blurred rim passes the weaker neutral test and would widen it).
   cv::Mat1b wide_rim;
   cv::morphologyEx(rim, wide_rim, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -846,7 +899,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
   release(rim, wide_rim, ink_fringe);
   // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
   ink_black |= strongly_neutral;
-  strongly_neutral.release();
+  release(strongly_neutral);
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
   // Green and blue ink over purple tissue shifts towards blue: each stroke takes the colour most of it has.
   {
@@ -881,6 +934,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     if (!on(a)) continue;
     cv::morphologyEx(*ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
     remove_small_objects(mask(a), min_pixels);
+    drop_if_empty(mask(a));
   }
   // The raw ink pixels, also of a class that is off (its ink still hides the tissue) and the specks the pen masks
   // drop: folds and exposure faults are not looked for under them (the pen masks instead take 0.784 -> 0.541 of one
@@ -899,6 +953,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     keep_round(mask(Artefact::bubble));
     const double min_radius = std::max(3.0, std::sqrt(min_pixels / M_PI));
     mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
+    drop_if_empty(mask(Artefact::bubble));
   }
 
   // The section's outline: tissue with its gaps closed and holes filled (for exposure; made before the stain planes,
@@ -920,26 +975,28 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
     overall_brightness = cv::mean(grey)[0];
   }
-  // The stains, smoothed, and their local medians over the tissue around each pixel (folds and over-exposure compare
-  // against them).
-  cv::Mat1f h_smooth, e_smooth;
-  {
-    cv::Mat1f h, e;
-    stain_planes(rgb, unmix, h, e);
-    result.stain_h = median_where(h, tissue, true);
-    result.stain_e = median_where(e, tissue, true);
-    if (has_tissue) {
-      cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
-      h.release();
-      cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
-    }
-  }
+  // The stains' medians over the tissue, and their local medians over the tissue around each pixel (folds and
+  // over-exposure compare the smoothed stains against them).
+  const auto stain_at = [&](int k) {
+    return [&, k](int r, int c) { return concentrations(rgb.ptr<cv::Vec3b>(r)[c])[k]; };
+  };
+  result.stain_h = median_where(tissue, true, stain_at(0));
+  result.stain_e = median_where(tissue, true, stain_at(1));
   result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
-  cv::Mat1b h_local, e_local;  // quantized (concentration gives the OD)
+  SmoothedStains smoothed(rgb, concentrations);
+  cv::Mat1b h_local, e_local;  // quantized (Concentrations gives the OD)
   if (has_tissue) {
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
-    h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
-    e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
+    cv::Mat1b h_levels(size), e_levels(size);
+    smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h, const cv::Mat1f& e) {
+      const cv::Mat1b t = tissue.rowRange(r0, r1);
+      cv::Mat1b hq = h_levels.rowRange(r0, r1), eq = e_levels.rowRange(r0, r1);
+      quantize_tissue(h, t, result.stain_h, hq);
+      quantize_tissue(e, t, result.stain_e, eq);
+    });
+    cv::medianBlur(h_levels, h_local, window | 1);
+    release(h_levels);
+    cv::medianBlur(e_levels, e_local, window | 1);
   }
   const Concentrations concentration;
   constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
@@ -956,25 +1013,30 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
       }
     }
     if (!h_local.empty()) {
-      for (int r = 0; r < size.height; ++r) {
-        for (int c = 0; c < size.width; ++c) {
-          if (tissue(r, c) == 0) continue;
-          const float hl = std::max(concentration(h_local(r, c)), kMinConcentration);
-          const float el = std::max(concentration(e_local(r, c)), kMinConcentration);
-          if (h_smooth(r, c) * kOverexposureRatio <= hl && e_smooth(r, c) * kOverexposureRatio <= el) over(r, c) = 255;
+      smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h_smooth, const cv::Mat1f& e_smooth) {
+        for (int r = r0; r < r1; ++r) {
+          for (int c = 0; c < size.width; ++c) {
+            if (tissue(r, c) == 0) continue;
+            const float hl = std::max(concentration(h_local(r, c)), kMinConcentration);
+            const float el = std::max(concentration(e_local(r, c)), kMinConcentration);
+            if (h_smooth(r - r0, c) * kOverexposureRatio <= hl && e_smooth(r - r0, c) * kOverexposureRatio <= el) {
+              over(r, c) = 255;
+            }
+          }
         }
-      }
+      });
     }
     // Clipping is patchy inside a washed-out field: join first, then drop specks.
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(5));
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
     keep_touching(over, section);
-    section.release();
+    release(section);
     // Tissue seen through a bubble is paler too: that is the bubble (its own class), not the exposure.
     if (!mask(Artefact::bubble).empty()) over &= ~mask(Artefact::bubble);
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
+    drop_if_empty(mask(Artefact::overexposed));
   }
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
   // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it). Found for
@@ -999,37 +1061,43 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
                      stats.at<int>(i, cv::CC_STAT_WIDTH) + window, stats.at<int>(i, cv::CC_STAT_HEIGHT) + window) &
             cv::Rect(0, 0, size.width, size.height);
         const cv::Mat1b domain = labels(box) == i;
+        cv::Mat1f h_rows, e_rows;
+        smoothed.rows(box.y, box.y + box.height, h_rows, e_rows);
+        const cv::Rect columns(box.x, 0, box.width, box.height);
+        const cv::Mat1f h_smooth = h_rows(columns), e_smooth = e_rows(columns);
         std::vector<float> hs, es;
         for (int r = 0; r < box.height; ++r) {
           for (int c = 0; c < box.width; ++c) {
             if (domain(r, c) == 0) continue;
-            hs.push_back(h_smooth(box.y + r, box.x + c));
-            es.push_back(e_smooth(box.y + r, box.x + c));
+            hs.push_back(h_smooth(r, c));
+            es.push_back(e_smooth(r, c));
           }
         }
         cv::Mat1b h_box = h_ref(box), e_box = e_ref(box);
-        local_tissue_median(h_smooth(box), domain, window, median_of(hs)).copyTo(h_box, domain);
-        local_tissue_median(e_smooth(box), domain, window, median_of(es)).copyTo(e_box, domain);
+        local_tissue_median(h_smooth, domain, window, median_of(hs)).copyTo(h_box, domain);
+        local_tissue_median(e_smooth, domain, window, median_of(es)).copyTo(e_box, domain);
       }
     }
     // Hysteresis: where a fold thins out or fades (its ends, a crossing), its pixels are raised less; they count
     // when they join pixels raised by the full ratio.
     const double weak_ratio = 1.0 + kFoldWeakShare * (options.fold_ratio - 1.0);
     cv::Mat1b fold = cv::Mat1b::zeros(size), weak = cv::Mat1b::zeros(size);
-    for (int r = 0; r < size.height; ++r) {
-      for (int c = 0; c < size.width; ++c) {
-        if (tissue(r, c) == 0) continue;
-        const float hl = std::max(concentration(h_ref(r, c)), kMinConcentration);
-        const float el = std::max(concentration(e_ref(r, c)), kMinConcentration);
-        if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
-        if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
-        // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin far
-        // above the tissue around, haematoxylin not far below it.
-        if (e_smooth(r, c) >= kFoldEosinRatio * el && h_smooth(r, c) >= kFoldMinHaematoxylinShare * hl)
-          weak(r, c) = 255;
+    smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h_smooth, const cv::Mat1f& e_smooth) {
+      for (int r = r0; r < r1; ++r) {
+        for (int c = 0; c < size.width; ++c) {
+          if (tissue(r, c) == 0) continue;
+          const float hl = std::max(concentration(h_ref(r, c)), kMinConcentration);
+          const float el = std::max(concentration(e_ref(r, c)), kMinConcentration);
+          const float hs = h_smooth(r - r0, c), es = e_smooth(r - r0, c);
+          if (hs >= options.fold_ratio * hl && es >= options.fold_ratio * el) fold(r, c) = 255;
+          if (hs >= weak_ratio * hl && es >= weak_ratio * el) weak(r, c) = 255;
+          // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin
+          // far above the tissue around, haematoxylin not far below it.
+          if (es >= kFoldEosinRatio * el && hs >= kFoldMinHaematoxylinShare * hl) weak(r, c) = 255;
+        }
       }
-    }
-    release(h_smooth, e_smooth, h_ref, e_ref);
+    });
+    release(h_ref, e_ref);
     // Ink strokes hide the tissue under them, and their blurred edges (a QC pixel partly on the stroke, and the
     // stains' smoothing) add the ink's colour, which raises both stains as doubled tissue does: folds are found beside
     // a stroke, 2 px clear of it, and continue under it where found on both sides (the fold's mask then covers the
@@ -1043,18 +1111,19 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     // The opening may take a pixel or two more beside them: a fold is continued across both.
     cv::dilate(hidden, hidden, elliptic(5));
     weak |= continued_under(weak | fold, hidden);
-    hidden.release();
+    release(hidden);
     keep_touching(weak, fold);
     fold |= weak;
-    weak.release();
+    release(weak);
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
-    fold.release();
+    release(fold);
     mask(Artefact::fold) &= tissue;
     // A thin fold crossing a bubble, an exposure field or a hole is found in pieces, each maybe smaller than a speck:
     // they are judged together.
     remove_small_chains(mask(Artefact::fold), min_pixels, kFoldMaxGapUm / mpp);
+    drop_if_empty(mask(Artefact::fold));
   }
-  release(h_smooth, e_smooth, h_local, e_local);
+  release(h_local, e_local);
 
   if (on(Artefact::underexposed) && has_background) {
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
@@ -1079,20 +1148,24 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     // Darkened tissue counts only where it joins darkened glass, or where it is a field far darker than the tissue
     // around it (a field over tissue that holds little glass): dense tissue alone is no exposure fault, and a fold
     // (found above) is darker than the tissue around it too.
-    const cv::Mat1b darkened = wide & tissue & ~ink;
+    cv::Mat1b darkened = wide & tissue & ~ink;
     const int ring = std::max(1, static_cast<int>(std::lround(kUnderRingUm / mpp)));
+    cv::Mat1b fields =
+        darkened_fields(darkened, rgb, tissue, mask(Artefact::fold), options.underexposure_ratio, ring, min_pixels);
+    fields |= dark_glass;
     cv::Mat1b under = dark_glass | darkened;
-    keep_touching(under, dark_glass | darkened_fields(darkened, rgb, tissue, mask(Artefact::fold),
-                                                      options.underexposure_ratio, ring, min_pixels));
+    release(dark_glass, darkened);
+    keep_touching(under, fields);
+    release(fields);
     cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
     remove_small_objects(under, min_pixels / 4.0);
     mask(Artefact::underexposed) = convex_hulls(under);
     remove_small_objects(mask(Artefact::underexposed), min_pixels);
+    drop_if_empty(mask(Artefact::underexposed));
   }
   if (!on(Artefact::fold)) mask(Artefact::fold).release();  // found above for under-exposure only
   // Blur needs none of the planes above but the rims.
-  release(wide, ink);
-  thin.release();
+  release(wide, ink, thin);
 
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
   if (on(Artefact::blur) && sharpness_of) {
@@ -1118,7 +1191,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
         // Mean over tissue in a small window: normalized convolution (the weighted sharpness and its sum in place).
         cv::Mat1f weight;
         inner.convertTo(weight, CV_32F, 1.0 / 255.0);
-        inner.release();
+        release(inner);
         cv::multiply(sharpness, weight, sharpness);
         const cv::Size window(7, 7);
         cv::blur(sharpness, sharpness, window);
@@ -1137,16 +1210,20 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
         cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
         blur &= tissue;
         remove_small_objects(blur, min_pixels);
-        mask(Artefact::blur) = blur;
         result.severe_blur = severe & blur;
+        mask(Artefact::blur) = blur;
+        drop_if_empty(mask(Artefact::blur));
+        drop_if_empty(result.severe_blur);
       }
     }
   }
-  rims.release();
+  release(rims);
+  // Classes found nowhere, or not looked for, share one plane of zeros.
+  const cv::Mat1b zeros = cv::Mat1b::zeros(size);
   for (auto& m : result.masks) {
-    if (m.empty()) m = cv::Mat1b::zeros(size);
+    if (m.empty()) m = zeros;
   }
-  if (result.severe_blur.empty()) result.severe_blur = cv::Mat1b::zeros(size);
+  if (result.severe_blur.empty()) result.severe_blur = zeros;
 
   const double tissue_pixels = std::max(1, cv::countNonZero(tissue));
   for (const Artefact a : kAll) {
@@ -1289,27 +1366,37 @@ cv::Scalar artefact_colour(Artefact artefact) {
 }
 
 cv::Mat render_qc_preview(const cv::Mat& rgb, const QcResult& result) {
-  cv::Mat picture = rgb.clone();
   const int legend_height = 22 * ((kArtefactCount + 2) / 3) + 8;
+  const int width = std::max(rgb.cols, 480);
+  cv::Mat canvas(rgb.rows + legend_height, width, CV_8UC3, cv::Scalar(255, 255, 255));
+  cv::Mat picture = canvas(cv::Rect((width - rgb.cols) / 2, 0, rgb.cols, rgb.rows));
+  rgb.copyTo(picture);
+  // Tinted a band of rows at a time, each a continuous image as the whole picture would be (bands of a multiple of 256
+  // bytes: OpenCV's vector loops then split every band as they split the whole picture), without whole-picture copies.
+  constexpr int kBandRows = 256;
+  cv::Mat band, tint, blended;
+  cv::Mat1b scaled;
   for (const Artefact a : kAll) {
     const cv::Mat1b& m = result.masks[static_cast<std::size_t>(index(a))];
     if (m.empty() || cv::countNonZero(m) == 0) continue;
-    cv::Mat1b scaled;
-    cv::resize(m, scaled, picture.size(), 0, 0, cv::INTER_NEAREST);
-    cv::Mat tint(picture.size(), picture.type(), artefact_colour(a));
-    cv::Mat blended;
-    cv::addWeighted(picture, 0.55, tint, 0.45, 0.0, blended);
-    blended.copyTo(picture, scaled);
+    if (m.size() != picture.size()) cv::resize(m, scaled, picture.size(), 0, 0, cv::INTER_NEAREST);
+    const cv::Mat1b& at_picture = m.size() == picture.size() ? m : scaled;
+    for (int r0 = 0; r0 < picture.rows; r0 += kBandRows) {
+      const int r1 = std::min(picture.rows, r0 + kBandRows);
+      band = picture.rowRange(r0, r1).clone();
+      tint.create(band.size(), band.type());
+      tint.setTo(artefact_colour(a));
+      cv::addWeighted(band, 0.55, tint, 0.45, 0.0, blended);
+      cv::Mat target = picture.rowRange(r0, r1);
+      blended.copyTo(target, at_picture.rowRange(r0, r1));
+    }
     std::vector<std::vector<cv::Point>> contours;
-    cv::findContours(scaled, contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_SIMPLE);
+    cv::findContours(at_picture, contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_SIMPLE);
     cv::drawContours(picture, contours, -1, artefact_colour(a), std::max(1, picture.cols / 400), cv::LINE_AA);
   }
-  const int width = std::max(picture.cols, 480);
-  cv::Mat canvas(picture.rows + legend_height, width, CV_8UC3, cv::Scalar(255, 255, 255));
-  picture.copyTo(canvas(cv::Rect((width - picture.cols) / 2, 0, picture.cols, picture.rows)));
   for (int k = 0; k < kArtefactCount; ++k) {
     const Artefact a = kAll[static_cast<std::size_t>(k)];
-    const int x = 8 + (k % 3) * (width / 3), y = picture.rows + 8 + (k / 3) * 22;
+    const int x = 8 + (k % 3) * (width / 3), y = rgb.rows + 8 + (k / 3) * 22;
     cv::rectangle(canvas, cv::Rect(x, y, 14, 14), artefact_colour(a), cv::FILLED);
     const std::string text =
         fmt::format("{} {:.1f}%", to_string(a), 100.0 * result.fraction[static_cast<std::size_t>(k)]);
