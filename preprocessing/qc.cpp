@@ -223,13 +223,40 @@ cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
 }
 
 // Keeps the (8-connected) components of `mask` (0 or 255) that overlap `region`: each is flooded with a mark from a
-// pixel it has in `region`, then the marked ones are kept (no label plane as large as the mask).
+// pixel it has in `region`, then the marked ones are kept (no label plane as large as the mask). The flood goes run by
+// run (a run: a row's stretch of unmarked 255s; the rows above and below are looked at one column beyond its ends).
 void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
   constexpr std::uint8_t kTouching = 128;
+  struct Run {
+    int row, left, right;  // inclusive
+  };
+  std::vector<Run> pending;
+  // Marks the run of 255s through (r, c) and queues it.
+  const auto mark_run = [&](int r, int c) {
+    auto* m = mask.ptr<std::uint8_t>(r);
+    int left = c, right = c;
+    while (left > 0 && m[left - 1] == 255) --left;
+    while (right + 1 < mask.cols && m[right + 1] == 255) ++right;
+    std::fill(m + left, m + right + 1, kTouching);
+    pending.push_back({r, left, right});
+    return right;
+  };
   for (int r = 0; r < mask.rows; ++r) {
     const auto* g = region.ptr<std::uint8_t>(r);
     for (int c = 0; c < mask.cols; ++c) {
-      if (g[c] != 0 && mask(r, c) == 255) cv::floodFill(mask, cv::Point(c, r), cv::Scalar(kTouching), nullptr, 0, 0, 8);
+      if (g[c] == 0 || mask(r, c) != 255) continue;
+      mark_run(r, c);
+      while (!pending.empty()) {
+        const Run run = pending.back();
+        pending.pop_back();
+        for (const int nr : {run.row - 1, run.row + 1}) {
+          if (nr < 0 || nr >= mask.rows) continue;
+          const auto* m = mask.ptr<std::uint8_t>(nr);
+          for (int nc = std::max(0, run.left - 1); nc <= std::min(mask.cols - 1, run.right + 1); ++nc) {
+            if (m[nc] == 255) nc = mark_run(nr, nc);
+          }
+        }
+      }
     }
   }
   for (int r = 0; r < mask.rows; ++r) {
