@@ -856,9 +856,9 @@ TissueMask qc_tissue(const cv::Mat& rgb, double downsample, double mpp) {
   return detect_tissue(rgb, downsample, mpp, tissue_options);
 }
 
-// run_qc on the QC-level image and its tissue (qc_tissue); `sharpness` gives measure_sharpness's map for a tissue mask
-// (or an empty map: blur not measured). It is asked for only when blur is looked for, after the planes the other
-// classes need are freed.
+// run_qc on the QC-level image and its tissue (qc_tissue); `sharpness_of` gives measure_sharpness's map for a tissue
+// mask (or an empty map, or is empty: blur not measured). It is asked for only when blur is looked for, after the
+// planes the other classes need are freed.
 QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const cv::Mat1b&)>& sharpness_of,
                         TissueMask qc_tissue_mask, double mpp, const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
@@ -874,7 +874,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
   const auto on = [&](Artefact a) { return options.enabled[static_cast<std::size_t>(index(a))]; };
   auto mask = [&](Artefact a) -> cv::Mat1b& { return result.masks[static_cast<std::size_t>(index(a))]; };
 
-  // Per pixel colour measures. (Brightness and stain concentrations come below, one plane at a time.)
+  // Per pixel colour measures. (Brightness and stain concentrations are derived from the image below, where needed.)
   const StainVectors stains = ruifrok_he();
   const cv::Matx33d unmix = unmixing_matrix(stains);
   const StainConcentrations concentrations(unmix);
