@@ -69,6 +69,7 @@ json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::
   const double downsample = result.tissue.downsample;
   io::write_qc_masks_png((out / (input.id + ".qc.png")).string(), prep::encode_qc_masks(result));
   io::write_png((out / (input.id + ".qc-preview.png")).string(), prep::render_qc_preview(rgb, result));
+  rgb.release();  // as large as the QC level, and not needed below
   json record = prep::qc_summary_json(input.id, input.path, result);
   record["seconds"] = core::seconds_since(start);
   // Synthetic truth beside the slide: how well each drawn class was found.

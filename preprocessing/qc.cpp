@@ -4,9 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <malloc.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -112,6 +116,90 @@ double white_distance(const cv::Vec3b& rgb) {
   return std::sqrt(dr * dr + dg * dg + db * db);
 }
 
+// What QC derives from the QC-level image again where it needs it, instead of keeping a plane of it as large as the
+// level (a CAMELYON-size slide's QC level has 21 Mpx): grey level, glass that is nearly neutral, stain concentrations.
+float grey_of(const cv::Vec3b& p) { return static_cast<float>(0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]); }
+
+cv::Mat1f grey_image(const cv::Mat& rgb) {
+  cv::Mat1f out(rgb.size());
+  for (int r = 0; r < rgb.rows; ++r) {
+    const auto* in = rgb.ptr<cv::Vec3b>(r);
+    auto* o = out.ptr<float>(r);
+    for (int c = 0; c < rgb.cols; ++c) o[c] = grey_of(in[c]);
+  }
+  return out;
+}
+
+// Far from white and nearly neutral: glass (outside tissue) that a darkened field may have turned grey.
+bool grey_glass_colour(const cv::Vec3b& p) {
+  return white_distance(p) >= 30.0 && hsv(p).saturation < kUnderMaxSaturation;
+}
+
+// The H and E concentrations (Ruifrok vectors, OD units, negative ones 0) of a pixel.
+class StainConcentrations {
+ public:
+  explicit StainConcentrations(const cv::Matx33d& unmix) : unmix_(unmix) {
+    for (int i = 0; i < 256; ++i) {
+      const auto v = static_cast<std::uint8_t>(i);
+      od_[static_cast<std::size_t>(i)] = rgb_to_od(cv::Vec3b(v, v, v))[0];
+    }
+  }
+  cv::Vec2f operator()(const cv::Vec3b& p) const {
+    const cv::Vec3d c = unmix_ * cv::Vec3d(od_[p[0]], od_[p[1]], od_[p[2]]);
+    return {static_cast<float>(std::max(0.0, c[0])), static_cast<float>(std::max(0.0, c[1]))};
+  }
+  double residual(const cv::Vec3b& p) const { return (unmix_ * cv::Vec3d(od_[p[0]], od_[p[1]], od_[p[2]]))[2]; }
+
+ private:
+  cv::Matx33d unmix_;
+  std::array<double, 256> od_{};  // rgb_to_od of each channel value
+};
+
+// The stains smoothed over a few QC pixels (a Gaussian of σ 1 px), computed a band of rows at a time instead of as two
+// float planes as large as the QC level: each band is computed from the image rows around it, beyond the kernel's
+// reach (OpenCV's float kernel for σ 1 reaches 4 px), so that every value is the one smoothing the whole plane gives.
+class SmoothedStains {
+ public:
+  static constexpr int kBandRows = 128;
+  SmoothedStains(const cv::Mat& rgb, const StainConcentrations& stains) : rgb_(rgb), stains_(stains) {}
+  // Rows [r0, r1) of the smoothed H and E planes (r1 - r0 rows).
+  void rows(int r0, int r1, cv::Mat1f& h, cv::Mat1f& e) {
+    constexpr int kMargin = 8;
+    const int a = std::max(0, r0 - kMargin), b = std::min(rgb_.rows, r1 + kMargin);
+    h_.create(b - a, rgb_.cols);
+    e_.create(b - a, rgb_.cols);
+    for (int r = a; r < b; ++r) {
+      const auto* in = rgb_.ptr<cv::Vec3b>(r);
+      auto* hr = h_.ptr<float>(r - a);
+      auto* er = e_.ptr<float>(r - a);
+      for (int c = 0; c < rgb_.cols; ++c) {
+        const cv::Vec2f he = stains_(in[c]);
+        hr[c] = he[0];
+        er[c] = he[1];
+      }
+    }
+    cv::GaussianBlur(h_, h_smooth_, cv::Size(0, 0), 1.0);
+    cv::GaussianBlur(e_, e_smooth_, cv::Size(0, 0), 1.0);
+    h = h_smooth_.rowRange(r0 - a, r1 - a);
+    e = e_smooth_.rowRange(r0 - a, r1 - a);
+  }
+  // Calls `visit(r0, r1, h, e)` for each band of rows, top to bottom.
+  template <typename Visit>
+  void each_band(const Visit& visit) {
+    cv::Mat1f h, e;
+    for (int r0 = 0; r0 < rgb_.rows; r0 += kBandRows) {
+      const int r1 = std::min(rgb_.rows, r0 + kBandRows);
+      rows(r0, r1, h, e);
+      visit(r0, r1, h, e);
+    }
+  }
+
+ private:
+  const cv::Mat& rgb_;
+  const StainConcentrations& stains_;
+  cv::Mat1f h_, e_, h_smooth_, e_smooth_;
+};
+
 // The interiors of closed outlines in `lines` (holes of its foreground), with the outlines.
 cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
   cv::Mat1b filled = lines.clone();
@@ -134,19 +222,56 @@ cv::Mat1b fill_enclosed(const cv::Mat1b& lines) {
   return filled;
 }
 
-// Keeps the components of `mask` that overlap `region`.
+// Keeps the (8-connected) components of `mask` (0 or 255) that overlap `region`: each is flooded with a mark from a
+// pixel it has in `region`, then the marked ones are kept (no label plane as large as the mask). The flood goes run by
+// run (a run: a row's stretch of unmarked 255s; the rows above and below are looked at one column beyond its ends).
 void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
-  cv::Mat labels;
-  const int n = cv::connectedComponents(mask, labels, 8, CV_32S);
-  std::vector<std::uint8_t> keep(static_cast<std::size_t>(n), 0);
+  constexpr std::uint8_t kTouching = 128;
+  struct Run {
+    int row, left, right;  // inclusive
+  };
+  std::vector<Run> pending;
+  // Marks the run of 255s through (r, c) and queues it.
+  const auto mark_run = [&](int r, int c) {
+    auto* m = mask.ptr<std::uint8_t>(r);
+    int left = c, right = c;
+    while (left > 0 && m[left - 1] == 255) --left;
+    while (right + 1 < mask.cols && m[right + 1] == 255) ++right;
+    std::fill(m + left, m + right + 1, kTouching);
+    pending.push_back({r, left, right});
+    return right;
+  };
   for (int r = 0; r < mask.rows; ++r) {
-    const auto* l = labels.ptr<int>(r);
     const auto* g = region.ptr<std::uint8_t>(r);
     for (int c = 0; c < mask.cols; ++c) {
-      if (l[c] > 0 && g[c] != 0) keep[static_cast<std::size_t>(l[c])] = 1;
+      if (g[c] == 0 || mask(r, c) != 255) continue;
+      mark_run(r, c);
+      while (!pending.empty()) {
+        const Run run = pending.back();
+        pending.pop_back();
+        for (const int nr : {run.row - 1, run.row + 1}) {
+          if (nr < 0 || nr >= mask.rows) continue;
+          const auto* m = mask.ptr<std::uint8_t>(nr);
+          for (int nc = std::max(0, run.left - 1); nc <= std::min(mask.cols - 1, run.right + 1); ++nc) {
+            if (m[nc] == 255) nc = mark_run(nr, nc);
+          }
+        }
+      }
     }
   }
-  keep_labelled(mask, labels, keep);
+  for (int r = 0; r < mask.rows; ++r) {
+    auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) m[c] = m[c] == kTouching ? 255 : 0;
+  }
+}
+
+// Frees QC-level planes no longer needed (memory grows with the slide's area), and gives the heap's free pages back to
+// the system: tessera keeps blocks up to 32 MB on the heap (app/main.cpp), where a freed plane between live ones would
+// otherwise stay resident.
+template <typename... Mats>
+void release(Mats&... mats) {
+  (mats.release(), ...);
+  malloc_trim(0);
 }
 
 // Where a stroke narrower than the width test crosses tissue (the tissue's colour takes its faded edges below the
@@ -341,7 +466,7 @@ cv::Mat1b continued_under(const cv::Mat1b& found, const cv::Mat1b& hidden) {
 
 // Drops the pieces of pen ink (`pens`, one mask a colour) below `min_pixels` unless joined, through ink of any colour
 // or `dark` pixels within `reach` (an odd kernel size) of two colours' ink (where strokes cross), to ink of another
-// colour with which they are at least `min_pixels` in all.
+// colour with which they are at least `min_pixels` in all. An empty mask (a class not looked for) holds no ink.
 void remove_small_ink(const std::array<cv::Mat1b*, 4>& pens, const cv::Mat1b& dark, int reach, double min_pixels) {
   if (min_pixels <= 1.0) return;
   const cv::Size size = dark.size();
@@ -351,19 +476,19 @@ void remove_small_ink(const std::array<cv::Mat1b*, 4>& pens, const cv::Mat1b& da
     cv::Mat1b joined = cv::Mat1b::zeros(size), crossing = cv::Mat1b::zeros(size), near;
     cv::Mat1b once = cv::Mat1b::zeros(size);  // within reach of one colour at least
     for (const cv::Mat1b* pen : pens) {
+      if (pen->empty()) continue;
       joined |= *pen;
       cv::dilate(*pen, near, elliptic(reach));
       crossing |= once & near;
       once |= near;
     }
     joined |= crossing & dark;
-    crossing.release();
-    near.release();
-    once.release();
+    release(crossing, near, once);
     n = cv::connectedComponentsWithStats(joined, joined_labels, joined_stats, centroids, 8, CV_32S);
   }
   std::vector<std::uint8_t> colours(static_cast<std::size_t>(n), 0);  // one bit a colour
   for (std::size_t i = 0; i < pens.size(); ++i) {
+    if (pens[i]->empty()) continue;
     for (int r = 0; r < size.height; ++r) {
       const auto* p = pens[i]->ptr<std::uint8_t>(r);
       const auto* l = joined_labels.ptr<int>(r);
@@ -374,7 +499,7 @@ void remove_small_ink(const std::array<cv::Mat1b*, 4>& pens, const cv::Mat1b& da
   }
   for (std::size_t i = 0; i < pens.size(); ++i) {
     cv::Mat1b& pen = *pens[i];
-    if (cv::countNonZero(pen) == 0) continue;
+    if (pen.empty() || cv::countNonZero(pen) == 0) continue;
     cv::Mat labels, stats;
     const int pieces = cv::connectedComponentsWithStats(pen, labels, stats, centroids, 8, CV_32S);
     std::vector<std::uint8_t> keep(static_cast<std::size_t>(pieces), 0);
@@ -526,32 +651,63 @@ double median_of(std::vector<float> values) {
   return *mid;
 }
 
-// Frees QC-level planes no longer needed (memory grows with the slide's area).
-template <typename... Mats>
-void release(Mats&... mats) {
-  (mats.release(), ...);
+// A class's mask that holds nothing is freed (find_artefacts gives it zeros at the end).
+void drop_if_empty(cv::Mat1b& mask) {
+  if (!mask.empty() && cv::countNonZero(mask) == 0) mask.release();
+}
+
+// The value median_of picks (the one at sorted position n/2) among `value(r, c)` for the pixels where `mask` is set
+// (`inside`) or not, without a copy of them: a histogram of the values' top 16 bits, then the values of the bin that
+// holds it. 0 when there are none. The values are floats that are not negative (their bits then sort as they do).
+template <typename Value>
+double median_where(const cv::Mat1b& mask, bool inside, const Value& value) {
+  constexpr int kShift = 16;
+  std::vector<std::uint32_t> histogram(std::size_t{1} << (32 - kShift), 0);
+  const auto key = [](float v) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits >> kShift;
+  };
+  std::uint64_t count = 0;
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if ((m[c] != 0) != inside) continue;
+      ++histogram[key(value(r, c))];
+      ++count;
+    }
+  }
+  if (count == 0) return 0.0;
+  std::uint64_t rank = count / 2, below = 0;
+  std::uint32_t bin = 0;
+  while (below + histogram[bin] <= rank) below += histogram[bin++];
+  std::vector<float> values;
+  values.reserve(histogram[bin]);
+  for (int r = 0; r < mask.rows; ++r) {
+    const auto* m = mask.ptr<std::uint8_t>(r);
+    for (int c = 0; c < mask.cols; ++c) {
+      if ((m[c] != 0) != inside) continue;
+      const float v = value(r, c);
+      if (key(v) == bin) values.push_back(v);
+    }
+  }
+  const auto at = values.begin() + static_cast<std::ptrdiff_t>(rank - below);
+  std::nth_element(values.begin(), at, values.end());
+  return *at;
 }
 
 // The median of `plane` over the pixels where `mask` is set (`inside`) or not; 0 when there are none.
 double median_where(const cv::Mat1f& plane, const cv::Mat1b& mask, bool inside) {
-  std::vector<float> values;
-  values.reserve(static_cast<std::size_t>(inside ? cv::countNonZero(mask) : plane.total() - cv::countNonZero(mask)));
-  for (int r = 0; r < plane.rows; ++r) {
-    const auto* v = plane.ptr<float>(r);
-    const auto* m = mask.ptr<std::uint8_t>(r);
-    for (int c = 0; c < plane.cols; ++c) {
-      if ((m[c] != 0) == inside) values.push_back(v[c]);
-    }
-  }
-  return median_of(std::move(values));
+  return median_where(mask, inside, [&](int r, int c) { return plane(r, c); });
 }
 
 // The components of `candidates` (wide areas of tissue darkened by a neutral grey) that are fields of an exposure
-// fault: at least `min_pixels`, less than half on `fold`, and their median `grey` below `ratio` times the median grey
-// of the tissue around them (tissue outside `candidates` at most `ring` pixels away; at least a quarter of
-// `min_pixels` of it). Dense tissue is about as bright as the tissue it lies in; a camera field darkened by a neutral
-// grey is far darker, and so is a fold (tissue lying double), which is why folds are left out.
-cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, const cv::Mat1b& tissue,
+// fault: at least `min_pixels`, less than half on `fold` (empty: no folds), and their median grey level (of `rgb`)
+// below `ratio` times the median grey of the tissue around them (tissue outside `candidates` at most `ring` pixels
+// away; at least a quarter of `min_pixels` of it). Dense tissue is about as bright as the tissue it lies in; a camera
+// field darkened by a neutral grey is far darker, and so is a fold (tissue lying double), which is why folds are left
+// out.
+cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat& rgb, const cv::Mat1b& tissue,
                           const cv::Mat1b& fold, double ratio, int ring, double min_pixels) {
   cv::Mat labels, stats, centroids;
   const int n = cv::connectedComponentsWithStats(candidates, labels, stats, centroids, 8, CV_32S);
@@ -564,12 +720,12 @@ cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, co
                  stats.at<int>(i, cv::CC_STAT_WIDTH) + 2 * ring, stats.at<int>(i, cv::CC_STAT_HEIGHT) + 2 * ring) &
         whole;
     const cv::Mat1b field = labels(box) == i;
-    if (2 * cv::countNonZero(field & fold(box)) >= stats.at<int>(i, cv::CC_STAT_AREA)) continue;
+    if (!fold.empty() && 2 * cv::countNonZero(field & fold(box)) >= stats.at<int>(i, cv::CC_STAT_AREA)) continue;
     cv::Mat1b around;
     cv::dilate(field, around, elliptic(2 * ring + 1));
     around &= tissue(box) & ~candidates(box);
     if (cv::countNonZero(around) < min_pixels / 4.0) continue;
-    const cv::Mat1f g = grey(box);
+    const cv::Mat1f g = grey_image(rgb(box));
     if (median_where(g, field, true) < ratio * median_where(g, around, true)) keep[static_cast<std::size_t>(i)] = 1;
   }
   cv::Mat1b out = candidates.clone();
@@ -577,25 +733,45 @@ cv::Mat1b darkened_fields(const cv::Mat1b& candidates, const cv::Mat1f& grey, co
   return out;
 }
 
-// The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized to
-// kConcentrationLevels per unit; pixels off tissue count as the tissue's global median.
-cv::Mat1f local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
-  cv::Mat1b q(value.size());
+// `value` quantized to kConcentrationLevels per unit (Concentrations gives it in OD units) into `out` (same size),
+// where `tissue` is set; elsewhere `global` (the tissue's global median) quantized.
+void quantize_tissue(const cv::Mat1f& value, const cv::Mat1b& tissue, double global, cv::Mat1b& out) {
   for (int r = 0; r < value.rows; ++r) {
     const auto* v = value.ptr<float>(r);
     const auto* t = tissue.ptr<std::uint8_t>(r);
-    auto* o = q.ptr<std::uint8_t>(r);
+    auto* o = out.ptr<std::uint8_t>(r);
     for (int c = 0; c < value.cols; ++c) {
       const double x = t[c] != 0 ? v[c] : global;
       o[c] = cv::saturate_cast<std::uint8_t>(x * kConcentrationLevels);
     }
   }
+}
+
+// The local median of `value` over tissue (`tissue` 255) in a `window`-pixel square, quantized (quantize_tissue);
+// pixels off tissue count as the tissue's global median.
+cv::Mat1b local_tissue_median(const cv::Mat1f& value, const cv::Mat1b& tissue, int window, double global) {
+  cv::Mat1b q(value.size());
+  quantize_tissue(value, tissue, global, q);
   cv::Mat1b median;
   cv::medianBlur(q, median, window | 1);
-  cv::Mat1f out;
-  median.convertTo(out, CV_32F, 1.0 / kConcentrationLevels);
-  return out;
+  return median;
 }
+
+// A quantized concentration (local_tissue_median) in OD units, as converting the whole plane to float gives it.
+class Concentrations {
+ public:
+  Concentrations() {
+    cv::Mat1b levels(1, 256);
+    for (int i = 0; i < 256; ++i) levels(0, i) = static_cast<std::uint8_t>(i);
+    cv::Mat1f values;
+    levels.convertTo(values, CV_32F, 1.0 / kConcentrationLevels);
+    for (int i = 0; i < 256; ++i) table_[static_cast<std::size_t>(i)] = values(0, i);
+  }
+  float operator()(std::uint8_t level) const { return table_[level]; }
+
+ private:
+  std::array<float, 256> table_{};
+};
 
 }  // namespace
 
@@ -768,45 +944,38 @@ TissueMask qc_tissue(const cv::Mat& rgb, double downsample, double mpp) {
   return detect_tissue(rgb, downsample, mpp, tissue_options);
 }
 
-// run_qc on the QC-level image, its sharpness and its tissue (qc_tissue).
-QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMask qc_tissue_mask, double mpp,
-                        const QcOptions& options) {
+// run_qc on the QC-level image and its tissue (qc_tissue); `sharpness_of` gives measure_sharpness's map for a tissue
+// mask (or an empty map, or is empty: blur not measured). It is asked for only when blur is looked for, after the
+// planes the other classes need are freed.
+QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const cv::Mat1b&)>& sharpness_of,
+                        TissueMask qc_tissue_mask, double mpp, const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
-  if (!sharpness.empty() && sharpness.size() != rgb.size()) {
-    throw core::InternalError("run_qc: the sharpness map must have the image's size");
-  }
   QcResult result;
   result.options = options;
   result.tissue = std::move(qc_tissue_mask);
   const cv::Mat1b& tissue = result.tissue.mask;
   const cv::Size size = rgb.size();
-  for (auto& m : result.masks) m = cv::Mat1b::zeros(size);
-  result.severe_blur = cv::Mat1b::zeros(size);
+  // Each class's mask is made where it is found (zeros for the others at the end): a mask not found yet takes no
+  // memory.
   const double um2_per_pixel = mpp * mpp;
   const double min_pixels = options.min_artefact_um2 / um2_per_pixel;
   const auto on = [&](Artefact a) { return options.enabled[static_cast<std::size_t>(index(a))]; };
   auto mask = [&](Artefact a) -> cv::Mat1b& { return result.masks[static_cast<std::size_t>(index(a))]; };
 
-  // Per pixel colour measures, brightness, stain concentrations.
+  // Per pixel colour measures. (Brightness and stain concentrations are derived from the image below, where needed.)
   const StainVectors stains = ruifrok_he();
   const cv::Matx33d unmix = unmixing_matrix(stains);
-  cv::Mat1f h(size), e(size), grey(size);
+  const StainConcentrations concentrations(unmix);
   cv::Mat1b ink_green = cv::Mat1b::zeros(size), ink_blue = cv::Mat1b::zeros(size), ink_black = cv::Mat1b::zeros(size),
-            ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size), clipped = cv::Mat1b::zeros(size),
-            grey_glass = cv::Mat1b::zeros(size), strongly_neutral = cv::Mat1b::zeros(size),
-            rim = cv::Mat1b::zeros(size), dark = cv::Mat1b::zeros(size);
+            ink_red = cv::Mat1b::zeros(size), neutral = cv::Mat1b::zeros(size),
+            strongly_neutral = cv::Mat1b::zeros(size), rim = cv::Mat1b::zeros(size), dark = cv::Mat1b::zeros(size);
   for (int r = 0; r < size.height; ++r) {
     const auto* in = rgb.ptr<cv::Vec3b>(r);
-    const auto* t = tissue.ptr<std::uint8_t>(r);
     for (int c = 0; c < size.width; ++c) {
       const cv::Vec3b& p = in[c];
       const Hsv v = hsv(p);
       const double distance = white_distance(p);
-      const float g = static_cast<float>(0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]);
-      grey(r, c) = g;
-      const cv::Vec3d od = unmix * rgb_to_od(p);
-      h(r, c) = static_cast<float>(std::max(0.0, od[0]));
-      e(r, c) = static_cast<float>(std::max(0.0, od[1]));
+      const double residual = concentrations.residual(p);
       const bool far_from_white = distance >= 30.0;
       bool coloured_ink = false;
       if (far_from_white) {
@@ -820,24 +989,12 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
           (v.hue < kBlueHueMin ? ink_green : ink_blue)(r, c) = 255;
           coloured_ink = true;
         }
-        if (!coloured_ink && od[2] >= kNeutralMinResidual) neutral(r, c) = 255;
-        if (!coloured_ink && od[2] >= kRimMinResidual) rim(r, c) = 255;
-        if (!coloured_ink && od[2] >= kBlackMinResidual) strongly_neutral(r, c) = 255;
-        if (t[c] == 0 && v.saturation < kUnderMaxSaturation) grey_glass(r, c) = 255;
+        if (!coloured_ink && residual >= kNeutralMinResidual) neutral(r, c) = 255;
+        if (!coloured_ink && residual >= kRimMinResidual) rim(r, c) = 255;
+        if (!coloured_ink && residual >= kBlackMinResidual) strongly_neutral(r, c) = 255;
       }
-      if (std::max({p[0], p[1], p[2]}) >= kClippedLevel) clipped(r, c) = 255;
     }
   }
-  // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
-  const int tissue_count = cv::countNonZero(tissue);
-  const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
-  result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
-  result.background_brightness = median_where(grey, tissue, false);
-  result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
-  const double overall_brightness = cv::mean(grey)[0];
-  result.stain_h = median_where(h, tissue, true);
-  result.stain_e = median_where(e, tissue, true);
-  result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
 
   // Neutral areas split by width: thin lines are bubble rims and coverslip edges, wide ones ink (black ink must be
   // wide and neutral too).
@@ -845,6 +1002,11 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   cv::Mat1b wide;
   cv::morphologyEx(neutral, wide, cv::MORPH_OPEN, elliptic(rim_kernel));
   cv::dilate(wide, wide, elliptic(3));
+  // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way. Its stroke
+  // (what the mask may take back below): the black ink and the neutral pixels.
+  ink_black |= strongly_neutral;
+  cv::Mat1b black_stroke = ink_black | neutral;
+  release(neutral, strongly_neutral);
   // Rims by their own width (the faint fringe of a blurred rim passes the weaker neutral test and would widen it).
   cv::Mat1b wide_rim;
   cv::morphologyEx(rim, wide_rim, cv::MORPH_OPEN, elliptic(rim_kernel));
@@ -853,10 +1015,8 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   // and it outlines the stroke as a closed grey loop. Nothing next to coloured ink is a rim.
   cv::Mat1b ink_fringe = ink_green | ink_blue | ink_red;
   cv::dilate(ink_fringe, ink_fringe, elliptic(5));
-  const cv::Mat1b thin = rim & ~wide_rim & ~ink_fringe;
-  // Black ink: dark and neutral, or (over tissue, where H&E adds colour) strongly neutral; wide either way.
-  ink_black |= strongly_neutral;
-  cv::Mat1b black_stroke = ink_black | neutral;
+  cv::Mat1b thin = rim & ~wide_rim & ~ink_fringe;
+  release(rim, wide_rim, ink_fringe);
   cv::Mat1b narrow = ink_black.clone();
   cv::morphologyEx(ink_black, ink_black, cv::MORPH_OPEN, elliptic(rim_kernel));
   // The width test shaves a stroke's rounded ends and faded edges: a short stroke about as wide as a rim passes it and
@@ -903,7 +1063,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   for (const auto& [a, ink] : inks) {
     if (on(a)) cv::morphologyEx(a == Artefact::pen_black ? black_stroke : *ink, mask(a), cv::MORPH_CLOSE, elliptic(3));
   }
-  black_stroke.release();
+  release(black_stroke);
   // Where strokes of two colours cross, the crossing is darker than either and of neither colour: it cuts a short
   // stroke into pieces that may each be below the smallest artefact while the stroke is not. Ink is sized with all its
   // colours together (crossings: dark pixels within the width test's reach of two colours' ink); a piece of one colour
@@ -912,7 +1072,22 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
   remove_small_ink(
       {&mask(Artefact::pen_green), &mask(Artefact::pen_blue), &mask(Artefact::pen_black), &mask(Artefact::pen_red)},
       dark, rim_kernel, min_pixels);
-  dark.release();
+  release(dark);
+  for (const auto& [a, ink] : inks) drop_if_empty(mask(a));
+  // Of black ink, blur's sharpness reference leaves out only the wide core under its mask: the faded edge the mask
+  // takes back stays in, as the tissue beside a stroke (a blur patch running up to it) is weighed through it (left out,
+  // blur on seed 9161 fell from 0.613 to 0.592).
+  cv::Mat1b black_core;
+  if (on(Artefact::blur) && sharpness_of && !mask(Artefact::pen_black).empty()) {
+    cv::morphologyEx(ink_black, black_core, cv::MORPH_CLOSE, elliptic(3));
+    black_core &= mask(Artefact::pen_black);
+    drop_if_empty(black_core);
+  }
+  // The raw ink pixels, also of a class that is off (its ink still hides the tissue) and the specks the pen masks
+  // drop: folds and exposure faults are not looked for under them (the pen masks instead take 0.784 -> 0.541 of one
+  // fold on seed 9111 and 0.676 -> 0.576 of one on 9161).
+  cv::Mat1b ink = ink_green | ink_blue | ink_black | ink_red;
+  release(ink_green, ink_blue, ink_black, ink_red);
 
   // Bubbles and coverslip edges: grey lines, and what closed lines enclose.
   cv::Mat1b rims = cv::Mat1b::zeros(size);  // the grey lines, kept out of the sharpness reference
@@ -925,56 +1100,101 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     keep_round(mask(Artefact::bubble));
     const double min_radius = std::max(3.0, std::sqrt(min_pixels / M_PI));
     mask(Artefact::bubble) |= circles_on_rims(lines, min_radius, 0.5 * std::min(size.width, size.height), rim_kernel);
+    drop_if_empty(mask(Artefact::bubble));
   }
 
-  // The section's outline: tissue with its gaps closed and holes filled (for exposure).
+  // The section's outline: tissue with its gaps closed and holes filled (for exposure; made before the stain planes,
+  // as filling takes a label plane).
   cv::Mat1b section;
-  cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
-  section = fill_enclosed(section);
+  if (on(Artefact::overexposed)) {
+    cv::morphologyEx(tissue, section, cv::MORPH_CLOSE, elliptic(9));
+    section = fill_enclosed(section);
+  }
 
-  // The stains' local medians over the tissue around each pixel (folds and over-exposure compare against them).
-  cv::Mat1f h_smooth, e_smooth, h_local, e_local;
+  // The slide's measures, one plane at a time (a QC-level plane is large on a large slide).
+  const int tissue_count = cv::countNonZero(tissue);
+  const bool has_tissue = tissue_count > 0, has_background = tissue_count < size.area();
+  result.tissue_area_mm2 = result.tissue.tissue_area_mm2();
+  double overall_brightness = 0.0;
+  {
+    const cv::Mat1f grey = grey_image(rgb);
+    result.background_brightness = median_where(grey, tissue, false);
+    result.brightness = has_tissue ? cv::mean(grey, tissue)[0] : 0.0;
+    overall_brightness = cv::mean(grey)[0];
+  }
+  // The stains' medians over the tissue, and their local medians over the tissue around each pixel (folds and
+  // over-exposure compare the smoothed stains against them).
+  const auto stain_at = [&](int k) {
+    return [&, k](int r, int c) { return concentrations(rgb.ptr<cv::Vec3b>(r)[c])[k]; };
+  };
+  result.stain_h = median_where(tissue, true, stain_at(0));
+  result.stain_e = median_where(tissue, true, stain_at(1));
+  result.stain_angle = std::atan2(result.stain_e, result.stain_h) * 180.0 / M_PI;
+  SmoothedStains smoothed(rgb, concentrations);
+  cv::Mat1b h_local, e_local;  // quantized (Concentrations gives the OD)
   if (has_tissue) {
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
-    cv::GaussianBlur(h, h_smooth, cv::Size(0, 0), 1.0);
-    cv::GaussianBlur(e, e_smooth, cv::Size(0, 0), 1.0);
-    h.release();
-    e.release();
-    h_local = local_tissue_median(h_smooth, tissue, window, result.stain_h);
-    e_local = local_tissue_median(e_smooth, tissue, window, result.stain_e);
+    cv::Mat1b h_levels(size), e_levels(size);
+    smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h, const cv::Mat1f& e) {
+      const cv::Mat1b t = tissue.rowRange(r0, r1);
+      cv::Mat1b hq = h_levels.rowRange(r0, r1), eq = e_levels.rowRange(r0, r1);
+      quantize_tissue(h, t, result.stain_h, hq);
+      quantize_tissue(e, t, result.stain_e, eq);
+    });
+    cv::medianBlur(h_levels, h_local, window | 1);
+    release(h_levels);
+    cv::medianBlur(e_levels, e_local, window | 1);
   }
+  const Concentrations concentration;
   constexpr float kMinConcentration = 0.02f;  // against ratios of nearly nothing
 
   if (on(Artefact::overexposed)) {
     // Tissue with a clipped channel, and tissue whose stains are both far paler than the tissue around it: washed
     // out. (Bright glass beside the section is harmless, and some scanners clip their glass anyway.)
-    cv::Mat1b over = clipped & tissue;
-    if (!h_local.empty()) {
-      for (int r = 0; r < size.height; ++r) {
-        for (int c = 0; c < size.width; ++c) {
-          if (tissue(r, c) == 0) continue;
-          const float hl = std::max(h_local(r, c), kMinConcentration), el = std::max(e_local(r, c), kMinConcentration);
-          if (h_smooth(r, c) * kOverexposureRatio <= hl && e_smooth(r, c) * kOverexposureRatio <= el) over(r, c) = 255;
-        }
+    cv::Mat1b over = cv::Mat1b::zeros(size);
+    for (int r = 0; r < size.height; ++r) {
+      const auto* in = rgb.ptr<cv::Vec3b>(r);
+      for (int c = 0; c < size.width; ++c) {
+        const cv::Vec3b& p = in[c];
+        if (tissue(r, c) != 0 && std::max({p[0], p[1], p[2]}) >= kClippedLevel) over(r, c) = 255;
       }
+    }
+    if (!h_local.empty()) {
+      smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h_smooth, const cv::Mat1f& e_smooth) {
+        for (int r = r0; r < r1; ++r) {
+          for (int c = 0; c < size.width; ++c) {
+            if (tissue(r, c) == 0) continue;
+            const float hl = std::max(concentration(h_local(r, c)), kMinConcentration);
+            const float el = std::max(concentration(e_local(r, c)), kMinConcentration);
+            if (h_smooth(r - r0, c) * kOverexposureRatio <= hl && e_smooth(r - r0, c) * kOverexposureRatio <= el) {
+              over(r, c) = 255;
+            }
+          }
+        }
+      });
     }
     // Clipping is patchy inside a washed-out field: join first, then drop specks.
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(5));
     cv::morphologyEx(over, over, cv::MORPH_OPEN, elliptic(3));
     cv::morphologyEx(over, over, cv::MORPH_CLOSE, elliptic(7));
     keep_touching(over, section);
+    release(section);
     // Tissue seen through a bubble is paler too: that is the bubble (its own class), not the exposure.
-    over &= ~mask(Artefact::bubble);
+    if (!mask(Artefact::bubble).empty()) over &= ~mask(Artefact::bubble);
     mask(Artefact::overexposed) = over;
     remove_small_objects(mask(Artefact::overexposed), min_pixels);
+    drop_if_empty(mask(Artefact::overexposed));
   }
   // Folds: both stains raised against the tissue around. Inside an over-exposed field or a bubble every stain is
   // paler: there "around" is the tissue of that field or bubble (a fold crossing it stays raised against it). Found for
   // under-exposure too, which leaves folds out of its fields, and kept as a class only when folds are on.
   if ((on(Artefact::fold) || on(Artefact::underexposed)) && has_tissue) {
-    cv::Mat1f h_ref = h_local.clone(), e_ref = e_local.clone();
+    // The reference is the local median, replaced inside each field and bubble (h_local and e_local are not needed
+    // after this).
+    cv::Mat1b &h_ref = h_local, &e_ref = e_local;
     const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
+      if (mask(a).empty()) continue;
       // Each field or bubble on its own: fields differ in how much they wash out, and a false field at a section's
       // pale edge must not set the reference of a real one.
       const cv::Mat1b domains = mask(a) & tissue;
@@ -988,44 +1208,49 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
                      stats.at<int>(i, cv::CC_STAT_WIDTH) + window, stats.at<int>(i, cv::CC_STAT_HEIGHT) + window) &
             cv::Rect(0, 0, size.width, size.height);
         const cv::Mat1b domain = labels(box) == i;
+        cv::Mat1f h_rows, e_rows;
+        smoothed.rows(box.y, box.y + box.height, h_rows, e_rows);
+        const cv::Rect columns(box.x, 0, box.width, box.height);
+        const cv::Mat1f h_smooth = h_rows(columns), e_smooth = e_rows(columns);
         std::vector<float> hs, es;
         for (int r = 0; r < box.height; ++r) {
           for (int c = 0; c < box.width; ++c) {
             if (domain(r, c) == 0) continue;
-            hs.push_back(h_smooth(box.y + r, box.x + c));
-            es.push_back(e_smooth(box.y + r, box.x + c));
+            hs.push_back(h_smooth(r, c));
+            es.push_back(e_smooth(r, c));
           }
         }
-        cv::Mat1f h_box = h_ref(box), e_box = e_ref(box);
-        local_tissue_median(h_smooth(box), domain, window, median_of(hs)).copyTo(h_box, domain);
-        local_tissue_median(e_smooth(box), domain, window, median_of(es)).copyTo(e_box, domain);
+        cv::Mat1b h_box = h_ref(box), e_box = e_ref(box);
+        local_tissue_median(h_smooth, domain, window, median_of(hs)).copyTo(h_box, domain);
+        local_tissue_median(e_smooth, domain, window, median_of(es)).copyTo(e_box, domain);
       }
     }
     // Hysteresis: where a fold thins out or fades (its ends, a crossing), its pixels are raised less; they count
     // when they join pixels raised by the full ratio.
     const double weak_ratio = 1.0 + kFoldWeakShare * (options.fold_ratio - 1.0);
     cv::Mat1b fold = cv::Mat1b::zeros(size), weak = cv::Mat1b::zeros(size);
-    for (int r = 0; r < size.height; ++r) {
-      for (int c = 0; c < size.width; ++c) {
-        if (tissue(r, c) == 0) continue;
-        const float hl = std::max(h_ref(r, c), kMinConcentration), el = std::max(e_ref(r, c), kMinConcentration);
-        if (h_smooth(r, c) >= options.fold_ratio * hl && e_smooth(r, c) >= options.fold_ratio * el) fold(r, c) = 255;
-        if (h_smooth(r, c) >= weak_ratio * hl && e_smooth(r, c) >= weak_ratio * el) weak(r, c) = 255;
-        // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin far
-        // above the tissue around, haematoxylin not far below it.
-        if (e_smooth(r, c) >= kFoldEosinRatio * el && h_smooth(r, c) >= kFoldMinHaematoxylinShare * hl)
-          weak(r, c) = 255;
+    smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h_smooth, const cv::Mat1f& e_smooth) {
+      for (int r = r0; r < r1; ++r) {
+        for (int c = 0; c < size.width; ++c) {
+          if (tissue(r, c) == 0) continue;
+          const float hl = std::max(concentration(h_ref(r, c)), kMinConcentration);
+          const float el = std::max(concentration(e_ref(r, c)), kMinConcentration);
+          const float hs = h_smooth(r - r0, c), es = e_smooth(r - r0, c);
+          if (hs >= options.fold_ratio * hl && es >= options.fold_ratio * el) fold(r, c) = 255;
+          if (hs >= weak_ratio * hl && es >= weak_ratio * el) weak(r, c) = 255;
+          // A fold over eosin-rich tissue in a haematoxylin-rich neighbourhood, or across a washed-out field: eosin
+          // far above the tissue around, haematoxylin not far below it.
+          if (es >= kFoldEosinRatio * el && hs >= kFoldMinHaematoxylinShare * hl) weak(r, c) = 255;
+        }
       }
-    }
+    });
+    release(h_ref, e_ref);
     // Ink strokes hide the tissue under them, and their blurred edges (a QC pixel partly on the stroke, and the
     // stains' smoothing) add the ink's colour, which raises both stains as doubled tissue does: folds are found beside
     // a stroke, 2 px clear of it, and continue under it where found on both sides (the fold's mask then covers the
     // ink it runs under, as the fold lies there).
-    // The raw ink pixels, also of a class that is off (its ink still hides the tissue) and the specks the pen masks
-    // drop (the pen masks instead take 0.784 -> 0.541 of one fold on seed 9111 and 0.676 -> 0.576 of one on 9161).
-    cv::Mat1b hidden = cv::Mat1b::zeros(size);
-    for (const auto& [a, ink] : inks) hidden |= *ink;
-    cv::dilate(hidden, hidden, elliptic(5));
+    cv::Mat1b hidden;
+    cv::dilate(ink, hidden, elliptic(5));
     fold &= ~hidden;
     weak &= ~hidden;
     cv::morphologyEx(fold, fold, cv::MORPH_OPEN, elliptic(3));
@@ -1033,92 +1258,121 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
     // The opening may take a pixel or two more beside them: a fold is continued across both.
     cv::dilate(hidden, hidden, elliptic(5));
     weak |= continued_under(weak | fold, hidden);
+    release(hidden);
     keep_touching(weak, fold);
     fold |= weak;
+    release(weak);
     cv::morphologyEx(fold, mask(Artefact::fold), cv::MORPH_CLOSE, elliptic(5));
+    release(fold);
     mask(Artefact::fold) &= tissue;
     // A thin fold crossing a bubble, an exposure field or a hole is found in pieces, each maybe smaller than a speck:
     // they are judged together.
     remove_small_chains(mask(Artefact::fold), min_pixels, kFoldMaxGapUm / mpp);
+    drop_if_empty(mask(Artefact::fold));
   }
+  release(h_local, e_local);
 
   if (on(Artefact::underexposed) && has_background) {
     // Neutral glass far darker than the slide's glass, and tissue darkened by a neutral grey over wide areas (not
     // black ink); each such field's convex hull takes in what lies between.
     const double limit = options.underexposure_ratio * result.background_brightness;
-    cv::Mat1b dark_glass = (grey < limit) & grey_glass & ~thin;
-    for (const auto& [a, ink] : inks) dark_glass &= ~*ink;
+    cv::Mat1b dark_glass(size);
+    constexpr int kBandRows = 64;  // the grey level a band of rows at a time
+    for (int r0 = 0; r0 < size.height; r0 += kBandRows) {
+      const int r1 = std::min(size.height, r0 + kBandRows);
+      const cv::Mat1b darker = grey_image(rgb.rowRange(r0, r1)) < limit;
+      for (int r = r0; r < r1; ++r) {
+        const auto* in = rgb.ptr<cv::Vec3b>(r);
+        for (int c = 0; c < size.width; ++c) {
+          const bool darkened = darker(r - r0, c) != 0 && tissue(r, c) == 0 && grey_glass_colour(in[c]) &&
+                                thin(r, c) == 0 && ink(r, c) == 0;
+          dark_glass(r, c) = darkened ? 255 : 0;
+        }
+      }
+    }
     cv::morphologyEx(dark_glass, dark_glass, cv::MORPH_OPEN, elliptic(5));
     remove_small_objects(dark_glass, min_pixels / 4.0);
     // Darkened tissue counts only where it joins darkened glass, or where it is a field far darker than the tissue
     // around it (a field over tissue that holds little glass): dense tissue alone is no exposure fault, and a fold
     // (found above) is darker than the tissue around it too.
-    cv::Mat1b darkened = wide & tissue & ~ink_black;
-    for (const auto& [a, ink] : inks) darkened &= ~*ink;
+    cv::Mat1b darkened = wide & tissue & ~ink;
     const int ring = std::max(1, static_cast<int>(std::lround(kUnderRingUm / mpp)));
+    cv::Mat1b fields =
+        darkened_fields(darkened, rgb, tissue, mask(Artefact::fold), options.underexposure_ratio, ring, min_pixels);
+    fields |= dark_glass;
     cv::Mat1b under = dark_glass | darkened;
-    keep_touching(under, dark_glass | darkened_fields(darkened, grey, tissue, mask(Artefact::fold),
-                                                      options.underexposure_ratio, ring, min_pixels));
+    release(dark_glass, darkened);
+    keep_touching(under, fields);
+    release(fields);
     cv::morphologyEx(under, under, cv::MORPH_OPEN, elliptic(5));
     remove_small_objects(under, min_pixels / 4.0);
     mask(Artefact::underexposed) = convex_hulls(under);
     remove_small_objects(mask(Artefact::underexposed), min_pixels);
+    drop_if_empty(mask(Artefact::underexposed));
   }
-  if (!on(Artefact::fold)) mask(Artefact::fold).setTo(0);  // found above for under-exposure only
-
-  // Blur and the slide's measures need none of the per-pixel planes above: each is as large as the QC level.
-  release(grey, h_smooth, e_smooth, h_local, e_local, neutral, clipped, grey_glass, strongly_neutral, rim, wide,
-          wide_rim, ink_fringe, section);
+  if (!on(Artefact::fold)) mask(Artefact::fold).release();  // found above for under-exposure only
+  // Blur needs none of the planes above but the rims.
+  release(wide, ink, thin);
 
   // Out of focus: sharpness relative to the slide's own tissue, smoothed over a few QC pixels.
-  if (on(Artefact::blur) && !sharpness.empty()) {
-    cv::Mat1b sharp_tissue = tissue.clone();
-    // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
-    // inside a bubble is still tissue, and may be out of focus as any other.)
-    for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_red, Artefact::fold}) {
-      sharp_tissue &= ~mask(a);
+  if (on(Artefact::blur) && sharpness_of) {
+    cv::Mat1f sharpness = sharpness_of(tissue);
+    if (!sharpness.empty() && sharpness.size() != size) {
+      throw core::InternalError("run_qc: the sharpness map must have the image's size");
     }
-    // Of black ink only its wide core: the faded edge its mask takes back stays in, as the tissue beside a stroke (a
-    // blur patch running up to it) is weighed through it (left out, blur on seed 9161 fell from 0.613 to 0.592).
-    {
-      cv::Mat1b core;
-      cv::morphologyEx(ink_black, core, cv::MORPH_CLOSE, elliptic(3));
-      sharp_tissue &= ~(core & mask(Artefact::pen_black));
-    }
-    sharp_tissue &= ~rims;
-    cv::Mat1b inner;
-    cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
-    std::vector<float> values;
-    for (int r = 0; r < size.height; ++r) {
-      for (int c = 0; c < size.width; ++c) {
-        if (inner(r, c) != 0) values.push_back(sharpness(r, c));
-      }
-    }
-    result.sharpness = median_of(values);
-    if (result.sharpness > 0.0) {
-      // Mean over tissue in a small window: normalized convolution.
-      cv::Mat1f weight, sum;
-      inner.convertTo(weight, CV_32F, 1.0 / 255.0);
-      cv::Mat1f weighted = sharpness.mul(weight);
-      const cv::Size window(7, 7);
-      cv::blur(weighted, sum, window);
-      cv::blur(weight, weight, window);
-      cv::Mat1b blur = cv::Mat1b::zeros(size), severe = cv::Mat1b::zeros(size);
-      for (int r = 0; r < size.height; ++r) {
-        for (int c = 0; c < size.width; ++c) {
-          if (tissue(r, c) == 0 || weight(r, c) < 0.2f) continue;
-          const double ratio = sum(r, c) / weight(r, c) / result.sharpness;
-          if (ratio < options.blur_ratio) blur(r, c) = 255;
-          if (ratio < options.severe_blur_ratio) severe(r, c) = 255;
+    if (!sharpness.empty()) {
+      cv::Mat1b inner;
+      {
+        cv::Mat1b sharp_tissue = tissue.clone();
+        // Ink, folds and bubble rims have sharpness of their own; they are not the tissue's reference. (The tissue
+        // inside a bubble is still tissue, and may be out of focus as any other.) Of black ink only its wide core
+        // (black_core above).
+        for (const Artefact a : {Artefact::pen_green, Artefact::pen_blue, Artefact::pen_red, Artefact::fold}) {
+          if (!mask(a).empty()) sharp_tissue &= ~mask(a);
         }
+        if (!black_core.empty()) sharp_tissue &= ~black_core;
+        release(black_core);
+        sharp_tissue &= ~rims;
+        cv::erode(sharp_tissue, inner, elliptic(5));  // a section's rim is sharp against glass
       }
-      cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
-      blur &= tissue;
-      remove_small_objects(blur, min_pixels);
-      mask(Artefact::blur) = blur;
-      result.severe_blur = severe & blur;
+      result.sharpness = median_where(sharpness, inner, true);
+      if (result.sharpness > 0.0) {
+        // Mean over tissue in a small window: normalized convolution (the weighted sharpness and its sum in place).
+        cv::Mat1f weight;
+        inner.convertTo(weight, CV_32F, 1.0 / 255.0);
+        release(inner);
+        cv::multiply(sharpness, weight, sharpness);
+        const cv::Size window(7, 7);
+        cv::blur(sharpness, sharpness, window);
+        cv::blur(weight, weight, window);
+        const cv::Mat1f& sum = sharpness;
+        cv::Mat1b blur = cv::Mat1b::zeros(size), severe = cv::Mat1b::zeros(size);
+        for (int r = 0; r < size.height; ++r) {
+          for (int c = 0; c < size.width; ++c) {
+            if (tissue(r, c) == 0 || weight(r, c) < 0.2f) continue;
+            const double ratio = sum(r, c) / weight(r, c) / result.sharpness;
+            if (ratio < options.blur_ratio) blur(r, c) = 255;
+            if (ratio < options.severe_blur_ratio) severe(r, c) = 255;
+          }
+        }
+        release(sharpness, weight);
+        cv::morphologyEx(blur, blur, cv::MORPH_CLOSE, elliptic(5));
+        blur &= tissue;
+        remove_small_objects(blur, min_pixels);
+        result.severe_blur = severe & blur;
+        mask(Artefact::blur) = blur;
+        drop_if_empty(mask(Artefact::blur));
+        drop_if_empty(result.severe_blur);
+      }
     }
   }
+  release(rims);
+  // Classes found nowhere, or not looked for, share one plane of zeros.
+  const cv::Mat1b zeros = cv::Mat1b::zeros(size);
+  for (auto& m : result.masks) {
+    if (m.empty()) m = zeros;
+  }
+  if (result.severe_blur.empty()) result.severe_blur = zeros;
 
   const double tissue_pixels = std::max(1, cv::countNonZero(tissue));
   for (const Artefact a : kAll) {
@@ -1152,7 +1406,9 @@ QcResult find_artefacts(const cv::Mat& rgb, const cv::Mat1f& sharpness, TissueMa
 QcResult run_qc(const cv::Mat& rgb, const cv::Mat1f& sharpness, double downsample, double mpp,
                 const QcOptions& options) {
   if (rgb.type() != CV_8UC3) throw core::InternalError("run_qc needs an RGB CV_8UC3 image");
-  return find_artefacts(rgb, sharpness, qc_tissue(rgb, downsample, mpp), mpp, options);
+  // A copy: the blur stage works on the map in place.
+  const auto given = [&](const cv::Mat1b&) { return cv::Mat1f(sharpness.clone()); };
+  return find_artefacts(rgb, given, qc_tissue(rgb, downsample, mpp), mpp, options);
 }
 
 QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_out) {
@@ -1171,11 +1427,10 @@ QcResult run_qc(const io::Slide& slide, const QcOptions& options, cv::Mat* rgb_o
                            slide.path());
   }
   const double mpp = slide.mpp() * downsample;
-  TissueMask tissue = qc_tissue(rgb, downsample, mpp);
-  // Sharpness is used over tissue only (run_qc): the rest of the slide is not read at blur_mpp.
-  const bool blur = options.enabled[static_cast<std::size_t>(index(Artefact::blur))];
-  const cv::Mat1f sharpness = blur ? measure_sharpness(slide, rgb.size(), options, tissue.mask) : cv::Mat1f();
-  QcResult result = find_artefacts(rgb, sharpness, std::move(tissue), mpp, options);
+  // Sharpness is used over tissue only: the rest of the slide is not read at blur_mpp. It is read when blur is looked
+  // for, after the other classes' planes are freed.
+  const auto measured = [&](const cv::Mat1b& tissue) { return measure_sharpness(slide, rgb.size(), options, tissue); };
+  QcResult result = find_artefacts(rgb, measured, qc_tissue(rgb, downsample, mpp), mpp, options);
   if (rgb_out != nullptr) *rgb_out = rgb;
   return result;
 }
@@ -1260,27 +1515,37 @@ cv::Scalar artefact_colour(Artefact artefact) {
 }
 
 cv::Mat render_qc_preview(const cv::Mat& rgb, const QcResult& result) {
-  cv::Mat picture = rgb.clone();
   const int legend_height = 22 * ((kArtefactCount + 2) / 3) + 8;
+  const int width = std::max(rgb.cols, 480);
+  cv::Mat canvas(rgb.rows + legend_height, width, CV_8UC3, cv::Scalar(255, 255, 255));
+  cv::Mat picture = canvas(cv::Rect((width - rgb.cols) / 2, 0, rgb.cols, rgb.rows));
+  rgb.copyTo(picture);
+  // Tinted a band of rows at a time, each a continuous image as the whole picture would be (bands of a multiple of 256
+  // bytes: OpenCV's vector loops then split every band as they split the whole picture), without whole-picture copies.
+  constexpr int kBandRows = 256;
+  cv::Mat band, tint, blended;
+  cv::Mat1b scaled;
   for (const Artefact a : kAll) {
     const cv::Mat1b& m = result.masks[static_cast<std::size_t>(index(a))];
     if (m.empty() || cv::countNonZero(m) == 0) continue;
-    cv::Mat1b scaled;
-    cv::resize(m, scaled, picture.size(), 0, 0, cv::INTER_NEAREST);
-    cv::Mat tint(picture.size(), picture.type(), artefact_colour(a));
-    cv::Mat blended;
-    cv::addWeighted(picture, 0.55, tint, 0.45, 0.0, blended);
-    blended.copyTo(picture, scaled);
+    if (m.size() != picture.size()) cv::resize(m, scaled, picture.size(), 0, 0, cv::INTER_NEAREST);
+    const cv::Mat1b& at_picture = m.size() == picture.size() ? m : scaled;
+    for (int r0 = 0; r0 < picture.rows; r0 += kBandRows) {
+      const int r1 = std::min(picture.rows, r0 + kBandRows);
+      band = picture.rowRange(r0, r1).clone();
+      tint.create(band.size(), band.type());
+      tint.setTo(artefact_colour(a));
+      cv::addWeighted(band, 0.55, tint, 0.45, 0.0, blended);
+      cv::Mat target = picture.rowRange(r0, r1);
+      blended.copyTo(target, at_picture.rowRange(r0, r1));
+    }
     std::vector<std::vector<cv::Point>> contours;
-    cv::findContours(scaled, contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_SIMPLE);
+    cv::findContours(at_picture, contours, cv::RETR_EXTERNAL, cv::CHAIN_APPROX_SIMPLE);
     cv::drawContours(picture, contours, -1, artefact_colour(a), std::max(1, picture.cols / 400), cv::LINE_AA);
   }
-  const int width = std::max(picture.cols, 480);
-  cv::Mat canvas(picture.rows + legend_height, width, CV_8UC3, cv::Scalar(255, 255, 255));
-  picture.copyTo(canvas(cv::Rect((width - picture.cols) / 2, 0, picture.cols, picture.rows)));
   for (int k = 0; k < kArtefactCount; ++k) {
     const Artefact a = kAll[static_cast<std::size_t>(k)];
-    const int x = 8 + (k % 3) * (width / 3), y = picture.rows + 8 + (k / 3) * 22;
+    const int x = 8 + (k % 3) * (width / 3), y = rgb.rows + 8 + (k / 3) * 22;
     cv::rectangle(canvas, cv::Rect(x, y, 14, 14), artefact_colour(a), cv::FILLED);
     const std::string text =
         fmt::format("{} {:.1f}%", to_string(a), 100.0 * result.fraction[static_cast<std::size_t>(k)]);

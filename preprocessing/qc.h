@@ -112,8 +112,10 @@ bool qc_enabled(const core::Config& config);
 QcOptions qc_options(const core::Config& config);
 
 struct QcResult {
-  TissueMask tissue;                              // tissue at the QC level (pen marks kept)
-  std::array<cv::Mat1b, kArtefactCount> masks;    // 255 = artefact; zeros for a disabled class
+  TissueMask tissue;  // tissue at the QC level (pen marks kept)
+  // 255 = artefact; zeros for a disabled class. run_qc gives the classes it found nowhere (and severe_blur when empty)
+  // one shared plane of zeros: read them, never write into one.
+  std::array<cv::Mat1b, kArtefactCount> masks;
   cv::Mat1b severe_blur;                          // blur below severe_blur_ratio (a subset of masks[blur])
   std::array<double, kArtefactCount> fraction{};  // of the tissue area
   std::array<double, kArtefactCount> area_mm2{};  // of the whole mask (ink and exposure may lie on glass)

@@ -67,6 +67,14 @@ constexpr double kBlackMaxSaturation = 0.45;
 
 cv::Mat elliptic(int size) { return cv::getStructuringElement(cv::MORPH_ELLIPSE, cv::Size(size, size)); }
 
+// The Euclidean RGB distance of a pixel from white.
+float distance_from_white(const cv::Vec3b& rgb) {
+  const int dr = 255 - rgb[0];
+  const int dg = 255 - rgb[1];
+  const int db = 255 - rgb[2];
+  return std::sqrt(static_cast<float>(dr * dr + dg * dg + db * db));
+}
+
 // Per pixel: HSV saturation (max − min) / max in 0..1, and the Euclidean RGB distance from white.
 void saturation_and_distance(const cv::Mat& rgb, cv::Mat1f& saturation, cv::Mat1f& white_distance) {
   saturation.create(rgb.size());
@@ -82,19 +90,15 @@ void saturation_and_distance(const cv::Mat& rgb, cv::Mat1f& saturation, cv::Mat1
       const int mx = std::max({red, green, blue});
       const int mn = std::min({red, green, blue});
       s[c] = mx == 0 ? 0.0f : static_cast<float>(mx - mn) / static_cast<float>(mx);
-      const int dr = 255 - red;
-      const int dg = 255 - green;
-      const int db = 255 - blue;
-      d[c] = std::sqrt(static_cast<float>(dr * dr + dg * dg + db * db));
+      d[c] = distance_from_white(in[c]);
     }
   }
 }
 
-// The saturation threshold: Otsu on the 8-bit saturation histogram, floored at `min_saturation`; +∞ (no
-// tissue) for an image that is one population of glass.
-double saturation_threshold(const cv::Mat1f& saturation, double min_saturation) {
-  cv::Mat1b s8;
-  saturation.convertTo(s8, CV_8U, 255.0);
+// The saturation threshold: Otsu on the 8-bit saturation histogram (`s8`: saturation_and_distance's saturation
+// converted to CV_8U at 255 per unit), floored at `min_saturation`; +∞ (no tissue) for an image that is one population
+// of glass.
+double saturation_threshold(const cv::Mat1b& s8, double min_saturation) {
   cv::Mat ignored;
   const double otsu = cv::threshold(s8, ignored, 0, 255, cv::THRESH_BINARY | cv::THRESH_OTSU);
   // Class means on either side of the Otsu threshold (cv::threshold puts values > otsu in the upper class).
@@ -223,23 +227,42 @@ TissueMask detect_tissue(const cv::Mat& rgb, double downsample, double mpp, cons
   result.mask = cv::Mat1b::zeros(rgb.size());
   if (rgb.empty()) return result;
 
+  // Saturation and distance from white as float planes a band of rows at a time (a mask of a large slide has tens of
+  // megapixels): first its 8-bit histogram's threshold, then the mask.
+  constexpr int kBandRows = 256;
   cv::Mat1f saturation, white_distance;
-  saturation_and_distance(rgb, saturation, white_distance);
-  const double threshold = saturation_threshold(saturation, options.min_saturation);
+  double threshold = 0.0;
+  {
+    cv::Mat1b s8(rgb.size());
+    for (int r0 = 0; r0 < rgb.rows; r0 += kBandRows) {
+      const int r1 = std::min(rgb.rows, r0 + kBandRows);
+      saturation_and_distance(rgb.rowRange(r0, r1), saturation, white_distance);
+      cv::Mat band = s8.rowRange(r0, r1);
+      saturation.convertTo(band, CV_8U, 255.0);
+    }
+    threshold = saturation_threshold(s8, options.min_saturation);
+  }
   if (!std::isfinite(threshold)) return result;
 
-  cv::Mat1b mask = (saturation >= threshold) & (white_distance >= options.min_white_distance);
+  cv::Mat1b mask(rgb.size());
+  for (int r0 = 0; r0 < rgb.rows; r0 += kBandRows) {
+    const int r1 = std::min(rgb.rows, r0 + kBandRows);
+    saturation_and_distance(rgb.rowRange(r0, r1), saturation, white_distance);
+    cv::Mat band = mask.rowRange(r0, r1);
+    cv::Mat1b((saturation >= threshold) & (white_distance >= options.min_white_distance)).copyTo(band);
+  }
+  saturation.release();
+  white_distance.release();
 
   cv::Mat1b pen;
   if (options.reject_pen_marks) {
     pen = cv::Mat1b::zeros(rgb.size());
     for (int r = 0; r < rgb.rows; ++r) {
       const auto* in = rgb.ptr<cv::Vec3b>(r);
-      const auto* d = white_distance.ptr<float>(r);
       auto* p = pen.ptr<std::uint8_t>(r);
       for (int c = 0; c < rgb.cols; ++c) {
         // Black ink may be too neutral to pass the saturation test, so every non-white pixel is judged.
-        if (d[c] >= options.min_white_distance && looks_like_ink(in[c])) p[c] = 255;
+        if (distance_from_white(in[c]) >= options.min_white_distance && looks_like_ink(in[c])) p[c] = 255;
       }
     }
     // The blurred rim of a stroke is paler than its core; dilation takes it too.
