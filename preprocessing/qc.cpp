@@ -791,8 +791,11 @@ QcAction parse_qc_action(const std::string& name, const std::string& key) {
 const char* to_string(QcAction action) { return action == QcAction::exclude ? "exclude" : "flag"; }
 
 core::Schema& declare_qc_keys(core::Schema& schema) {
-  schema.boolean("qc.enabled", true, "Run slide quality control (artefact masks, slide-level checks) first")
-      .number("qc.mask_mpp", 8.0, "Resolution of the QC masks in um/px", 1, 64)
+  schema
+      .boolean("qc.enabled", true, "Run slide quality control (artefact masks, slide-level checks) first")
+      // At least 3.2: the folds' and exposure's 800 um local medians must fit the 255 px window of OpenCV's 8-bit
+      // median filter (finer masks failed inside it).
+      .number("qc.mask_mpp", 8.0, "Resolution of the QC masks in um/px", 3.2, 64)
       .number("qc.blur_mpp", 1.0, "Resolution at which sharpness is measured, um/px", 0.25, 16)
       .number("qc.blur_ratio", 0.7,
               "Tissue is out of focus where its sharpness is below this share of the slide's median", 0, 1)

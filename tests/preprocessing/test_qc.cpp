@@ -11,6 +11,7 @@
 
 #include <opencv2/imgproc.hpp>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
@@ -84,6 +85,20 @@ TEST(Qc, NamesAndActionsRoundTrip) {
     ADD_FAILURE() << "no error";
   } catch (const core::ConfigError& e) {
     EXPECT_EQ(e.key(), "qc.fold.action");
+  }
+}
+
+// QC's masks finer than 3.2 um/px are refused naming the key (the 800 um local medians would not fit OpenCV's
+// 8-bit median window: `qc.mask_mpp: 2` ended in an internal error inside it).
+TEST(Qc, MaskResolutionTooFineForTheLocalMediansIsAConfigError) {
+  core::Schema schema;
+  declare_qc_keys(schema);
+  EXPECT_DOUBLE_EQ(qc_options(core::Config::parse(schema, "qc:\n  mask_mpp: 3.2\n", "job.yaml")).mask_mpp, 3.2);
+  try {
+    core::Config::parse(schema, "qc:\n  mask_mpp: 2\n", "job.yaml");
+    ADD_FAILURE() << "no error";
+  } catch (const core::ConfigError& e) {
+    EXPECT_EQ(e.key(), "qc.mask_mpp");
   }
 }
 
