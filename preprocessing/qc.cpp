@@ -265,6 +265,11 @@ void keep_touching(cv::Mat1b& mask, const cv::Mat1b& region) {
   }
 }
 
+// The folds' and exposure's local-median window (kFoldWindowUm) in QC pixels at `mpp`, at most the 255 px OpenCV's
+// 8-bit median filter takes (qc.mask_mpp is at least 3.2, but a narrow slide's QC level, rounded up to whole pixels,
+// or an image given at a finer mpp can be finer than that).
+int fold_window(double mpp) { return std::clamp(static_cast<int>(std::lround(kFoldWindowUm / mpp)), 3, 255); }
+
 // Frees QC-level planes no longer needed (memory grows with the slide's area), and when they were large gives the
 // heap's free pages back to the system: tessera keeps blocks up to 32 MB on the heap (app/main.cpp), where a freed
 // plane between live ones would otherwise stay resident. Small planes are not worth it: trimming after each made QC of
@@ -1144,7 +1149,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
   SmoothedStains smoothed(rgb, concentrations);
   cv::Mat1b h_local, e_local;  // quantized (Concentrations gives the OD)
   if (has_tissue) {
-    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
+    const int window = fold_window(mpp);
     cv::Mat1b h_levels(size), e_levels(size);
     smoothed.each_band([&](int r0, int r1, const cv::Mat1f& h, const cv::Mat1f& e) {
       const cv::Mat1b t = tissue.rowRange(r0, r1);
@@ -1203,7 +1208,7 @@ QcResult find_artefacts(const cv::Mat& rgb, const std::function<cv::Mat1f(const 
     // The reference is the local median, replaced inside each field and bubble (h_local and e_local are not needed
     // after this).
     cv::Mat1b &h_ref = h_local, &e_ref = e_local;
-    const int window = std::max(3, static_cast<int>(std::lround(kFoldWindowUm / mpp)));
+    const int window = fold_window(mpp);
     for (const Artefact a : {Artefact::overexposed, Artefact::bubble}) {
       if (mask(a).empty()) continue;
       // Each field or bubble on its own: fields differ in how much they wash out, and a false field at a section's

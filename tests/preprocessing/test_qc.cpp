@@ -102,6 +102,16 @@ TEST(Qc, MaskResolutionTooFineForTheLocalMediansIsAConfigError) {
   }
 }
 
+// An image finer than qc.mask_mpp's minimum (a narrow slide's QC level is rounded up to whole pixels, and run_qc takes
+// any mpp): the 800 µm local medians would be 400 px here, past OpenCV's 8-bit median window, which failed inside it.
+TEST(Qc, ImageFinerThanTheMedianWindowAllowsStillGetsItsMasks) {
+  cv::Mat rgb(256, 256, CV_8UC3, cv::Scalar(242, 241, 236));
+  cv::circle(rgb, cv::Point(128, 128), 90, cv::Scalar(200, 120, 170), cv::FILLED);
+  const QcResult qc = run_qc(rgb, cv::Mat1f(), 1.0, 2.0, QcOptions{});
+  EXPECT_GT(cv::countNonZero(qc.tissue.mask), 20000);
+  EXPECT_EQ(cv::countNonZero(qc.masks[static_cast<std::size_t>(index(Artefact::fold))]), 0);
+}
+
 // Synthetic truth: a class's mask exists exactly when it is drawn, and the twins (one seed, artefacts on and off)
 // have the same tissue and tumour.
 TEST(Qc, SyntheticTruthMasksExistForTheDrawnClassesOnly) {
