@@ -675,9 +675,10 @@ template <typename Value>
 double median_where(const cv::Mat1b& mask, bool inside, const Value& value) {
   constexpr int kShift = 16;
   std::vector<std::uint32_t> histogram(std::size_t{1} << (32 - kShift), 0);
-  const auto key = [](float v) {
+  const auto key = [](float v) {  // the float's bits made to sort as the floats do (negative values included)
     std::uint32_t bits;
     std::memcpy(&bits, &v, sizeof bits);
+    bits ^= (bits >> 31) != 0 ? 0xFFFFFFFFu : 0x80000000u;
     return bits >> kShift;
   };
   std::uint64_t count = 0;
