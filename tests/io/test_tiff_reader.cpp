@@ -383,13 +383,15 @@ TEST(DirectTiffReopen, ASlideRewrittenWithOtherPixelsSinceItsLayoutWasTakenIsRef
   testing::write_pattern_slide(path, 600, 400, options);
   const auto layout = Slide::open(path).layout();
   ASSERT_TRUE(layout.has_value());
-  // Other pixels in the same file: the same size, the same directories, only the modification time tells. (Set
-  // a second on explicitly: a rewrite within one tick of the file system's clock would keep the time.)
+  const auto planned_time = std::filesystem::last_write_time(path);
+  // Other pixels in the same file: the same size, the same directories, only the modification time tells. (The
+  // time is set explicitly, a day before the planned one, as a copy restored with its own older time would have it:
+  // a rewrite's own time could fall within the same tick of the file system's clock as the planned one.)
   ASSERT_EQ(testing::damage_tiles(
                 path, 0, [](std::uint32_t, std::uint32_t) { return true; }, testing::TileDamage::zeros),
             6);
   ASSERT_EQ(static_cast<std::int64_t>(std::filesystem::file_size(path)), layout->file_size);
-  std::filesystem::last_write_time(path, std::filesystem::last_write_time(path) + std::chrono::seconds(1));
+  std::filesystem::last_write_time(path, planned_time - std::chrono::hours(24));
   try {
     (void)Slide::reopen(*layout);
     FAIL() << "a changed file was reopened";
@@ -604,6 +606,19 @@ namespace {
 // A tile of `shade`, as a decode would return it.
 cv::Mat shaded_tile(int shade) { return cv::Mat(4, 4, CV_8UC3, cv::Scalar(shade, shade, shade)); }
 
+// From within a decode of `key`: starts another thread that needs the same tile (its own decode, if it makes one,
+// counted in `decodes` and giving `shade`), and returns once that thread waits for this decode.
+std::future<cv::Mat> start_waiter(TileCache& cache, std::uint64_t key, std::atomic<int>& decodes, int shade) {
+  auto waiter = std::async(std::launch::async, [&cache, key, &decodes, shade] {
+    return cache.get(key, [&decodes, shade] {
+      ++decodes;
+      return shaded_tile(shade);
+    });
+  });
+  while (cache.waiting(key) == 0) std::this_thread::yield();
+  return waiter;
+}
+
 TEST(TileCache, AThreadWaitsForTheDecodeAnotherThreadIsDoingInsteadOfDecodingAgain) {
   TileCache cache(std::size_t{1} << 20);
   const auto key = TileCache::key(1, 7);
@@ -611,14 +626,7 @@ TEST(TileCache, AThreadWaitsForTheDecodeAnotherThreadIsDoingInsteadOfDecodingAga
   std::future<cv::Mat> second;
   const cv::Mat first = cache.get(key, [&] {
     ++decodes;
-    // Another thread needs the same tile while this one decodes it.
-    second = std::async(std::launch::async, [&] {
-      return cache.get(key, [&] {
-        ++decodes;
-        return shaded_tile(2);
-      });
-    });
-    while (cache.waiting(key) == 0) std::this_thread::yield();
+    second = start_waiter(cache, key, decodes, 2);  // another thread needs the same tile while this one decodes it
     return shaded_tile(1);
   });
   const cv::Mat waited = second.get();
@@ -636,13 +644,7 @@ TEST(TileCache, AThreadWhoseAwaitedDecodeFailedDecodesTheTileItself) {
   EXPECT_THROW(cache.get(key,
                          [&]() -> cv::Mat {
                            ++decodes;
-                           second = std::async(std::launch::async, [&] {
-                             return cache.get(key, [&] {
-                               ++decodes;
-                               return shaded_tile(5);
-                             });
-                           });
-                           while (cache.waiting(key) == 0) std::this_thread::yield();
+                           second = start_waiter(cache, key, decodes, 5);
                            throw core::CorruptTileError("cannot decode tile 3", "slide.tif");
                          }),
                core::CorruptTileError);
