@@ -461,17 +461,22 @@ std::string qc_text(const QcOutcome& qc) {
 std::vector<std::string> region_artefacts(const Region& region, const QcOutcome& qc) {
   std::vector<std::string> out;
   if (!qc.ran || qc.masks.empty() || region.outer.empty()) return out;
-  const cv::Size size = qc.masks.front().second.size();
-  cv::Mat1b shape = cv::Mat1b::zeros(size);
+  // The outline filled and dilated within its bounding box grown by the dilation's pixel (clipped to the masks): no
+  // plane the masks' size per region.
   std::vector<cv::Point> ring;
   for (const auto& p : region.outer) {
     ring.emplace_back(static_cast<int>(std::lround(p.x / qc.downsample)),
                       static_cast<int>(std::lround(p.y / qc.downsample)));
   }
+  const cv::Rect box = (cv::boundingRect(ring) + cv::Size(2, 2) - cv::Point(1, 1)) &
+                       cv::Rect(cv::Point(), qc.masks.front().second.size());
+  if (box.empty()) return out;
+  for (auto& p : ring) p -= box.tl();
+  cv::Mat1b shape = cv::Mat1b::zeros(box.size());
   cv::fillPoly(shape, std::vector<std::vector<cv::Point>>{ring}, cv::Scalar(255));
   cv::dilate(shape, shape, cv::getStructuringElement(cv::MORPH_RECT, cv::Size(3, 3)));
   for (const auto& [name, mask] : qc.masks) {
-    if (cv::countNonZero(mask & shape) > 0) out.push_back(name);
+    if (cv::countNonZero(mask(box) & shape) > 0) out.push_back(name);
   }
   return out;
 }
@@ -524,36 +529,40 @@ void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, cons
 
 void write_regions_geojson(const std::string& path, const io::Heatmap& h, const std::vector<Region>& regions,
                            const OutputOptions& options) {
-  std::vector<io::Annotation> features;
-  features.reserve(regions.size() + (options.geojson.tiles ? static_cast<std::size_t>(h.scored_cells()) : 0));
-  for (const auto& r : regions) {
-    io::Annotation a;
-    a.name = region_name(r);
-    a.group = kTumourClass;
-    a.outer = r.outer;
-    a.holes = r.holes;
-    a.measurements = {{"Area mm^2", r.area_mm2},
-                      {"Longest diameter µm", r.longest_diameter_um},
-                      {"Max probability", r.max_prob},
-                      {"Mean probability", r.mean_prob},
-                      {"Tiles", static_cast<double>(r.cells)}};
-    features.push_back(std::move(a));
-  }
-  if (options.geojson.tiles) {
-    for (int i = 0; i < h.rows; ++i) {
-      for (int j = 0; j < h.cols; ++j) {
-        const float p = h.at(i, j);
-        if (std::isnan(p)) continue;
-        io::Annotation a;
-        a.object_type = "detection";
-        a.outer = footprint_ring(h, i, j);
-        if (io::ring_area(a.outer) <= 0.0) continue;  // a footprint wholly outside the slide
-        a.measurements = {{"tumor_prob", p}};
-        features.push_back(std::move(a));
-      }
+  // One feature at a time (io::write_geojson streams them): the regions, then a detection per scored tile.
+  io::Annotation a;
+  std::size_t region = 0;
+  std::int64_t cell = options.geojson.tiles ? 0 : std::int64_t{h.rows} * h.cols;
+  const auto next = [&]() -> const io::Annotation* {
+    if (region < regions.size()) {
+      const Region& r = regions[region++];
+      a.name = region_name(r);
+      a.group = kTumourClass;
+      a.outer = r.outer;
+      a.holes = r.holes;
+      a.measurements = {{"Area mm^2", r.area_mm2},
+                        {"Longest diameter µm", r.longest_diameter_um},
+                        {"Max probability", r.max_prob},
+                        {"Mean probability", r.mean_prob},
+                        {"Tiles", static_cast<double>(r.cells)}};
+      return &a;
     }
-  }
-  io::write_geojson(path, features, {}, /*pretty=*/false);
+    for (; cell < std::int64_t{h.rows} * h.cols; ++cell) {
+      const auto i = static_cast<int>(cell / h.cols), j = static_cast<int>(cell % h.cols);
+      const float p = h.at(i, j);
+      if (std::isnan(p)) continue;
+      io::Ring ring = footprint_ring(h, i, j);
+      if (io::ring_area(ring) <= 0.0) continue;  // a footprint wholly outside the slide
+      a = io::Annotation();
+      a.object_type = "detection";
+      a.outer = std::move(ring);
+      a.measurements = {{"tumor_prob", p}};
+      ++cell;
+      return &a;
+    }
+    return nullptr;
+  };
+  io::write_geojson(path, next, {}, /*pretty=*/false);
 }
 
 void write_regions_asap(const std::string& path, const std::vector<Region>& regions) {

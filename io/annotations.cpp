@@ -13,6 +13,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -547,41 +548,86 @@ std::vector<Annotation> read_geojson(const std::string& path) {
   return out;
 }
 
+namespace {
+
+json feature_json(const Annotation& a, const std::map<std::string, std::string>& class_colors) {
+  json geometry;
+  if (a.type == "Dot" && a.outer.size() == 1) {
+    geometry = {{"type", "Point"}, {"coordinates", json::array({a.outer[0].x, a.outer[0].y})}};
+  } else if (is_point_type(a.type)) {
+    json points = json::array();
+    for (const auto& p : a.outer) points.push_back(json::array({p.x, p.y}));
+    geometry = {{"type", "MultiPoint"}, {"coordinates", points}};
+  } else {
+    json rings = json::array({ring_to_json(a.outer)});
+    for (const auto& hole : a.holes) rings.push_back(ring_to_json(hole));
+    geometry = {{"type", "Polygon"}, {"coordinates", rings}};
+  }
+  json properties = {{"objectType", a.object_type.empty() ? std::string("annotation") : a.object_type}};
+  if (!a.name.empty()) properties["name"] = a.name;
+  if (!a.group.empty()) {
+    const auto it = class_colors.find(a.group);
+    const std::string color = it != class_colors.end() ? it->second : default_class_color(a.group);
+    properties["classification"] = {{"name", a.group}, {"color", color_to_json(color)}};
+  }
+  if (!a.color.empty()) properties["color"] = color_to_json(a.color);
+  if (!a.measurements.empty()) {
+    json measurements = json::object();
+    for (const auto& [name, value] : a.measurements) {
+      measurements[name] = std::isfinite(value) ? json(value) : json(nullptr);
+    }
+    properties["measurements"] = measurements;
+  }
+  return {{"type", "Feature"}, {"geometry", geometry}, {"properties", properties}};
+}
+
+}  // namespace
+
+void write_geojson(const std::string& path, const std::function<const Annotation*()>& next,
+                   const std::map<std::string, std::string>& class_colors, bool pretty) {
+  // The document json::dump makes of {"features": [...], "type": "FeatureCollection"} (json sorts keys), its features
+  // dumped one at a time; pretty, each feature's lines indented two levels deeper, as they sit in the document.
+  core::write_atomic(path, [&](const std::string& temporary) {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(temporary.c_str(), "wb"), std::fclose);
+    core::check_errno(file != nullptr, "cannot create '" + temporary + "'");
+    const auto put = [&](std::string_view text) {
+      core::check_errno(std::fwrite(text.data(), 1, text.size(), file.get()) == text.size(),
+                        "cannot write '" + temporary + "'");
+    };
+    put(pretty ? "{\n\t\"features\": [" : "{\"features\":[");
+    std::string text;
+    bool empty = true;
+    for (const Annotation* a = next(); a != nullptr; a = next()) {
+      if (!empty) text += ',';
+      empty = false;
+      if (pretty) {
+        text += "\n\t\t";
+        for (const char c : feature_json(*a, class_colors).dump(1, '\t')) {
+          text += c;
+          if (c == '\n') text += "\t\t";
+        }
+      } else {
+        text += feature_json(*a, class_colors).dump();
+      }
+      constexpr std::size_t kWriteBytes = std::size_t{1} << 20;
+      if (text.size() >= kWriteBytes) {
+        put(text);
+        text.clear();
+      }
+    }
+    put(text);
+    put(!pretty ? "],\"type\":\"FeatureCollection\"}\n"
+        : empty ? "],\n\t\"type\": \"FeatureCollection\"\n}\n"
+                : "\n\t],\n\t\"type\": \"FeatureCollection\"\n}\n");
+    core::check_errno(std::fclose(file.release()) == 0, "cannot write '" + temporary + "'");
+  });
+}
+
 void write_geojson(const std::string& path, const std::vector<Annotation>& annotations,
                    const std::map<std::string, std::string>& class_colors, bool pretty) {
-  json features = json::array();
-  for (const auto& a : annotations) {
-    json geometry;
-    if (a.type == "Dot" && a.outer.size() == 1) {
-      geometry = {{"type", "Point"}, {"coordinates", json::array({a.outer[0].x, a.outer[0].y})}};
-    } else if (is_point_type(a.type)) {
-      json points = json::array();
-      for (const auto& p : a.outer) points.push_back(json::array({p.x, p.y}));
-      geometry = {{"type", "MultiPoint"}, {"coordinates", points}};
-    } else {
-      json rings = json::array({ring_to_json(a.outer)});
-      for (const auto& hole : a.holes) rings.push_back(ring_to_json(hole));
-      geometry = {{"type", "Polygon"}, {"coordinates", rings}};
-    }
-    json properties = {{"objectType", a.object_type.empty() ? std::string("annotation") : a.object_type}};
-    if (!a.name.empty()) properties["name"] = a.name;
-    if (!a.group.empty()) {
-      const auto it = class_colors.find(a.group);
-      const std::string color = it != class_colors.end() ? it->second : default_class_color(a.group);
-      properties["classification"] = {{"name", a.group}, {"color", color_to_json(color)}};
-    }
-    if (!a.color.empty()) properties["color"] = color_to_json(a.color);
-    if (!a.measurements.empty()) {
-      json measurements = json::object();
-      for (const auto& [name, value] : a.measurements) {
-        measurements[name] = std::isfinite(value) ? json(value) : json(nullptr);
-      }
-      properties["measurements"] = measurements;
-    }
-    features.push_back({{"type", "Feature"}, {"geometry", geometry}, {"properties", properties}});
-  }
-  const json doc = {{"type", "FeatureCollection"}, {"features", features}};
-  core::write_file_atomic(path, (pretty ? doc.dump(1, '\t') : doc.dump()) + "\n");
+  auto it = annotations.begin();
+  write_geojson(
+      path, [&]() { return it == annotations.end() ? nullptr : &*it++; }, class_colors, pretty);
 }
 
 // -------------------------------------------------------------------------------------------------------------

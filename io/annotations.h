@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -54,6 +55,11 @@ std::vector<Annotation> read_geojson(const std::string& path);
 // (name → "#RRGGBB") or a default per name. `pretty` indents (one tab per level); compact output is about a
 // third of the size, for files with many features (a detection per tile).
 void write_geojson(const std::string& path, const std::vector<Annotation>& annotations,
+                   const std::map<std::string, std::string>& class_colors = {}, bool pretty = true);
+// The same file from annotations made one at a time: `next` returns the next (valid until the following call) or
+// nullptr after the last. The file is written as the features come, so memory is one feature's whatever their
+// number (a detection per tile of a CAMELYON-size slide is over 200,000).
+void write_geojson(const std::string& path, const std::function<const Annotation*()>& next,
                    const std::map<std::string, std::string>& class_colors = {}, bool pretty = true);
 
 // Reads either format, by extension (.xml → ASAP, .geojson/.json → QuPath).
