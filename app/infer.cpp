@@ -534,10 +534,12 @@ int run_infer(const InferOptions& options) {
     const analysis::QcOutcome qc = qc_outcome(stats);
     for (const auto& flag : qc.flags) spdlog::warn("slide {} {}: quality control: {}", position, input.id, flag);
     writing_slide = s;
+    // The writer gets the figures and the QC outcome, not stats: the rest of the QC result (its tissue planes, the
+    // classes found nowhere) is freed when this iteration ends, before the outputs are written.
+    const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
+                                        stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
     writing = std::async(
-        std::launch::async, [&, input, stats, position, caution, qc, key = keys[s], map = std::move(map)]() mutable {
-          const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
-                                              stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
+        std::launch::async, [&, input, scored, position, caution, qc, key = keys[s], map = std::move(map)]() mutable {
           return analysis::write_slide({input.id, input.path, input.mpp, model.meta.provenance, caution, qc},
                                        std::move(map), scored, position, out, output_options,
                                        inference_options.assume_mpp, threshold, key);
