@@ -342,6 +342,48 @@ TEST(SlideOutputsCaution, ReportAndOverlayStateTheCaution) {
   EXPECT_EQ(cv::countNonZero(difference.reshape(1)), 0);
 }
 
+// region_artefacts() fills and dilates each outline within its own box: it names exactly the masks the outline,
+// filled on a plane the masks' size and dilated by one pixel, overlaps, for outlines inside, across the edges of and
+// outside the masks, and masks touched only through the dilation.
+TEST(SlideOutputsQc, RegionArtefactsMatchTheWholePlaneFill) {
+  cv::RNG rng(19);
+  QcOutcome qc;
+  qc.ran = true;
+  qc.downsample = 4.0;
+  const cv::Size size(60, 40);
+  for (int m = 0; m < 6; ++m) {
+    cv::Mat1b mask = cv::Mat1b::zeros(size);
+    for (int dot = 0; dot < 3; ++dot) mask(rng.uniform(0, size.height), rng.uniform(0, size.width)) = 255;
+    qc.masks.emplace_back("mask " + std::to_string(m), mask);
+  }
+  int named = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    Region region;
+    const int corners = rng.uniform(3, 7);
+    for (int k = 0; k < corners; ++k) {
+      region.outer.emplace_back(rng.uniform(-40.0, 4.0 * size.width + 40.0),
+                                rng.uniform(-40.0, 4.0 * size.height + 40.0));
+    }
+    const double scale = rng.uniform(0.05, 1.0);  // small outlines as well as ones across the whole plane
+    for (auto& p : region.outer) p = region.outer.front() + (p - region.outer.front()) * scale;
+    cv::Mat1b shape = cv::Mat1b::zeros(size);
+    std::vector<cv::Point> ring;
+    for (const auto& p : region.outer) {
+      ring.emplace_back(static_cast<int>(std::lround(p.x / qc.downsample)),
+                        static_cast<int>(std::lround(p.y / qc.downsample)));
+    }
+    cv::fillPoly(shape, std::vector<std::vector<cv::Point>>{ring}, cv::Scalar(255));
+    cv::dilate(shape, shape, cv::getStructuringElement(cv::MORPH_RECT, cv::Size(3, 3)));
+    std::vector<std::string> expected;
+    for (const auto& [name, mask] : qc.masks) {
+      if (cv::countNonZero(mask & shape) > 0) expected.push_back(name);
+    }
+    EXPECT_EQ(region_artefacts(region, qc), expected) << "trial " << trial;
+    named += static_cast<int>(expected.size());
+  }
+  EXPECT_GT(named, 100);  // the outlines do touch masks
+}
+
 // What QC found: report.json states the areas, flags and classes; a region whose outline touches a class's mask names
 // it (with its action) and is kept; a region away from every mask names none; without QC, qc is null.
 TEST(SlideOutputsQc, ReportAndOverlayStateTheQcAreasAndRegionsNameTheArtefactsTheyTouch) {

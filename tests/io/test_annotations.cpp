@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "io/annotations.h"
 #include "tests/testing/testing.h"
@@ -353,6 +355,37 @@ TEST(AnnotationsGeoJson, BareFeatureArrayAndPoints) {
   EXPECT_DOUBLE_EQ(io::annotation_area(read[0]), 9.0);
 }
 
+// The features are written one at a time: the file is still exactly the document nlohmann::json dumps (keys sorted,
+// pretty with tabs or compact), whether the annotations come as a vector or one by one, and with none.
+TEST(AnnotationsGeoJson, StreamedFileIsTheWholeDocumentsDump) {
+  tessera::testing::TempDir dir;
+  std::vector<Annotation> annotations = sample_annotations();
+  Annotation dot;
+  dot.type = "Dot";
+  dot.outer = {{5.5, 6.5}};
+  annotations.push_back(dot);
+  annotations.back().holes = {square(1, 1, 0.5)};
+  annotations.back().type = "Polygon";
+  annotations.back().measurements = {{"tumor_prob", 0.123456789}, {"nan", std::nan("")}};
+  annotations.push_back(dot);
+  for (const bool pretty : {true, false}) {
+    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, annotations.size()}) {
+      const std::vector<Annotation> some(annotations.begin(), annotations.begin() + static_cast<std::ptrdiff_t>(count));
+      const auto path = dir.file("a.geojson");
+      io::write_geojson(path, some, {{"Stroma", "#00AA00"}}, pretty);
+      const std::string text = read_text(path);
+      const auto doc = nlohmann::json::parse(text);
+      EXPECT_EQ(text, (pretty ? doc.dump(1, '\t') : doc.dump()) + "\n") << "pretty " << pretty << ", " << count;
+      EXPECT_EQ(doc["features"].size(), count);
+      std::size_t k = 0;
+      const auto streamed = dir.file("b.geojson");
+      io::write_geojson(
+          streamed, [&]() { return k < some.size() ? &some[k++] : nullptr; }, {{"Stroma", "#00AA00"}}, pretty);
+      EXPECT_EQ(read_text(streamed), text);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Errors
 
@@ -375,6 +408,16 @@ TEST(AnnotationsErrors, MissingFileIsFileNotFound) {
 TEST(AnnotationsErrors, WriteIntoMissingFolderFailsWithoutLeftovers) {
   tessera::testing::TempDir dir;
   EXPECT_THROW(io::write_asap_xml(dir.file("no/such/folder/a.xml"), sample_annotations()), core::InternalError);
+  EXPECT_THROW(io::write_geojson(dir.file("no/such/folder/a.geojson"), sample_annotations()), core::InternalError);
+  // A feature that fails half-way through the file leaves nothing either.
+  int made = 0;
+  const Annotation one = sample_annotations().front();
+  EXPECT_THROW(io::write_geojson(dir.file("a.geojson"),
+                                 [&]() -> const Annotation* {
+                                   if (++made > 3) throw core::InternalError("no fourth feature");
+                                   return &one;
+                                 }),
+               core::InternalError);
   int files = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir.path())) ++files;
   EXPECT_EQ(files, 0);
