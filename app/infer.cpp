@@ -532,10 +532,11 @@ int run_infer(const InferOptions& options) {
           position, input.id, caution);
     }
     const analysis::QcOutcome qc = qc_outcome(stats);
+    // The writer gets the figures and the QC outcome, not stats; the rest of the QC result (its tissue planes, the
+    // classes found nowhere) is freed here, before the writer starts.
+    stats.qc.reset();
     for (const auto& flag : qc.flags) spdlog::warn("slide {} {}: quality control: {}", position, input.id, flag);
     writing_slide = s;
-    // The writer gets the figures and the QC outcome, not stats: the rest of the QC result (its tissue planes, the
-    // classes found nowhere) is freed when this iteration ends, before the outputs are written.
     const analysis::ScoringStats scored{stats.cells,        stats.tiles,           stats.seconds,
                                         stats.plan_seconds, stats.tissue_area_mm2, stats.read_wait_seconds};
     writing = std::async(
