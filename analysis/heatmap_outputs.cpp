@@ -562,7 +562,7 @@ void write_regions_geojson(const std::string& path, const io::Heatmap& h, const 
     }
     return nullptr;
   };
-  io::write_geojson(path, next, {}, /*pretty=*/false);
+  io::write_geojson_from(path, next, {}, /*pretty=*/false);
 }
 
 void write_regions_asap(const std::string& path, const std::vector<Region>& regions) {
