@@ -529,13 +529,14 @@ void write_overlay_png(const std::string& path, const io::Heatmap& heatmap, cons
 
 void write_regions_geojson(const std::string& path, const io::Heatmap& h, const std::vector<Region>& regions,
                            const OutputOptions& options) {
-  // One feature at a time (io::write_geojson streams them): the regions, then a detection per scored tile.
+  // One feature at a time (io::write_geojson_from streams them): the regions, then a detection per scored tile.
   io::Annotation a;
   std::size_t region = 0;
   std::int64_t cell = options.geojson.tiles ? 0 : std::int64_t{h.rows} * h.cols;
   const auto next = [&]() -> const io::Annotation* {
     if (region < regions.size()) {
       const Region& r = regions[region++];
+      a = io::Annotation();
       a.name = region_name(r);
       a.group = kTumourClass;
       a.outer = r.outer;

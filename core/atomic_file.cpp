@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 #include "core/error.h"
 
@@ -18,6 +19,40 @@ void remove_quietly(const std::string& temporary) {
   std::remove(temporary.c_str());
   errno = saved;
 }
+
+// Writes all of `bytes` to `fd`, again after a signal; false (errno set) on failure, with `done` bytes written.
+bool write_fully(int fd, std::string_view bytes, std::size_t& done) {
+  done = 0;
+  while (done < bytes.size()) {
+    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote <= 0) {
+      if (wrote == 0) errno = ENOSPC;
+      return false;
+    }
+    done += static_cast<std::size_t>(wrote);
+  }
+  return true;
+}
+
+// Closes a descriptor when it goes out of scope (release() hands the closing back), keeping errno.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ < 0) return;
+    const int saved = errno;
+    ::close(fd_);
+    errno = saved;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
 
 }  // namespace
 
@@ -61,19 +96,13 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   check_errno(fd >= 0, "cannot create '" + temporary + "'");
   std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) {
-      if (wrote == 0) errno = ENOSPC;
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      remove_quietly(temporary);
-      check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(done) + " of " +
-                             std::to_string(bytes.size()) + " bytes written)");
-    }
-    done += static_cast<std::size_t>(wrote);
+  if (!write_fully(fd, bytes, done)) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    remove_quietly(temporary);
+    check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(done) + " of " +
+                           std::to_string(bytes.size()) + " bytes written)");
   }
   const bool synced = ::fsync(fd) == 0;
   int saved = errno;
@@ -100,6 +129,29 @@ void write_atomic(const std::string& path, const std::function<void(const std::s
     throw;
   }
   publish_file(temporary, path);
+}
+
+void write_atomic_stream(const std::string& path, const std::function<void(const Put& put)>& write) {
+  constexpr std::size_t kGatherBytes = std::size_t{1} << 20;
+  write_atomic(path, [&](const std::string& temporary) {
+    FileDescriptor fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+    check_errno(fd.get() >= 0, "cannot create '" + temporary + "'");
+    std::string gathered;
+    std::size_t written = 0;
+    const auto flush = [&] {
+      std::size_t done = 0;
+      check_errno(write_fully(fd.get(), gathered, done),
+                  "cannot write '" + temporary + "' (" + std::to_string(written + done) + " bytes written)");
+      written += gathered.size();
+      gathered.clear();
+    };
+    write([&](std::string_view bytes) {
+      gathered += bytes;
+      if (gathered.size() >= kGatherBytes) flush();
+    });
+    flush();
+    check_errno(::close(fd.release()) == 0, "cannot write '" + temporary + "'");
+  });
 }
 
 }  // namespace tessera::core

@@ -7,6 +7,9 @@
 //   core::write_atomic(path, [&](const std::string& temporary) {  // a library that writes a file by name
 //     write_png(temporary, image);
 //   });
+//   core::write_atomic_stream(path, [&](const core::Put& put) {   // text made piece by piece
+//     for (const auto& item : items) put(to_text(item));
+//   });
 //
 // Failures are InternalError naming the file and the system's reason (a full disk: "No space left on device");
 // the temporary file is removed and the old file, if any, is left as it was.
@@ -35,6 +38,14 @@ void publish_file(const std::string& temporary, const std::string& path);
 
 // Writes `bytes` to `path` atomically and durably.
 void write_file_atomic(const std::string& path, std::string_view bytes);
+
+// Appends bytes to the file being written by write_atomic_stream.
+using Put = std::function<void(std::string_view bytes)>;
+
+// Writes `path` atomically and durably from pieces: `write(put)` puts the file's bytes in order, which are written
+// as about 1 MiB gathers, so memory is that buffer and a piece whatever the file's size. When `write` or a write
+// throws, the temporary file is removed and the exception passes on.
+void write_atomic_stream(const std::string& path, const std::function<void(const Put& put)>& write);
 
 // Calls `write(temporary)`, which must create the complete file under that name, then publishes it as `path`.
 // When `write` throws, the temporary file is removed and the exception passes on.

@@ -13,7 +13,6 @@
 #include <iterator>
 #include <limits>
 #include <map>
-#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -583,21 +582,16 @@ json feature_json(const Annotation& a, const std::map<std::string, std::string>&
 
 }  // namespace
 
-void write_geojson(const std::string& path, const std::function<const Annotation*()>& next,
-                   const std::map<std::string, std::string>& class_colors, bool pretty) {
+void write_geojson_from(const std::string& path, const std::function<const Annotation*()>& next,
+                        const std::map<std::string, std::string>& class_colors, bool pretty) {
   // The document json::dump makes of {"features": [...], "type": "FeatureCollection"} (json sorts keys), its features
   // dumped one at a time; pretty, each feature's lines indented two levels deeper, as they sit in the document.
-  core::write_atomic(path, [&](const std::string& temporary) {
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(temporary.c_str(), "wb"), std::fclose);
-    core::check_errno(file != nullptr, "cannot create '" + temporary + "'");
-    const auto put = [&](std::string_view text) {
-      core::check_errno(std::fwrite(text.data(), 1, text.size(), file.get()) == text.size(),
-                        "cannot write '" + temporary + "'");
-    };
+  core::write_atomic_stream(path, [&](const core::Put& put) {
     put(pretty ? "{\n\t\"features\": [" : "{\"features\":[");
     std::string text;
     bool empty = true;
     for (const Annotation* a = next(); a != nullptr; a = next()) {
+      text.clear();
       if (!empty) text += ',';
       empty = false;
       if (pretty) {
@@ -609,24 +603,18 @@ void write_geojson(const std::string& path, const std::function<const Annotation
       } else {
         text += feature_json(*a, class_colors).dump();
       }
-      constexpr std::size_t kWriteBytes = std::size_t{1} << 20;
-      if (text.size() >= kWriteBytes) {
-        put(text);
-        text.clear();
-      }
+      put(text);
     }
-    put(text);
     put(!pretty ? "],\"type\":\"FeatureCollection\"}\n"
         : empty ? "],\n\t\"type\": \"FeatureCollection\"\n}\n"
                 : "\n\t],\n\t\"type\": \"FeatureCollection\"\n}\n");
-    core::check_errno(std::fclose(file.release()) == 0, "cannot write '" + temporary + "'");
   });
 }
 
 void write_geojson(const std::string& path, const std::vector<Annotation>& annotations,
                    const std::map<std::string, std::string>& class_colors, bool pretty) {
   auto it = annotations.begin();
-  write_geojson(
+  write_geojson_from(
       path, [&]() { return it == annotations.end() ? nullptr : &*it++; }, class_colors, pretty);
 }
 

@@ -57,10 +57,11 @@ std::vector<Annotation> read_geojson(const std::string& path);
 void write_geojson(const std::string& path, const std::vector<Annotation>& annotations,
                    const std::map<std::string, std::string>& class_colors = {}, bool pretty = true);
 // The same file from annotations made one at a time: `next` returns the next (valid until the following call) or
-// nullptr after the last. The file is written as the features come, so memory is one feature's whatever their
-// number (a detection per tile of a CAMELYON-size slide is over 200,000).
-void write_geojson(const std::string& path, const std::function<const Annotation*()>& next,
-                   const std::map<std::string, std::string>& class_colors = {}, bool pretty = true);
+// nullptr after the last. The file is written as the features come (core::write_atomic_stream), so memory is one
+// feature plus a write buffer of about 1 MiB whatever their number (a detection per tile of a CAMELYON-size slide
+// is over 200,000).
+void write_geojson_from(const std::string& path, const std::function<const Annotation*()>& next,
+                        const std::map<std::string, std::string>& class_colors = {}, bool pretty = true);
 
 // Reads either format, by extension (.xml → ASAP, .geojson/.json → QuPath).
 std::vector<Annotation> read_annotations(const std::string& path);

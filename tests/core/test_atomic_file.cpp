@@ -83,5 +83,40 @@ TEST(AtomicFile, AWriterThatWritesNothingIsAnInternalError) {
   EXPECT_EQ(files_in(dir.path().string()), 0);
 }
 
+// A file put piece by piece is their concatenation, published only at the end; pieces past the write buffer (1 MiB)
+// reach the temporary file while the old file stays as it was, and a writer that throws then leaves only the old.
+TEST(AtomicFile, AStreamIsTheConcatenationOfItsPiecesAndFailsWithoutLeftovers) {
+  testing::TempDir dir;
+  write_file_atomic(dir.file("s.txt"), "old");
+  std::string expected;
+  const auto put_pieces = [&](const Put& put) {
+    for (int i = 0; i < 3000; ++i) {
+      const std::string piece = std::to_string(i) + std::string(1000, static_cast<char>('a' + i % 26)) + "\n";
+      put(piece);
+      expected += piece;
+    }
+  };
+  EXPECT_THROW(write_atomic_stream(dir.file("s.txt"),
+                                   [&](const Put& put) {
+                                     put_pieces(put);
+                                     EXPECT_GE(fs::file_size(temporary_name(dir.file("s.txt"))), std::size_t{1} << 20);
+                                     EXPECT_EQ(read_text(dir.file("s.txt")), "old");
+                                     throw std::runtime_error("the generator failed");
+                                   }),
+               std::runtime_error);
+  EXPECT_EQ(read_text(dir.file("s.txt")), "old");
+  EXPECT_EQ(files_in(dir.path().string()), 1);
+  expected.clear();
+  write_atomic_stream(dir.file("s.txt"), [&](const Put& put) {
+    put("");
+    put_pieces(put);
+  });
+  EXPECT_EQ(read_text(dir.file("s.txt")), expected);
+  write_atomic_stream(dir.file("empty.txt"), [](const Put&) {});
+  EXPECT_EQ(read_text(dir.file("empty.txt")), "");
+  EXPECT_EQ(files_in(dir.path().string()), 2);
+  EXPECT_THROW(write_atomic_stream(dir.file("missing/s.txt"), put_pieces), InternalError);
+}
+
 }  // namespace
 }  // namespace tessera::core

@@ -368,6 +368,11 @@ TEST(AnnotationsGeoJson, StreamedFileIsTheWholeDocumentsDump) {
   annotations.back().type = "Polygon";
   annotations.back().measurements = {{"tumor_prob", 0.123456789}, {"nan", std::nan("")}};
   annotations.push_back(dot);
+  // Text that json escapes or leaves as UTF-8 (names, a measurement key like the regions' "Longest diameter µm") and
+  // a group whose colour comes from the map.
+  annotations.back().name = "a \"quoted\" \\ name,\n\ttabbed, 5 µm \u2028";
+  annotations.back().group = "Stroma";
+  annotations.back().measurements = {{"Longest diameter µm", 12.5}, {"\"key\"\\", -0.0}};
   for (const bool pretty : {true, false}) {
     for (const std::size_t count : {std::size_t{0}, std::size_t{1}, annotations.size()}) {
       const std::vector<Annotation> some(annotations.begin(), annotations.begin() + static_cast<std::ptrdiff_t>(count));
@@ -377,9 +382,15 @@ TEST(AnnotationsGeoJson, StreamedFileIsTheWholeDocumentsDump) {
       const auto doc = nlohmann::json::parse(text);
       EXPECT_EQ(text, (pretty ? doc.dump(1, '\t') : doc.dump()) + "\n") << "pretty " << pretty << ", " << count;
       EXPECT_EQ(doc["features"].size(), count);
+      if (count == annotations.size()) {
+        const auto& last = doc["features"].back()["properties"];
+        EXPECT_EQ(last["name"], annotations.back().name);
+        EXPECT_EQ(last["classification"]["color"], nlohmann::json::array({0, 170, 0}));
+        EXPECT_EQ(last["measurements"]["Longest diameter µm"], 12.5);
+      }
       std::size_t k = 0;
       const auto streamed = dir.file("b.geojson");
-      io::write_geojson(
+      io::write_geojson_from(
           streamed, [&]() { return k < some.size() ? &some[k++] : nullptr; }, {{"Stroma", "#00AA00"}}, pretty);
       EXPECT_EQ(read_text(streamed), text);
     }
@@ -412,11 +423,11 @@ TEST(AnnotationsErrors, WriteIntoMissingFolderFailsWithoutLeftovers) {
   // A feature that fails half-way through the file leaves nothing either.
   int made = 0;
   const Annotation one = sample_annotations().front();
-  EXPECT_THROW(io::write_geojson(dir.file("a.geojson"),
-                                 [&]() -> const Annotation* {
-                                   if (++made > 3) throw core::InternalError("no fourth feature");
-                                   return &one;
-                                 }),
+  EXPECT_THROW(io::write_geojson_from(dir.file("a.geojson"),
+                                      [&]() -> const Annotation* {
+                                        if (++made > 3) throw core::InternalError("no fourth feature");
+                                        return &one;
+                                      }),
                core::InternalError);
   int files = 0;
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir.path())) ++files;
