@@ -280,6 +280,76 @@ cv::Mat fit_patch(const cv::Mat& rgb, const FitSettings& fit) {
   return out;
 }
 
+// The patch of `p` decoded and fitted to the tile. core::Error or cv::Exception when it cannot be decoded whole.
+cv::Mat decode_patch(const PatchInput& p, const FitSettings& fit) { return fit_patch(io::read_rgb_image(p.path), fit); }
+
+// A group's normalizer is fitted on at most this many pixels of its patches (evenly spread over them): 16 M pixels,
+// 48 MB of RGB while it is fitted.
+constexpr std::int64_t kMaxGroupPixels = std::int64_t{1} << 24;
+
+// Stain normalization of the job: the target, and with stain.fit: group each group's normalizer (the target fitted
+// on the group's patches taken together), fitted when a shard first needs it. Null entries leave patches as they are.
+class PatchStains {
+ public:
+  PatchStains(const std::vector<PatchInput>& patches, const FitSettings& fit, std::unique_ptr<StainNormalizer> target,
+              bool per_group, int threads)
+      : patches_(patches), fit_(fit), target_(std::move(target)), per_group_(per_group), threads_(threads) {}
+
+  // The normalizer of each patch of the span.
+  std::vector<const StainNormalizer*> of_span(const ShardSpan& span) {
+    std::vector<const StainNormalizer*> out(static_cast<std::size_t>(span.count), per_group_ ? nullptr : target_.get());
+    if (!target_ || !per_group_) return out;
+    for (std::int64_t k = 0; k < span.count; ++k) {
+      const std::size_t index = static_cast<std::size_t>(span.first + k);
+      const std::string& group = patches_[index].group;
+      auto it = fitted_.find(group);
+      if (it == fitted_.end()) it = fitted_.emplace(group, fit_group(index)).first;
+      out[static_cast<std::size_t>(k)] = it->second.get();
+    }
+    return out;
+  }
+
+ private:
+  // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, with a warning,
+  // when they hold too little tissue or one stain only.
+  std::unique_ptr<StainNormalizer> fit_group(std::size_t index) {
+    const std::string& group = patches_[index].group;
+    std::size_t begin = index, end = index + 1;
+    while (begin > 0 && patches_[begin - 1].group == group) --begin;
+    while (end < patches_.size() && patches_[end].group == group) ++end;
+    const std::int64_t tile_pixels = static_cast<std::int64_t>(fit_.tile_size) * fit_.tile_size;
+    const auto most = static_cast<std::size_t>(std::max<std::int64_t>(1, kMaxGroupPixels / tile_pixels));
+    const std::size_t step = (end - begin + most - 1) / most;  // every patch while they fit in kMaxGroupPixels
+    std::vector<std::size_t> sample;
+    for (std::size_t i = begin; i < end; i += step) sample.push_back(i);
+    std::vector<cv::Mat> images(sample.size());
+    std::atomic<std::size_t> next{0};
+    core::run_on_threads(threads_, [&](int) {
+      for (std::size_t k = next++; k < sample.size(); k = next++) {
+        try {
+          images[k] = decode_patch(patches_[sample[k]], fit_);
+        } catch (const core::Error&) {  // left out here; the shard that holds it lists it
+        } catch (const cv::Exception&) {
+        }
+      }
+    });
+    std::string failure;
+    auto normalizer = target_->fitted_to(images, failure);
+    if (!normalizer) {
+      spdlog::warn("group '{}': its {} patches keep their colours (stain normalization cannot be fitted on them: {})",
+                   group, end - begin, failure);
+    }
+    return normalizer;
+  }
+
+  const std::vector<PatchInput>& patches_;
+  FitSettings fit_;
+  std::unique_ptr<StainNormalizer> target_;
+  bool per_group_;
+  int threads_;
+  std::map<std::string, std::unique_ptr<StainNormalizer>> fitted_;
+};
+
 struct ShardResult {
   std::int64_t tiles = 0;
   std::string checksum;
@@ -289,7 +359,8 @@ struct ShardResult {
 // Decodes the span's patches with `threads` threads, then writes the good ones in job order.
 ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& patches, const ShardSpan& span,
                         const std::vector<std::string>& groups, const std::map<std::string, std::uint32_t>& group_index,
-                        const io::ShardAttributes& attributes, const FitSettings& fit, int threads) {
+                        const io::ShardAttributes& attributes, const FitSettings& fit,
+                        const std::vector<const StainNormalizer*>& normalizers, int threads) {
   const auto count = static_cast<std::size_t>(span.count);
   const std::size_t tile_bytes = static_cast<std::size_t>(fit.tile_size) * fit.tile_size * 3;
   std::vector<std::uint8_t> pixels(count * tile_bytes);
@@ -299,7 +370,8 @@ ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& 
     for (std::size_t k = next++; k < count; k = next++) {
       const auto& p = patches[static_cast<std::size_t>(span.first) + k];
       try {
-        const cv::Mat tile = fit_patch(io::read_rgb_image(p.path), fit);
+        cv::Mat tile = decode_patch(p, fit);
+        if (const auto* normalizer = normalizers[k]) normalizer->apply(tile);
         for (int y = 0; y < tile.rows; ++y) {
           std::memcpy(pixels.data() + k * tile_bytes + static_cast<std::size_t>(y) * tile.cols * 3, tile.ptr(y),
                       static_cast<std::size_t>(tile.cols) * 3);
@@ -391,6 +463,13 @@ const core::Schema& import_schema() {
                 {"pad", "resize"})
         .integer("import.threads", 0, "Decoding threads per rank (0 = the cores this rank may use)", 0, 1024)
         .integer("tile.size", 0, "Tile side in pixels (0 = the patches' most common side)", 0, 4096)
+        .string("stain.method", "none", "Stain normalization of every patch to one target",
+                {"none", "reinhard", "macenko"})
+        .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+        .string("stain.fit", "group",
+                "group: the colours of a group (patient) fitted once on all of its patches, so the differences between "
+                "its patches stay; patch: each patch fitted alone, as tile fits each tile",
+                {"group", "patch"})
         .string_list("splits.names", {"train", "val", "test"}, "Splits assigned by group when the CSV has none")
         .string_list("splits.fractions", {"0.7", "0.15", "0.15"}, "Share of the groups (patients) in each split")
         .integer("splits.seed", 1, "Seed of the assignment of groups to splits", 0, 9.0e15)
@@ -476,12 +555,16 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   attributes.tile_size = fit.tile_size;
   attributes.mpp = config.get_number("import.mpp");
   if (fit.resize && side > 0) attributes.mpp *= static_cast<double>(side) / fit.tile_size;
-  attributes.stain_normalization = "none";
+  const bool per_group = config.get_string("stain.fit") == "group";
+  auto target = stain_target(config);
+  attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
 
   int threads = static_cast<int>(config.get_int("import.threads"));
   if (threads == 0) {
     threads = core::usable_cores();
   }
+
+  PatchStains stains(patches, fit, std::move(target), per_group, threads);
 
   const std::string hash = job_hash(config, patches);
   const fs::path state_path = out / ".tessera-import-state.json";
@@ -567,7 +650,8 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       fs::remove(shard_record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
-      const auto shard = write_shard(unchecked, patches, span, groups, group_index, attributes, fit, threads);
+      const auto shard =
+          write_shard(unchecked, patches, span, groups, group_index, attributes, fit, stains.of_span(span), threads);
       failed.insert(shard.failed.begin(), shard.failed.end());
       write_shard_record(
           out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum, shard.failed});

@@ -1,6 +1,7 @@
 // `tessera import` end to end: patches (a CSV or a folder by class) → shards, splits by group, bad patches listed and
 // skipped, resume after a kill, and the real IDC patches of ../shared/data.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,6 +14,8 @@
 #include <opencv2/imgproc.hpp>
 
 #include "io/shard.h"
+#include "preprocessing/stain.h"
+#include "preprocessing/stain_norm.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
 
@@ -196,21 +199,119 @@ TEST(Import, MistakesNameTheFileAndLine) {
   EXPECT_TRUE(contains(r.err, "import.mpp")) << r.err;
 }
 
+// Also with stain normalization per group: patients straddle the shards (3 patches each, 8 a shard), and a resumed
+// run fits a patient's colours on all of its patches as the whole run did.
 TEST(Import, AKilledImportResumesWithWhatIsLeft) {
   testing::TempDir dir;
   const PatchSet set(dir.path());
-  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set shards.tiles_per_shard=8 --out ";
-  const auto whole = run(args + dir.file("whole"));
-  ASSERT_EQ(whole.code, 0) << whole.err;
-  const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=2 do=kill' \"$TESSERA\" " + args +
-                                          dir.file("resumed"));
-  EXPECT_NE(killed.code, 0);
-  EXPECT_FALSE(fs::exists(dir.file("resumed/manifest.json")));
-  const auto resumed = run(args + dir.file("resumed"));
-  ASSERT_EQ(resumed.code, 0) << resumed.err;
-  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00000.h5: kept from an earlier run")) << resumed.err;
-  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00001.h5: kept from an earlier run")) << resumed.err;
-  EXPECT_EQ(testing::shard_tiles(dir.file("whole")), testing::shard_tiles(dir.file("resumed")));
+  for (const std::string stain : {"none", "reinhard"}) {
+    SCOPED_TRACE(stain);
+    const std::string args = "import --csv " + dir.file("labels.csv") +
+                             " --mpp 4 --set shards.tiles_per_shard=8 --set stain.method=" + stain + " --out ";
+    const auto whole = run(args + dir.file("whole-" + stain));
+    ASSERT_EQ(whole.code, 0) << whole.err;
+    const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=2 do=kill' \"$TESSERA\" " +
+                                            args + dir.file("resumed-" + stain));
+    EXPECT_NE(killed.code, 0);
+    EXPECT_FALSE(fs::exists(dir.file("resumed-" + stain + "/manifest.json")));
+    const auto resumed = run(args + dir.file("resumed-" + stain));
+    ASSERT_EQ(resumed.code, 0) << resumed.err;
+    EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00000.h5: kept from an earlier run")) << resumed.err;
+    EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00001.h5: kept from an earlier run")) << resumed.err;
+    EXPECT_EQ(testing::shard_tiles(dir.file("whole-" + stain)), testing::shard_tiles(dir.file("resumed-" + stain)));
+  }
+  EXPECT_NE(testing::shard_tiles(dir.file("whole-none")), testing::shard_tiles(dir.file("whole-reinhard")));
+}
+
+// A 24×24 H&E patch by stain.h's model: nuclei (haematoxylin) in the first `nuclei` columns, stroma (eosin) in the
+// rest, each stain's amount scaled by `h` and `e` (a lab that stains darker or lighter). BGR, for imwrite.
+cv::Mat he_patch(int nuclei, double h, double e) {
+  const auto stains = prep::ruifrok_he();
+  cv::Mat rgb(24, 24, CV_8UC3);
+  for (int y = 0; y < 24; ++y) {
+    for (int x = 0; x < 24; ++x) {
+      const bool nucleus = x < nuclei;
+      const double ch = (nucleus ? 0.9 + 0.02 * (y % 6) : 0.08) * h;
+      const double ce = (nucleus ? 0.15 : 0.4 + 0.03 * ((x + y) % 5)) * e;
+      rgb.at<cv::Vec3b>(y, x) = prep::od_to_rgb(stains.h * ch + stains.e * ce);
+    }
+  }
+  cv::Mat bgr;
+  cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+  return bgr;
+}
+
+// The tiles of an import's shards by their number in the job (x).
+std::map<std::int64_t, cv::Mat> tiles_by_number(const std::string& out) {
+  std::map<std::int64_t, cv::Mat> tiles;
+  for (const auto& entry : io::read_manifest(out + "/manifest.json").shards) {
+    const auto shard = io::ShardFile::open(out + "/" + entry.file);
+    for (std::int64_t i = 0; i < shard.size(); ++i)
+      tiles[shard.coords()[static_cast<std::size_t>(2 * i)]] = shard.read_image(i);
+  }
+  return tiles;
+}
+
+// Mean over pixels and channels of |a − b|.
+double mean_abs_difference(const cv::Mat& a, const cv::Mat& b) {
+  cv::Mat d;
+  cv::absdiff(a, b, d);
+  const cv::Scalar m = cv::mean(d);
+  return (m[0] + m[1] + m[2]) / 3;
+}
+
+// Mean over channels of |a's mean colour − b's|.
+double mean_colour_gap(const cv::Mat& a, const cv::Mat& b) {
+  const cv::Scalar ma = cv::mean(a), mb = cv::mean(b);
+  return (std::abs(ma[0] - mb[0]) + std::abs(ma[1] - mb[1]) + std::abs(ma[2] - mb[2])) / 3;
+}
+
+// Two patients with the same 4 patches (more and more nuclei), one stained darker in haematoxylin and paler in
+// eosin. Normalized per patient (stain.fit: group, the default), the two look alike patch by patch while each keeps
+// the differences between its patches; fitted patch by patch, those differences fade. The shards record the target.
+TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
+  testing::TempDir dir;
+  fs::create_directories(dir.path() / "p");
+  std::ofstream csv(dir.file("labels.csv"));
+  csv << "path,label,patient\n";
+  for (int k = 0; k < 4; ++k) {
+    cv::imwrite(dir.file("p/cast" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.5, 0.6));
+    cv::imwrite(dir.file("p/even" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.0, 1.0));
+    csv << "p/cast" << k << ".png," << k % 2 << ",cast\np/even" << k << ".png," << k % 2 << ",even\n";
+  }
+  csv.close();
+  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard";
+  for (const std::string out : {"none", "group", "patch"}) {
+    const auto r = run(args + (out == "none" ? " --set stain.method=none" : " --set stain.fit=" + out) + " --out " +
+                       dir.file(out));
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  const std::string target = prep::make_stain_normalizer(prep::StainMethod::reinhard)->describe();
+  EXPECT_EQ(io::read_manifest(dir.file("group/manifest.json")).attributes.stain_normalization,
+            target + prep::kPerGroupSuffix);
+  EXPECT_EQ(io::read_manifest(dir.file("patch/manifest.json")).attributes.stain_normalization, target);
+  const auto shard = io::read_manifest(dir.file("group/manifest.json")).shards.at(0).file;
+  EXPECT_EQ(io::ShardFile::open(dir.file("group/" + shard)).attributes().stain_normalization,
+            target + prep::kPerGroupSuffix);
+
+  // Job order: patient cast's patches 0-3, then even's 4-7.
+  const auto raw = tiles_by_number(dir.file("none")), group = tiles_by_number(dir.file("group")),
+             patch = tiles_by_number(dir.file("patch"));
+  ASSERT_EQ(raw.size(), 8u);
+  ASSERT_EQ(group.size(), 8u);
+  for (std::int64_t k = 0; k < 4; ++k) {
+    const double before = mean_abs_difference(raw.at(k), raw.at(k + 4));
+    const double after = mean_abs_difference(group.at(k), group.at(k + 4));
+    EXPECT_LT(after, before / 3) << "patch " << k << ": cast against even " << before << " before, " << after;
+  }
+  for (const std::int64_t first : {0, 4}) {
+    const double before = mean_colour_gap(raw.at(first), raw.at(first + 3));
+    const double kept = mean_colour_gap(group.at(first), group.at(first + 3));
+    const double per_patch = mean_colour_gap(patch.at(first), patch.at(first + 3));
+    // The target's narrower spread brings them closer (74 and 46 grey levels apart before, 33 and 34 after).
+    EXPECT_GT(kept, before / 3) << "patches 0 and 3 of a patient: mean colours " << before << " apart, " << kept;
+    EXPECT_LT(per_patch, kept / 10) << "fitted patch by patch: " << per_patch << " apart";
+  }
 }
 
 // `tessera bench import` on a few generated patches: both rows of Tessera's process, and Python's row or the reason
