@@ -283,9 +283,54 @@ cv::Mat fit_patch(const cv::Mat& rgb, const FitSettings& fit) {
 // The patch of `p` decoded and fitted to the tile. core::Error or cv::Exception when it cannot be decoded whole.
 cv::Mat decode_patch(const PatchInput& p, const FitSettings& fit) { return fit_patch(io::read_rgb_image(p.path), fit); }
 
-// A group's normalizer is fitted on at most this many pixels of its patches (evenly spread over them): 16 M pixels,
-// 48 MB of RGB while it is fitted.
-constexpr std::int64_t kMaxGroupPixels = std::int64_t{1} << 24;
+// A group's normalizer, or a split's target, is fitted on at most this many pixels of its patches (evenly spread over
+// them): 4 M pixels, 12 MB of RGB and 48 MB of float L*a*b* while it is fitted.
+constexpr std::int64_t kMaxFitPixels = std::int64_t{1} << 22;
+
+// The patches `indices` name (at most kMaxFitPixels pixels of them, spread evenly), decoded and fitted to the
+// tile with `threads` threads; a patch that cannot be decoded is left out (the shard that holds it lists it).
+std::vector<cv::Mat> decode_sample(const std::vector<PatchInput>& patches, const std::vector<std::size_t>& indices,
+                                   const FitSettings& fit, int threads) {
+  const std::int64_t tile_pixels = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size;
+  const auto most = static_cast<std::size_t>(std::max<std::int64_t>(1, kMaxFitPixels / tile_pixels));
+  const std::size_t step = (indices.size() + most - 1) / most;  // every patch while they fit in kMaxFitPixels
+  std::vector<std::size_t> sample;
+  for (std::size_t i = 0; i < indices.size(); i += step) sample.push_back(indices[i]);
+  std::vector<cv::Mat> images(sample.size());
+  std::atomic<std::size_t> next{0};
+  core::run_on_threads(threads, [&](int) {
+    for (std::size_t k = next++; k < sample.size(); k = next++) {
+      try {
+        images[k] = decode_patch(patches[sample[k]], fit);
+      } catch (const core::Error&) {
+      } catch (const cv::Exception&) {
+      }
+    }
+  });
+  return images;
+}
+
+// The job's stain target: stain_target()'s, or with stain.target_split fitted on that split's patches taken together.
+std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config, const std::vector<PatchInput>& patches,
+                                                     const FitSettings& fit, int threads) {
+  const std::string& split = config.get_string("stain.target_split");
+  if (split.empty() || config.get_string("stain.method") == "none") return stain_target(config);
+  if (!config.get_string("stain.reference").empty()) {
+    throw core::ConfigError("give stain.reference or stain.target_split, not both", config.source(), 0,
+                            "stain.target_split");
+  }
+  std::vector<std::size_t> in_split;
+  for (std::size_t i = 0; i < patches.size(); ++i) {
+    if (patches[i].split == split) in_split.push_back(i);
+  }
+  if (in_split.empty()) {
+    throw core::ConfigError(fmt::format("no patches are in split '{}'", split), config.source(), 0,
+                            "stain.target_split");
+  }
+  return make_stain_normalizer(parse_stain_method(config.get_string("stain.method")),
+                               decode_sample(patches, in_split, fit, threads),
+                               fmt::format("split {}, {} patches", split, in_split.size()));
+}
 
 // Stain normalization of the job: the target, and with stain.fit: group each group's normalizer (the target fitted
 // on the group's patches taken together), fitted when a shard first needs it. Null entries leave patches as they are.
@@ -317,24 +362,10 @@ class PatchStains {
     std::size_t begin = index, end = index + 1;
     while (begin > 0 && patches_[begin - 1].group == group) --begin;
     while (end < patches_.size() && patches_[end].group == group) ++end;
-    const std::int64_t tile_pixels = static_cast<std::int64_t>(fit_.tile_size) * fit_.tile_size;
-    const auto most = static_cast<std::size_t>(std::max<std::int64_t>(1, kMaxGroupPixels / tile_pixels));
-    const std::size_t step = (end - begin + most - 1) / most;  // every patch while they fit in kMaxGroupPixels
-    std::vector<std::size_t> sample;
-    for (std::size_t i = begin; i < end; i += step) sample.push_back(i);
-    std::vector<cv::Mat> images(sample.size());
-    std::atomic<std::size_t> next{0};
-    core::run_on_threads(threads_, [&](int) {
-      for (std::size_t k = next++; k < sample.size(); k = next++) {
-        try {
-          images[k] = decode_patch(patches_[sample[k]], fit_);
-        } catch (const core::Error&) {  // left out here; the shard that holds it lists it
-        } catch (const cv::Exception&) {
-        }
-      }
-    });
+    std::vector<std::size_t> members(end - begin);
+    for (std::size_t i = begin; i < end; ++i) members[i - begin] = i;
     std::string failure;
-    auto normalizer = target_->fitted_to(images, failure);
+    auto normalizer = target_->fitted_to(decode_sample(patches_, members, fit_, threads_), failure);
     if (!normalizer) {
       spdlog::warn("group '{}': its {} patches keep their colours (stain normalization cannot be fitted on them: {})",
                    group, end - begin, failure);
@@ -466,6 +497,9 @@ const core::Schema& import_schema() {
         .string("stain.method", "none", "Stain normalization of every patch to one target",
                 {"none", "reinhard", "macenko"})
         .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+        .string("stain.target_split", "",
+                "Fit the stain target on the patches of this split taken together, e.g. train (no val or test patient "
+                "then shapes it); '' = stain.reference or the built-in target")
         .string("stain.fit", "group",
                 "group: the colours of a group (patient) fitted once on all of its patches, so the differences between "
                 "its patches stay; patch: each patch fitted alone, as tile fits each tile",
@@ -555,14 +589,13 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   attributes.tile_size = fit.tile_size;
   attributes.mpp = config.get_number("import.mpp");
   if (fit.resize && side > 0) attributes.mpp *= static_cast<double>(side) / fit.tile_size;
-  const bool per_group = config.get_string("stain.fit") == "group";
-  auto target = stain_target(config);
-  attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
-
   int threads = static_cast<int>(config.get_int("import.threads"));
   if (threads == 0) {
     threads = core::usable_cores();
   }
+  const bool per_group = config.get_string("stain.fit") == "group";
+  auto target = import_stain_target(config, patches, fit, threads);
+  attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
 
   PatchStains stains(patches, fit, std::move(target), per_group, threads);
 

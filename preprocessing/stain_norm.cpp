@@ -454,6 +454,11 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const
   return std::make_unique<MacenkoNormalizer>(*fit.target, reference_source(reference_name));
 }
 
+std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const std::vector<cv::Mat>& references,
+                                                       const std::string& reference_name) {
+  return make_stain_normalizer(method, pooled(references), reference_name);
+}
+
 namespace {
 
 // The numbers of "key=(a,b,c)" in a describe() text: exactly `n` finite values; nullopt otherwise. The last

@@ -42,6 +42,10 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method);
 // Fitted on a reference image (RGB CV_8UC3). InputError if it holds too little tissue to fit.
 std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const cv::Mat& reference,
                                                        const std::string& reference_name);
+// Fitted on several reference images taken together (a dataset's training patches); InputError naming
+// `reference_name` when together they hold too little tissue.
+std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const std::vector<cv::Mat>& references,
+                                                       const std::string& reference_name);
 
 // What the shards of a job whose normalizers were fitted per group (StainNormalizer::fitted_to) record: the
 // target's describe() text and this suffix. stain_normalizer_from_description() takes both forms.

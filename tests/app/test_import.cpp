@@ -316,6 +316,44 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   }
 }
 
+// stain.target_split: the target is fitted on that split's patches (here patient cast's), so that patient's patches
+// stay as they were and the other's move to them; a split without patches is a config error naming the key.
+TEST(Import, StainTargetFittedOnTheTrainingSplit) {
+  testing::TempDir dir;
+  fs::create_directories(dir.path() / "p");
+  std::ofstream csv(dir.file("labels.csv"));
+  csv << "path,label,patient,split\n";
+  std::vector<cv::Mat> cast(4), even(4);
+  for (int k = 0; k < 4; ++k) {
+    cv::imwrite(dir.file("p/cast" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.5, 0.6));
+    cv::imwrite(dir.file("p/even" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.0, 1.0));
+    cv::cvtColor(he_patch(3 + 6 * k, 1.5, 0.6), cast[static_cast<std::size_t>(k)], cv::COLOR_BGR2RGB);
+    cv::cvtColor(he_patch(3 + 6 * k, 1.0, 1.0), even[static_cast<std::size_t>(k)], cv::COLOR_BGR2RGB);
+    csv << "p/cast" << k << ".png,0,cast,train\np/even" << k << ".png,1,even,val\n";
+  }
+  csv.close();
+  const std::string args =
+      "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard --set stain.target_split=";
+  const auto r = run(args + "train --out " + dir.file("out"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto target = prep::make_stain_normalizer(prep::StainMethod::reinhard, cast, "split train, 4 patches");
+  EXPECT_EQ(io::read_manifest(dir.file("out/manifest.json")).attributes.stain_normalization,
+            target->describe() + prep::kPerGroupSuffix);
+  const auto tiles = tiles_by_number(dir.file("out"));
+  ASSERT_EQ(tiles.size(), 8u);
+  for (std::int64_t k = 0; k < 4; ++k) {
+    const cv::Mat& original = cast[static_cast<std::size_t>(k)];
+    EXPECT_LT(mean_abs_difference(tiles.at(k), original), 1.0) << "patch " << k << " of the target's own patient";
+    EXPECT_LT(mean_abs_difference(tiles.at(k + 4), original),
+              mean_abs_difference(even[static_cast<std::size_t>(k)], original) / 3)
+        << "patch " << k << " of the other patient";
+  }
+  const auto none = run(args + "test --out " + dir.file("none"));
+  EXPECT_EQ(none.code, 2);
+  EXPECT_TRUE(contains(none.err, "stain.target_split") && contains(none.err, "no patches are in split 'test'"))
+      << none.err;
+}
+
 // `tessera bench import` on a few generated patches: both rows of Tessera's process, and Python's row or the reason
 // it is missing (the figures themselves are measurements, never checked).
 TEST(Import, BenchReportsTesseraAndPython) {
