@@ -288,7 +288,8 @@ cv::Mat decode_patch(const PatchInput& p, const FitSettings& fit) { return fit_p
 constexpr std::int64_t kMaxFitPixels = std::int64_t{1} << 22;
 
 // The patches `indices` name (at most kMaxFitPixels pixels of them, spread evenly), decoded and fitted to the
-// tile with `threads` threads; a patch that cannot be decoded is left out (the shard that holds it lists it).
+// tile with up to `threads` threads (no more than the sample's patches); a patch that cannot be decoded is left out
+// (the shard that holds it lists it).
 std::vector<cv::Mat> decode_sample(const std::vector<PatchInput>& patches, const std::vector<std::size_t>& indices,
                                    const FitSettings& fit, int threads) {
   const std::int64_t tile_pixels = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size;
@@ -298,15 +299,16 @@ std::vector<cv::Mat> decode_sample(const std::vector<PatchInput>& patches, const
   for (std::size_t i = 0; i < indices.size(); i += step) sample.push_back(indices[i]);
   std::vector<cv::Mat> images(sample.size());
   std::atomic<std::size_t> next{0};
-  core::run_on_threads(threads, [&](int) {
-    for (std::size_t k = next++; k < sample.size(); k = next++) {
-      try {
-        images[k] = decode_patch(patches[sample[k]], fit);
-      } catch (const core::Error&) {
-      } catch (const cv::Exception&) {
-      }
-    }
-  });
+  core::run_on_threads(static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), sample.size())),
+                       [&](int) {
+                         for (std::size_t k = next++; k < sample.size(); k = next++) {
+                           try {
+                             images[k] = decode_patch(patches[sample[k]], fit);
+                           } catch (const core::Error&) {
+                           } catch (const cv::Exception&) {
+                           }
+                         }
+                       });
   return images;
 }
 
@@ -334,6 +336,7 @@ std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config,
 
 // Stain normalization of the job: the target, and with stain.fit: group each group's normalizer (the target fitted
 // on the group's patches taken together), fitted when a shard first needs it. Null entries leave patches as they are.
+// A group's patches are decoded once for its fit and again when its shard is written.
 class PatchStains {
  public:
   PatchStains(const std::vector<PatchInput>& patches, const FitSettings& fit, std::unique_ptr<StainNormalizer> target,
@@ -354,9 +357,12 @@ class PatchStains {
     return out;
   }
 
+  // The groups whose fit failed (group → why), of the shards this rank wrote: their patches keep their colours.
+  const std::map<std::string, std::string>& unfitted() const { return unfitted_; }
+
  private:
-  // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, with a warning,
-  // when they hold too little tissue or one stain only.
+  // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, recorded in
+  // unfitted_, when together they hold too little tissue (or, for Macenko, one stain only).
   std::unique_ptr<StainNormalizer> fit_group(std::size_t index) {
     const std::string& group = patches_[index].group;
     std::size_t begin = index, end = index + 1;
@@ -366,10 +372,7 @@ class PatchStains {
     for (std::size_t i = begin; i < end; ++i) members[i - begin] = i;
     std::string failure;
     auto normalizer = target_->fitted_to(decode_sample(patches_, members, fit_, threads_), failure);
-    if (!normalizer) {
-      spdlog::warn("group '{}': its {} patches keep their colours (stain normalization cannot be fitted on them: {})",
-                   group, end - begin, failure);
-    }
+    if (!normalizer) unfitted_.emplace(group, failure);
     return normalizer;
   }
 
@@ -379,7 +382,22 @@ class PatchStains {
   bool per_group_;
   int threads_;
   std::map<std::string, std::unique_ptr<StainNormalizer>> fitted_;
+  std::map<std::string, std::string> unfitted_;
 };
+
+// Every rank's `pairs` (key → text) merged into `pairs` on every rank.
+void gather_pairs(const core::Comm& world, std::map<std::string, std::string>& pairs) {
+  std::string mine;
+  for (const auto& [key, text] : pairs) mine += json({key, text}).dump() + "\n";
+  for (const auto& part : world.allgather_bytes(mine)) {
+    std::istringstream lines(part);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const auto entry = json::parse(line);
+      pairs.emplace(entry[0].get<std::string>(), entry[1].get<std::string>());
+    }
+  }
+}
 
 struct ShardResult {
   std::int64_t tiles = 0;
@@ -593,7 +611,9 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   if (threads == 0) {
     threads = core::usable_cores();
   }
-  const bool per_group = config.get_string("stain.fit") == "group";
+  // Per group only when some group has more than one patch: else (the patches name no group) each patch is fitted
+  // alone, on the way tile and stain.fit: patch take, with no fit ahead of its shard.
+  const bool per_group = config.get_string("stain.fit") == "group" && groups.size() < patches.size();
   auto target = import_stain_target(config, patches, fit, threads);
   attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
 
@@ -700,16 +720,9 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     const std::string unchecked = final_path.string() + ".unchecked";
     if (fs::exists(unchecked)) fs::rename(unchecked, final_path);
   }
-  std::string mine;
-  for (const auto& [path, error] : failed) mine += json({path, error}).dump() + "\n";
-  for (const auto& part : world.allgather_bytes(mine)) {
-    std::istringstream lines(part);
-    std::string line;
-    while (std::getline(lines, line)) {
-      const auto entry = json::parse(line);
-      failed.emplace(entry[0].get<std::string>(), entry[1].get<std::string>());
-    }
-  }
+  gather_pairs(world, failed);
+  auto unfitted = stains.unfitted();
+  gather_pairs(world, unfitted);
 
   ImportJobResult result;
   result.patches_failed = !failed.empty();
@@ -771,7 +784,10 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     for (std::size_t k = 0; k < patches.size(); ++k) {
       const auto& p = patches[k];
       table += fmt::format("{},{},{},{},{},{}\n", k, csv_field(p.path), csv_field(p.group), io::kLabelNames[p.label],
-                           csv_field(p.split), failed.contains(p.path) ? "failed" : "imported");
+                           csv_field(p.split),
+                           failed.contains(p.path)      ? "failed"
+                           : unfitted.contains(p.group) ? "imported-stain-kept"
+                                                        : "imported");
     }
     core::write_file_atomic((out / "patches.csv").string(), table);
     io::write_manifest(manifest_path.string(), manifest);
@@ -792,6 +808,15 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       std::fprintf(stderr, "tessera import: %zu of %zu patches could not be read and were left out:\n", failed.size(),
                    patches.size());
       for (const auto& [path, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
+    }
+    if (!unfitted.empty()) {
+      std::string list;
+      for (const auto& [group, why] : unfitted)
+        list += fmt::format("{}'{}' ({})", list.empty() ? "" : "; ", group, why);
+      spdlog::warn(
+          "stain normalization could not be fitted on {} groups, whose patches keep their colours "
+          "(imported-stain-kept in patches.csv): {}",
+          unfitted.size(), list);
     }
   }
   std::int64_t imported = result.patches;

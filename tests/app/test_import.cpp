@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -199,13 +200,10 @@ TEST(Import, MistakesNameTheFileAndLine) {
   EXPECT_TRUE(contains(r.err, "import.mpp")) << r.err;
 }
 
-// With stain normalization per group (the resume path is the same without it): patients straddle the shards (3
-// patches each, 8 a shard), and a resumed run fits a patient's colours on all of its patches as the whole run did.
 TEST(Import, AKilledImportResumesWithWhatIsLeft) {
   testing::TempDir dir;
   const PatchSet set(dir.path());
-  const std::string args = "import --csv " + dir.file("labels.csv") +
-                           " --mpp 4 --set shards.tiles_per_shard=8 --set stain.method=reinhard --out ";
+  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set shards.tiles_per_shard=8 --out ";
   const auto whole = run(args + dir.file("whole"));
   ASSERT_EQ(whole.code, 0) << whole.err;
   const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=2 do=kill' \"$TESSERA\" " + args +
@@ -262,89 +260,78 @@ double mean_colour_gap(const cv::Mat& a, const cv::Mat& b) {
   return (std::abs(ma[0] - mb[0]) + std::abs(ma[1] - mb[1]) + std::abs(ma[2] - mb[2])) / 3;
 }
 
-// Two patients with the same 4 patches (more and more nuclei), one stained darker in haematoxylin and paler in
-// eosin. Normalized per patient (stain.fit: group, the default), the two look alike patch by patch while each keeps
-// the differences between its patches; fitted patch by patch, those differences fade. The shards record the target.
+// Three patients: two with the same 4 patches (more and more nuclei), "cast" stained darker in haematoxylin and
+// paler in eosin (split train), "even" not (val); and "white" with 2 blank patches (val). With stain.target_split:
+// train and stain.fit: group (the default), each patient's colours are fitted once on all of its patches, although
+// they straddle shards of 3: cast's stay, even's move to them and keep the differences between its patches, white's
+// cannot be fitted and stay as they are (listed once). Fitted patch by patch, those differences fade. The shards
+// record the target; a split without patches is a config error naming the key.
 TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
-  testing::TempDir dir;
-  fs::create_directories(dir.path() / "p");
-  std::ofstream csv(dir.file("labels.csv"));
-  csv << "path,label,patient\n";
-  for (int k = 0; k < 4; ++k) {
-    cv::imwrite(dir.file("p/cast" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.5, 0.6));
-    cv::imwrite(dir.file("p/even" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.0, 1.0));
-    csv << "p/cast" << k << ".png," << k % 2 << ",cast\np/even" << k << ".png," << k % 2 << ",even\n";
-  }
-  csv.close();
-  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard";
-  for (const std::string fit : {"group", "patch"}) {
-    const auto r = run(args + " --set stain.fit=" + fit + " --out " + dir.file(fit));
-    ASSERT_EQ(r.code, 0) << r.err;
-  }
-  const std::string target = prep::make_stain_normalizer(prep::StainMethod::reinhard)->describe();
-  EXPECT_EQ(io::read_manifest(dir.file("group/manifest.json")).attributes.stain_normalization,
-            target + prep::kPerGroupSuffix);
-  EXPECT_EQ(io::read_manifest(dir.file("patch/manifest.json")).attributes.stain_normalization, target);
-  const auto shard = io::read_manifest(dir.file("group/manifest.json")).shards.at(0).file;
-  EXPECT_EQ(io::ShardFile::open(dir.file("group/" + shard)).attributes().stain_normalization,
-            target + prep::kPerGroupSuffix);
-
-  // Job order: patient cast's patches 0-3, then even's 4-7.
-  std::map<std::int64_t, cv::Mat> raw;
-  for (int k = 0; k < 4; ++k) {
-    cv::cvtColor(he_patch(3 + 6 * k, 1.5, 0.6), raw[k], cv::COLOR_BGR2RGB);
-    cv::cvtColor(he_patch(3 + 6 * k, 1.0, 1.0), raw[k + 4], cv::COLOR_BGR2RGB);
-  }
-  const auto group = tiles_by_number(dir.file("group")), patch = tiles_by_number(dir.file("patch"));
-  ASSERT_EQ(group.size(), 8u);
-  for (std::int64_t k = 0; k < 4; ++k) {
-    const double before = mean_abs_difference(raw.at(k), raw.at(k + 4));
-    const double after = mean_abs_difference(group.at(k), group.at(k + 4));
-    EXPECT_LT(after, before / 3) << "patch " << k << ": cast against even " << before << " before, " << after;
-  }
-  for (const std::int64_t first : {0, 4}) {
-    const double before = mean_colour_gap(raw.at(first), raw.at(first + 3));
-    const double kept = mean_colour_gap(group.at(first), group.at(first + 3));
-    const double per_patch = mean_colour_gap(patch.at(first), patch.at(first + 3));
-    // The target's narrower spread brings them closer (74 and 46 grey levels apart before, 33 and 34 after).
-    EXPECT_GT(kept, before / 3) << "patches 0 and 3 of a patient: mean colours " << before << " apart, " << kept;
-    EXPECT_LT(per_patch, kept / 10) << "fitted patch by patch: " << per_patch << " apart";
-  }
-}
-
-// stain.target_split: the target is fitted on that split's patches (here patient cast's), so that patient's patches
-// stay as they were and the other's move to them; a split without patches is a config error naming the key.
-TEST(Import, StainTargetFittedOnTheTrainingSplit) {
   testing::TempDir dir;
   fs::create_directories(dir.path() / "p");
   std::ofstream csv(dir.file("labels.csv"));
   csv << "path,label,patient,split\n";
   std::vector<cv::Mat> cast(4), even(4);
   for (int k = 0; k < 4; ++k) {
+    const auto i = static_cast<std::size_t>(k);
     cv::imwrite(dir.file("p/cast" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.5, 0.6));
     cv::imwrite(dir.file("p/even" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.0, 1.0));
-    cv::cvtColor(he_patch(3 + 6 * k, 1.5, 0.6), cast[static_cast<std::size_t>(k)], cv::COLOR_BGR2RGB);
-    cv::cvtColor(he_patch(3 + 6 * k, 1.0, 1.0), even[static_cast<std::size_t>(k)], cv::COLOR_BGR2RGB);
-    csv << "p/cast" << k << ".png,0,cast,train\np/even" << k << ".png,1,even,val\n";
+    cv::cvtColor(he_patch(3 + 6 * k, 1.5, 0.6), cast[i], cv::COLOR_BGR2RGB);
+    cv::cvtColor(he_patch(3 + 6 * k, 1.0, 1.0), even[i], cv::COLOR_BGR2RGB);
+    csv << "p/cast" << k << ".png," << k % 2 << ",cast,train\np/even" << k << ".png," << k % 2 << ",even,val\n";
+  }
+  const cv::Mat white(24, 24, CV_8UC3, cv::Scalar(255, 255, 255));
+  for (int k = 0; k < 2; ++k) {
+    cv::imwrite(dir.file("p/white" + std::to_string(k) + ".png"), white);
+    csv << "p/white" << k << ".png,0,white,val\n";
   }
   csv.close();
-  const std::string args =
-      "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard --set stain.target_split=";
-  const auto r = run(args + "train --out " + dir.file("out"));
+  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard";
+  const auto r =
+      run(args + " --set stain.target_split=train --set shards.tiles_per_shard=3 --out " + dir.file("group"));
   ASSERT_EQ(r.code, 0) << r.err;
+  const auto per_patch = run(args + " --set stain.fit=patch --out " + dir.file("patch"));
+  ASSERT_EQ(per_patch.code, 0) << per_patch.err;
+
   const auto target = prep::make_stain_normalizer(prep::StainMethod::reinhard, cast, "split train, 4 patches");
-  EXPECT_EQ(io::read_manifest(dir.file("out/manifest.json")).attributes.stain_normalization,
+  EXPECT_EQ(io::read_manifest(dir.file("group/manifest.json")).attributes.stain_normalization,
             target->describe() + prep::kPerGroupSuffix);
-  const auto tiles = tiles_by_number(dir.file("out"));
-  ASSERT_EQ(tiles.size(), 8u);
+  const auto shard = io::read_manifest(dir.file("group/manifest.json")).shards.at(0).file;
+  EXPECT_EQ(io::ShardFile::open(dir.file("group/" + shard)).attributes().stain_normalization,
+            target->describe() + prep::kPerGroupSuffix);
+  EXPECT_EQ(io::read_manifest(dir.file("patch/manifest.json")).attributes.stain_normalization,
+            prep::make_stain_normalizer(prep::StainMethod::reinhard)->describe());
+
+  // Job order: cast's patches 0-3, even's 4-7, white's 8-9; shards of 3 cut cast after 2 and even after 5.
+  const auto group = tiles_by_number(dir.file("group")), patch = tiles_by_number(dir.file("patch"));
+  ASSERT_EQ(group.size(), 10u);
+  std::string failure;
+  const auto even_fit = target->fitted_to(even, failure);
+  ASSERT_TRUE(even_fit) << failure;
   for (std::int64_t k = 0; k < 4; ++k) {
-    const cv::Mat& original = cast[static_cast<std::size_t>(k)];
-    EXPECT_LT(mean_abs_difference(tiles.at(k), original), 1.0) << "patch " << k << " of the target's own patient";
-    EXPECT_LT(mean_abs_difference(tiles.at(k + 4), original),
-              mean_abs_difference(even[static_cast<std::size_t>(k)], original) / 3)
+    const auto i = static_cast<std::size_t>(k);
+    EXPECT_LT(mean_abs_difference(group.at(k), cast[i]), 1.0) << "patch " << k << " of the target's own patient";
+    cv::Mat expected = even[i].clone();
+    even_fit->apply(expected);
+    EXPECT_EQ(cv::norm(group.at(k + 4), expected, cv::NORM_INF), 0) << "patch " << k << ": fitted on all of even's";
+    EXPECT_LT(mean_abs_difference(group.at(k + 4), cast[i]), mean_abs_difference(even[i], cast[i]) / 3)
         << "patch " << k << " of the other patient";
   }
-  const auto none = run(args + "test --out " + dir.file("none"));
+  for (const std::int64_t k : {8, 9}) EXPECT_EQ(cv::norm(group.at(k), white, cv::NORM_INF), 0) << "patch " << k;
+  EXPECT_TRUE(contains(r.err, "could not be fitted on 1 groups") && contains(r.err, "'white'")) << r.err;
+  std::ifstream table(dir.file("group/patches.csv"));
+  const std::string rows((std::istreambuf_iterator<char>(table)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(rows, "p/white0.png,white,normal,val,imported-stain-kept")) << rows;
+  EXPECT_TRUE(contains(rows, "p/even0.png,even,normal,val,imported\n")) << rows;
+
+  // The differences between a patient's patches: kept per group, faded patch by patch.
+  const double before = mean_colour_gap(even[0], even[3]);
+  const double kept = mean_colour_gap(group.at(4), group.at(7));
+  const double faded = mean_colour_gap(patch.at(4), patch.at(7));
+  EXPECT_GT(kept, before / 3) << "patches 0 and 3 of even: mean colours " << before << " apart, " << kept;
+  EXPECT_LT(faded, kept / 10) << "fitted patch by patch: " << faded << " apart";
+
+  const auto none = run(args + " --set stain.target_split=test --out " + dir.file("none"));
   EXPECT_EQ(none.code, 2);
   EXPECT_TRUE(contains(none.err, "stain.target_split") && contains(none.err, "no patches are in split 'test'"))
       << none.err;
