@@ -264,13 +264,15 @@ double mean_colour_gap(const cv::Mat& a, const cv::Mat& b) {
 // paler in eosin (split train), "even" not (val); and "white" with 2 blank patches (val). With stain.target_split:
 // train and stain.fit: group (the default), each patient's colours are fitted once on all of its patches, although
 // they straddle shards of 3: cast's stay, even's move to them and keep the differences between its patches, white's
-// cannot be fitted and stay as they are (listed once). Fitted patch by patch, those differences fade. The shards
-// record the target; a split without patches is a config error naming the key.
+// cannot be fitted and stay as they are (listed once). Patches that name no group are fitted patch by patch (the
+// target's text alone), and those differences fade. The shards record the target; a split without patches is a
+// config error naming the key.
 TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   testing::TempDir dir;
   fs::create_directories(dir.path() / "p");
-  std::ofstream csv(dir.file("labels.csv"));
+  std::ofstream csv(dir.file("labels.csv")), ungrouped(dir.file("ungrouped.csv"));
   csv << "path,label,patient,split\n";
+  ungrouped << "path,label\n";
   std::vector<cv::Mat> cast(4), even(4);
   for (int k = 0; k < 4; ++k) {
     const auto i = static_cast<std::size_t>(k);
@@ -279,19 +281,24 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
     cv::cvtColor(he_patch(3 + 6 * k, 1.5, 0.6), cast[i], cv::COLOR_BGR2RGB);
     cv::cvtColor(he_patch(3 + 6 * k, 1.0, 1.0), even[i], cv::COLOR_BGR2RGB);
     csv << "p/cast" << k << ".png," << k % 2 << ",cast,train\np/even" << k << ".png," << k % 2 << ",even,val\n";
+    ungrouped << "p/cast" << k << ".png," << k % 2 << "\np/even" << k << ".png," << k % 2 << "\n";
   }
   const cv::Mat white(24, 24, CV_8UC3, cv::Scalar(255, 255, 255));
   for (int k = 0; k < 2; ++k) {
     cv::imwrite(dir.file("p/white" + std::to_string(k) + ".png"), white);
     csv << "p/white" << k << ".png,0,white,val\n";
+    ungrouped << "p/white" << k << ".png,0\n";
   }
   csv.close();
+  ungrouped.close();
   const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard";
   const auto r =
       run(args + " --set stain.target_split=train --set shards.tiles_per_shard=3 --out " + dir.file("group"));
   ASSERT_EQ(r.code, 0) << r.err;
-  const auto per_patch = run(args + " --set stain.fit=patch --out " + dir.file("patch"));
+  const auto per_patch = run("import --csv " + dir.file("ungrouped.csv") +
+                             " --mpp 4 --set stain.method=reinhard --out " + dir.file("patch"));
   ASSERT_EQ(per_patch.code, 0) << per_patch.err;
+  EXPECT_FALSE(contains(per_patch.err, "could not be fitted")) << per_patch.err;
 
   const auto target = prep::make_stain_normalizer(prep::StainMethod::reinhard, cast, "split train, 4 patches");
   EXPECT_EQ(io::read_manifest(dir.file("group/manifest.json")).attributes.stain_normalization,
@@ -302,7 +309,8 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   EXPECT_EQ(io::read_manifest(dir.file("patch/manifest.json")).attributes.stain_normalization,
             prep::make_stain_normalizer(prep::StainMethod::reinhard)->describe());
 
-  // Job order: cast's patches 0-3, even's 4-7, white's 8-9; shards of 3 cut cast after 2 and even after 5.
+  // Job order (with or without groups, named then after the files): cast's patches 0-3, even's 4-7, white's 8-9; shards
+  // of 3 cut cast after 2 and even after 5.
   const auto group = tiles_by_number(dir.file("group")), patch = tiles_by_number(dir.file("patch"));
   ASSERT_EQ(group.size(), 10u);
   std::string failure;
