@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/registry.h"
+#include "preprocessing/stain_norm.h"
 
 namespace tessera::engine {
 
@@ -220,9 +221,16 @@ void check_compatible(const LoadedModel& model, const std::string& checkpoint, c
                            manifest_path);
   }
   if (meta.stain_normalization != tiles.stain_normalization) {
+    // The same target fitted per group on one side and tile by tile on the other maps a patient's tiles otherwise.
+    const std::string suffix = prep::kPerGroupSuffix;
+    const bool fit_differs = meta.stain_normalization + suffix == tiles.stain_normalization ||
+                             tiles.stain_normalization + suffix == meta.stain_normalization;
     throw core::InputError(
-        fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'",
-                    tiles.stain_normalization, checkpoint, meta.stain_normalization),
+        fmt::format("the tiles have stain normalization '{}', the model in '{}' was trained with '{}'{}",
+                    tiles.stain_normalization, checkpoint, meta.stain_normalization,
+                    fit_differs ? " (the same target, but one fitted once per group (patient) and the other tile by "
+                                  "tile: import the tiles with the model's stain.fit)"
+                                : ""),
         manifest_path);
   }
 }

@@ -280,6 +280,125 @@ cv::Mat fit_patch(const cv::Mat& rgb, const FitSettings& fit) {
   return out;
 }
 
+// The patch of `p` decoded and fitted to the tile. core::Error or cv::Exception when it cannot be decoded whole.
+cv::Mat decode_patch(const PatchInput& p, const FitSettings& fit) { return fit_patch(io::read_rgb_image(p.path), fit); }
+
+// A group's normalizer, or a split's target, is fitted on at most this many pixels of its patches (evenly spread over
+// them): 4 M pixels, 12 MB of RGB and 48 MB of float L*a*b* while it is fitted.
+constexpr std::int64_t kMaxFitPixels = std::int64_t{1} << 22;
+
+// The patches `indices` name (at most kMaxFitPixels pixels of them, spread evenly), decoded and fitted to the
+// tile with up to `threads` threads (no more than the sample's patches); a patch that cannot be decoded is left out
+// (the shard that holds it lists it).
+std::vector<cv::Mat> decode_sample(const std::vector<PatchInput>& patches, const std::vector<std::size_t>& indices,
+                                   const FitSettings& fit, int threads) {
+  const std::int64_t tile_pixels = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size;
+  const auto most = static_cast<std::size_t>(std::max<std::int64_t>(1, kMaxFitPixels / tile_pixels));
+  const std::size_t step = (indices.size() + most - 1) / most;  // every patch while they fit in kMaxFitPixels
+  std::vector<std::size_t> sample;
+  for (std::size_t i = 0; i < indices.size(); i += step) sample.push_back(indices[i]);
+  std::vector<cv::Mat> images(sample.size());
+  std::atomic<std::size_t> next{0};
+  core::run_on_threads(static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), sample.size())),
+                       [&](int) {
+                         for (std::size_t k = next++; k < sample.size(); k = next++) {
+                           try {
+                             images[k] = decode_patch(patches[sample[k]], fit);
+                           } catch (const core::Error&) {
+                           } catch (const cv::Exception&) {
+                           }
+                         }
+                       });
+  return images;
+}
+
+// The job's stain target: stain_target()'s, or with stain.target_split fitted on that split's patches taken together.
+std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config, const std::vector<PatchInput>& patches,
+                                                     const FitSettings& fit, int threads) {
+  const std::string& split = config.get_string("stain.target_split");
+  if (split.empty() || config.get_string("stain.method") == "none") return stain_target(config);
+  if (!config.get_string("stain.reference").empty()) {
+    throw core::ConfigError("give stain.reference or stain.target_split, not both", config.source(), 0,
+                            "stain.target_split");
+  }
+  std::vector<std::size_t> in_split;
+  for (std::size_t i = 0; i < patches.size(); ++i) {
+    if (patches[i].split == split) in_split.push_back(i);
+  }
+  if (in_split.empty()) {
+    throw core::ConfigError(fmt::format("no patches are in split '{}'", split), config.source(), 0,
+                            "stain.target_split");
+  }
+  return make_stain_normalizer(parse_stain_method(config.get_string("stain.method")),
+                               decode_sample(patches, in_split, fit, threads),
+                               fmt::format("split {}, {} patches", split, in_split.size()));
+}
+
+// Stain normalization of the job: the target, and with stain.fit: group each group's normalizer (the target fitted
+// on the group's patches taken together), fitted when a shard first needs it. Null entries leave patches as they are.
+// A group's patches are decoded once for its fit and again when its shard is written.
+class PatchStains {
+ public:
+  PatchStains(const std::vector<PatchInput>& patches, const FitSettings& fit, std::unique_ptr<StainNormalizer> target,
+              bool per_group, int threads)
+      : patches_(patches), fit_(fit), target_(std::move(target)), per_group_(per_group), threads_(threads) {}
+
+  // The normalizer of each patch of the span.
+  std::vector<const StainNormalizer*> of_span(const ShardSpan& span) {
+    std::vector<const StainNormalizer*> out(static_cast<std::size_t>(span.count), per_group_ ? nullptr : target_.get());
+    if (!target_ || !per_group_) return out;
+    for (std::int64_t k = 0; k < span.count; ++k) {
+      const std::size_t index = static_cast<std::size_t>(span.first + k);
+      const std::string& group = patches_[index].group;
+      auto it = fitted_.find(group);
+      if (it == fitted_.end()) it = fitted_.emplace(group, fit_group(index)).first;
+      out[static_cast<std::size_t>(k)] = it->second.get();
+    }
+    return out;
+  }
+
+  // The groups whose fit failed (group → why), of the shards this rank wrote: their patches keep their colours.
+  const std::map<std::string, std::string>& unfitted() const { return unfitted_; }
+
+ private:
+  // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, recorded in
+  // unfitted_, when together they hold too little tissue (or, for Macenko, one stain only).
+  std::unique_ptr<StainNormalizer> fit_group(std::size_t index) {
+    const std::string& group = patches_[index].group;
+    std::size_t begin = index, end = index + 1;
+    while (begin > 0 && patches_[begin - 1].group == group) --begin;
+    while (end < patches_.size() && patches_[end].group == group) ++end;
+    std::vector<std::size_t> members(end - begin);
+    for (std::size_t i = begin; i < end; ++i) members[i - begin] = i;
+    std::string failure;
+    auto normalizer = target_->fitted_to(decode_sample(patches_, members, fit_, threads_), failure);
+    if (!normalizer) unfitted_.emplace(group, failure);
+    return normalizer;
+  }
+
+  const std::vector<PatchInput>& patches_;
+  FitSettings fit_;
+  std::unique_ptr<StainNormalizer> target_;
+  bool per_group_;
+  int threads_;
+  std::map<std::string, std::unique_ptr<StainNormalizer>> fitted_;
+  std::map<std::string, std::string> unfitted_;
+};
+
+// Every rank's `pairs` (key → text) merged into `pairs` on every rank.
+void gather_pairs(const core::Comm& world, std::map<std::string, std::string>& pairs) {
+  std::string mine;
+  for (const auto& [key, text] : pairs) mine += json({key, text}).dump() + "\n";
+  for (const auto& part : world.allgather_bytes(mine)) {
+    std::istringstream lines(part);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const auto entry = json::parse(line);
+      pairs.emplace(entry[0].get<std::string>(), entry[1].get<std::string>());
+    }
+  }
+}
+
 struct ShardResult {
   std::int64_t tiles = 0;
   std::string checksum;
@@ -289,7 +408,8 @@ struct ShardResult {
 // Decodes the span's patches with `threads` threads, then writes the good ones in job order.
 ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& patches, const ShardSpan& span,
                         const std::vector<std::string>& groups, const std::map<std::string, std::uint32_t>& group_index,
-                        const io::ShardAttributes& attributes, const FitSettings& fit, int threads) {
+                        const io::ShardAttributes& attributes, const FitSettings& fit,
+                        const std::vector<const StainNormalizer*>& normalizers, int threads) {
   const auto count = static_cast<std::size_t>(span.count);
   const std::size_t tile_bytes = static_cast<std::size_t>(fit.tile_size) * fit.tile_size * 3;
   std::vector<std::uint8_t> pixels(count * tile_bytes);
@@ -299,7 +419,8 @@ ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& 
     for (std::size_t k = next++; k < count; k = next++) {
       const auto& p = patches[static_cast<std::size_t>(span.first) + k];
       try {
-        const cv::Mat tile = fit_patch(io::read_rgb_image(p.path), fit);
+        cv::Mat tile = decode_patch(p, fit);
+        if (const auto* normalizer = normalizers[k]) normalizer->apply(tile);
         for (int y = 0; y < tile.rows; ++y) {
           std::memcpy(pixels.data() + k * tile_bytes + static_cast<std::size_t>(y) * tile.cols * 3, tile.ptr(y),
                       static_cast<std::size_t>(tile.cols) * 3);
@@ -391,6 +512,16 @@ const core::Schema& import_schema() {
                 {"pad", "resize"})
         .integer("import.threads", 0, "Decoding threads per rank (0 = the cores this rank may use)", 0, 1024)
         .integer("tile.size", 0, "Tile side in pixels (0 = the patches' most common side)", 0, 4096)
+        .string("stain.method", "none", "Stain normalization of every patch to one target",
+                {"none", "reinhard", "macenko"})
+        .string("stain.reference", "", "Reference image for the stain target ('' = Tessera's built-in H&E target)")
+        .string("stain.target_split", "",
+                "Fit the stain target on the patches of this split taken together, e.g. train (no val or test patient "
+                "then shapes it); '' = stain.reference or the built-in target")
+        .string("stain.fit", "group",
+                "group: the colours of a group (patient) fitted once on all of its patches, so the differences between "
+                "its patches stay; patch: each patch fitted alone, as tile fits each tile",
+                {"group", "patch"})
         .string_list("splits.names", {"train", "val", "test"}, "Splits assigned by group when the CSV has none")
         .string_list("splits.fractions", {"0.7", "0.15", "0.15"}, "Share of the groups (patients) in each split")
         .integer("splits.seed", 1, "Seed of the assignment of groups to splits", 0, 9.0e15)
@@ -476,12 +607,17 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   attributes.tile_size = fit.tile_size;
   attributes.mpp = config.get_number("import.mpp");
   if (fit.resize && side > 0) attributes.mpp *= static_cast<double>(side) / fit.tile_size;
-  attributes.stain_normalization = "none";
-
   int threads = static_cast<int>(config.get_int("import.threads"));
   if (threads == 0) {
     threads = core::usable_cores();
   }
+  // Per group only when some group has more than one patch: else (the patches name no group) each patch is fitted
+  // alone, on the way tile and stain.fit: patch take, with no fit ahead of its shard.
+  const bool per_group = config.get_string("stain.fit") == "group" && groups.size() < patches.size();
+  auto target = import_stain_target(config, patches, fit, threads);
+  attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
+
+  PatchStains stains(patches, fit, std::move(target), per_group, threads);
 
   const std::string hash = job_hash(config, patches);
   const fs::path state_path = out / ".tessera-import-state.json";
@@ -567,7 +703,8 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       fs::remove(shard_record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
-      const auto shard = write_shard(unchecked, patches, span, groups, group_index, attributes, fit, threads);
+      const auto shard =
+          write_shard(unchecked, patches, span, groups, group_index, attributes, fit, stains.of_span(span), threads);
       failed.insert(shard.failed.begin(), shard.failed.end());
       write_shard_record(
           out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum, shard.failed});
@@ -583,16 +720,9 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     const std::string unchecked = final_path.string() + ".unchecked";
     if (fs::exists(unchecked)) fs::rename(unchecked, final_path);
   }
-  std::string mine;
-  for (const auto& [path, error] : failed) mine += json({path, error}).dump() + "\n";
-  for (const auto& part : world.allgather_bytes(mine)) {
-    std::istringstream lines(part);
-    std::string line;
-    while (std::getline(lines, line)) {
-      const auto entry = json::parse(line);
-      failed.emplace(entry[0].get<std::string>(), entry[1].get<std::string>());
-    }
-  }
+  gather_pairs(world, failed);
+  auto unfitted = stains.unfitted();
+  gather_pairs(world, unfitted);
 
   ImportJobResult result;
   result.patches_failed = !failed.empty();
@@ -654,7 +784,10 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     for (std::size_t k = 0; k < patches.size(); ++k) {
       const auto& p = patches[k];
       table += fmt::format("{},{},{},{},{},{}\n", k, csv_field(p.path), csv_field(p.group), io::kLabelNames[p.label],
-                           csv_field(p.split), failed.contains(p.path) ? "failed" : "imported");
+                           csv_field(p.split),
+                           failed.contains(p.path)      ? "failed"
+                           : unfitted.contains(p.group) ? "imported-stain-kept"
+                                                        : "imported");
     }
     core::write_file_atomic((out / "patches.csv").string(), table);
     io::write_manifest(manifest_path.string(), manifest);
@@ -675,6 +808,15 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       std::fprintf(stderr, "tessera import: %zu of %zu patches could not be read and were left out:\n", failed.size(),
                    patches.size());
       for (const auto& [path, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
+    }
+    if (!unfitted.empty()) {
+      std::string list;
+      for (const auto& [group, why] : unfitted)
+        list += fmt::format("{}'{}' ({})", list.empty() ? "" : "; ", group, why);
+      spdlog::warn(
+          "stain normalization could not be fitted on {} groups, whose patches keep their colours "
+          "(imported-stain-kept in patches.csv): {}",
+          unfitted.size(), list);
     }
   }
   std::int64_t imported = result.patches;

@@ -13,7 +13,10 @@
 // 3. Extract: patches in group order are cut into shards (assign_shards, as tile), each rank its part, each shard
 //    decoded by import.threads threads, fitted to tile.size (import.fit: pad keeps µm/px, centred on white and a
 //    larger patch centre-cropped; resize scales every patch to the tile, so the shard's µm/px is import.mpp ×
-//    the patches' side ÷ tile.size) and written as `shard-NNNNN.h5.unchecked`, then its record
+//    the patches' side ÷ tile.size), stain-normalized when stain.method asks (stain.fit: group fits the source's
+//    colours once on all of a group's patches, so a patient's stain moves to the target and the differences between
+//    its patches stay; patch fits each patch alone, as tile does; the shards record the target's text, with
+//    kPerGroupSuffix for group) and written as `shard-NNNNN.h5.unchecked`, then its record
 //    (preprocessing/tile_resume.h). A patch that cannot be decoded whole (io::read_rgb_image: a truncated PNG or
 //    JPEG is an error, never grey pixels) is left out and listed; the job ends with exit code 3 and the list.
 //    A patch has no place on a slide: its tile's x coordinate is its number in the job, and `patches.csv` (number,

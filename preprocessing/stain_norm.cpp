@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,19 @@ std::string format_vec(const double* v, int n) {
   return out + ")";
 }
 
+// The images as one row of pixels (their sizes may differ), so that a fit sees their tissue as one image's.
+cv::Mat pooled(const std::vector<cv::Mat>& images) {
+  std::vector<cv::Mat> rows;
+  for (const auto& image : images) {
+    if (image.empty()) continue;
+    check_rgb(image, "a source image");
+    rows.push_back((image.isContinuous() ? image : image.clone()).reshape(3, 1));
+  }
+  cv::Mat all(0, 0, CV_8UC3);
+  if (!rows.empty()) cv::hconcat(rows, all);
+  return all;
+}
+
 // Where a target came from, for describe().
 constexpr const char* kBuiltinSource = "target=builtin";
 std::string reference_source(const std::string& reference_name) { return "reference='" + reference_name + "'"; }
@@ -140,7 +154,9 @@ std::optional<LabStats> tissue_lab_stats(const cv::Mat& lab, std::size_t& tissue
 
 class ReinhardNormalizer final : public StainNormalizer {
  public:
-  ReinhardNormalizer(const LabStats& target, std::string source) : target_(target), source_(std::move(source)) {}
+  // `fitted` given: the source's statistics, fitted once (fitted_to); otherwise each tile's own.
+  ReinhardNormalizer(const LabStats& target, std::string source, std::optional<LabStats> fitted = std::nullopt)
+      : target_(target), source_(std::move(source)), fitted_(fitted) {}
 
   StainMethod method() const override { return StainMethod::reinhard; }
 
@@ -149,7 +165,7 @@ class ReinhardNormalizer final : public StainNormalizer {
     check_rgb(rgb, "a tile");
     cv::Mat lab = to_lab(rgb);
     std::size_t tissue = 0;
-    const auto source = tissue_lab_stats(lab, tissue);
+    const auto source = fitted_ ? fitted_ : tissue_lab_stats(lab, tissue);
     if (!source) return;  // too little tissue to say what its colours are: leave it alone
 
     // x' = (x − μ_src)/σ_src · σ_tgt + μ_tgt = gain·x + offset.
@@ -181,9 +197,21 @@ class ReinhardNormalizer final : public StainNormalizer {
            " lab_std=" + format_vec(target_.std.data(), 3);
   }
 
+  std::unique_ptr<StainNormalizer> fitted_to(const std::vector<cv::Mat>& images, std::string& failure) const override {
+    const cv::Mat all = pooled(images);
+    std::size_t tissue = 0;
+    const auto stats = tissue_lab_stats(all.empty() ? cv::Mat(0, 0, CV_32FC3) : to_lab(all), tissue);
+    if (!stats) {
+      failure = too_little_tissue(tissue, all.total(), "are darker than L* 90");
+      return nullptr;
+    }
+    return std::make_unique<ReinhardNormalizer>(target_, source_, stats);
+  }
+
  private:
   LabStats target_;
   std::string source_;  // kBuiltinSource or reference_source(name)
+  std::optional<LabStats> fitted_;
 };
 
 // --- Macenko -----------------------------------------------------------------------------------------------
@@ -304,16 +332,18 @@ MacenkoFit fit_macenko(const cv::Mat& rgb) {
 
 class MacenkoNormalizer final : public StainNormalizer {
  public:
-  MacenkoNormalizer(const MacenkoTarget& target, std::string source) : target_(target), source_(std::move(source)) {}
+  // `fitted` given: the source's stains and concentrations, fitted once (fitted_to); otherwise each tile's own.
+  MacenkoNormalizer(const MacenkoTarget& target, std::string source, std::optional<MacenkoTarget> fitted = std::nullopt)
+      : target_(target), source_(std::move(source)), fitted_(fitted) {}
 
   StainMethod method() const override { return StainMethod::macenko; }
 
   void apply(cv::Mat& rgb) const override {
     if (rgb.empty()) return;
     check_rgb(rgb, "a tile");
-    const MacenkoFit fit = fit_macenko(rgb);
-    if (!fit.target) return;  // too little tissue, or one colour only: leave the tile alone
-    const MacenkoTarget& source = *fit.target;
+    const auto fitted = fitted_ ? fitted_ : fit_macenko(rgb).target;
+    if (!fitted) return;  // too little tissue, or one colour only: leave the tile alone
+    const MacenkoTarget& source = *fitted;
 
     // OD' = V_tgt · diag(max_tgt / max_src) · V_src⁺ · OD: one 3×3 matrix per tile.
     const cv::Matx32d v_target(target_.stains.h[0], target_.stains.e[0],  //
@@ -342,9 +372,19 @@ class MacenkoNormalizer final : public StainNormalizer {
            " max_concentration=" + format_vec(target_.max_concentration.val, 2);
   }
 
+  std::unique_ptr<StainNormalizer> fitted_to(const std::vector<cv::Mat>& images, std::string& failure) const override {
+    const MacenkoFit fit = fit_macenko(pooled(images));
+    if (!fit.target) {
+      failure = fit.failure;
+      return nullptr;
+    }
+    return std::make_unique<MacenkoNormalizer>(target_, source_, fit.target);
+  }
+
  private:
   MacenkoTarget target_;
   std::string source_;  // kBuiltinSource or reference_source(name)
+  std::optional<MacenkoTarget> fitted_;
 };
 
 // --- Registry ----------------------------------------------------------------------------------------------
@@ -414,6 +454,11 @@ std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const
   return std::make_unique<MacenkoNormalizer>(*fit.target, reference_source(reference_name));
 }
 
+std::unique_ptr<StainNormalizer> make_stain_normalizer(StainMethod method, const std::vector<cv::Mat>& references,
+                                                       const std::string& reference_name) {
+  return make_stain_normalizer(method, pooled(references), reference_name);
+}
+
 namespace {
 
 // The numbers of "key=(a,b,c)" in a describe() text: exactly `n` finite values; nullopt otherwise. The last
@@ -442,15 +487,18 @@ std::optional<std::vector<double>> described_values(const std::string& text, con
 
 }  // namespace
 
-std::unique_ptr<StainNormalizer> stain_normalizer_from_description(const std::string& description,
-                                                                   const std::string& source) {
+std::unique_ptr<StainNormalizer> stain_normalizer_from_description(const std::string& text, const std::string& source) {
+  // Shards fitted per group record their target's text with kPerGroupSuffix: the target is the same.
+  const std::string_view suffix = kPerGroupSuffix;
+  const std::string description =
+      text.size() > suffix.size() && text.ends_with(suffix) ? text.substr(0, text.size() - suffix.size()) : text;
   if (description.empty() || description == "none") return nullptr;
   const std::size_t space = description.find(' ');
   const std::string name = description.substr(0, space);
   const auto method =
       std::find_if(kMethods.begin(), kMethods.end(), [&](const MethodName& m) { return name == m.name; });
   const auto refuse = [&](const std::string& why) {
-    return core::InputError("stain normalization '" + description + "': " + why, source);
+    return core::InputError("stain normalization '" + text + "': " + why, source);
   };
   if (method == kMethods.end() || method->method == StainMethod::none) {
     throw refuse("unknown method '" + name + "' (known: reinhard, macenko, none)");

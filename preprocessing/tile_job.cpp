@@ -839,6 +839,14 @@ std::vector<SlideInput> resolve_tile_inputs(const core::Config& config) {
 
 std::string shard_name(std::int64_t index) { return fmt::format("shard-{:05d}.h5", index); }
 
+std::unique_ptr<StainNormalizer> stain_target(const core::Config& config) {
+  const auto method = parse_stain_method(config.get_string("stain.method"));
+  if (method == StainMethod::none) return nullptr;
+  const auto& reference = config.get_string("stain.reference");
+  return reference.empty() ? make_stain_normalizer(method)
+                           : make_stain_normalizer(method, io::read_rgb_image(reference), reference);
+}
+
 std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks, std::int64_t per_shard) {
   std::vector<std::vector<ShardSpan>> spans(static_cast<std::size_t>(ranks));
   std::int64_t index = 0;
@@ -884,14 +892,8 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
     threads = core::usable_cores();
   }
 
-  // Stain target: fitted once (rank 0 reads the reference; every rank fits the same numbers from it).
-  const auto method = parse_stain_method(config.get_string("stain.method"));
-  std::unique_ptr<StainNormalizer> normalizer;
-  if (method != StainMethod::none) {
-    const auto& reference = config.get_string("stain.reference");
-    normalizer = reference.empty() ? make_stain_normalizer(method)
-                                   : make_stain_normalizer(method, io::read_rgb_image(reference), reference);
-  }
+  // Stain target: fitted once (every rank reads the reference and fits the same numbers from it).
+  const auto normalizer = stain_target(config);
 
   // Resume: same hash → keep finished shards; otherwise (or --force) start over.
   const std::string hash = job_hash(config, inputs);

@@ -17,12 +17,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/comm.h"
 #include "core/config.h"
 #include "core/signals.h"
+#include "preprocessing/stain_norm.h"
 
 namespace tessera::prep {
 
@@ -53,6 +55,10 @@ struct ShardSpan {
 
 // "shard-00042.h5".
 std::string shard_name(std::int64_t index);
+
+// The stain target of a job's stain.method and stain.reference: the built-in one, or fitted on the reference image
+// (InputError naming it when it holds too little tissue); nullptr for stain.method: none.
+std::unique_ptr<StainNormalizer> stain_target(const core::Config& config);
 
 // Every rank's shards: rank r's part of `total` tiles (core::part_begin) is cut into shards of at most `per_shard`
 // tiles, numbered rank by rank. Depends only on the counts.

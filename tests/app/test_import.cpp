@@ -1,8 +1,10 @@
 // `tessera import` end to end: patches (a CSV or a folder by class) → shards, splits by group, bad patches listed and
 // skipped, resume after a kill, and the real IDC patches of ../shared/data.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
@@ -13,6 +15,8 @@
 #include <opencv2/imgproc.hpp>
 
 #include "io/shard.h"
+#include "preprocessing/stain.h"
+#include "preprocessing/stain_norm.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
 
@@ -211,6 +215,134 @@ TEST(Import, AKilledImportResumesWithWhatIsLeft) {
   EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00000.h5: kept from an earlier run")) << resumed.err;
   EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00001.h5: kept from an earlier run")) << resumed.err;
   EXPECT_EQ(testing::shard_tiles(dir.file("whole")), testing::shard_tiles(dir.file("resumed")));
+}
+
+// A 24×24 H&E patch by stain.h's model: nuclei (haematoxylin) in the first `nuclei` columns, stroma (eosin) in the
+// rest, each stain's amount scaled by `h` and `e` (a lab that stains darker or lighter). BGR, for imwrite.
+cv::Mat he_patch(int nuclei, double h, double e) {
+  const auto stains = prep::ruifrok_he();
+  cv::Mat rgb(24, 24, CV_8UC3);
+  for (int y = 0; y < 24; ++y) {
+    for (int x = 0; x < 24; ++x) {
+      const bool nucleus = x < nuclei;
+      const double ch = (nucleus ? 0.9 + 0.02 * (y % 6) : 0.08) * h;
+      const double ce = (nucleus ? 0.15 : 0.4 + 0.03 * ((x + y) % 5)) * e;
+      rgb.at<cv::Vec3b>(y, x) = prep::od_to_rgb(stains.h * ch + stains.e * ce);
+    }
+  }
+  cv::Mat bgr;
+  cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
+  return bgr;
+}
+
+// The tiles of an import's shards by their number in the job (x).
+std::map<std::int64_t, cv::Mat> tiles_by_number(const std::string& out) {
+  std::map<std::int64_t, cv::Mat> tiles;
+  for (const auto& entry : io::read_manifest(out + "/manifest.json").shards) {
+    const auto shard = io::ShardFile::open(out + "/" + entry.file);
+    for (std::int64_t i = 0; i < shard.size(); ++i)
+      tiles[shard.coords()[static_cast<std::size_t>(2 * i)]] = shard.read_image(i);
+  }
+  return tiles;
+}
+
+// Mean over pixels and channels of |a − b|.
+double mean_abs_difference(const cv::Mat& a, const cv::Mat& b) {
+  cv::Mat d;
+  cv::absdiff(a, b, d);
+  const cv::Scalar m = cv::mean(d);
+  return (m[0] + m[1] + m[2]) / 3;
+}
+
+// Mean over channels of |a's mean colour − b's|.
+double mean_colour_gap(const cv::Mat& a, const cv::Mat& b) {
+  const cv::Scalar ma = cv::mean(a), mb = cv::mean(b);
+  return (std::abs(ma[0] - mb[0]) + std::abs(ma[1] - mb[1]) + std::abs(ma[2] - mb[2])) / 3;
+}
+
+// Three patients: two with the same 4 patches (more and more nuclei), "cast" stained darker in haematoxylin and
+// paler in eosin (split train), "even" not (val); and "white" with 2 blank patches (val). With stain.target_split:
+// train and stain.fit: group (the default), each patient's colours are fitted once on all of its patches, although
+// they straddle shards of 3: cast's stay, even's move to them and keep the differences between its patches, white's
+// cannot be fitted and stay as they are (listed once). Patches that name no group are fitted patch by patch (the
+// target's text alone), and those differences fade. The shards record the target; a split without patches is a
+// config error naming the key.
+TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
+  testing::TempDir dir;
+  fs::create_directories(dir.path() / "p");
+  std::ofstream csv(dir.file("labels.csv")), ungrouped(dir.file("ungrouped.csv"));
+  csv << "path,label,patient,split\n";
+  ungrouped << "path,label\n";
+  std::vector<cv::Mat> cast(4), even(4);
+  for (int k = 0; k < 4; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    cv::imwrite(dir.file("p/cast" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.5, 0.6));
+    cv::imwrite(dir.file("p/even" + std::to_string(k) + ".png"), he_patch(3 + 6 * k, 1.0, 1.0));
+    cv::cvtColor(he_patch(3 + 6 * k, 1.5, 0.6), cast[i], cv::COLOR_BGR2RGB);
+    cv::cvtColor(he_patch(3 + 6 * k, 1.0, 1.0), even[i], cv::COLOR_BGR2RGB);
+    csv << "p/cast" << k << ".png," << k % 2 << ",cast,train\np/even" << k << ".png," << k % 2 << ",even,val\n";
+    ungrouped << "p/cast" << k << ".png," << k % 2 << "\np/even" << k << ".png," << k % 2 << "\n";
+  }
+  const cv::Mat white(24, 24, CV_8UC3, cv::Scalar(255, 255, 255));
+  for (int k = 0; k < 2; ++k) {
+    cv::imwrite(dir.file("p/white" + std::to_string(k) + ".png"), white);
+    csv << "p/white" << k << ".png,0,white,val\n";
+    ungrouped << "p/white" << k << ".png,0\n";
+  }
+  csv.close();
+  ungrouped.close();
+  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set stain.method=reinhard";
+  const auto r =
+      run(args + " --set stain.target_split=train --set shards.tiles_per_shard=3 --out " + dir.file("group"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto per_patch = run("import --csv " + dir.file("ungrouped.csv") +
+                             " --mpp 4 --set stain.method=reinhard --out " + dir.file("patch"));
+  ASSERT_EQ(per_patch.code, 0) << per_patch.err;
+  EXPECT_FALSE(contains(per_patch.err, "could not be fitted")) << per_patch.err;
+
+  const auto target = prep::make_stain_normalizer(prep::StainMethod::reinhard, cast, "split train, 4 patches");
+  EXPECT_EQ(io::read_manifest(dir.file("group/manifest.json")).attributes.stain_normalization,
+            target->describe() + prep::kPerGroupSuffix);
+  const auto shard = io::read_manifest(dir.file("group/manifest.json")).shards.at(0).file;
+  EXPECT_EQ(io::ShardFile::open(dir.file("group/" + shard)).attributes().stain_normalization,
+            target->describe() + prep::kPerGroupSuffix);
+  EXPECT_EQ(io::read_manifest(dir.file("patch/manifest.json")).attributes.stain_normalization,
+            prep::make_stain_normalizer(prep::StainMethod::reinhard)->describe());
+
+  // Job order (with or without groups, named then after the files): cast's patches 0-3, even's 4-7, white's 8-9; shards
+  // of 3 cut cast after 2 and even after 5.
+  const auto group = tiles_by_number(dir.file("group")), patch = tiles_by_number(dir.file("patch"));
+  ASSERT_EQ(group.size(), 10u);
+  std::string failure;
+  const auto even_fit = target->fitted_to(even, failure);
+  ASSERT_TRUE(even_fit) << failure;
+  for (std::int64_t k = 0; k < 4; ++k) {
+    const auto i = static_cast<std::size_t>(k);
+    EXPECT_LT(mean_abs_difference(group.at(k), cast[i]), 1.0) << "patch " << k << " of the target's own patient";
+    cv::Mat expected = even[i].clone();
+    even_fit->apply(expected);
+    EXPECT_EQ(cv::norm(group.at(k + 4), expected, cv::NORM_INF), 0) << "patch " << k << ": fitted on all of even's";
+    EXPECT_LT(mean_abs_difference(group.at(k + 4), cast[i]), mean_abs_difference(even[i], cast[i]) / 3)
+        << "patch " << k << " of the other patient";
+  }
+  for (const std::int64_t k : {8, 9}) EXPECT_EQ(cv::norm(group.at(k), white, cv::NORM_INF), 0) << "patch " << k;
+  EXPECT_TRUE(contains(r.err, "could not be fitted on 1 groups") && contains(r.err, "'white'")) << r.err;
+  std::ifstream table(dir.file("group/patches.csv"));
+  const std::string rows((std::istreambuf_iterator<char>(table)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(contains(rows, "p/white0.png,white,normal,val,imported-stain-kept")) << rows;
+  EXPECT_TRUE(contains(rows, "p/even0.png,even,normal,val,imported\n")) << rows;
+
+  // The differences between a patient's patches: kept per group, faded patch by patch.
+  const double before = mean_colour_gap(even[0], even[3]);
+  const double kept = mean_colour_gap(group.at(4), group.at(7));
+  const double faded = mean_colour_gap(patch.at(4), patch.at(7));
+  EXPECT_GT(kept, before / 3) << "patches 0 and 3 of even: mean colours " << before << " apart, " << kept;
+  EXPECT_LT(faded, kept / 10) << "fitted patch by patch: " << faded << " apart";
+
+  const auto none = run(args + " --set stain.target_split=test --out " + dir.file("none"));
+  EXPECT_EQ(none.code, 2);
+  EXPECT_TRUE(contains(none.err, "stain.target_split") && contains(none.err, "no patches are in split 'test'"))
+      << none.err;
 }
 
 // `tessera bench import` on a few generated patches: both rows of Tessera's process, and Python's row or the reason

@@ -436,6 +436,55 @@ TEST_P(StainNormBoth, ADescriptionGivesBackItsNormalizer) {
   EXPECT_EQ(cv::norm(a, b, cv::NORM_INF), 0.0);
 }
 
+// Fitted on a group of tiles (fitted_to), one mapping serves them all: a pixel's result depends on its colour, not
+// on the tile around it. A group of one tile is exactly the per-tile fit.
+TEST_P(StainNormBoth, FittedOnAGroupMapsEveryTileAlike) {
+  const SlideStain lab = other_lab();
+  const cv::Mat a = compose(make_fields(64, 21, 0.1), lab.vectors, lab.h_scale, lab.e_scale, 22);
+  const cv::Mat b = compose(make_fields(64, 23, 0.3), lab.vectors, lab.h_scale * 0.8, lab.e_scale, 24);
+  const auto target = make_stain_normalizer(GetParam());
+  std::string failure;
+  const auto group = target->fitted_to({a, b}, failure);
+  ASSERT_NE(group, nullptr) << failure;
+  EXPECT_EQ(group->describe(), target->describe()) << "the target stays";
+
+  // c: a's left half beside b's right half.
+  cv::Mat c = a.clone();
+  b(cv::Rect(32, 0, 32, 64)).copyTo(c(cv::Rect(32, 0, 32, 64)));
+  cv::Mat na = a.clone(), nb = b.clone(), nc = c.clone();
+  for (cv::Mat* t : {&na, &nb, &nc}) group->apply(*t);
+  EXPECT_GT(cv::norm(na, a, cv::NORM_L1), 0.0) << "normalized";
+  EXPECT_EQ(cv::norm(nc(cv::Rect(0, 0, 32, 64)), na(cv::Rect(0, 0, 32, 64)), cv::NORM_INF), 0.0);
+  EXPECT_EQ(cv::norm(nc(cv::Rect(32, 0, 32, 64)), nb(cv::Rect(32, 0, 32, 64)), cv::NORM_INF), 0.0);
+  cv::Mat per_tile = c.clone();
+  target->apply(per_tile);
+  EXPECT_GT(cv::norm(per_tile, nc, cv::NORM_INF), 0.0) << "fitted on c alone, c maps otherwise";
+
+  const auto alone = target->fitted_to({c}, failure);
+  ASSERT_NE(alone, nullptr) << failure;
+  cv::Mat by_alone = c.clone();
+  alone->apply(by_alone);
+  EXPECT_EQ(cv::norm(by_alone, per_tile, cv::NORM_INF), 0.0);
+}
+
+TEST_P(StainNormBoth, AGroupWithoutTissueCannotBeFitted) {
+  std::string failure;
+  const cv::Mat white(32, 32, CV_8UC3, cv::Scalar::all(255));
+  EXPECT_EQ(make_stain_normalizer(GetParam())->fitted_to({white, white, cv::Mat()}, failure), nullptr);
+  EXPECT_NE(failure.find("too little tissue"), std::string::npos) << failure;
+  failure.clear();
+  EXPECT_EQ(make_stain_normalizer(GetParam())->fitted_to({}, failure), nullptr);
+  EXPECT_NE(failure.find("too little tissue"), std::string::npos) << failure;
+}
+
+// Shards normalized per group record the target's text with kPerGroupSuffix; inference rebuilds the same target.
+TEST_P(StainNormBoth, APerGroupDescriptionGivesBackItsTarget) {
+  const auto target = make_stain_normalizer(GetParam());
+  const auto rebuilt = stain_normalizer_from_description(target->describe() + kPerGroupSuffix, "model.h5");
+  ASSERT_NE(rebuilt, nullptr);
+  EXPECT_EQ(rebuilt->describe(), target->describe());
+}
+
 TEST(StainNormDescription, NoneGivesNullptrAndGarbageNamesTheFile) {
   EXPECT_EQ(stain_normalizer_from_description("none", "model.h5"), nullptr);
   EXPECT_EQ(stain_normalizer_from_description("", "model.h5"), nullptr);
