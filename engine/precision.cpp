@@ -30,11 +30,11 @@ void visit(Module& module, ConvFn&& conv, JoinFn&& join, LinearFn&& linear) {
   if (auto* block = dynamic_cast<ResidualBlock*>(&module)) join(block->name(), block->join());
 }
 
-void set_compute_type(Module& module, dnnl::memory::data_type type) {
+void set_compute_type(Module& module, dnnl::memory::data_type type, Weights weights = Weights::fixed) {
   visit(
-      module, [&](Conv2d& conv) { conv.set_compute_type(type); },
+      module, [&](Conv2d& conv) { conv.set_compute_type(type, weights); },
       [](const std::string&, ResidualAdd& join) { join.set_int8(0.0f); },
-      [&](Linear& linear) { linear.set_compute_type(type); });
+      [&](Linear& linear) { linear.set_compute_type(type, weights); });
 }
 
 const ValueRange& range_of(const ActivationRanges& ranges, const std::string& name) {
@@ -139,6 +139,18 @@ bool cpu_supports(Precision precision) {
   return false;
 }
 
+bool cpu_trains(Precision precision) {
+  switch (precision) {
+    case Precision::fp32:
+      return true;
+    case Precision::bf16:
+      return includes(dnnl::get_effective_cpu_isa(), dnnl::cpu_isa::avx512_core_amx);
+    case Precision::int8:
+      return false;
+  }
+  return false;
+}
+
 std::string cpu_isa_name() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::all:
@@ -167,6 +179,18 @@ std::string cpu_isa_name() {
   return "unknown";
 }
 
+namespace {
+
+// `requested`, or fp32 with one log line when this CPU cannot run it.
+Precision supported_or_fp32(Precision requested) {
+  if (cpu_supports(requested)) return requested;
+  spdlog::warn("precision {} needs {}, and oneDNN's instruction set here is {}: running in fp32", to_string(requested),
+               requested == Precision::int8 ? "VNNI (AVX-512 or AVX2)" : "AVX-512 BF16", cpu_isa_name());
+  return Precision::fp32;
+}
+
+}  // namespace
+
 Precision use_precision(Model& model, Precision requested, const ActivationRanges* ranges) {
   if (!model.folded()) {
     throw core::InternalError("reduced precision needs a model folded for inference (Model::fold_batchnorm)");
@@ -175,19 +199,29 @@ Precision use_precision(Model& model, Precision requested, const ActivationRange
     if (ranges == nullptr) throw core::InternalError("int8 needs the calibration's activation ranges");
     for (const std::string& name : calibration_points(model)) (void)range_of(*ranges, name);
   }
-  Precision used = requested;
-  if (!cpu_supports(requested)) {
-    spdlog::warn("precision {} needs {}, and oneDNN's instruction set here is {}: running in fp32",
-                 to_string(requested), requested == Precision::int8 ? "VNNI (AVX-512 or AVX2)" : "AVX-512 BF16",
-                 cpu_isa_name());
-    used = Precision::fp32;
-  }
+  const Precision used = supported_or_fp32(requested);
   if (used == Precision::int8) {
     use_int8(model.body(), *ranges);
   } else {
     set_compute_type(model.body(),
                      used == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32);
   }
+  return used;
+}
+
+Precision use_training_precision(Model& model, Precision requested) {
+  if (model.folded()) throw core::InternalError("a model folded for inference cannot train");
+  if (requested == Precision::int8) throw core::InternalError("training runs in fp32 or bf16, not int8");
+  Precision used = requested;
+  if (!cpu_trains(requested)) {
+    spdlog::warn(
+        "training in {} needs AMX (oneDNN's AVX-512 BF16 kernels train slower than fp32), and oneDNN's "
+        "instruction set here is {}: training in fp32",
+        to_string(requested), cpu_isa_name());
+    used = Precision::fp32;
+  }
+  set_compute_type(model.body(), used == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32,
+                   Weights::trained);
   return used;
 }
 

@@ -11,6 +11,10 @@
 // convolution is on the image, which int8 keeps in fp32); without VNNI (ONEDNN_MAX_CPU_ISA=AVX2) int8
 // runs in fp32 with one log line. One test for all of it (the suite's model is trained once per test process).
 // The int8 comparisons are left out, saying why, on a CPU without VNNI.
+//
+// bf16 training (`train --precision bf16`): its config and checkpoint record the precision used; without AMX
+// (ONEDNN_MAX_CPU_ISA=AVX2) it trains in fp32 with one log line and writes an fp32 run's weights; `bench train
+// --precision bf16` reports bf16 beside fp32 or says why it cannot.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -200,7 +204,9 @@ TEST_F(Precision, Bf16PredictionsKeepThePatchAuc) {
 }
 
 // As on a machine without AVX-512 BF16: ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN to AVX2 for both runs, so the fp32
-// fallback must write the very bytes the fp32 run writes.
+// fallback must write the very bytes the fp32 run writes. Training likewise (two steps, no validation): bf16 without
+// AMX trains in fp32 with one log line, records fp32 in its config and checkpoint, and writes an fp32 run's weights;
+// with AMX a bf16 run records bf16.
 TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string env = "ONEDNN_MAX_CPU_ISA=AVX2 ";
   const auto fp32 = testing::run_script(env + "$TESSERA " + predict_line("fp32", "avx2-fp32/predictions.csv"));
@@ -218,6 +224,36 @@ TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string a = read_text(dir_->file("avx2-fp32/predictions.csv"));
   EXPECT_GT(a.size(), 100u);
   EXPECT_EQ(a, read_text(dir_->file("avx2-bf16/predictions.csv")));
+
+  const std::string train =
+      "train " + dir_->file("train.yaml") + " --epochs 1 --set train.max_steps=2 --set data.val_splits=[] --out ";
+  const auto train32 = testing::run_script(env + "$TESSERA " + train + dir_->file("train-avx2-fp32"));
+  ASSERT_EQ(train32.code, 0) << train32.err;
+  const auto train16 =
+      testing::run_script(env + "$TESSERA " + train + dir_->file("train-avx2-bf16") + " --precision bf16");
+  ASSERT_EQ(train16.code, 0) << train16.err;
+  const std::string train_log = train16.err + train16.out;
+  const std::string train_line =
+      "training in bf16 needs AMX (oneDNN's AVX-512 BF16 kernels train slower than fp32), and oneDNN's instruction "
+      "set here is avx2: training in fp32";
+  const auto at = train_log.find(train_line);
+  ASSERT_NE(at, std::string::npos) << train_log;
+  EXPECT_EQ(train_log.find(train_line, at + 1), std::string::npos) << "said more than once:\n" << train_log;
+  EXPECT_FALSE(contains(train32.err + train32.out, "training in fp32"));
+  const io::Checkpoint c32 = io::read_checkpoint(dir_->file("train-avx2-fp32/checkpoint.h5"));
+  const io::Checkpoint c16 = io::read_checkpoint(dir_->file("train-avx2-bf16/checkpoint.h5"));
+  ASSERT_FALSE(c32.params.empty());
+  EXPECT_EQ(c32.params, c16.params);
+  EXPECT_EQ(c32.buffers, c16.buffers);
+  EXPECT_TRUE(contains(c16.meta.config_yaml, "precision: fp32")) << c16.meta.config_yaml;
+  EXPECT_TRUE(contains(read_text(dir_->file("train-avx2-bf16/train.config.yaml")), "precision: fp32"));
+  if (engine::cpu_trains(engine::Precision::bf16)) {
+    const auto r = run(train + dir_->file("train-bf16") + " --precision bf16");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_FALSE(contains(r.err + r.out, "training in fp32")) << r.err;
+    EXPECT_TRUE(
+        contains(io::read_checkpoint_meta(dir_->file("train-bf16/checkpoint.h5")).config_yaml, "precision: bf16"));
+  }
 }
 
 // The 99th percentile and the largest |ΔP| of the cells two infer runs (folders under the suite's) scored, after
@@ -359,6 +395,10 @@ TEST(PrecisionKey, AnUnknownPrecisionIsRefusedNamingTheKey) {
       EXPECT_TRUE(contains(r.err, "fp16")) << r.err;
     }
   }
+  // train takes fp32 or bf16 only.
+  const auto r = run("train --precision int8 --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--precision")) << r.err;
 }
 
 // `bench infer --precision bf16` measures bf16 beside fp32: the speed-up is the median of the rounds' ratios (never
@@ -375,6 +415,17 @@ TEST(PrecisionBench, Bf16IsMeasuredBesideFp32OrSaysWhyNot) {
   const auto capped8 = testing::run_script("ONEDNN_MAX_CPU_ISA=AVX2 $TESSERA " + args + " --precision int8");
   ASSERT_EQ(capped8.code, 0) << capped8.err;
   EXPECT_TRUE(contains(json::parse(capped8.out)["tessera_reduced"]["reason"].get<std::string>(), "VNNI"));
+  // `bench train --precision bf16` likewise: measured where the CPU has AMX, else says why not (one run).
+  const auto t = run(
+      "bench train --model tiny_cnn --size 16 --batch 4 --seconds 0.1 --rounds 2 --no-torch --json --precision bf16");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const json report = json::parse(t.out);
+  if (engine::cpu_trains(engine::Precision::bf16)) {
+    EXPECT_EQ(report["tessera_reduced"]["precision"], "bf16");
+    EXPECT_EQ(report["tessera_reduced"]["rounds_speedup_vs_fp32"].size(), 2u);
+  } else {
+    EXPECT_TRUE(contains(report["tessera_reduced"]["reason"].get<std::string>(), "AMX"));
+  }
 
   if (!bf16_available()) GTEST_SKIP() << no_bf16();
   const auto r = run(args + " --precision bf16");
