@@ -179,18 +179,6 @@ std::string cpu_isa_name() {
   return "unknown";
 }
 
-namespace {
-
-// `requested`, or fp32 with one log line when this CPU cannot run it.
-Precision supported_or_fp32(Precision requested) {
-  if (cpu_supports(requested)) return requested;
-  spdlog::warn("precision {} needs {}, and oneDNN's instruction set here is {}: running in fp32", to_string(requested),
-               requested == Precision::int8 ? "VNNI (AVX-512 or AVX2)" : "AVX-512 BF16", cpu_isa_name());
-  return Precision::fp32;
-}
-
-}  // namespace
-
 Precision use_precision(Model& model, Precision requested, const ActivationRanges* ranges) {
   if (!model.folded()) {
     throw core::InternalError("reduced precision needs a model folded for inference (Model::fold_batchnorm)");
@@ -199,7 +187,13 @@ Precision use_precision(Model& model, Precision requested, const ActivationRange
     if (ranges == nullptr) throw core::InternalError("int8 needs the calibration's activation ranges");
     for (const std::string& name : calibration_points(model)) (void)range_of(*ranges, name);
   }
-  const Precision used = supported_or_fp32(requested);
+  Precision used = requested;
+  if (!cpu_supports(requested)) {
+    spdlog::warn("precision {} needs {}, and oneDNN's instruction set here is {}: running in fp32",
+                 to_string(requested), requested == Precision::int8 ? "VNNI (AVX-512 or AVX2)" : "AVX-512 BF16",
+                 cpu_isa_name());
+    used = Precision::fp32;
+  }
   if (used == Precision::int8) {
     use_int8(model.body(), *ranges);
   } else {

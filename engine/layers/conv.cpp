@@ -150,8 +150,9 @@ memory::desc Conv2d::do_setup(const memory::desc& src) {
 memory Conv2d::weights_memory() {
   const Tensor plain(wrap_plain(weight_.value, weight_.shape));
   // Trained weights change between forwards (optimizer steps, and an EASGD centre swapped in for validation).
-  if (compute_ == dt::f32 || weights_ == Weights::trained)
+  if (compute_ == dt::f32 || weights_ == Weights::trained) {
     return weights_reorder_(plain, fwd_pd_.weights_desc()).memory();
+  }
   // Fixed weights (inference) are converted once per setup (a copy of their own, not the Reorderer's buffer).
   if (weights_low_) return weights_low_;
   if (compute_ == dt::bf16) {
