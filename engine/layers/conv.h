@@ -100,8 +100,8 @@ class Conv2d : public Module {
   dnnl::memory bias_memory();
 
   // bf16 training: backward weights runs in f32 on outputs of at most this many pixels per image (measured with
-  // oneDNN 2.6 on AMX: 6×6 and 3×3 outputs of ResNet-18 ran 1.7–5× slower in bf16 than in f32, 12×12 and larger
-  // faster).
+  // oneDNN 2.6 on AMX: 6×6 and 3×3 outputs of ResNet-18 ran 1.7–5× slower in bf16 than in f32, most 12×12 and
+  // larger ones faster).
   static constexpr dnnl::memory::dim kSmallOutput = 36;
 
   Conv2dOptions options_;
