@@ -12,8 +12,8 @@
 // runs in fp32 with one log line. One test for all of it (the suite's model is trained once per test process).
 // The int8 comparisons are left out, saying why, on a CPU without VNNI.
 //
-// bf16 training (`train --precision bf16`): its config and checkpoint record the precision used; without AMX
-// (ONEDNN_MAX_CPU_ISA=AVX2) it trains in fp32 with one log line and writes an fp32 run's weights; `bench train
+// bf16 training (`train --precision bf16`): without AMX (ONEDNN_MAX_CPU_ISA=AVX2) it trains in fp32 with one log
+// line, and its config and checkpoint record the precision used; `bench train
 // --precision bf16` reports bf16 beside fp32 or says why it cannot.
 #include <algorithm>
 #include <cmath>
@@ -205,8 +205,7 @@ TEST_F(Precision, Bf16PredictionsKeepThePatchAuc) {
 
 // As on a machine without AVX-512 BF16: ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN to AVX2 for both runs, so the fp32
 // fallback must write the very bytes the fp32 run writes. Training likewise (two steps, no validation): bf16 without
-// AMX trains in fp32 with one log line, records fp32 in its config and checkpoint, and writes an fp32 run's weights;
-// with AMX a bf16 run records bf16.
+// AMX trains in fp32 with one log line and records fp32 in its config and checkpoint.
 TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string env = "ONEDNN_MAX_CPU_ISA=AVX2 ";
   const auto fp32 = testing::run_script(env + "$TESSERA " + predict_line("fp32", "avx2-fp32/predictions.csv"));
@@ -225,35 +224,21 @@ TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   EXPECT_GT(a.size(), 100u);
   EXPECT_EQ(a, read_text(dir_->file("avx2-bf16/predictions.csv")));
 
-  const std::string train =
-      "train " + dir_->file("train.yaml") + " --epochs 1 --set train.max_steps=2 --set data.val_splits=[] --out ";
-  const auto train32 = testing::run_script(env + "$TESSERA " + train + dir_->file("train-avx2-fp32"));
-  ASSERT_EQ(train32.code, 0) << train32.err;
-  const auto train16 =
-      testing::run_script(env + "$TESSERA " + train + dir_->file("train-avx2-bf16") + " --precision bf16");
-  ASSERT_EQ(train16.code, 0) << train16.err;
-  const std::string train_log = train16.err + train16.out;
+  const std::string train = "train " + dir_->file("train.yaml") +
+                            " --epochs 1 --set train.max_steps=2 --set data.val_splits=[] --precision bf16 --out " +
+                            dir_->file("train-avx2-bf16");
+  const auto trained = testing::run_script(env + "$TESSERA " + train);
+  ASSERT_EQ(trained.code, 0) << trained.err;
+  const std::string train_log = trained.err + trained.out;
   const std::string train_line =
       "training in bf16 needs AMX (oneDNN's AVX-512 BF16 kernels train slower than fp32), and oneDNN's instruction "
       "set here is avx2: training in fp32";
   const auto at = train_log.find(train_line);
   ASSERT_NE(at, std::string::npos) << train_log;
   EXPECT_EQ(train_log.find(train_line, at + 1), std::string::npos) << "said more than once:\n" << train_log;
-  EXPECT_FALSE(contains(train32.err + train32.out, "training in fp32"));
-  const io::Checkpoint c32 = io::read_checkpoint(dir_->file("train-avx2-fp32/checkpoint.h5"));
-  const io::Checkpoint c16 = io::read_checkpoint(dir_->file("train-avx2-bf16/checkpoint.h5"));
-  ASSERT_FALSE(c32.params.empty());
-  EXPECT_EQ(c32.params, c16.params);
-  EXPECT_EQ(c32.buffers, c16.buffers);
-  EXPECT_TRUE(contains(c16.meta.config_yaml, "precision: fp32")) << c16.meta.config_yaml;
+  EXPECT_TRUE(
+      contains(io::read_checkpoint_meta(dir_->file("train-avx2-bf16/checkpoint.h5")).config_yaml, "precision: fp32"));
   EXPECT_TRUE(contains(read_text(dir_->file("train-avx2-bf16/train.config.yaml")), "precision: fp32"));
-  if (engine::cpu_trains(engine::Precision::bf16)) {
-    const auto r = run(train + dir_->file("train-bf16") + " --precision bf16");
-    ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_FALSE(contains(r.err + r.out, "training in fp32")) << r.err;
-    EXPECT_TRUE(
-        contains(io::read_checkpoint_meta(dir_->file("train-bf16/checkpoint.h5")).config_yaml, "precision: bf16"));
-  }
 }
 
 // The 99th percentile and the largest |ΔP| of the cells two infer runs (folders under the suite's) scored, after
