@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -406,6 +408,91 @@ INSTANTIATE_TEST_SUITE_P(Registry, Bf16Training, ::testing::Values(Case{"compact
                          [](const ::testing::TestParamInfo<Case>& param_info) {
                            return std::string(param_info.param.architecture);
                          });
+
+// The nearest bfloat16 (ties to even), as a float: a value bf16 holds exactly.
+float bf16_rounded(float v) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+
+// A plain tensor of normal values that bfloat16 holds exactly.
+Tensor bf16_exact(const dims_t& dims, std::uint32_t seed) {
+  Tensor t = Tensor::plain(dims);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::int64_t i = 0; i < t.numel(); ++i) t.data()[i] = bf16_rounded(normal(rng));
+  return t;
+}
+
+struct LayerGradients {
+  std::vector<float> diff_src, weight, bias;
+};
+
+// `times` forwards of x, each followed by a backward of dy, from zeroed gradients: the last diff_src and the
+// gradients the layer accumulated.
+template <class Layer>
+LayerGradients layer_gradients(Layer& layer, const Tensor& x, const Tensor& dy, int times) {
+  std::fill(layer.weight().grad.begin(), layer.weight().grad.end(), 0.0f);
+  std::fill(layer.bias()->grad.begin(), layer.bias()->grad.end(), 0.0f);
+  LayerGradients g;
+  for (int i = 0; i < times; ++i) {
+    (void)layer.forward(x);
+    g.diff_src = layer.backward(dy).to_plain();
+  }
+  g.weight = layer.weight().grad;
+  g.bias = layer.bias()->grad;
+  return g;
+}
+
+// A layer with bias, in train mode, whose weights, input and output gradient bfloat16 holds exactly: in bf16 the
+// weight and bias gradients are fp32's up to the order of float32 summation (1e-5 relative), diff_src is fp32's
+// rounded to bfloat16 (2⁻⁸ relative per element, beside a float32 summation's 1e-6 of the largest), and two backwards
+// accumulate twice one backward's gradients.
+template <class Layer>
+void expect_bf16_gradients_of_fp32(Layer& layer, const Tensor& x, const Tensor& dy) {
+  layer.weight().value = bf16_exact({static_cast<dnnl::memory::dim>(layer.weight().value.size())}, 5).to_plain();
+  layer.bias()->value = bf16_exact({static_cast<dnnl::memory::dim>(layer.bias()->value.size())}, 6).to_plain();
+  const LayerGradients fp32 = layer_gradients(layer, x, dy, 1);
+  layer.set_compute_type(dt::bf16, Weights::trained);
+  const LayerGradients bf16 = layer_gradients(layer, x, dy, 1);
+  EXPECT_LE(relative_error(bf16.weight, fp32.weight), 1e-5);
+  EXPECT_LE(relative_error(bf16.bias, fp32.bias), 1e-5);
+  ASSERT_EQ(bf16.diff_src.size(), fp32.diff_src.size());
+  float largest = 0.0f;
+  for (float v : fp32.diff_src) largest = std::max(largest, std::abs(v));
+  ASSERT_GT(largest, 0.0f);
+  for (std::size_t i = 0; i < fp32.diff_src.size(); ++i) {
+    ASSERT_LE(std::abs(bf16.diff_src[i] - fp32.diff_src[i]),
+              std::ldexp(std::abs(fp32.diff_src[i]), -8) + 1e-6f * largest)
+        << "diff_src[" << i << "]";
+  }
+  const LayerGradients twice = layer_gradients(layer, x, dy, 2);
+  std::vector<float> weight2 = bf16.weight, bias2 = bf16.bias;
+  for (float& v : weight2) v *= 2.0f;
+  for (float& v : bias2) v *= 2.0f;
+  EXPECT_LE(relative_error(twice.weight, weight2), 1e-6);
+  EXPECT_LE(relative_error(twice.bias, bias2), 1e-6);
+}
+
+// An 8×8 output (backward weights in bf16) and a 6×6 one (at most kSmallOutput pixels: in f32 from the bf16 values).
+TEST(Bf16TrainingLayers, Conv2dGradientsAreFp32sOnBf16ExactValues) {
+  if (!amx_available()) GTEST_SKIP() << no_amx();
+  for (int size : {8, 6}) {
+    SCOPED_TRACE("output " + std::to_string(size) + "x" + std::to_string(size));
+    Conv2d conv("c", {.in = 8, .out = 16, .kernel = 3, .padding = 1});
+    expect_bf16_gradients_of_fp32(conv, bf16_exact({4, 8, size, size}, 1), bf16_exact({4, 16, size, size}, 2));
+  }
+}
+
+// On a 4-D input, as after a model's last pooling.
+TEST(Bf16TrainingLayers, LinearGradientsAreFp32sOnBf16ExactValues) {
+  if (!amx_available()) GTEST_SKIP() << no_amx();
+  Linear fc("fc", {.in = 8 * 3 * 3, .out = 5});
+  expect_bf16_gradients_of_fp32(fc, bf16_exact({4, 8, 3, 3}, 3), bf16_exact({4, 5}, 4));
+}
 
 // Dropout on a bfloat16 input (AlexNet's first, after bf16 pooling): dst bfloat16, the values of the float32 masking
 // of that input; diff_src float32.
