@@ -247,6 +247,9 @@ void Conv2d::build_backward() {
 
 const Tensor& Conv2d::do_backward(const Tensor& diff_dst) {
   if (compute_ == dt::s8) fail("int8 has no backward: training runs in f32 or bf16");
+  if (compute_ == dt::bf16 && weights_ == Weights::fixed) {
+    fail("bf16 backward with fixed weights (converted once per setup): training sets Weights::trained");
+  }
   if (!backward_built_ || built_propagate_down_ != propagate_down()) build_backward();
   auto& context = Context::get();
   const Tensor* g = &diff_dst;

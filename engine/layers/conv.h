@@ -72,7 +72,8 @@ class Conv2d : public Module {
   void set_relu(bool relu);
   // The data type of src, weights and dst: f32 (the default) or bf16. Takes effect at the next forward. With
   // Weights::fixed (inference) the bf16 weights are made once per setup, so changing the Param afterwards needs
-  // another call (or a new setup) to be seen; with Weights::trained on every forward.
+  // another call (or a new setup) to be seen, and backward refuses (InternalError); with Weights::trained on every
+  // forward.
   void set_compute_type(dnnl::memory::data_type type, Weights weights = Weights::fixed);
   // s8 after set_int8.
   dnnl::memory::data_type compute_type() const { return compute_; }

@@ -172,6 +172,9 @@ void Linear::setup_backward() {
 }
 
 const Tensor& Linear::do_backward(const Tensor& diff_dst) {
+  if (compute_ == memory::data_type::bf16 && weights_ == Weights::fixed) {
+    fail("bf16 backward with fixed weights (converted once per setup): training sets Weights::trained");
+  }
   check_params();
   if (!backward_weights_) setup_backward();
   auto& context = Context::get();

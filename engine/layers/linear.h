@@ -50,7 +50,8 @@ class Linear : public Module {
   const Param* bias() const { return options_.bias ? &bias_ : nullptr; }
 
   // The data type of src and weights: f32 (the default) or bf16; dst stays f32. Takes effect at the next forward.
-  // bf16 weights are made once per setup with Weights::fixed (inference), on every forward with Weights::trained.
+  // bf16 weights are made once per setup with Weights::fixed (inference; backward refuses: InternalError), on every
+  // forward with Weights::trained.
   void set_compute_type(dnnl::memory::data_type type, Weights weights = Weights::fixed);
   dnnl::memory::data_type compute_type() const { return compute_; }
 

@@ -494,6 +494,19 @@ TEST(Bf16TrainingLayers, LinearGradientsAreFp32sOnBf16ExactValues) {
   expect_bf16_gradients_of_fp32(fc, bf16_exact({4, 8, 3, 3}, 3), bf16_exact({4, 5}, 4));
 }
 
+// bf16 weights fixed at the first forward (inference's) cannot train: backward refuses them.
+TEST(Bf16TrainingLayers, BackwardRefusesFixedBf16Weights) {
+  if (!amx_available()) GTEST_SKIP() << no_amx();
+  Conv2d conv("c", {.in = 3, .out = 4, .kernel = 3, .padding = 1});
+  conv.set_compute_type(dt::bf16, Weights::fixed);
+  const Tensor& y = conv.forward(image_batch(2, 8));
+  EXPECT_THROW(conv.backward(y), core::InternalError);
+  Linear fc("fc", {.in = 6, .out = 2});
+  fc.set_compute_type(dt::bf16, Weights::fixed);
+  const Tensor& z = fc.forward(bf16_exact({2, 6}, 7));
+  EXPECT_THROW(fc.backward(z), core::InternalError);
+}
+
 // Dropout on a bfloat16 input (AlexNet's first, after bf16 pooling): dst bfloat16, the values of the float32 masking
 // of that input; diff_src float32.
 TEST(Bf16TrainingRun, DropoutMasksABfloat16InputInFloat32) {
