@@ -142,7 +142,7 @@ class TesseraRunner {
       }
       precision_ = engine::use_precision(*model_, precision, &ranges);
     } else {
-      precision_ = engine::use_training_precision(*model_, precision);
+      precision_ = engine::use_training_precision(*model_, precision, core::Comm::alone());
     }
     std::uniform_int_distribution<int> label(0, kClasses - 1);
     labels_.resize(static_cast<std::size_t>(o.batch));

@@ -4,6 +4,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "core/comm.h"
 #include "core/error.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/linear.h"
@@ -203,15 +204,20 @@ Precision use_precision(Model& model, Precision requested, const ActivationRange
   return used;
 }
 
-Precision use_training_precision(Model& model, Precision requested) {
+Precision use_training_precision(Model& model, Precision requested, const core::Comm& comm) {
   if (model.folded()) throw core::InternalError("a model folded for inference cannot train");
   if (requested == Precision::int8) throw core::InternalError("training runs in fp32 or bf16, not int8");
+  // Every rank trains in the same precision: the one asked for only where every rank's CPU can.
+  const bool here = cpu_trains(requested);
+  const bool everywhere = comm.allreduce_value<std::int64_t>(here ? 1 : 0, core::ReduceOp::min) == 1;
   Precision used = requested;
-  if (!cpu_trains(requested)) {
-    spdlog::warn(
-        "training in {} needs AMX (oneDNN's AVX-512 BF16 kernels train slower than fp32), and oneDNN's "
-        "instruction set here is {}: training in fp32",
-        to_string(requested), cpu_isa_name());
+  if (!everywhere) {
+    if (comm.is_root()) {
+      spdlog::warn(
+          "training in {} needs AMX (measured slower than fp32 on AVX-512 BF16 without AMX), and oneDNN's "
+          "instruction set {}: training in fp32",
+          to_string(requested), here ? "on another rank has none" : "here is " + cpu_isa_name());
+    }
     used = Precision::fp32;
   }
   set_compute_type(model.body(), used == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32,

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "core/comm.h"
 #include "engine/tensor.h"
 
 namespace tessera::engine {
@@ -92,8 +93,9 @@ std::string cpu_isa_name();
 Precision use_precision(Model& model, Precision requested, const ActivationRanges* ranges = nullptr);
 
 // Switches an unfolded model's convolutions and linear layers to `requested` (fp32 or bf16) for training, or to
-// fp32 where cpu_trains(requested) is false (one log line, on every rank that falls back). Returns the precision
-// they now compute in. InternalError for int8 or a folded model.
-Precision use_training_precision(Model& model, Precision requested);
+// fp32 where cpu_trains(requested) is false on any rank of `comm` (collective: every rank calls it and all train in
+// the same precision; one log line, on the root). Returns the precision they now compute in. InternalError for int8
+// or a folded model.
+Precision use_training_precision(Model& model, Precision requested, const core::Comm& comm);
 
 }  // namespace tessera::engine

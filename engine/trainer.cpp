@@ -226,7 +226,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   auto model = make_model(model_options);
   // The precision this run trains in is what its config records (train.config.yaml, every checkpoint).
   const Precision precision =
-      use_training_precision(*model, parse_precision(config.get_string("train.precision"), "train.precision"));
+      use_training_precision(*model, parse_precision(config.get_string("train.precision"), "train.precision"), comm);
   core::Config recorded = config;
   recorded.set_value("train.precision", to_string(precision), "train");
   std::vector<Param*> params;

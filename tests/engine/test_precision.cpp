@@ -93,9 +93,9 @@ TEST(Precision, InferenceAndTrainingRefuseEachOthersModels) {
   o.input_size = 16;
   auto model = make_model(o);  // train mode, not folded
   EXPECT_THROW(use_precision(*model, Precision::bf16), core::InternalError);
-  EXPECT_THROW(use_training_precision(*model, Precision::int8), core::InternalError);
+  EXPECT_THROW(use_training_precision(*model, Precision::int8, core::Comm::alone()), core::InternalError);
   model->fold_batchnorm();
-  EXPECT_THROW(use_training_precision(*model, Precision::bf16), core::InternalError);
+  EXPECT_THROW(use_training_precision(*model, Precision::bf16, core::Comm::alone()), core::InternalError);
   Conv2d conv("c", {.in = 3, .out = 4, .kernel = 3, .padding = 1});
   EXPECT_THROW(conv.set_int8(1.0f, false, 1.0f), core::InternalError);  // train mode
 }
@@ -374,7 +374,7 @@ TEST_P(Bf16Training, GradientsMatchFp32AsCloselyAsTheirOwnSensitivityAllows) {
   const auto fp32 = gradients(*model, x, labels);
   const auto fp32_nudged = gradients(*model, nudged, labels);
 
-  ASSERT_EQ(use_training_precision(*model, Precision::bf16), Precision::bf16);
+  ASSERT_EQ(use_training_precision(*model, Precision::bf16, core::Comm::alone()), Precision::bf16);
   const auto bf16 = gradients(*model, x, labels);
   Conv2d* conv = find_first<Conv2d>(model->body());
   ASSERT_NE(conv, nullptr);
@@ -397,7 +397,7 @@ TEST_P(Bf16Training, GradientsMatchFp32AsCloselyAsTheirOwnSensitivityAllows) {
   EXPECT_GT(median(errors), 0.0);
 
   // Back to fp32: fp32's gradients again, bit for bit.
-  use_training_precision(*model, Precision::fp32);
+  use_training_precision(*model, Precision::fp32, core::Comm::alone());
   EXPECT_EQ(gradients(*model, x, labels), fp32);
 }
 
@@ -524,7 +524,7 @@ TEST(Bf16TrainingRun, DropoutMasksABfloat16InputInFloat32) {
 TEST(Bf16TrainingRun, LowersTheLoss) {
   if (!amx_available()) GTEST_SKIP() << no_amx();
   auto model = training_model("tiny_cnn", 16);
-  ASSERT_EQ(use_training_precision(*model, Precision::bf16), Precision::bf16);
+  ASSERT_EQ(use_training_precision(*model, Precision::bf16, core::Comm::alone()), Precision::bf16);
   const auto [x, labels] = labelled_batch(16, 16);
   const std::vector<Param*> params = model->parameters();
   Sgd sgd(OptimizerOptions{.momentum = 0.9});
