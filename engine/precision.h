@@ -28,8 +28,8 @@
 // bfloat16 with float32 accumulation and float32 weight gradients, batch norm, pooling and ReLU run on the bfloat16
 // activations (batch-norm statistics in float32), and the logits and the loss are float32; the Params — the
 // master weights the optimizer steps, the strategies exchange and checkpoints store — stay float32. It needs AMX
-// (cpu_trains): with AVX-512 BF16 alone oneDNN's bf16 kernels trained slower than fp32. docs/ARCHITECTURE.md has
-// the layer-by-layer contract.
+// (cpu_trains): with AVX-512 BF16 alone (emulated with ONEDNN_MAX_CPU_ISA on an AMX machine) oneDNN's bf16 kernels
+// trained slower than fp32. docs/ARCHITECTURE.md has the layer-by-layer contract.
 //
 // Calibration: with a Calibrator attached, the folded fp32 model records the range of every activation int8
 // quantizes while it runs forward on calibration batches (`tessera quantize` keeps them in the checkpoint).
@@ -81,7 +81,8 @@ Precision parse_precision(const std::string& name, const std::string& key);
 // AVX-512 BF16, which AMX machines have too; int8: VNNI, AVX-512 or AVX2).
 bool cpu_supports(Precision precision);
 // True when oneDNN's effective ISA makes training in `precision` pay (fp32: always; bf16: AMX, whose bf16 kernels
-// trained the compact CNN faster than fp32 here, where AVX-512 BF16's alone trained it slower; int8: never).
+// trained the compact CNN faster than fp32 here, where AVX-512 BF16's alone, emulated with ONEDNN_MAX_CPU_ISA,
+// trained it slower; int8: never).
 bool cpu_trains(Precision precision);
 // The effective oneDNN ISA for messages, e.g. "avx512_core_amx", "avx2".
 std::string cpu_isa_name();

@@ -169,6 +169,17 @@ core::BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer
   return all;
 }
 
+// The precision a checkpointed run trained in, from its config (fp32 before train.precision existed); nullopt when
+// this version's schema cannot read that config.
+std::optional<std::string> trained_precision(const std::string& config_yaml, const std::string& path) {
+  if (config_yaml.empty()) return std::nullopt;
+  try {
+    return core::Config::parse(train_schema(), config_yaml, path).get_string("train.precision");
+  } catch (const core::ConfigError&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 TrainResult train(const core::Config& config, const core::Comm& comm) {
@@ -303,6 +314,13 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   if (!resume.empty()) {
     resumed = resume_train_checkpoint(resume, meta, shards, state, comm);
     at = resumed->at;
+    if (comm.is_root()) {
+      const auto before = trained_precision(resumed->config_yaml, resume);
+      if (before && *before != to_string(precision)) {
+        spdlog::info("{} was trained in {} up to step {}: continuing in {}", resume, *before, at.step,
+                     to_string(precision));
+      }
+    }
     // The steps left are this run's: on another rank count (or batch size) an epoch has another number of steps
     // than the checkpointed run's, whose steps `step` counts. On the same, this is the total computed above.
     const std::int64_t left = steps_per_epoch * (epochs - at.epoch) - at.batch_in_epoch / accumulation;
