@@ -195,16 +195,18 @@ void Conv2d::build_backward() {
   const dims_t dilates = {options_.dilation - 1, options_.dilation - 1};
   const dims_t padding = {options_.padding, options_.padding};
   // bf16: src, weights and both diffs of the data in bfloat16; the weight and bias gradients in float32. On a
-  // small output (at most kSmallOutput pixels per image) backward weights reads src and diff_dst converted to
-  // float32 (exactly: they are bfloat16 values) and runs oneDNN's f32 kernel, which is several times faster there
-  // than its AMX bf16 one (oneDNN 2.6; docs/ARCHITECTURE.md, "Reduced precision: training").
+  // small output (at most kSmallOutput pixels per image), and for a 1×1 kernel with a stride, backward weights reads
+  // src and diff_dst converted to float32 (exactly: they are bfloat16 values) and runs oneDNN's f32 kernel, which is
+  // several times faster there than its AMX bf16 one (oneDNN 2.6; docs/ARCHITECTURE.md, "Reduced precision:
+  // training").
   const memory::desc src_any(src_desc().dims(), compute_, tag::any);
   const memory::desc weights_any(weight_.shape, compute_, tag::any);
   const memory::desc diff_weights_any(weight_.shape, dt::f32, tag::any);
   const memory::desc bias_md = options_.bias ? memory::desc({options_.out}, dt::f32, tag::a) : memory::desc();
   const memory::desc dst_any(dst_.dims(), compute_, tag::any);
   const dims_t out = dst_.dims();
-  const dt grad_type = compute_ == dt::bf16 && out[2] * out[3] <= kSmallOutput ? dt::f32 : compute_;
+  const bool f32_weights_kernel = out[2] * out[3] <= kSmallOutput || (options_.kernel == 1 && options_.stride > 1);
+  const dt grad_type = compute_ == dt::bf16 && f32_weights_kernel ? dt::f32 : compute_;
   const memory::desc grad_src_any(src_desc().dims(), grad_type, tag::any);
   const memory::desc grad_dst_any(out, grad_type, tag::any);
   const dnnl::primitive_attr attr = Context::default_attr();

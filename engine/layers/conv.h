@@ -22,7 +22,8 @@
 // For inference (Weights::fixed) the bf16 weights are made once per setup from the float32 Param and kept; for
 // training (Weights::trained) on every forward, as the f32 ones are reordered. bf16 backward: diff_dst and
 // diff_src bfloat16, the weight and bias gradients float32 (added to Param::grad as in f32); on a small output
-// (kSmallOutput) backward weights runs oneDNN's f32 kernel on src and diff_dst converted to float32.
+// (kSmallOutput), and for a 1×1 kernel with a stride, backward weights runs oneDNN's f32 kernel on src and
+// diff_dst converted to float32.
 //
 // int8 (inference only, engine/precision.h): set_int8 makes src u8 (s8 where the calibrated input can be
 // negative) with one scale, the weights s8 with one scale per output channel (max |w| of the channel / 127), and
@@ -100,9 +101,9 @@ class Conv2d : public Module {
   dnnl::memory weights_memory();
   dnnl::memory bias_memory();
 
-  // bf16 training: backward weights runs in f32 on outputs of at most this many pixels per image (measured with
-  // oneDNN 2.6 on AMX: 6×6 and 3×3 outputs of ResNet-18 ran 1.7–5× slower in bf16 than in f32, most 12×12 and
-  // larger ones faster).
+  // bf16 training: backward weights runs in f32 on outputs of at most this many pixels per image, and for 1×1
+  // kernels with a stride (measured with oneDNN 2.6 on AMX: 6×6 and 3×3 outputs of ResNet-18 ran 1.7–5× slower in
+  // bf16 than in f32, its 1×1 stride-2 shortcut to 12×12 6.8× slower, most other 12×12 and larger ones faster).
   static constexpr dnnl::memory::dim kSmallOutput = 36;
 
   Conv2dOptions options_;

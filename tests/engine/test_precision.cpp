@@ -477,7 +477,8 @@ void expect_bf16_gradients_of_fp32(Layer& layer, const Tensor& x, const Tensor& 
   EXPECT_LE(relative_error(twice.bias, bias2), 1e-6);
 }
 
-// An 8×8 output (backward weights in bf16) and a 6×6 one (at most kSmallOutput pixels: in f32 from the bf16 values).
+// An 8×8 output (backward weights in bf16), a 6×6 one (at most kSmallOutput pixels: in f32 from the bf16 values) and
+// a 1×1 stride-2 shortcut to 8×8 (in f32 too).
 TEST(Bf16TrainingLayers, Conv2dGradientsAreFp32sOnBf16ExactValues) {
   if (!amx_available()) GTEST_SKIP() << no_amx();
   for (int size : {8, 6}) {
@@ -485,6 +486,9 @@ TEST(Bf16TrainingLayers, Conv2dGradientsAreFp32sOnBf16ExactValues) {
     Conv2d conv("c", {.in = 8, .out = 16, .kernel = 3, .padding = 1});
     expect_bf16_gradients_of_fp32(conv, bf16_exact({4, 8, size, size}, 1), bf16_exact({4, 16, size, size}, 2));
   }
+  SCOPED_TRACE("1x1 stride 2");
+  Conv2d shortcut("s", {.in = 8, .out = 16, .kernel = 1, .stride = 2});
+  expect_bf16_gradients_of_fp32(shortcut, bf16_exact({4, 8, 16, 16}, 1), bf16_exact({4, 16, 8, 8}, 2));
 }
 
 // On a 4-D input, as after a model's last pooling.
