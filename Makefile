@@ -127,9 +127,9 @@ bench: build
 	@$(BUILD)/app/tessera bench peak
 	@$(BUILD)/app/tessera bench tile
 	@$(BUILD)/app/tessera bench infer-slide
-	@$(BUILD)/app/tessera bench train --model compact --size 96 --batch 64
+	@$(BUILD)/app/tessera bench train --model compact --size 96 --batch 64 --precision bf16
 	@$(BUILD)/app/tessera bench infer --model compact --size 96 --batch 64 --precision bf16
-	@$(BUILD)/app/tessera bench train --model resnet18 --size 96 --batch 64
+	@$(BUILD)/app/tessera bench train --model resnet18 --size 96 --batch 64 --precision bf16
 	@$(BUILD)/app/tessera bench infer --model resnet18 --size 96 --batch 64 --precision bf16
 	@$(BUILD)/app/tessera bench scale --out $(BUILD)/bench-scale
 

@@ -187,6 +187,12 @@ Action setup_bench(CLI::App& command) {
                    "calibrated on the benchmark's own batch)")
       ->check(CLI::IsMember({"fp32", "bf16", "int8"}))
       ->capture_default_str();
+  train_cmd
+      ->add_option("--precision", train->precision,
+                   "Also measure training in bf16 (fp32 master weights and optimizer) against fp32 in the same rounds "
+                   "(fp32: fp32 alone)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
 
   auto comm = std::make_shared<bench::CommBenchOptions>();
   CLI::App* comm_cmd = command.add_subcommand(

@@ -51,6 +51,9 @@ Action setup_train(CLI::App& command) {
   add_key_flag(command, options->job, "--resume", {"train.resume"},
                "Resume from a checkpoint, or 'auto' for the output folder's latest (train.resume)");
   add_key_flag(command, options->job, "--epochs", {"train.epochs"}, "Epochs (train.epochs)");
+  add_key_flag(command, options->job, "--precision", {"train.precision"},
+               "fp32, or bf16 for the convolutions and linear layers where the CPU has AMX; weights, optimizer and "
+               "checkpoints stay fp32 (train.precision)");
   command.footer(fmt::format("Models: {}. Runs the same under mpirun/srun (one replica per rank).",
                              fmt::join(engine::model_names(), ", ")));
   return [options] { return run_train(*options); };

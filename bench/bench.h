@@ -94,8 +94,8 @@ struct ModelBenchOptions {
   bool torch = true;     // compare with PyTorch (scripts/bench_torch.py)
   bool profile = false;  // per-layer times of Tessera's model
   bool json = false;     // one JSON object on stdout instead of the table
-  // infer only: also measure the model in this precision (engine/precision.h), in the same rounds as fp32;
-  // "fp32" measures fp32 alone.
+  // Also measure the model in this precision (engine/precision.h; train: fp32 or bf16), in the same rounds as
+  // fp32; "fp32" measures fp32 alone.
   std::string precision = "fp32";
 };
 

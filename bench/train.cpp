@@ -141,6 +141,8 @@ class TesseraRunner {
         ranges = calibrator.ranges();
       }
       precision_ = engine::use_precision(*model_, precision, &ranges);
+    } else {
+      precision_ = engine::use_training_precision(*model_, precision, core::Comm::alone());
     }
     std::uniform_int_distribution<int> label(0, kClasses - 1);
     labels_.resize(static_cast<std::size_t>(o.batch));
@@ -412,16 +414,19 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
     }
   }
 
-  // infer --precision bf16|int8: the same model again in reduced precision, measured beside fp32 in every round.
+  // --precision bf16|int8 (train: bf16): the same model again in reduced precision, measured beside fp32 in every
+  // round.
   std::unique_ptr<TesseraRunner> reduced;
   std::string reduced_missing;
   const engine::Precision wanted = engine::parse_precision(o.precision, "--precision");
-  if (!train && wanted != engine::Precision::fp32) {
+  if (wanted != engine::Precision::fp32) {
     reduced = std::make_unique<TesseraRunner>(kind, o, wanted);
     if (reduced->precision() != wanted) {
-      reduced_missing =
-          fmt::format("not measured: needs {}, oneDNN's instruction set here is {}",
-                      wanted == engine::Precision::int8 ? "VNNI" : "AVX-512 BF16", engine::cpu_isa_name());
+      reduced_missing = fmt::format("not measured: needs {}, oneDNN's instruction set here is {}",
+                                    train                               ? "AMX"
+                                    : wanted == engine::Precision::int8 ? "VNNI"
+                                                                        : "AVX-512 BF16",
+                                    engine::cpu_isa_name());
       reduced.reset();
     }
   }
@@ -461,11 +466,14 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
   const double ratio = torch ? ours.images_per_s / theirs.images_per_s : 0.0;
   torch.reset();  // the child exits before the profile runs
 
-  std::optional<Profile> profile;
+  // Profiles over about one round's time each (the reduced-precision model's too).
+  std::optional<Profile> profile, reduced_profile;
   if (o.profile) {
-    const double step_s = o.batch / ours.images_per_s;
-    const int steps = std::clamp(static_cast<int>(per_round / step_s), 1, 1000);
-    profile = tessera.profile(steps, o.size);
+    const auto steps_in_round = [&](const Side& side) {
+      return std::clamp(static_cast<int>(per_round * side.images_per_s / o.batch), 1, 1000);
+    };
+    profile = tessera.profile(steps_in_round(ours), o.size);
+    if (reduced) reduced_profile = reduced->profile(steps_in_round(low), o.size);
   }
 
   const std::string what =
@@ -511,9 +519,9 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
       out["pytorch"] = p;
       out["ratio"] = ratio;
     }
-    if (profile) {
+    const auto profile_json = [](const Profile& p) {
       json rows = json::array();
-      for (const auto& r : profile->rows) {
+      for (const auto& r : p.rows) {
         rows.push_back({{"layer", r.layer},
                         {"type", r.type},
                         {"shape", r.shape},
@@ -521,10 +529,12 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
                         {"backward_ms", r.backward_ms},
                         {"percent", r.percent}});
       }
-      out["profile"] = {{"steps", profile->steps},       {"step_ms", profile->step_ms},
-                        {"loss_ms", profile->loss_ms},   {"optimizer_ms", profile->optimizer_ms},
-                        {"other_ms", profile->other_ms}, {"layers", rows}};
-    }
+      return json{{"steps", p.steps},       {"step_ms", p.step_ms},
+                  {"loss_ms", p.loss_ms},   {"optimizer_ms", p.optimizer_ms},
+                  {"other_ms", p.other_ms}, {"layers", rows}};
+    };
+    if (profile) out["profile"] = profile_json(*profile);
+    if (reduced_profile) out["tessera_reduced"]["profile"] = profile_json(*reduced_profile);
     std::cout << out.dump(2) << "\n";
     return core::exit_ok;
   }
@@ -576,25 +586,26 @@ int run_bench_model(ModelBenchKind kind, const ModelBenchOptions& o) {
         "back to back in each round)\n",
         o.precision, low_speedup, fmt::format("{:.2f}", fmt::join(low_ratios, " ")));
   }
-  if (profile) {
-    std::cout << fmt::format("\nprofile: Tessera, mean of {} step(s), {:.2f} ms per step\n", profile->steps,
-                             profile->step_ms);
+  const auto print_profile = [&](const std::string& who, const Profile& p) {
+    std::cout << fmt::format("\nprofile: {}, mean of {} step(s), {:.2f} ms per step\n", who, p.steps, p.step_ms);
     std::cout << fmt::format("{:<18} {:<18} {:<12} {:>11} {:>12} {:>7}\n", "layer", "type", "output", "forward ms",
                              "backward ms", "% step");
-    for (const auto& r : profile->rows) {
+    for (const auto& r : p.rows) {
       std::cout << fmt::format("{:<18} {:<18} {:<12} {:>11.2f} {:>12} {:>6.1f}%\n", r.layer, r.type, r.shape,
                                r.forward_ms, train ? fmt::format("{:.2f}", r.backward_ms) : "-", r.percent);
     }
     const auto extra = [&](const char* name, double ms) {
       std::cout << fmt::format("{:<50} {:>11.2f} {:>12} {:>6.1f}%\n", name, ms, "",
-                               profile->step_ms > 0 ? 100.0 * ms / profile->step_ms : 0.0);
+                               p.step_ms > 0 ? 100.0 * ms / p.step_ms : 0.0);
     };
     if (train) {
-      extra("loss (softmax cross-entropy)", profile->loss_ms);
-      extra("zero_grad + SGD step", profile->optimizer_ms);
+      extra("loss (softmax cross-entropy)", p.loss_ms);
+      extra("zero_grad + SGD step", p.optimizer_ms);
     }
-    extra("rest (logits reorder, calls)", profile->other_ms);
-  }
+    extra("rest (logits reorder, calls)", p.other_ms);
+  };
+  if (profile) print_profile("Tessera", *profile);
+  if (reduced_profile) print_profile(fmt::format("Tessera {}", o.precision), *reduced_profile);
   return core::exit_ok;
 }
 

@@ -41,6 +41,11 @@ namespace tessera::engine {
 
 enum class Mode { train, eval };
 
+// Whether a layer's weights change between its forwards, for layers that compute in reduced precision from float32
+// master weights: inference's are fixed (converted once after a setup), training's change at every optimizer step
+// (converted on every forward).
+enum class Weights { fixed, trained };
+
 class Module {
  public:
   explicit Module(std::string name) : name_(std::move(name)) {}

@@ -4,6 +4,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "core/comm.h"
 #include "core/error.h"
 #include "engine/layers/conv.h"
 #include "engine/layers/linear.h"
@@ -30,11 +31,11 @@ void visit(Module& module, ConvFn&& conv, JoinFn&& join, LinearFn&& linear) {
   if (auto* block = dynamic_cast<ResidualBlock*>(&module)) join(block->name(), block->join());
 }
 
-void set_compute_type(Module& module, dnnl::memory::data_type type) {
+void set_compute_type(Module& module, dnnl::memory::data_type type, Weights weights = Weights::fixed) {
   visit(
-      module, [&](Conv2d& conv) { conv.set_compute_type(type); },
+      module, [&](Conv2d& conv) { conv.set_compute_type(type, weights); },
       [](const std::string&, ResidualAdd& join) { join.set_int8(0.0f); },
-      [&](Linear& linear) { linear.set_compute_type(type); });
+      [&](Linear& linear) { linear.set_compute_type(type, weights); });
 }
 
 const ValueRange& range_of(const ActivationRanges& ranges, const std::string& name) {
@@ -139,6 +140,18 @@ bool cpu_supports(Precision precision) {
   return false;
 }
 
+bool cpu_trains(Precision precision) {
+  switch (precision) {
+    case Precision::fp32:
+      return true;
+    case Precision::bf16:
+      return includes(dnnl::get_effective_cpu_isa(), dnnl::cpu_isa::avx512_core_amx);
+    case Precision::int8:
+      return false;
+  }
+  return false;
+}
+
 std::string cpu_isa_name() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::all:
@@ -188,6 +201,27 @@ Precision use_precision(Model& model, Precision requested, const ActivationRange
     set_compute_type(model.body(),
                      used == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32);
   }
+  return used;
+}
+
+Precision use_training_precision(Model& model, Precision requested, const core::Comm& comm) {
+  if (model.folded()) throw core::InternalError("a model folded for inference cannot train");
+  if (requested == Precision::int8) throw core::InternalError("training runs in fp32 or bf16, not int8");
+  // Every rank trains in the same precision: the one asked for only where every rank's CPU can.
+  const bool here = cpu_trains(requested);
+  const bool everywhere = comm.allreduce_value<std::int64_t>(here ? 1 : 0, core::ReduceOp::min) == 1;
+  Precision used = requested;
+  if (!everywhere) {
+    if (comm.is_root()) {
+      spdlog::warn(
+          "training in {} needs AMX (measured slower than fp32 on AVX-512 BF16 without AMX), and oneDNN's "
+          "instruction set {}: training in fp32",
+          to_string(requested), here ? "on another rank has none" : "here is " + cpu_isa_name());
+    }
+    used = Precision::fp32;
+  }
+  set_compute_type(model.body(), used == Precision::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32,
+                   Weights::trained);
   return used;
 }
 

@@ -125,6 +125,7 @@ Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMet
   Resumed resumed;
   resumed.at.step = checkpoint.meta.step;
   resumed.at.epoch = checkpoint.meta.epoch;
+  resumed.config_yaml = checkpoint.meta.config_yaml;
   auto state_int = [&](const char* key) -> std::optional<std::int64_t> {
     const auto it = checkpoint.state.find(key);
     if (it == checkpoint.state.end()) return std::nullopt;

@@ -61,6 +61,7 @@ void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& m
 struct Resumed {
   TrainPosition at;
   std::optional<io::Replica> own_replica;  // this rank's replica, when the file has one per rank of this run
+  std::string config_yaml;                 // the checkpointed run's config (/meta)
 };
 Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMeta& job, const std::string& shards,
                                 const TrainState& state, const core::Comm& comm);

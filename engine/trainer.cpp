@@ -29,6 +29,7 @@
 #include "engine/layers/loss.h"
 #include "engine/models/registry.h"
 #include "engine/optim/config.h"
+#include "engine/precision.h"
 #include "engine/strategy.h"
 #include "engine/train_metrics.h"
 #include "engine/train_state.h"
@@ -69,6 +70,11 @@ const core::Schema& train_schema() {
                  1, 65536)
         .integer("train.seed", 1, "Seed of the initial weights, the data order and the augmentation", 0, 9.0e15)
         .integer("train.threads", 0, "OpenMP threads per rank (0 = the cores this rank may use)", 0, 1024)
+        .string("train.precision", "fp32",
+                "Number format of the convolutions and linear layers: fp32, or bf16 where the CPU has AMX (else fp32, "
+                "said once in the log); master weights, optimizer, batch-norm statistics, loss and checkpoints stay "
+                "fp32",
+                {"fp32", "bf16"})
         .string("train.class_weights", "balanced",
                 "Loss weights per class: none, or balanced (inverse class frequency of the training tiles)",
                 {"none", "balanced"})
@@ -163,6 +169,17 @@ core::BinaryEvaluation validate(Model& model, io::ShardDataset& data, TileScorer
   return all;
 }
 
+// The precision a checkpointed run trained in, from its config (fp32 before train.precision existed); nullopt when
+// this version's schema cannot read that config.
+std::optional<std::string> trained_precision(const std::string& config_yaml, const std::string& path) {
+  if (config_yaml.empty()) return std::nullopt;
+  try {
+    return core::Config::parse(train_schema(), config_yaml, path).get_string("train.precision");
+  } catch (const core::ConfigError&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace
 
 TrainResult train(const core::Config& config, const core::Comm& comm) {
@@ -218,6 +235,11 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   model_options.num_classes = kClasses;
   model_options.seed = seed;
   auto model = make_model(model_options);
+  // The precision this run trains in is what its config records (train.config.yaml, every checkpoint).
+  const Precision precision =
+      use_training_precision(*model, parse_precision(config.get_string("train.precision"), "train.precision"), comm);
+  core::Config recorded = config;
+  recorded.set_value("train.precision", to_string(precision), "train");
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
   model->collect(params, buffers);
@@ -272,7 +294,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   meta.stain_normalization = manifest.attributes.stain_normalization;
   meta.tissue = manifest.tissue;
   meta.provenance = training_provenance(manifest, train_options.slides, shards);
-  meta.config_yaml = config.to_yaml();
+  meta.config_yaml = recorded.to_yaml();
   const auto slurm = io::slurm_job();  // the job this run is, traced into the checkpoint and metrics.jsonl
   meta.slurm = slurm;
   const TrainState state{.params = params,
@@ -292,6 +314,13 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   if (!resume.empty()) {
     resumed = resume_train_checkpoint(resume, meta, shards, state, comm);
     at = resumed->at;
+    if (comm.is_root()) {
+      const auto before = trained_precision(resumed->config_yaml, resume);
+      if (before && *before != to_string(precision)) {
+        spdlog::info("{} was trained in {} up to step {}: continuing in {}", resume, *before, at.step,
+                     to_string(precision));
+      }
+    }
     // The steps left are this run's: on another rank count (or batch size) an epoch has another number of steps
     // than the checkpointed run's, whose steps `step` counts. On the same, this is the total computed above.
     const std::int64_t left = steps_per_epoch * (epochs - at.epoch) - at.batch_in_epoch / accumulation;
@@ -323,7 +352,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   std::optional<MetricsLog> metrics;  // rank 0's
   if (comm.is_root()) {
     fs::create_directories(out);
-    config.save((out / "train.config.yaml").string());
+    recorded.save((out / "train.config.yaml").string());
     metrics.emplace(out, at.step);
     if (slurm) {
       metrics->slurm(at.step, *slurm);
@@ -331,11 +360,11 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     }
     spdlog::info(
         "{}: {} parameters; {} training tiles ({} slides), {} validation slides; {} rank(s) x batch {}{} = "
-        "global batch {}; {} steps per epoch; strategy {}",
+        "global batch {}; {} steps per epoch; strategy {}; precision {}",
         model_options.architecture, model->parameter_count(), train_data.total_tiles(), train_options.slides.size(),
         val_options.slides.size(), comm.size(), batch_size,
         accumulation > 1 ? fmt::format(" x {} accumulated", accumulation) : "", shape.global_batch, steps_per_epoch,
-        strategy->name());
+        strategy->name(), to_string(precision));
     // The rate each replica steps with, and the batch it was scaled for: under easgd one rank's, not the global one.
     spdlog::info(
         "learning rate {:g} per update after warmup, scaled for the {} tiles one update averages ({}: {} "

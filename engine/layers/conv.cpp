@@ -52,16 +52,17 @@ void Conv2d::set_relu(bool relu) {
   invalidate_setup();
 }
 
-void Conv2d::set_compute_type(memory::data_type type) {
+void Conv2d::set_compute_type(memory::data_type type, Weights weights) {
   if (type != dt::f32 && type != dt::bf16) fail("compute type must be f32 or bf16 (int8: set_int8)");
-  if (type != dt::f32 && mode() == Mode::train) fail("reduced precision is for inference: switch to eval mode first");
+  weights_ = weights;
+  weights_low_ = memory();
   if (compute_ == type) return;
   compute_ = type;
   invalidate_setup();
 }
 
 void Conv2d::set_int8(float src_scale, bool src_signed, float dst_scale) {
-  if (mode() == Mode::train) fail("reduced precision is for inference: switch to eval mode first");
+  if (mode() == Mode::train) fail("int8 is for inference: switch to eval mode first");
   if (!(src_scale > 0.0f) || !std::isfinite(src_scale) || !(dst_scale > 0.0f) || !std::isfinite(dst_scale)) {
     fail("int8 scales must be positive finite numbers");
   }
@@ -148,9 +149,11 @@ memory::desc Conv2d::do_setup(const memory::desc& src) {
 
 memory Conv2d::weights_memory() {
   const Tensor plain(wrap_plain(weight_.value, weight_.shape));
-  if (compute_ == dt::f32) return weights_reorder_(plain, fwd_pd_.weights_desc()).memory();
-  // Eval mode only: the weights are fixed, so they are converted once per setup (a copy of their own, not the
-  // Reorderer's buffer).
+  // Trained weights change between forwards (optimizer steps, and an EASGD centre swapped in for validation).
+  if (compute_ == dt::f32 || weights_ == Weights::trained) {
+    return weights_reorder_(plain, fwd_pd_.weights_desc()).memory();
+  }
+  // Fixed weights (inference) are converted once per setup (a copy of their own, not the Reorderer's buffer).
   if (weights_low_) return weights_low_;
   if (compute_ == dt::bf16) {
     weights_low_ = plain.reordered_to(fwd_pd_.weights_desc()).memory();
@@ -191,10 +194,21 @@ void Conv2d::build_backward() {
   const dims_t strides = {options_.stride, options_.stride};
   const dims_t dilates = {options_.dilation - 1, options_.dilation - 1};
   const dims_t padding = {options_.padding, options_.padding};
-  const memory::desc src_any(src_desc().dims(), dt::f32, tag::any);
-  const memory::desc weights_any(weight_.shape, dt::f32, tag::any);
+  // bf16: src, weights and both diffs of the data in bfloat16; the weight and bias gradients in float32. On a
+  // small output (at most kSmallOutput pixels per image), and for a 1×1 kernel with a stride, backward weights reads
+  // src and diff_dst converted to float32 (exactly: they are bfloat16 values) and runs oneDNN's f32 kernel, which is
+  // several times faster there than its AMX bf16 one (oneDNN 2.6; docs/ARCHITECTURE.md, "Reduced precision:
+  // training").
+  const memory::desc src_any(src_desc().dims(), compute_, tag::any);
+  const memory::desc weights_any(weight_.shape, compute_, tag::any);
+  const memory::desc diff_weights_any(weight_.shape, dt::f32, tag::any);
   const memory::desc bias_md = options_.bias ? memory::desc({options_.out}, dt::f32, tag::a) : memory::desc();
-  const memory::desc dst_any(dst_.dims(), dt::f32, tag::any);
+  const memory::desc dst_any(dst_.dims(), compute_, tag::any);
+  const dims_t out = dst_.dims();
+  const bool f32_weights_kernel = out[2] * out[3] <= kSmallOutput || (options_.kernel == 1 && options_.stride > 1);
+  const dt grad_type = compute_ == dt::bf16 && f32_weights_kernel ? dt::f32 : compute_;
+  const memory::desc grad_src_any(src_desc().dims(), grad_type, tag::any);
+  const memory::desc grad_dst_any(out, grad_type, tag::any);
   const dnnl::primitive_attr attr = Context::default_attr();
   try {
     if (options_.relu) {
@@ -220,8 +234,8 @@ void Conv2d::build_backward() {
       diff_src_ = Tensor(bwd_data_pd_.diff_src_desc());
     }
     bwd_weights_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, src_any, weights_any, bias_md,
-                                                 dst_any, strides, dilates, padding, padding),
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, grad_src_any, diff_weights_any,
+                                                 bias_md, grad_dst_any, strides, dilates, padding, padding),
         attr, engine, fwd_pd_);
     bwd_weights_ = dnnl::convolution_backward_weights(bwd_weights_pd_);
     diff_weights_ = Tensor(bwd_weights_pd_.diff_weights_desc());
@@ -234,7 +248,10 @@ void Conv2d::build_backward() {
 }
 
 const Tensor& Conv2d::do_backward(const Tensor& diff_dst) {
-  if (compute_ != dt::f32) fail("backward in reduced precision: training runs in f32");
+  if (compute_ == dt::s8) fail("int8 has no backward: training runs in f32 or bf16");
+  if (compute_ == dt::bf16 && weights_ == Weights::fixed) {
+    fail("bf16 backward with fixed weights (converted once per setup): training sets Weights::trained");
+  }
   if (!backward_built_ || built_propagate_down_ != propagate_down()) build_backward();
   auto& context = Context::get();
   const Tensor* g = &diff_dst;

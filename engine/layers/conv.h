@@ -17,10 +17,13 @@
 // primitive is created in setup; the backward ones on the first backward after a setup. The ReLU is a post-op
 // of the forward convolution and, in backward, an eltwise_relu_use_dst_for_bwd step on the module's own dst.
 //
-// Reduced precision (inference only, engine/precision.h): set_compute_type(bf16) makes src, weights and dst
-// bfloat16 (the bias stays float32; oneDNN accumulates in float32). An fp32 input is converted on the way in by
-// the same src reorder; the bf16 weights are made once per setup from the float32 Param and kept, since an
-// eval-mode model's weights do not change.
+// Reduced precision (engine/precision.h): set_compute_type(bf16) makes src, weights and dst bfloat16 (the bias
+// stays float32; oneDNN accumulates in float32). An fp32 input is converted on the way in by the same src reorder.
+// For inference (Weights::fixed) the bf16 weights are made once per setup from the float32 Param and kept; for
+// training (Weights::trained) on every forward, as the f32 ones are reordered. bf16 backward: diff_dst and
+// diff_src bfloat16, the weight and bias gradients float32 (added to Param::grad as in f32); on a small output
+// (kSmallOutput), and for a 1×1 kernel with a stride, backward weights runs oneDNN's f32 kernel on src and
+// diff_dst converted to float32.
 //
 // int8 (inference only, engine/precision.h): set_int8 makes src u8 (s8 where the calibrated input can be
 // negative) with one scale, the weights s8 with one scale per output channel (max |w| of the channel / 127), and
@@ -68,10 +71,11 @@ class Conv2d : public Module {
   // Both take effect at the next forward (which rebuilds the primitives).
   void enable_bias();
   void set_relu(bool relu);
-  // The data type of src, weights and dst: f32 (the default) or bf16, for inference only (InternalError in train
-  // mode; backward refuses). Takes effect at the next forward. Changing the weights afterwards needs another
-  // call (or a new setup) to be seen.
-  void set_compute_type(dnnl::memory::data_type type);
+  // The data type of src, weights and dst: f32 (the default) or bf16. Takes effect at the next forward. With
+  // Weights::fixed (inference) the bf16 weights are made once per setup, so changing the Param afterwards needs
+  // another call (or a new setup) to be seen, and backward refuses (InternalError); with Weights::trained on every
+  // forward.
+  void set_compute_type(dnnl::memory::data_type type, Weights weights = Weights::fixed);
   // s8 after set_int8.
   dnnl::memory::data_type compute_type() const { return compute_; }
   // int8 inference (see the header comment): `src_scale` and `dst_scale` are real value per step of the stored
@@ -97,9 +101,15 @@ class Conv2d : public Module {
   dnnl::memory weights_memory();
   dnnl::memory bias_memory();
 
+  // bf16 training: backward weights runs in f32 on outputs of at most this many pixels per image, and for 1×1
+  // kernels with a stride (measured with oneDNN 2.6 on AMX: 6×6 and 3×3 outputs of ResNet-18 ran 1.7–5× slower in
+  // bf16 than in f32, its 1×1 stride-2 shortcut to 12×12 6.8× slower, most other 12×12 and larger ones faster).
+  static constexpr dnnl::memory::dim kSmallOutput = 36;
+
   Conv2dOptions options_;
   dnnl::memory::data_type compute_ = dnnl::memory::data_type::f32;
-  float src_scale_ = 1.0f;  // int8: the scales set_int8 was given
+  Weights weights_ = Weights::fixed;  // bf16: converted once per setup (fixed) or on every forward (trained)
+  float src_scale_ = 1.0f;            // int8: the scales set_int8 was given
   bool src_signed_ = false;
   float dst_scale_ = 1.0f;
   std::vector<float> weight_scales_;  // int8, per setup: max |w| / 127 per output channel

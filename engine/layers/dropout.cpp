@@ -33,9 +33,11 @@ void Dropout::seed(std::uint64_t seed) {
 }
 
 dnnl::memory::desc Dropout::do_setup(const dnnl::memory::desc& src) {
-  dst_ = Tensor(src);
-  diff_src_ = Tensor(src);
-  keep_.assign(src.get_size() / sizeof(float), 0);
+  // A bfloat16 src (bf16 training) is masked in float32, in its own layout, and converted back.
+  const dnnl::memory::desc values = with_data_type(src, dnnl::memory::data_type::f32);
+  values_ = Tensor(values);
+  diff_src_ = Tensor(values);
+  keep_.assign(values.get_size() / sizeof(float), 0);
   masked_ = false;
   return src;
 }
@@ -50,8 +52,8 @@ const Tensor& Dropout::do_forward(const Tensor& src) {
   const std::uint64_t key = splitmix64_mix(splitmix64_mix(seed_) + golden_gamma * ++step_);
   const auto threshold = static_cast<std::uint64_t>(std::ceil(static_cast<double>(p_) * two_to_32));
   const float scale = 1.0f / (1.0f - p_);
-  const float* x = src.data();
-  float* y = dst_.data();
+  const float* x = src_reorder_(src, values_.desc()).data();
+  float* y = values_.data();
   std::uint8_t* keep = keep_.data();
 #pragma omp parallel for schedule(static)
   for (std::int64_t i = 0; i < count; ++i) {
@@ -59,7 +61,7 @@ const Tensor& Dropout::do_forward(const Tensor& src) {
     keep[i] = kept ? 1 : 0;
     y[i] = kept ? x[i] * scale : 0.0f;
   }
-  return dst_;
+  return dst_reorder_(values_, src.desc());
 }
 
 const Tensor& Dropout::do_backward(const Tensor& diff_dst) {
@@ -68,7 +70,7 @@ const Tensor& Dropout::do_backward(const Tensor& diff_dst) {
     identity_diff_ = diff_dst;
     return identity_diff_;
   }
-  const Tensor& dd = diff_dst_reorder_(diff_dst, src_desc());
+  const Tensor& dd = diff_dst_reorder_(diff_dst, values_.desc());
   const auto count = static_cast<std::int64_t>(keep_.size());
   const float scale = 1.0f / (1.0f - p_);
   const float* dy = dd.data();

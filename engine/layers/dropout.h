@@ -3,7 +3,8 @@
 //
 //   train:  dst = src · m / (1 − p),   m ∈ {0, 1}, P(m = 0) = p       diff_src = diff_dst · m / (1 − p)
 //   eval:   dst = src (the same buffer, no copy)                       diff_src = diff_dst
-//   any shape and layout; dst and diff_src are in src's layout.
+//   any shape and layout; dst and diff_src are in src's layout; dst in src's data type, diff_src in float32 (a
+//   bfloat16 src, in bf16 training, is masked in float32 and the result converted back).
 //
 // The mask comes from a counter-based generator: element i of the k-th training forward since seed() is kept
 // when hash(seed, k, i) ≥ p·2³². It depends on nothing else — not the thread count, not the order of the
@@ -46,10 +47,12 @@ class Dropout : public Module {
   std::uint64_t step_ = 0;  // training forwards since seed()
   bool masked_ = false;     // the last forward applied a mask (training with p > 0)
   std::vector<std::uint8_t> keep_;
-  Tensor dst_;
+  Tensor values_;  // the masked values, float32 in src's layout (dst itself for a float32 src)
   Tensor diff_src_;
-  Tensor identity_;       // src itself (shared handle) when no mask applies
-  Tensor identity_diff_;  // diff_dst itself when no mask applies
+  Tensor identity_;        // src itself (shared handle) when no mask applies
+  Tensor identity_diff_;   // diff_dst itself when no mask applies
+  Reorderer src_reorder_;  // src → float32 (itself when it is)
+  Reorderer dst_reorder_;  // values_ → src's data type (itself when float32)
   Reorderer diff_dst_reorder_;
 };
 

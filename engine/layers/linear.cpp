@@ -46,11 +46,10 @@ void Linear::check_params() const {
   if (options_.bias) check(bias_);
 }
 
-void Linear::set_compute_type(memory::data_type type) {
+void Linear::set_compute_type(memory::data_type type, Weights weights) {
   if (type != memory::data_type::f32 && type != memory::data_type::bf16) fail("compute type must be f32 or bf16");
-  if (type != memory::data_type::f32 && mode() == Mode::train) {
-    fail("reduced precision is for inference: switch to eval mode first");
-  }
+  weights_ = weights;
+  weights_converted_ = false;
   if (compute_ == type) return;
   compute_ = type;
   invalidate_setup();
@@ -113,14 +112,15 @@ const Tensor& Linear::do_forward(const Tensor& src) {
   auto& context = Context::get();
   // The optimizer updates Param::value between forwards: bring the current values into the primitive's layout
   // (or point at them, which also follows a vector that was reassigned).
-  // In reduced precision (eval mode, fixed weights) the conversion runs once per setup.
+  // In bf16 with fixed weights (inference) the conversion runs once per setup.
+  const bool fixed = compute_ != memory::data_type::f32 && weights_ == Weights::fixed;
   if (weights_plain_) {
     weights_mem_.set_data_handle(weight_.value.data());
-  } else if (compute_ == memory::data_type::f32 || !weights_converted_) {
+  } else if (!fixed || !weights_converted_) {
     memory plain = wrap_plain(weight_.value, weight_dims_);
     to_weights_.execute(context.stream(), plain, weights_mem_);
-    weights_converted_ = compute_ != memory::data_type::f32;
   }
+  weights_converted_ = fixed;
   const Tensor& in = src_reorder_(src, forward_pd_.src_desc());
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, in.memory()}, {DNNL_ARG_WEIGHTS, weights_mem_}, {DNNL_ARG_DST, dst_.memory()}};
@@ -129,25 +129,31 @@ const Tensor& Linear::do_forward(const Tensor& src) {
     args.emplace(DNNL_ARG_BIAS, bias_mem_);
   }
   context.execute(forward_, forward_pd_, std::move(args));
-  src_ = src;
+  src_ = in;  // what the primitive read: backward weights reads it again
   return dst_;
 }
 
 void Linear::setup_backward() {
   const auto& engine = Context::get().engine();
+  // bf16: src, weights and both diffs of the data in bfloat16 (dst itself is float32); the weight and bias
+  // gradients in float32.
   const memory::desc any(weight_dims_, memory::data_type::f32, memory::format_tag::any);
+  const memory::desc weights_any(weight_dims_, compute_, memory::format_tag::any);
   const memory::desc bias_desc({options_.out}, memory::data_type::f32, memory::format_tag::a);
-  const auto weights_desc =
-      options_.bias ? dnnl::inner_product_backward_weights::desc(src_desc(), any, bias_desc, forward_pd_.dst_desc())
-                    : dnnl::inner_product_backward_weights::desc(src_desc(), any, forward_pd_.dst_desc());
+  const memory::desc src_md = forward_pd_.src_desc();
+  const memory::desc diff_dst_md = with_data_type(forward_pd_.dst_desc(), compute_);
+  const auto weights_desc = options_.bias
+                                ? dnnl::inner_product_backward_weights::desc(src_md, any, bias_desc, diff_dst_md)
+                                : dnnl::inner_product_backward_weights::desc(src_md, any, diff_dst_md);
   backward_weights_pd_ =
       dnnl::inner_product_backward_weights::primitive_desc(weights_desc, Context::default_attr(), engine, forward_pd_);
   backward_weights_ = dnnl::inner_product_backward_weights(backward_weights_pd_);
   diff_weights_ = Tensor(backward_weights_pd_.diff_weights_desc());
   diff_bias_ = options_.bias ? Tensor(backward_weights_pd_.diff_bias_desc()) : Tensor();
 
-  // diff_src in src's own layout, so the producer gets its gradient in the layout it works in.
-  const dnnl::inner_product_backward_data::desc data_desc(src_desc(), any, forward_pd_.dst_desc());
+  // diff_src in the layout src came in (in bf16, with the type the primitive read), so the producer gets its
+  // gradient in the layout it works in.
+  const dnnl::inner_product_backward_data::desc data_desc(src_md, weights_any, diff_dst_md);
   backward_data_pd_ =
       dnnl::inner_product_backward_data::primitive_desc(data_desc, Context::default_attr(), engine, forward_pd_);
   backward_data_ = dnnl::inner_product_backward_data(backward_data_pd_);
@@ -166,11 +172,13 @@ void Linear::setup_backward() {
 }
 
 const Tensor& Linear::do_backward(const Tensor& diff_dst) {
-  if (compute_ != memory::data_type::f32) fail("backward in reduced precision: training runs in f32");
+  if (compute_ == memory::data_type::bf16 && weights_ == Weights::fixed) {
+    fail("bf16 backward with fixed weights (converted once per setup): training sets Weights::trained");
+  }
   check_params();
   if (!backward_weights_) setup_backward();
   auto& context = Context::get();
-  const Tensor& dd = diff_dst_reorder_(diff_dst, forward_pd_.dst_desc());
+  const Tensor& dd = diff_dst_reorder_(diff_dst, backward_weights_pd_.diff_dst_desc());
 
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, src_.memory()}, {DNNL_ARG_DIFF_DST, dd.memory()}, {DNNL_ARG_DIFF_WEIGHTS, diff_weights_.memory()}};

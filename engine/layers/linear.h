@@ -10,9 +10,10 @@
 // master weight stays [out, in] in the Param and is reordered into the primitive's layout on each forward;
 // diff_weights are reordered back and added to Param::grad in the same pass.
 //
-// Reduced precision (inference only, engine/precision.h): set_compute_type(bf16) makes src and weights bfloat16
-// (an fp32 src is converted on the way in; the weights once per setup) while dst and bias stay float32, so the
-// logits after the last layer are float32.
+// Reduced precision (engine/precision.h): set_compute_type(bf16) makes src and weights bfloat16 (an fp32 src is
+// converted on the way in; the weights once per setup for inference, on every forward for training) while dst and
+// bias stay float32, so the logits after the last layer are float32. bf16 backward: diff_dst converted to
+// bfloat16, diff_src bfloat16 in the layout the primitive read src in, weight and bias gradients float32.
 #pragma once
 
 #include <string>
@@ -48,9 +49,10 @@ class Linear : public Module {
   Param* bias() { return options_.bias ? &bias_ : nullptr; }
   const Param* bias() const { return options_.bias ? &bias_ : nullptr; }
 
-  // The data type of src and weights: f32 (the default) or bf16, for inference only (InternalError in train
-  // mode; backward refuses). dst stays f32. Takes effect at the next forward.
-  void set_compute_type(dnnl::memory::data_type type);
+  // The data type of src and weights: f32 (the default) or bf16; dst stays f32. Takes effect at the next forward.
+  // bf16 weights are made once per setup with Weights::fixed (inference; backward refuses: InternalError), on every
+  // forward with Weights::trained.
+  void set_compute_type(dnnl::memory::data_type type, Weights weights = Weights::fixed);
   dnnl::memory::data_type compute_type() const { return compute_; }
 
  protected:
@@ -67,6 +69,7 @@ class Linear : public Module {
   Param bias_;          // O, when options_.bias
   dims_t weight_dims_;  // {O, I} or {O, C, H, W}: weight as the primitive sees it
   dnnl::memory::data_type compute_ = dnnl::memory::data_type::f32;
+  Weights weights_ = Weights::fixed;
   bool weights_converted_ = false;  // reduced precision: weights_mem_ holds the converted weights of this setup
   Reorderer src_reorder_;           // src → the primitive's src desc, when its data type differs
   dnnl::inner_product_forward::primitive_desc forward_pd_;

@@ -11,6 +11,10 @@
 // convolution is on the image, which int8 keeps in fp32); without VNNI (ONEDNN_MAX_CPU_ISA=AVX2) int8
 // runs in fp32 with one log line. One test for all of it (the suite's model is trained once per test process).
 // The int8 comparisons are left out, saying why, on a CPU without VNNI.
+//
+// bf16 training (`train --precision bf16`): without AMX (ONEDNN_MAX_CPU_ISA=AVX2) it trains in fp32 with one log
+// line, and its config and checkpoint record the precision used; `bench train
+// --precision bf16` reports bf16 beside fp32 or says why it cannot.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -200,7 +204,8 @@ TEST_F(Precision, Bf16PredictionsKeepThePatchAuc) {
 }
 
 // As on a machine without AVX-512 BF16: ONEDNN_MAX_CPU_ISA=AVX2 keeps oneDNN to AVX2 for both runs, so the fp32
-// fallback must write the very bytes the fp32 run writes.
+// fallback must write the very bytes the fp32 run writes. Training likewise (two steps, no validation): bf16 without
+// AMX trains in fp32 with one log line and records fp32 in its config and checkpoint.
 TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string env = "ONEDNN_MAX_CPU_ISA=AVX2 ";
   const auto fp32 = testing::run_script(env + "$TESSERA " + predict_line("fp32", "avx2-fp32/predictions.csv"));
@@ -218,6 +223,22 @@ TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string a = read_text(dir_->file("avx2-fp32/predictions.csv"));
   EXPECT_GT(a.size(), 100u);
   EXPECT_EQ(a, read_text(dir_->file("avx2-bf16/predictions.csv")));
+
+  const std::string train = "train " + dir_->file("train.yaml") +
+                            " --epochs 1 --set train.max_steps=2 --set data.val_splits=[] --precision bf16 --out " +
+                            dir_->file("train-avx2-bf16");
+  const auto trained = testing::run_script(env + "$TESSERA " + train);
+  ASSERT_EQ(trained.code, 0) << trained.err;
+  const std::string train_log = trained.err + trained.out;
+  const std::string train_line =
+      "training in bf16 needs AMX (measured slower than fp32 on AVX-512 BF16 without AMX), and oneDNN's instruction "
+      "set here is avx2: training in fp32";
+  const auto at = train_log.find(train_line);
+  ASSERT_NE(at, std::string::npos) << train_log;
+  EXPECT_EQ(train_log.find(train_line, at + 1), std::string::npos) << "said more than once:\n" << train_log;
+  EXPECT_TRUE(
+      contains(io::read_checkpoint_meta(dir_->file("train-avx2-bf16/checkpoint.h5")).config_yaml, "precision: fp32"));
+  EXPECT_TRUE(contains(read_text(dir_->file("train-avx2-bf16/train.config.yaml")), "precision: fp32"));
 }
 
 // The 99th percentile and the largest |ΔP| of the cells two infer runs (folders under the suite's) scored, after
@@ -359,6 +380,10 @@ TEST(PrecisionKey, AnUnknownPrecisionIsRefusedNamingTheKey) {
       EXPECT_TRUE(contains(r.err, "fp16")) << r.err;
     }
   }
+  // train takes fp32 or bf16 only.
+  const auto r = run("train --precision int8 --print-config");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--precision")) << r.err;
 }
 
 // `bench infer --precision bf16` measures bf16 beside fp32: the speed-up is the median of the rounds' ratios (never
@@ -375,6 +400,17 @@ TEST(PrecisionBench, Bf16IsMeasuredBesideFp32OrSaysWhyNot) {
   const auto capped8 = testing::run_script("ONEDNN_MAX_CPU_ISA=AVX2 $TESSERA " + args + " --precision int8");
   ASSERT_EQ(capped8.code, 0) << capped8.err;
   EXPECT_TRUE(contains(json::parse(capped8.out)["tessera_reduced"]["reason"].get<std::string>(), "VNNI"));
+  // `bench train --precision bf16` likewise: measured where the CPU has AMX, else says why not (one run).
+  const auto t = run(
+      "bench train --model tiny_cnn --size 16 --batch 4 --seconds 0.1 --rounds 2 --no-torch --json --precision bf16");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const json report = json::parse(t.out);
+  if (engine::cpu_trains(engine::Precision::bf16)) {
+    EXPECT_EQ(report["tessera_reduced"]["precision"], "bf16");
+    EXPECT_EQ(report["tessera_reduced"]["rounds_speedup_vs_fp32"].size(), 2u);
+  } else {
+    EXPECT_TRUE(contains(report["tessera_reduced"]["reason"].get<std::string>(), "AMX"));
+  }
 
   if (!bf16_available()) GTEST_SKIP() << no_bf16();
   const auto r = run(args + " --precision bf16");
