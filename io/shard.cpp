@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <utility>
 
@@ -75,6 +76,22 @@ std::string hdf5_truncated_message(const std::string& desc, std::int64_t actual)
 }  // namespace
 
 // =========================================================================================================
+// ImageBuffer
+
+void ImageBuffer::Free::operator()(std::uint8_t* p) const { std::free(p); }
+
+void ImageBuffer::resize(std::size_t bytes) {
+  if (bytes > capacity_) {
+    const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    auto* memory = static_cast<std::uint8_t*>(std::aligned_alloc(kAlignment, rounded));
+    if (memory == nullptr) throw std::bad_alloc();
+    data_.reset(memory);
+    capacity_ = rounded;
+  }
+  size_ = bytes;
+}
+
+// =========================================================================================================
 // ShardWriter
 
 struct ShardWriter::Impl {
@@ -104,9 +121,19 @@ struct ShardWriter::Impl {
   std::int64_t written_count = 0;
   bool finished = false;
 
-  // The file's descriptor (HDF5's sec2 driver only; else -1) and the images' file offset, for images_written().
+  // The file's descriptor (HDF5's sec2 driver only; else -1) and the images' file offset, for images_written() and
+  // write_direct().
   int fd = -1;
   std::uint64_t images_offset = 0;
+  bool writeback_hints = true;  // false once sync_file_range proved unsupported for this file
+  // Direct image writes (Linux, O_DIRECT): a second descriptor of the temporary file, through which write_direct()
+  // hands the whole file pages of a block of tiles to the disk straight from the caller's memory, without the
+  // kernel's copy into the page cache (after decoding, the extract phase's largest cost). -1: none (not Linux,
+  // another HDF5 driver, a file system without direct I/O, or a direct write refused).
+  int direct_fd = -1;
+  std::uint64_t direct_block = 0;   // file offsets and lengths of direct writes are multiples of this
+  std::uint64_t direct_memory = 0;  // and their memory addresses
+  std::uint64_t direct_bytes = 0;   // image bytes written directly so far
   // Image bytes written since the kernel was last asked to write them out: [pending_from, + pending_bytes).
   std::uint64_t pending_from = 0;
   std::uint64_t pending_bytes = 0;
@@ -117,7 +144,7 @@ struct ShardWriter::Impl {
   // than one that writes all of it then; asking in large pieces keeps the requests few. Only a hint: a failure
   // here is the sync's to report.
   void images_written(std::uint64_t from, std::uint64_t bytes) {
-    if (fd < 0 || bytes == 0) return;
+    if (fd < 0 || !writeback_hints || bytes == 0) return;
     if (pending_bytes > 0 && from != pending_from + pending_bytes) start_writeback();
     if (pending_bytes == 0) pending_from = from;
     pending_bytes += bytes;
@@ -128,13 +155,79 @@ struct ShardWriter::Impl {
     if (::sync_file_range(fd, static_cast<off_t>(images_offset + pending_from), static_cast<off_t>(pending_bytes),
                           SYNC_FILE_RANGE_WRITE) != 0 &&
         (errno == ENOSYS || errno == EINVAL || errno == ESPIPE)) {
-      fd = -1;  // not supported for this file: stop asking
+      writeback_hints = false;  // not supported for this file: stop asking
     }
 #endif
     pending_bytes = 0;
   }
 
+  // Opens the direct descriptor when the file system does direct I/O and says with what alignment (statx).
+  void open_direct() {
+#if defined(__linux__) && defined(STATX_DIOALIGN)
+    const int direct = ::open(temporary.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (direct < 0) return;  // no direct I/O here (tmpfs before Linux 6.6, for instance): the page cache it is
+    struct statx info {};
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    if (::statx(direct, "", AT_EMPTY_PATH, STATX_DIOALIGN, &info) != 0 || (info.stx_mask & STATX_DIOALIGN) == 0 ||
+        info.stx_dio_offset_align == 0 || info.stx_dio_mem_align == 0 || page == 0 ||
+        page % info.stx_dio_offset_align != 0) {
+      ::close(direct);
+      return;
+    }
+    direct_fd = direct;
+    // Whole pages: a page of the file is then written either directly or through the page cache, never both.
+    direct_block = page;
+    direct_memory = info.stx_dio_mem_align;
+#endif
+  }
+  void close_direct() {
+    // Nothing is buffered on it: each write reached the disk or failed.
+    if (direct_fd >= 0) ::close(direct_fd);
+    direct_fd = -1;
+  }
+
+  // Writes image bytes [from, from + bytes) of `data`: the whole file pages among them through the direct
+  // descriptor, the partial pages at either end through the page cache. False, with nothing written, when they cannot
+  // go that way (no direct descriptor, no whole page among them, `data` not aligned for it, or the first direct write
+  // refused: no more are tried): the caller then writes them through HDF5. Other failures throw.
+  bool write_direct(const std::uint8_t* data, std::uint64_t from, std::uint64_t bytes, const Hdf5Checker& h5,
+                    const std::string& what) {
+    if (direct_fd < 0) return false;
+    const std::uint64_t begin = images_offset + from;
+    const std::uint64_t end = begin + bytes;
+    const std::uint64_t first = (begin + direct_block - 1) / direct_block * direct_block;
+    const std::uint64_t last = end / direct_block * direct_block;
+    if (first >= last || reinterpret_cast<std::uintptr_t>(data + (first - begin)) % direct_memory != 0) return false;
+    std::uint64_t done = 0;
+    if (const int error = write_all(direct_fd, data + (first - begin), last - first, first, done); error != 0) {
+      if (error != EINVAL || done != 0) h5.fail_system(what, error);
+      close_direct();  // refused (a file system whose stated alignment does not hold): the page cache from now on
+      return false;
+    }
+    for (const auto& [at, length] : {std::pair{begin, first - begin}, std::pair{last, end - last}}) {
+      if (const int error = write_all(fd, data + (at - begin), length, at, done); error != 0) {
+        h5.fail_system(what, error);
+      }
+    }
+    direct_bytes += last - first;
+    return true;
+  }
+  // pwrite until all is written; the errno of a failure (ENOSPC for a write that wrote nothing), else 0. `done` gets
+  // the bytes written.
+  static int write_all(int to, const std::uint8_t* data, std::uint64_t bytes, std::uint64_t offset,
+                       std::uint64_t& done) {
+    done = 0;
+    while (done < bytes) {
+      const ssize_t n = ::pwrite(to, data + done, bytes - done, static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return n == 0 ? ENOSPC : errno;
+      done += static_cast<std::uint64_t>(n);
+    }
+    return 0;
+  }
+
   void close_quietly() {
+    close_direct();
     artefacts.close();
     slide_index.close();
     coords.close();
@@ -195,6 +288,7 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
     const haddr_t images_offset = H5Dget_offset(impl.images.get());
     if (images_offset == HADDR_UNDEF) impl.fd = -1;  // no offset (an empty shard): nothing to write back
     impl.images_offset = static_cast<std::uint64_t>(images_offset);
+    if (impl.fd >= 0) impl.open_direct();
     impl.labels = hdf5::create_dataset<std::uint8_t>(h5, file, "labels", {hn});
     impl.fractions = hdf5::create_dataset<float>(h5, file, "tumor_fraction", {hn});
     impl.coords = hdf5::create_dataset<std::int64_t>(h5, file, "coords", {hn, 2});
@@ -248,21 +342,26 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
 
   QuietHdf5 quiet;
   const Hdf5Checker h5(impl.path, core::ErrorKind::internal);
-  const auto t = static_cast<hsize_t>(impl.attributes.tile_size);
-  const hsize_t start[4] = {static_cast<hsize_t>(first), 0, 0, 0};
-  const hsize_t extent[4] = {static_cast<hsize_t>(count), t, t, static_cast<hsize_t>(rgb_channels)};
-  Handle file_space = h5.own(H5Dget_space(impl.images.get()), H5Sclose, "cannot write tiles");
-  h5.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
-           "cannot select tiles");
-  Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
   const std::string what = "cannot write tiles " + std::to_string(first) + ".." + std::to_string(first + count - 1);
   // Fault point "shard.write" (core/fault.h): do=enospc|eio fails this block of tiles as a full disk or a failing
   // device would, through the same error as a failing H5Dwrite.
   if (const int error = core::fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
-  h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
-           what);
-  impl.images_written(static_cast<std::uint64_t>(first) * impl.tile_bytes,
-                      static_cast<std::uint64_t>(count) * impl.tile_bytes);
+  const std::uint64_t from = static_cast<std::uint64_t>(first) * impl.tile_bytes;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(count) * impl.tile_bytes;
+  // The images are contiguous at a fixed offset (allocated at creation, never filled): the same bytes land in the
+  // same place whether written past HDF5 or through H5Dwrite.
+  if (!impl.write_direct(images, from, bytes, h5, what)) {
+    const auto t = static_cast<hsize_t>(impl.attributes.tile_size);
+    const hsize_t start[4] = {static_cast<hsize_t>(first), 0, 0, 0};
+    const hsize_t extent[4] = {static_cast<hsize_t>(count), t, t, static_cast<hsize_t>(rgb_channels)};
+    Handle file_space = h5.own(H5Dget_space(impl.images.get()), H5Sclose, "cannot write tiles");
+    h5.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+             "cannot select tiles");
+    Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
+    h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
+             what);
+    impl.images_written(from, bytes);
+  }
 
   for (std::int64_t k = 0; k < count; ++k) {
     const auto i = static_cast<std::size_t>(first + k);
@@ -279,6 +378,8 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
     }
   }
 }
+
+std::uint64_t ShardWriter::direct_bytes() const { return impl_->direct_bytes; }
 
 void ShardWriter::write(std::int64_t index, const ShardTileRecord& record, const cv::Mat& rgb) {
   const int t = impl_->attributes.tile_size;
@@ -316,6 +417,7 @@ void ShardWriter::finish() {
     h5.close(impl.labels, "cannot close dataset 'labels'");
     h5.close(impl.images, "cannot close dataset 'images'");
     h5.close(impl.file, "cannot close the shard");
+    impl.close_direct();
   }
   // HDF5 does not sync on close: publish_file makes the data durable before the rename publishes it.
   core::publish_file(impl.temporary, impl.path);

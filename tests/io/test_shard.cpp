@@ -2,6 +2,9 @@
 // and the error for each kind of broken file.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -534,6 +537,60 @@ TEST(ShardWriter, ReplacesAnOlderShardOnlyWhenFinished) {
   EXPECT_EQ(folder_listing(dir.path()), std::vector<std::string>{"shard.h5"});
 }
 
+// Where the file system does direct I/O, tiles from an aligned buffer (io::ImageBuffer) go to the disk directly,
+// the partial pages at a block's ends through the page cache; from an unaligned buffer all of it goes through HDF5.
+// Both shards hold the same tiles. Blocks of uneven sizes, out of order: page boundaries fall inside tiles.
+TEST(ShardWriter, DirectWritesGiveTheSameTiles) {
+  TempDir dir;
+  constexpr int t = 96;  // 27,648 bytes: 6.75 pages
+  constexpr std::int64_t n = 150;
+  const std::size_t tile_bytes = static_cast<std::size_t>(t) * t * 3;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks = {{64, 64}, {0, 1}, {1, 63}, {128, 22}};
+  const auto write = [&](const std::string& path, bool aligned) {
+    io::ShardWriter writer(path, attributes(t), n, slide_ids);
+    io::ImageBuffer buffer;
+    for (const auto& [first, count] : blocks) {
+      buffer.resize(static_cast<std::size_t>(count) * tile_bytes + 1);
+      std::uint8_t* images = buffer.data() + (aligned ? 0 : 1);
+      std::vector<io::ShardTileRecord> records;
+      for (std::int64_t i = first; i < first + count; ++i) {
+        const auto pixels = tile_pixels(i, t);
+        std::copy(pixels.begin(), pixels.end(), images + static_cast<std::size_t>(i - first) * tile_bytes);
+        records.push_back(tile_record(i, slide_of(i)));
+      }
+      writer.write(first, records, images);
+    }
+    const std::uint64_t direct = writer.direct_bytes();
+    writer.finish();
+    return direct;
+  };
+  const std::uint64_t direct = write(dir.file("direct.h5"), true);
+  EXPECT_EQ(write(dir.file("buffered.h5"), false), 0u) << "an unaligned buffer goes through HDF5";
+  // Does this folder's file system do direct I/O? The writer must then have used it.
+  const int probe = ::open(dir.file("probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (probe >= 0) {
+    ::close(probe);
+    EXPECT_GT(direct, n * tile_bytes / 2) << "most pages written directly";
+  }
+
+  const auto a = io::ShardFile::open(dir.file("direct.h5"));
+  const auto b = io::ShardFile::open(dir.file("buffered.h5"));
+  EXPECT_EQ(fs::file_size(dir.file("direct.h5")), fs::file_size(dir.file("buffered.h5")));
+  std::vector<std::uint8_t> from_a(static_cast<std::size_t>(n) * tile_bytes);
+  std::vector<std::uint8_t> from_b(from_a.size());
+  a.read_images(0, n, from_a.data());
+  b.read_images(0, n, from_b.data());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto expected = tile_pixels(i, t);
+    const auto at = static_cast<std::ptrdiff_t>(i) * static_cast<std::ptrdiff_t>(tile_bytes);
+    ASSERT_TRUE(std::equal(expected.begin(), expected.end(), from_a.begin() + at)) << "direct, tile " << i;
+    ASSERT_TRUE(std::equal(expected.begin(), expected.end(), from_b.begin() + at)) << "buffered, tile " << i;
+  }
+  EXPECT_EQ(a.labels(), b.labels());
+  EXPECT_EQ(a.coords(), b.coords());
+  EXPECT_EQ(a.slide_indices(), b.slide_indices());
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Broken files
 
@@ -753,7 +810,7 @@ io::Manifest sample_manifest() {
   m.attributes = attributes(256);
   m.shards = {{"shard-00000.h5", 1000, 700, 300, {"a", "b"}}, {"shard-00001.h5", 12, 12, 0, {"b"}}};
   m.slides = {{"a", "/data/a.svs", "tumor", "train", 600, 300, 300}, {"b", "/data/b b.tif", "", "", 412, 412, 0}};
-  m.slides[0].origin = "synthetic";  // slide b: a manifest from before origins were recorded
+  m.slides[0].origin = "synthetic";                   // slide b: a manifest from before origins were recorded
   m.slides[0].qc_dropped_tiles = {{"pen_green", 7}};  // slide b: none (QC off, or a manifest from before)
   m.slides[0].qc_kept_tiles = {{"fold", 3}, {"pen_red", 2}};
   m.failures = {{"c", "file '/data/c.svs': openslide: cannot read tile"}};
