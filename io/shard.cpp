@@ -134,6 +134,7 @@ struct ShardWriter::Impl {
   std::uint64_t direct_block = 0;   // file offsets and lengths of direct writes are multiples of this
   std::uint64_t direct_memory = 0;  // and their memory addresses
   std::uint64_t direct_bytes = 0;   // image bytes written directly so far
+  bool past_hdf5 = false;           // true once direct_fd was opened: write_direct() then writes all images
   // Image bytes written since the kernel was last asked to write them out: [pending_from, + pending_bytes).
   std::uint64_t pending_from = 0;
   std::uint64_t pending_bytes = 0;
@@ -175,6 +176,7 @@ struct ShardWriter::Impl {
       return;
     }
     direct_fd = direct;
+    past_hdf5 = true;
     // Whole pages: a page of the file is then written either directly or through the page cache, never both.
     direct_block = page;
     direct_memory = info.stx_dio_mem_align;
@@ -186,30 +188,44 @@ struct ShardWriter::Impl {
     direct_fd = -1;
   }
 
-  // Writes image bytes [from, from + bytes) of `data`: the whole file pages among them through the direct
-  // descriptor, the partial pages at either end through the page cache. False, with nothing written, when they cannot
-  // go that way (no direct descriptor, no whole page among them, `data` not aligned for it, or the first direct write
-  // refused: no more are tried): the caller then writes them through HDF5. Other failures throw.
+  // Writes image bytes [from, from + bytes) of `data` past HDF5 once the direct descriptor was opened: the whole
+  // file pages among them through it when `data` is aligned for it, the rest through the file's own descriptor (the
+  // page cache). From then on HDF5 never writes images: its data-sieve buffer holds a window of the file read before
+  // such writes and, flushed later, would put the window's old bytes back over them. False, with nothing written,
+  // when direct writes were never on: the caller writes through HDF5. A direct write refused with nothing written
+  // (a file system whose stated alignment does not hold) closes the direct descriptor: the page cache from then on.
+  // Other failures throw.
   bool write_direct(const std::uint8_t* data, std::uint64_t from, std::uint64_t bytes, const Hdf5Checker& h5,
                     const std::string& what) {
-    if (direct_fd < 0) return false;
+    if (!past_hdf5) return false;
     const std::uint64_t begin = images_offset + from;
     const std::uint64_t end = begin + bytes;
-    const std::uint64_t first = (begin + direct_block - 1) / direct_block * direct_block;
-    const std::uint64_t last = end / direct_block * direct_block;
-    if (first >= last || reinterpret_cast<std::uintptr_t>(data + (first - begin)) % direct_memory != 0) return false;
-    std::uint64_t done = 0;
-    if (const int error = write_all(direct_fd, data + (first - begin), last - first, first, done); error != 0) {
-      if (error != EINVAL || done != 0) h5.fail_system(what, error);
-      close_direct();  // refused (a file system whose stated alignment does not hold): the page cache from now on
-      return false;
+    std::uint64_t first = begin;  // [first, last): written directly
+    std::uint64_t last = begin;
+    if (direct_fd >= 0) {
+      const std::uint64_t pages_from = (begin + direct_block - 1) / direct_block * direct_block;
+      const std::uint64_t pages_to = end / direct_block * direct_block;
+      if (pages_from < pages_to && reinterpret_cast<std::uintptr_t>(data + (pages_from - begin)) % direct_memory == 0) {
+        std::uint64_t done = 0;
+        const int error = write_all(direct_fd, data + (pages_from - begin), pages_to - pages_from, pages_from, done);
+        if (error == 0) {
+          first = pages_from;
+          last = pages_to;
+          direct_bytes += last - first;
+        } else if (error == EINVAL && done == 0) {
+          close_direct();
+        } else {
+          h5.fail_system(what, error);
+        }
+      }
     }
+    std::uint64_t done = 0;
     for (const auto& [at, length] : {std::pair{begin, first - begin}, std::pair{last, end - last}}) {
       if (const int error = write_all(fd, data + (at - begin), length, at, done); error != 0) {
         h5.fail_system(what, error);
       }
     }
-    direct_bytes += last - first;
+    if (first == last) images_written(from, bytes);
     return true;
   }
   // pwrite until all is written; the errno of a failure (ENOSPC for a write that wrote nothing), else 0. `done` gets
