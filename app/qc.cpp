@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
 
 #include "app/cli.h"
 #include "core/atomic_file.h"
@@ -36,7 +37,6 @@
 #include "core/output_dir.h"
 #include "core/progress.h"
 #include "io/image.h"
-#include "io/imgcodecs.h"
 #include "io/slide.h"
 #include "io/slide_list.h"
 #include "preprocessing/qc.h"
@@ -75,7 +75,7 @@ json check_slide(const io::ListedSlide& input, const fs::path& out, const prep::
   // Synthetic truth beside the slide: how well each drawn class was found.
   const fs::path truth_path = fs::path(input.path).replace_extension(".artefacts.png");
   if (fs::exists(truth_path)) {
-    const cv::Mat truth = io::imgcodecs::imread(truth_path.string(), cv::IMREAD_UNCHANGED);
+    const cv::Mat truth = cv::imread(truth_path.string(), cv::IMREAD_UNCHANGED);
     if (truth.empty() || truth.type() != CV_16UC1) {
       throw core::InputError("not a 16-bit truth mask PNG (tessera synth's <slide>.artefacts.png)",
                              truth_path.string());

@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
 
 #include "app/cli.h"
 #include "core/atomic_file.h"
@@ -33,7 +34,6 @@
 #include "io/annotations.h"
 #include "io/dicom_writer.h"
 #include "io/image.h"
-#include "io/imgcodecs.h"
 #include "io/slide.h"
 #include "preprocessing/overlay.h"
 #include "preprocessing/qc.h"
@@ -215,7 +215,7 @@ void write_artefact_truth(const std::string& path, const synth::SynthGroundTruth
     }
   }
   std::vector<std::uint8_t> png;
-  io::imgcodecs::imencode(".png", bits, png);
+  cv::imencode(".png", bits, png);
   core::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
 }
 

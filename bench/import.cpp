@@ -13,12 +13,12 @@
 
 #include <fmt/format.h>
 #include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
 
 #include "bench/bench.h"
 #include "bench/child.h"
 #include "core/error.h"
 #include "core/random.h"
-#include "io/imgcodecs.h"
 
 namespace tessera::bench {
 namespace {
@@ -46,7 +46,7 @@ std::string generate_patches(const fs::path& folder, int count, int side) {
                                             static_cast<unsigned char>(base + ((r >> 16) & 31)));
       }
     }
-    io::imgcodecs::imwrite((folder / name).string(), bgr);
+    cv::imwrite((folder / name).string(), bgr);
     rows += fmt::format("{},{},p{:03}\n", name.string(), label, patient);
   }
   std::ofstream(csv) << rows;

@@ -40,15 +40,9 @@ find_path(OpenCV_INCLUDE_DIR opencv2/core.hpp PATH_SUFFIXES opencv4 REQUIRED)
 add_library(tessera_opencv INTERFACE)
 foreach(module core imgproc imgcodecs)
   find_library(OpenCV_${module}_LIBRARY opencv_${module} REQUIRED)
+  target_link_libraries(tessera_opencv INTERFACE ${OpenCV_${module}_LIBRARY})
 endforeach()
-target_link_libraries(tessera_opencv INTERFACE ${OpenCV_core_LIBRARY} ${OpenCV_imgproc_LIBRARY})
 target_include_directories(tessera_opencv SYSTEM INTERFACE ${OpenCV_INCLUDE_DIR})
-# The image codecs are not linked into tessera: io/imgcodecs.h loads them when first used (linked, they and the
-# libraries they need would be loaded by every process at its start). The file the linker would use, for dlopen; and
-# a target for the tests that call OpenCV's codecs themselves.
-get_filename_component(OpenCV_imgcodecs_FILE "${OpenCV_imgcodecs_LIBRARY}" REALPATH)
-add_library(tessera_opencv_imgcodecs INTERFACE)
-target_link_libraries(tessera_opencv_imgcodecs INTERFACE tessera_opencv ${OpenCV_imgcodecs_LIBRARY})
 
 add_library(tessera_hdf5 INTERFACE)
 target_include_directories(tessera_hdf5 SYSTEM INTERFACE ${HDF5_C_INCLUDE_DIRS} ${HDF5_INCLUDE_DIRS})

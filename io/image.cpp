@@ -13,11 +13,11 @@
 #include <cstdio>
 
 #include <jpeglib.h>
+#include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "io/imgcodecs.h"
 
 namespace tessera::io {
 
@@ -84,7 +84,7 @@ void write_png(const std::string& path, const cv::Mat& rgb, const std::vector<Pn
     throw core::InternalError("write_png: expected an 8-bit RGB or RGBA image for '" + path + "'");
   }
   std::vector<unsigned char> bytes;
-  if (!imgcodecs::imencode(".png", bgr, bytes)) throw core::InternalError("cannot encode PNG '" + path + "'");
+  if (!cv::imencode(".png", bgr, bytes)) throw core::InternalError("cannot encode PNG '" + path + "'");
   std::string png(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   if (!text.empty()) {
     // After the signature and IHDR, before the image data.
@@ -204,7 +204,7 @@ cv::Mat read_rgb_image(const std::string& path) {
   if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF)
     return read_jpeg_strict(path, bytes);
   // Other formats through OpenCV, whose PNG decoder already fails (empty image) on a truncated file or a bad CRC.
-  cv::Mat bgr = imgcodecs::imdecode(bytes, cv::IMREAD_COLOR);
+  cv::Mat bgr = cv::imdecode(bytes, cv::IMREAD_COLOR);
   if (bgr.empty()) throw core::InputError("cannot decode image", path);
   cv::Mat rgb;
   cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);

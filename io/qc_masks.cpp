@@ -7,15 +7,16 @@
 #include <string_view>
 #include <vector>
 
+#include <opencv2/imgcodecs.hpp>
+
 #include "core/atomic_file.h"
 #include "core/error.h"
-#include "io/imgcodecs.h"
 
 namespace tessera::io {
 
 void write_qc_masks_png(const std::string& path, const cv::Mat1w& bits) {
   std::vector<std::uint8_t> png;
-  if (!imgcodecs::imencode(".png", bits, png)) throw core::InternalError("cannot encode PNG '" + path + "'");
+  if (!cv::imencode(".png", bits, png)) throw core::InternalError("cannot encode PNG '" + path + "'");
   core::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(png.data()), png.size()));
 }
 
@@ -25,7 +26,7 @@ cv::Mat1w read_qc_masks_png(const std::string& path) {
   if (!in) throw core::InputError("cannot be read", path);
   const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // OpenCV's PNG decoder fails (empty image) on a truncated file or a bad CRC.
-  const cv::Mat image = imgcodecs::imdecode(bytes, cv::IMREAD_UNCHANGED);
+  const cv::Mat image = cv::imdecode(bytes, cv::IMREAD_UNCHANGED);
   if (image.empty()) throw core::InputError("not a readable PNG (quality control masks, <slide>.qc.png)", path);
   if (image.type() != CV_16UC1) {
     throw core::InputError("not a 16-bit one-channel PNG (quality control masks, <slide>.qc.png)", path);

@@ -3,10 +3,10 @@
 #include <cmath>
 #include <vector>
 
+#include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "core/error.h"
-#include "io/imgcodecs.h"
 #include "io/qc_masks.h"
 
 namespace tessera::viewer {
@@ -77,7 +77,7 @@ std::string encode_jpeg(const cv::Mat& rgb, int quality) {
   cv::Mat bgr;
   cv::cvtColor(rgb, bgr, cv::COLOR_RGB2BGR);
   std::vector<unsigned char> bytes;
-  if (!io::imgcodecs::imencode(".jpg", bgr, bytes, {cv::IMWRITE_JPEG_QUALITY, quality})) {
+  if (!cv::imencode(".jpg", bgr, bytes, {cv::IMWRITE_JPEG_QUALITY, quality})) {
     throw core::InternalError("JPEG encoding of a viewer tile failed");
   }
   return {bytes.begin(), bytes.end()};
@@ -88,7 +88,7 @@ std::string encode_png(const cv::Mat& rgba) {
   cv::cvtColor(rgba, bgra, cv::COLOR_RGBA2BGRA);
   std::vector<unsigned char> bytes;
   // Level 1: these tiles are flat colour and compress well at once; the time goes to the viewer's latency.
-  if (!io::imgcodecs::imencode(".png", bgra, bytes, {cv::IMWRITE_PNG_COMPRESSION, 1})) {
+  if (!cv::imencode(".png", bgra, bytes, {cv::IMWRITE_PNG_COMPRESSION, 1})) {
     throw core::InternalError("PNG encoding of a viewer tile failed");
   }
   return {bytes.begin(), bytes.end()};
