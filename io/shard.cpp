@@ -73,7 +73,42 @@ std::string hdf5_truncated_message(const std::string& desc, std::int64_t actual)
   return "truncated: file has " + std::to_string(actual) + " bytes (HDF5: " + desc + ")";
 }
 
+// A descriptor of `path` for direct writes, and their alignment: file offsets and lengths multiples of `block` (a
+// whole page), memory addresses of `memory`. -1 where the file system does not do direct I/O or does not say with
+// what alignment (statx's STATX_DIOALIGN: Linux 6.1 or later; not tmpfs, NFS or parallel file systems).
+int open_direct_descriptor(const std::string& path, std::uint64_t& block, std::uint64_t& memory) {
+#if defined(__linux__) && defined(STATX_DIOALIGN)
+  const int direct = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  if (direct < 0) return -1;
+  struct statx info {};
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (::statx(direct, "", AT_EMPTY_PATH, STATX_DIOALIGN, &info) != 0 || (info.stx_mask & STATX_DIOALIGN) == 0 ||
+      info.stx_dio_offset_align == 0 || info.stx_dio_mem_align == 0 || page == 0 ||
+      page % info.stx_dio_offset_align != 0) {
+    ::close(direct);
+    return -1;
+  }
+  block = page;
+  memory = info.stx_dio_mem_align;
+  return direct;
+#else
+  (void)path;
+  (void)block;
+  (void)memory;
+  return -1;
+#endif
+}
+
 }  // namespace
+
+std::uint64_t direct_write_alignment(const std::string& path) {
+  std::uint64_t block = 0;
+  std::uint64_t memory = 0;
+  const int direct = open_direct_descriptor(path, block, memory);
+  if (direct < 0) return 0;
+  ::close(direct);
+  return memory;
+}
 
 // =========================================================================================================
 // ImageBuffer
@@ -164,23 +199,9 @@ struct ShardWriter::Impl {
 
   // Opens the direct descriptor when the file system does direct I/O and says with what alignment (statx).
   void open_direct() {
-#if defined(__linux__) && defined(STATX_DIOALIGN)
-    const int direct = ::open(temporary.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-    if (direct < 0) return;  // no direct I/O here (tmpfs before Linux 6.6, for instance): the page cache it is
-    struct statx info {};
-    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
-    if (::statx(direct, "", AT_EMPTY_PATH, STATX_DIOALIGN, &info) != 0 || (info.stx_mask & STATX_DIOALIGN) == 0 ||
-        info.stx_dio_offset_align == 0 || info.stx_dio_mem_align == 0 || page == 0 ||
-        page % info.stx_dio_offset_align != 0) {
-      ::close(direct);
-      return;
-    }
-    direct_fd = direct;
-    past_hdf5 = true;
     // Whole pages: a page of the file is then written either directly or through the page cache, never both.
-    direct_block = page;
-    direct_memory = info.stx_dio_mem_align;
-#endif
+    direct_fd = open_direct_descriptor(temporary, direct_block, direct_memory);
+    past_hdf5 = direct_fd >= 0;
   }
   void close_direct() {
     // Nothing is buffered on it: each write reached the disk or failed.
@@ -194,7 +215,8 @@ struct ShardWriter::Impl {
   // such writes and, flushed later, would put the window's old bytes back over them. False, with nothing written,
   // when direct writes were never on: the caller writes through HDF5. A direct write refused with nothing written
   // (a file system whose stated alignment does not hold) closes the direct descriptor: the page cache from then on.
-  // Other failures throw.
+  // What a short direct write left is written through the page cache, whose failure then names the cause (a full disk,
+  // the file size limit). Other failures throw.
   bool write_direct(const std::uint8_t* data, std::uint64_t from, std::uint64_t bytes, const Hdf5Checker& h5,
                     const std::string& what) {
     if (!past_hdf5) return false;
@@ -212,7 +234,11 @@ struct ShardWriter::Impl {
           first = pages_from;
           last = pages_to;
           direct_bytes += last - first;
-        } else if (error == EINVAL && done == 0) {
+        } else if (done != 0) {
+          first = pages_from;
+          last = pages_from + done;
+          direct_bytes += done;
+        } else if (error == EINVAL) {
           close_direct();
         } else {
           h5.fail_system(what, error);

@@ -76,6 +76,11 @@ class ImageBuffer {
   std::size_t capacity_ = 0;
 };
 
+// The memory alignment ShardWriter's direct writes need for the existing file `path` (1 or more), or 0 where it
+// writes through the page cache only (not Linux 6.1 or later, or a file system without direct I/O or that
+// does not state its alignment: tmpfs, NFS, parallel file systems).
+std::uint64_t direct_write_alignment(const std::string& path);
+
 class ShardWriter {
  public:
   // Creates `<path>.tmp-<pid>` with datasets sized for exactly `tile_count` tiles of `slides`.

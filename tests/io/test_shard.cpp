@@ -2,9 +2,6 @@
 // and the error for each kind of broken file.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -538,10 +535,17 @@ TEST(ShardWriter, ReplacesAnOlderShardOnlyWhenFinished) {
 }
 
 // Where the file system does direct I/O, tiles from an aligned buffer (io::ImageBuffer) go to the disk directly,
-// the partial pages at a block's ends through the page cache; from an unaligned buffer all of it goes through HDF5.
-// Both shards hold the same tiles. Blocks of uneven sizes, out of order: page boundaries fall inside tiles.
+// the partial pages at a block's ends through the page cache; from an unaligned buffer all of it through the page
+// cache. Both shards hold the same tiles. Blocks of uneven sizes, out of order: page boundaries fall inside tiles.
 TEST(ShardWriter, DirectWritesGiveTheSameTiles) {
   TempDir dir;
+  // The writer's own condition for direct writes, on a file of this folder.
+  std::ofstream(dir.file("probe")).put('x');
+  const std::uint64_t alignment = io::direct_write_alignment(dir.file("probe"));
+  if (alignment == 0) {
+    GTEST_SKIP() << "no direct writes in " << dir.path()
+                 << " (needs Linux 6.1 or later and a file system stating its direct-I/O alignment, e.g. ext4, XFS)";
+  }
   constexpr int t = 96;  // 27,648 bytes: 6.75 pages
   constexpr std::int64_t n = 150;
   const std::size_t tile_bytes = static_cast<std::size_t>(t) * t * 3;
@@ -565,12 +569,11 @@ TEST(ShardWriter, DirectWritesGiveTheSameTiles) {
     return direct;
   };
   const std::uint64_t direct = write(dir.file("direct.h5"), true);
-  EXPECT_EQ(write(dir.file("buffered.h5"), false), 0u) << "an unaligned buffer goes through HDF5";
-  // Does this folder's file system do direct I/O? The writer must then have used it.
-  const int probe = ::open(dir.file("probe").c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
-  if (probe >= 0) {
-    ::close(probe);
-    EXPECT_GT(direct, n * tile_bytes / 2) << "most pages written directly";
+  const std::uint64_t unaligned = write(dir.file("buffered.h5"), false);
+  EXPECT_GT(direct, n * tile_bytes / 2) << "most pages written directly";
+  // One byte past an aligned address is unaligned unless any address will do.
+  if (alignment > 1) {
+    EXPECT_EQ(unaligned, 0u) << "an unaligned buffer goes through the page cache";
   }
 
   const auto a = io::ShardFile::open(dir.file("direct.h5"));
