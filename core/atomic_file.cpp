@@ -21,6 +21,18 @@ void remove_quietly(const std::string& temporary) {
 
 }  // namespace
 
+int pwrite_all(int fd, const void* data, std::uint64_t bytes, std::uint64_t offset, std::uint64_t& done) {
+  const auto* from = static_cast<const char*>(data);
+  done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd, from + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n == 0 ? ENOSPC : errno;
+    done += static_cast<std::uint64_t>(n);
+  }
+  return 0;
+}
+
 std::string temporary_name(const std::string& path) { return path + ".tmp-" + std::to_string(::getpid()); }
 
 void sync_file(const std::string& path) {
@@ -60,20 +72,13 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   const std::string temporary = temporary_name(path);
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   check_errno(fd >= 0, "cannot create '" + temporary + "'");
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) {
-      if (wrote == 0) errno = ENOSPC;
-      const int saved = errno;
-      ::close(fd);
-      errno = saved;
-      remove_quietly(temporary);
-      check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(done) + " of " +
-                             std::to_string(bytes.size()) + " bytes written)");
-    }
-    done += static_cast<std::size_t>(wrote);
+  std::uint64_t done = 0;
+  if (const int error = pwrite_all(fd, bytes.data(), bytes.size(), 0, done); error != 0) {
+    ::close(fd);
+    errno = error;
+    remove_quietly(temporary);
+    check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(done) + " of " +
+                           std::to_string(bytes.size()) + " bytes written)");
   }
   const bool synced = ::fsync(fd) == 0;
   int saved = errno;

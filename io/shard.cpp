@@ -229,7 +229,8 @@ struct ShardWriter::Impl {
       const std::uint64_t pages_to = end / direct_block * direct_block;
       if (pages_from < pages_to && reinterpret_cast<std::uintptr_t>(data + (pages_from - begin)) % direct_memory == 0) {
         std::uint64_t done = 0;
-        const int error = write_all(direct_fd, data + (pages_from - begin), pages_to - pages_from, pages_from, done);
+        const int error =
+            core::pwrite_all(direct_fd, data + (pages_from - begin), pages_to - pages_from, pages_from, done);
         if (error == 0) {
           first = pages_from;
           last = pages_to;
@@ -247,25 +248,12 @@ struct ShardWriter::Impl {
     }
     std::uint64_t done = 0;
     for (const auto& [at, length] : {std::pair{begin, first - begin}, std::pair{last, end - last}}) {
-      if (const int error = write_all(fd, data + (at - begin), length, at, done); error != 0) {
+      if (const int error = core::pwrite_all(fd, data + (at - begin), length, at, done); error != 0) {
         h5.fail_system(what, error);
       }
     }
     if (first == last) images_written(from, bytes);
     return true;
-  }
-  // pwrite until all is written; the errno of a failure (ENOSPC for a write that wrote nothing), else 0. `done` gets
-  // the bytes written.
-  static int write_all(int to, const std::uint8_t* data, std::uint64_t bytes, std::uint64_t offset,
-                       std::uint64_t& done) {
-    done = 0;
-    while (done < bytes) {
-      const ssize_t n = ::pwrite(to, data + done, bytes - done, static_cast<off_t>(offset + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return n == 0 ? ENOSPC : errno;
-      done += static_cast<std::uint64_t>(n);
-    }
-    return 0;
   }
 
   void close_quietly() {

@@ -226,14 +226,15 @@ void area_average(const cv::Mat& src, cv::Mat& dst, int factor) {
   constexpr int kChannels = 3;
   const int cols = src.cols / factor;
   const int rows = src.rows / factor;
+  const cv::Mat source = src;  // its pixels stay held if `dst` is `src` and create() replaces them
   dst.create(rows, cols, CV_8UC3);
   const float scale = 1.f / static_cast<float>(factor * factor);  // as OpenCV computes it
-  const auto width = static_cast<std::size_t>(src.cols) * kChannels;
+  const auto width = static_cast<std::size_t>(source.cols) * kChannels;
   std::vector<int> sums(width);  // per source column and channel: the sum over the block's rows
   for (int r = 0; r < rows; ++r) {
     std::fill(sums.begin(), sums.end(), 0);
     for (int i = 0; i < factor; ++i) {
-      const auto* in = src.ptr<std::uint8_t>(r * factor + i);
+      const auto* in = source.ptr<std::uint8_t>(r * factor + i);
       for (std::size_t x = 0; x < width; ++x) sums[x] += in[x];
     }
     auto* out = dst.ptr<std::uint8_t>(r);

@@ -95,15 +95,20 @@ cv::Mat1b two_sections() {
 }
 
 // The mask's area average from a level an integer factor finer: OpenCV's INTER_AREA pixels exactly (its naive twin),
-// on odd sizes, random pixels (fixed seed) and every sum a block can have, written whole or into a view.
+// on odd sizes, random pixels (fixed seed), blocks of one value and blocks exactly halfway between two values,
+// written whole, into a view, or over its own source.
 TEST(Tissue, AreaAverageGivesOpenCvsPixels) {
   cv::RNG rng(19);
   for (const int factor : {3, 4, 5, 6, 8}) {
     for (const cv::Size size : {cv::Size(1, 1), cv::Size(7, 13), cv::Size(31, 5)}) {
       cv::Mat src(size.height * factor, size.width * factor, CV_8UC3);
       rng.fill(src, cv::RNG::UNIFORM, 0, 256);
-      // Blocks of one value v: sums v·factor², exactly halfway between two levels after scaling when factor² is even.
-      for (int r = 0; r < std::min(src.rows, 2 * factor); ++r) src.row(r).setTo(cv::Scalar(127, 128, 255));
+      // The first row of blocks: half of each block's rows v, half v + 1, so that for an even factor each block's
+      // average is exactly v + ½ (rounded to even, as OpenCV does); the second row of blocks: one value each.
+      for (int r = 0; r < std::min(src.rows, factor); ++r) {
+        src.row(r).setTo(r < factor / 2 ? cv::Scalar(126, 127, 254) : cv::Scalar(127, 128, 255));
+      }
+      for (int r = factor; r < std::min(src.rows, 2 * factor); ++r) src.row(r).setTo(cv::Scalar(127, 128, 255));
       cv::Mat expected;
       cv::resize(src, expected, size, 0, 0, cv::INTER_AREA);
       cv::Mat got;
@@ -115,6 +120,9 @@ TEST(Tissue, AreaAverageGivesOpenCvsPixels) {
       area_average(src, view, factor);
       EXPECT_EQ(view.data, canvas.ptr(1)) << "written into the view";
       EXPECT_EQ(cv::norm(view, expected, cv::NORM_INF), 0.0) << "factor " << factor << ", " << size;
+      cv::Mat same = src.clone();
+      area_average(same, same, factor);
+      EXPECT_EQ(cv::norm(same, expected, cv::NORM_INF), 0.0) << "over its source, factor " << factor << ", " << size;
     }
   }
   cv::Mat out;
