@@ -20,21 +20,6 @@ void remove_quietly(const std::string& temporary) {
   errno = saved;
 }
 
-// Writes all of `bytes` to `fd`, again after a signal; false (errno set) on failure, with `done` bytes written.
-bool write_fully(int fd, std::string_view bytes, std::size_t& done) {
-  done = 0;
-  while (done < bytes.size()) {
-    const ssize_t wrote = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote <= 0) {
-      if (wrote == 0) errno = ENOSPC;
-      return false;
-    }
-    done += static_cast<std::size_t>(wrote);
-  }
-  return true;
-}
-
 // Closes a descriptor when it goes out of scope (release() hands the closing back), keeping errno.
 class FileDescriptor {
  public:
@@ -55,6 +40,18 @@ class FileDescriptor {
 };
 
 }  // namespace
+
+int pwrite_all(int fd, const void* data, std::uint64_t bytes, std::uint64_t offset, std::uint64_t& done) {
+  const auto* from = static_cast<const char*>(data);
+  done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pwrite(fd, from + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n == 0 ? ENOSPC : errno;
+    done += static_cast<std::uint64_t>(n);
+  }
+  return 0;
+}
 
 std::string temporary_name(const std::string& path) { return path + ".tmp-" + std::to_string(::getpid()); }
 
@@ -95,11 +92,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   const std::string temporary = temporary_name(path);
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
   check_errno(fd >= 0, "cannot create '" + temporary + "'");
-  std::size_t done = 0;
-  if (!write_fully(fd, bytes, done)) {
-    const int saved = errno;
+  std::uint64_t done = 0;
+  if (const int error = pwrite_all(fd, bytes.data(), bytes.size(), 0, done); error != 0) {
     ::close(fd);
-    errno = saved;
+    errno = error;
     remove_quietly(temporary);
     check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(done) + " of " +
                            std::to_string(bytes.size()) + " bytes written)");
@@ -137,10 +133,12 @@ void write_atomic_stream(const std::string& path, const std::function<void(const
     FileDescriptor fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
     check_errno(fd.get() >= 0, "cannot create '" + temporary + "'");
     std::string gathered;
-    std::size_t written = 0;
+    std::uint64_t written = 0;
     const auto flush = [&] {
-      std::size_t done = 0;
-      check_errno(write_fully(fd.get(), gathered, done),
+      std::uint64_t done = 0;
+      const int error = pwrite_all(fd.get(), gathered.data(), gathered.size(), written, done);
+      errno = error;
+      check_errno(error == 0,
                   "cannot write '" + temporary + "' (" + std::to_string(written + done) + " bytes written)");
       written += gathered.size();
       gathered.clear();

@@ -15,6 +15,7 @@
 // the temporary file is removed and the old file, if any, is left as it was.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -35,6 +36,10 @@ void sync_folder_of(const std::string& path);
 // Publishes a complete, closed `temporary` as `path`: sync_file, rename over `path`, sync_folder_of. On failure
 // the temporary file is removed.
 void publish_file(const std::string& temporary, const std::string& path);
+
+// pwrite of `bytes` from `data` at `offset` of descriptor `fd` until all is written (a short write continues, EINTR
+// retries): 0, or the errno of the failure (ENOSPC for a write that wrote nothing). `done` gets the bytes written.
+int pwrite_all(int fd, const void* data, std::uint64_t bytes, std::uint64_t offset, std::uint64_t& done);
 
 // Writes `bytes` to `path` atomically and durably.
 void write_file_atomic(const std::string& path, std::string_view bytes);

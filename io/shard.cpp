@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <sstream>
 #include <utility>
 
@@ -72,7 +73,58 @@ std::string hdf5_truncated_message(const std::string& desc, std::int64_t actual)
   return "truncated: file has " + std::to_string(actual) + " bytes (HDF5: " + desc + ")";
 }
 
+// A descriptor of `path` for direct writes, and their alignment: file offsets and lengths multiples of `block` (a
+// whole page), memory addresses of `memory`. -1 where the file system does not do direct I/O or does not say with
+// what alignment (statx's STATX_DIOALIGN: Linux 6.1 or later; not tmpfs, NFS or parallel file systems).
+int open_direct_descriptor(const std::string& path, std::uint64_t& block, std::uint64_t& memory) {
+#if defined(__linux__) && defined(STATX_DIOALIGN)
+  const int direct = ::open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  if (direct < 0) return -1;
+  struct statx info {};
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (::statx(direct, "", AT_EMPTY_PATH, STATX_DIOALIGN, &info) != 0 || (info.stx_mask & STATX_DIOALIGN) == 0 ||
+      info.stx_dio_offset_align == 0 || info.stx_dio_mem_align == 0 || page == 0 ||
+      page % info.stx_dio_offset_align != 0) {
+    ::close(direct);
+    return -1;
+  }
+  block = page;
+  memory = info.stx_dio_mem_align;
+  return direct;
+#else
+  (void)path;
+  (void)block;
+  (void)memory;
+  return -1;
+#endif
+}
+
 }  // namespace
+
+std::uint64_t direct_write_alignment(const std::string& path) {
+  std::uint64_t block = 0;
+  std::uint64_t memory = 0;
+  const int direct = open_direct_descriptor(path, block, memory);
+  if (direct < 0) return 0;
+  ::close(direct);
+  return memory;
+}
+
+// =========================================================================================================
+// ImageBuffer
+
+void ImageBuffer::Free::operator()(std::uint8_t* p) const { std::free(p); }
+
+void ImageBuffer::resize(std::size_t bytes) {
+  if (bytes > capacity_) {
+    const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    auto* memory = static_cast<std::uint8_t*>(std::aligned_alloc(kAlignment, rounded));
+    if (memory == nullptr) throw std::bad_alloc();
+    data_.reset(memory);
+    capacity_ = rounded;
+  }
+  size_ = bytes;
+}
 
 // =========================================================================================================
 // ShardWriter
@@ -104,9 +156,20 @@ struct ShardWriter::Impl {
   std::int64_t written_count = 0;
   bool finished = false;
 
-  // The file's descriptor (HDF5's sec2 driver only; else -1) and the images' file offset, for images_written().
+  // The file's descriptor (HDF5's sec2 driver only; else -1) and the images' file offset, for images_written() and
+  // write_direct().
   int fd = -1;
   std::uint64_t images_offset = 0;
+  bool writeback_hints = true;  // false once sync_file_range proved unsupported for this file
+  // Direct image writes (Linux, O_DIRECT): a second descriptor of the temporary file, through which write_direct()
+  // hands the whole file pages of a block of tiles to the disk straight from the caller's memory, without the
+  // kernel's copy into the page cache (after decoding, the extract phase's largest cost). -1: none (not Linux,
+  // another HDF5 driver, a file system without direct I/O, or a direct write refused).
+  int direct_fd = -1;
+  std::uint64_t direct_block = 0;   // file offsets and lengths of direct writes are multiples of this
+  std::uint64_t direct_memory = 0;  // and their memory addresses
+  std::uint64_t direct_bytes = 0;   // image bytes written directly so far
+  bool past_hdf5 = false;           // true once direct_fd was opened: write_direct() then writes all images
   // Image bytes written since the kernel was last asked to write them out: [pending_from, + pending_bytes).
   std::uint64_t pending_from = 0;
   std::uint64_t pending_bytes = 0;
@@ -117,7 +180,7 @@ struct ShardWriter::Impl {
   // than one that writes all of it then; asking in large pieces keeps the requests few. Only a hint: a failure
   // here is the sync's to report.
   void images_written(std::uint64_t from, std::uint64_t bytes) {
-    if (fd < 0 || bytes == 0) return;
+    if (fd < 0 || !writeback_hints || bytes == 0) return;
     if (pending_bytes > 0 && from != pending_from + pending_bytes) start_writeback();
     if (pending_bytes == 0) pending_from = from;
     pending_bytes += bytes;
@@ -128,13 +191,73 @@ struct ShardWriter::Impl {
     if (::sync_file_range(fd, static_cast<off_t>(images_offset + pending_from), static_cast<off_t>(pending_bytes),
                           SYNC_FILE_RANGE_WRITE) != 0 &&
         (errno == ENOSYS || errno == EINVAL || errno == ESPIPE)) {
-      fd = -1;  // not supported for this file: stop asking
+      writeback_hints = false;  // not supported for this file: stop asking
     }
 #endif
     pending_bytes = 0;
   }
 
+  // Opens the direct descriptor when the file system does direct I/O and says with what alignment (statx).
+  void open_direct() {
+    // Whole pages: a page of the file is then written either directly or through the page cache, never both.
+    direct_fd = open_direct_descriptor(temporary, direct_block, direct_memory);
+    past_hdf5 = direct_fd >= 0;
+  }
+  void close_direct() {
+    // Nothing is buffered on it: each write reached the disk or failed.
+    if (direct_fd >= 0) ::close(direct_fd);
+    direct_fd = -1;
+  }
+
+  // Writes image bytes [from, from + bytes) of `data` past HDF5 once the direct descriptor was opened: the whole
+  // file pages among them through it when `data` is aligned for it, the rest through the file's own descriptor (the
+  // page cache). From then on HDF5 never writes images: its data-sieve buffer holds a window of the file read before
+  // such writes and, flushed later, would put the window's old bytes back over them. False, with nothing written,
+  // when direct writes were never on: the caller writes through HDF5. A direct write refused with nothing written
+  // (a file system whose stated alignment does not hold) closes the direct descriptor: the page cache from then on.
+  // What a short direct write left is written through the page cache, whose failure then names the cause (a full disk,
+  // the file size limit). Other failures throw.
+  bool write_direct(const std::uint8_t* data, std::uint64_t from, std::uint64_t bytes, const Hdf5Checker& h5,
+                    const std::string& what) {
+    if (!past_hdf5) return false;
+    const std::uint64_t begin = images_offset + from;
+    const std::uint64_t end = begin + bytes;
+    std::uint64_t first = begin;  // [first, last): written directly
+    std::uint64_t last = begin;
+    if (direct_fd >= 0) {
+      const std::uint64_t pages_from = (begin + direct_block - 1) / direct_block * direct_block;
+      const std::uint64_t pages_to = end / direct_block * direct_block;
+      if (pages_from < pages_to && reinterpret_cast<std::uintptr_t>(data + (pages_from - begin)) % direct_memory == 0) {
+        std::uint64_t done = 0;
+        const int error =
+            core::pwrite_all(direct_fd, data + (pages_from - begin), pages_to - pages_from, pages_from, done);
+        if (error == 0) {
+          first = pages_from;
+          last = pages_to;
+          direct_bytes += last - first;
+        } else if (done != 0) {
+          first = pages_from;
+          last = pages_from + done;
+          direct_bytes += done;
+        } else if (error == EINVAL) {
+          close_direct();
+        } else {
+          h5.fail_system(what, error);
+        }
+      }
+    }
+    std::uint64_t done = 0;
+    for (const auto& [at, length] : {std::pair{begin, first - begin}, std::pair{last, end - last}}) {
+      if (const int error = core::pwrite_all(fd, data + (at - begin), length, at, done); error != 0) {
+        h5.fail_system(what, error);
+      }
+    }
+    if (first == last) images_written(from, bytes);
+    return true;
+  }
+
   void close_quietly() {
+    close_direct();
     artefacts.close();
     slide_index.close();
     coords.close();
@@ -195,6 +318,7 @@ ShardWriter::ShardWriter(const std::string& path, const ShardAttributes& attribu
     const haddr_t images_offset = H5Dget_offset(impl.images.get());
     if (images_offset == HADDR_UNDEF) impl.fd = -1;  // no offset (an empty shard): nothing to write back
     impl.images_offset = static_cast<std::uint64_t>(images_offset);
+    if (impl.fd >= 0) impl.open_direct();
     impl.labels = hdf5::create_dataset<std::uint8_t>(h5, file, "labels", {hn});
     impl.fractions = hdf5::create_dataset<float>(h5, file, "tumor_fraction", {hn});
     impl.coords = hdf5::create_dataset<std::int64_t>(h5, file, "coords", {hn, 2});
@@ -248,21 +372,26 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
 
   QuietHdf5 quiet;
   const Hdf5Checker h5(impl.path, core::ErrorKind::internal);
-  const auto t = static_cast<hsize_t>(impl.attributes.tile_size);
-  const hsize_t start[4] = {static_cast<hsize_t>(first), 0, 0, 0};
-  const hsize_t extent[4] = {static_cast<hsize_t>(count), t, t, static_cast<hsize_t>(rgb_channels)};
-  Handle file_space = h5.own(H5Dget_space(impl.images.get()), H5Sclose, "cannot write tiles");
-  h5.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
-           "cannot select tiles");
-  Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
   const std::string what = "cannot write tiles " + std::to_string(first) + ".." + std::to_string(first + count - 1);
   // Fault point "shard.write" (core/fault.h): do=enospc|eio fails this block of tiles as a full disk or a failing
   // device would, through the same error as a failing H5Dwrite.
   if (const int error = core::fault::error_at("shard.write"); error != 0) h5.fail_system(what, error);
-  h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
-           what);
-  impl.images_written(static_cast<std::uint64_t>(first) * impl.tile_bytes,
-                      static_cast<std::uint64_t>(count) * impl.tile_bytes);
+  const std::uint64_t from = static_cast<std::uint64_t>(first) * impl.tile_bytes;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(count) * impl.tile_bytes;
+  // The images are contiguous at a fixed offset (allocated at creation, never filled): the same bytes land in the
+  // same place whether written past HDF5 or through H5Dwrite.
+  if (!impl.write_direct(images, from, bytes, h5, what)) {
+    const auto t = static_cast<hsize_t>(impl.attributes.tile_size);
+    const hsize_t start[4] = {static_cast<hsize_t>(first), 0, 0, 0};
+    const hsize_t extent[4] = {static_cast<hsize_t>(count), t, t, static_cast<hsize_t>(rgb_channels)};
+    Handle file_space = h5.own(H5Dget_space(impl.images.get()), H5Sclose, "cannot write tiles");
+    h5.check(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr),
+             "cannot select tiles");
+    Handle memory_space = h5.own(H5Screate_simple(4, extent, nullptr), H5Sclose, "cannot write tiles");
+    h5.check(H5Dwrite(impl.images.get(), H5T_NATIVE_UINT8, memory_space.get(), file_space.get(), H5P_DEFAULT, images),
+             what);
+    impl.images_written(from, bytes);
+  }
 
   for (std::int64_t k = 0; k < count; ++k) {
     const auto i = static_cast<std::size_t>(first + k);
@@ -279,6 +408,8 @@ void ShardWriter::write(std::int64_t first, const std::vector<ShardTileRecord>& 
     }
   }
 }
+
+std::uint64_t ShardWriter::direct_bytes() const { return impl_->direct_bytes; }
 
 void ShardWriter::write(std::int64_t index, const ShardTileRecord& record, const cv::Mat& rgb) {
   const int t = impl_->attributes.tile_size;
@@ -316,6 +447,7 @@ void ShardWriter::finish() {
     h5.close(impl.labels, "cannot close dataset 'labels'");
     h5.close(impl.images, "cannot close dataset 'images'");
     h5.close(impl.file, "cannot close the shard");
+    impl.close_direct();
   }
   // HDF5 does not sync on close: publish_file makes the data durable before the rename publishes it.
   core::publish_file(impl.temporary, impl.path);

@@ -58,6 +58,29 @@ struct ShardTileRecord {
   std::uint16_t artefacts = 0;  // written only when ShardAttributes::artefacts
 };
 
+// Memory for blocks of tiles to write (ShardWriter::write), aligned for direct writes to the disk.
+class ImageBuffer {
+ public:
+  static constexpr std::size_t kAlignment = 4096;
+  // `bytes` of memory; what it held is kept only when it is not larger than before.
+  void resize(std::size_t bytes);
+  std::uint8_t* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(std::uint8_t* p) const;
+  };
+  std::unique_ptr<std::uint8_t, Free> data_;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+};
+
+// The memory alignment ShardWriter's direct writes need for the existing file `path` (1 or more), or 0 where it
+// writes through the page cache only (not Linux 6.1 or later, or a file system without direct I/O or that
+// does not state its alignment: tmpfs, NFS, parallel file systems).
+std::uint64_t direct_write_alignment(const std::string& path);
+
 class ShardWriter {
  public:
   // Creates `<path>.tmp-<pid>` with datasets sized for exactly `tile_count` tiles of `slides`.
@@ -68,12 +91,16 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Writes tiles [first, first + records.size()): `images` holds records.size() RGB tiles back to back
-  // (T·T·3 bytes each, C-order [n][y][x][c]).
+  // (T·T·3 bytes each, C-order [n][y][x][c]). Where the file system does direct I/O (Linux: O_DIRECT, its alignment
+  // from statx) and `images` is aligned for it (an ImageBuffer is), the whole file pages of the block go to the disk
+  // straight from `images`, without a copy into the page cache; the rest goes through it. The file is the same.
   void write(std::int64_t first, const std::vector<ShardTileRecord>& records, const std::uint8_t* images);
   // Convenience for one tile from a CV_8UC3 T×T RGB image.
   void write(std::int64_t index, const ShardTileRecord& record, const cv::Mat& rgb);
   // Checks that every tile was written, flushes, closes and renames into place.
   void finish();
+  // Image bytes written directly so far (the rest went through the page cache).
+  std::uint64_t direct_bytes() const;
 
  private:
   struct Impl;

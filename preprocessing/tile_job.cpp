@@ -468,7 +468,7 @@ class Extractor {
     struct Batch {
       std::int64_t first = 0;
       std::vector<io::ShardTileRecord> records;
-      std::vector<std::uint8_t> images;
+      io::ImageBuffer images;  // aligned: the writer hands it to the disk directly
       std::vector<char> kept;  // per tile: its pixels go into the checksum (not dropped as damaged)
     };
     std::array<Batch, 2> batches;

@@ -173,6 +173,19 @@ void fill_small_holes(cv::Mat1b& mask, double max_area) {
   }
 }
 
+// `region` area-averaged to `size` (cv::INTER_AREA) into `out` (which may be a view): area_average() when the sizes
+// differ by one integer factor of 3 or more, as they do between levels of a pyramid of power-of-two steps (the mask
+// reads a level 4x finer than itself).
+void resize_area(const cv::Mat& region, cv::Mat& out, const cv::Size& size) {
+  const int factor = size.width > 0 ? region.cols / size.width : 0;
+  if (factor >= 3 && region.type() == CV_8UC3 && region.cols == size.width * factor &&
+      region.rows == size.height * factor) {
+    area_average(region, out, factor);
+  } else {
+    cv::resize(region, out, size, 0, 0, cv::INTER_AREA);
+  }
+}
+
 // The whole slide as a cols×rows RGB image, area-averaged from `level`, read in bands of bounded size.
 cv::Mat read_whole_slide(const io::Slide& slide, int level, int cols, int rows) {
   const io::SlideLevel& l = slide.level(level);
@@ -183,7 +196,7 @@ cv::Mat read_whole_slide(const io::Slide& slide, int level, int cols, int rows) 
     cv::Mat region = slide.read_region(0, 0, level, lw, lh);
     if (region.size() == size) return region;
     cv::Mat resized;
-    cv::resize(region, resized, size, 0, 0, cv::INTER_AREA);
+    resize_area(region, resized, size);
     return resized;
   }
   // Bands of whole mask rows; each band reads the level rows under it (rounded outward).
@@ -198,12 +211,42 @@ cv::Mat read_whole_slide(const io::Slide& slide, int level, int cols, int rows) 
     cv::Mat region = slide.read_region(0, std::llround(static_cast<double>(ly0) * l.downsample), level, lw,
                                        std::max<std::int64_t>(1, ly1 - ly0));
     cv::Mat band = out.rowRange(r0, r1);
-    cv::resize(region, band, cv::Size(cols, r1 - r0), 0, 0, cv::INTER_AREA);
+    resize_area(region, band, cv::Size(cols, r1 - r0));
   }
   return out;
 }
 
 }  // namespace
+
+void area_average(const cv::Mat& src, cv::Mat& dst, int factor) {
+  if (src.type() != CV_8UC3 || factor < 3 || src.cols % factor != 0 || src.rows % factor != 0) {
+    throw core::InternalError(
+        "area_average needs a factor of 3 or more and an RGB CV_8UC3 image whose sides are multiples of it");
+  }
+  constexpr int kChannels = 3;
+  const int cols = src.cols / factor;
+  const int rows = src.rows / factor;
+  const cv::Mat source = src;  // its pixels stay held if `dst` is `src` and create() replaces them
+  dst.create(rows, cols, CV_8UC3);
+  const float scale = 1.f / static_cast<float>(factor * factor);  // as OpenCV computes it
+  const auto width = static_cast<std::size_t>(source.cols) * kChannels;
+  std::vector<int> sums(width);  // per source column and channel: the sum over the block's rows
+  for (int r = 0; r < rows; ++r) {
+    std::fill(sums.begin(), sums.end(), 0);
+    for (int i = 0; i < factor; ++i) {
+      const auto* in = source.ptr<std::uint8_t>(r * factor + i);
+      for (std::size_t x = 0; x < width; ++x) sums[x] += in[x];
+    }
+    auto* out = dst.ptr<std::uint8_t>(r);
+    for (int c = 0; c < cols; ++c) {
+      for (int channel = 0; channel < kChannels; ++channel) {
+        int sum = 0;
+        for (int j = 0; j < factor; ++j) sum += sums[static_cast<std::size_t>((c * factor + j) * kChannels + channel)];
+        out[c * kChannels + channel] = cv::saturate_cast<std::uint8_t>(static_cast<float>(sum) * scale);
+      }
+    }
+  }
+}
 
 double TissueMask::tissue_fraction() const {
   if (mask.empty()) return 0.0;

@@ -57,6 +57,13 @@ enum class SourceLevel {
   nearest,
 };
 
+// cv::resize(src, dst, src.size() / factor, 0, 0, cv::INTER_AREA) for an RGB CV_8UC3 `src` whose width and height
+// are `factor` (≥ 3) times dst's: the same pixels (OpenCV's integer-factor area path: each pixel the sum of its
+// factor × factor block times 1/factor², rounded by cv::saturate_cast), at a fraction of the cost (that path gathers
+// each block pixel by pixel; only a factor of 2 has a vectorized path, which rounds halves up, and stays OpenCV's).
+// `dst` may be a view into a larger image.
+void area_average(const cv::Mat& src, cv::Mat& dst, int factor);
+
 // The whole slide as an RGB image at about `mpp` µm/px (never finer than level 0), area-averaged from the level
 // `source` picks and read in bands of bounded size; `downsample` gets the level-0 pixels per image pixel (exact
 // along x). InputError naming the slide when the image would be too large.

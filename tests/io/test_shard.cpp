@@ -534,6 +534,109 @@ TEST(ShardWriter, ReplacesAnOlderShardOnlyWhenFinished) {
   EXPECT_EQ(folder_listing(dir.path()), std::vector<std::string>{"shard.h5"});
 }
 
+// Where the file system does direct I/O, tiles from an aligned buffer (io::ImageBuffer) go to the disk directly,
+// the partial pages at a block's ends through the page cache; from an unaligned buffer all of it through the page
+// cache. Both shards hold the same tiles. Blocks of uneven sizes, out of order: page boundaries fall inside tiles.
+TEST(ShardWriter, DirectWritesGiveTheSameTiles) {
+  TempDir dir;
+  // The writer's own condition for direct writes, on a file of this folder.
+  std::ofstream(dir.file("probe")).put('x');
+  const std::uint64_t alignment = io::direct_write_alignment(dir.file("probe"));
+  if (alignment == 0) {
+    GTEST_SKIP() << "no direct writes in " << dir.path()
+                 << " (needs Linux 6.1 or later and a file system stating its direct-I/O alignment, e.g. ext4, XFS)";
+  }
+  constexpr int t = 96;  // 27,648 bytes: 6.75 pages
+  constexpr std::int64_t n = 150;
+  const std::size_t tile_bytes = static_cast<std::size_t>(t) * t * 3;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> blocks = {{64, 64}, {0, 1}, {1, 63}, {128, 22}};
+  const auto write = [&](const std::string& path, bool aligned) {
+    io::ShardWriter writer(path, attributes(t), n, slide_ids);
+    io::ImageBuffer buffer;
+    for (const auto& [first, count] : blocks) {
+      buffer.resize(static_cast<std::size_t>(count) * tile_bytes + 1);
+      std::uint8_t* images = buffer.data() + (aligned ? 0 : 1);
+      std::vector<io::ShardTileRecord> records;
+      for (std::int64_t i = first; i < first + count; ++i) {
+        const auto pixels = tile_pixels(i, t);
+        std::copy(pixels.begin(), pixels.end(), images + static_cast<std::size_t>(i - first) * tile_bytes);
+        records.push_back(tile_record(i, slide_of(i)));
+      }
+      writer.write(first, records, images);
+    }
+    const std::uint64_t direct = writer.direct_bytes();
+    writer.finish();
+    return direct;
+  };
+  const std::uint64_t direct = write(dir.file("direct.h5"), true);
+  const std::uint64_t unaligned = write(dir.file("buffered.h5"), false);
+  EXPECT_GT(direct, n * tile_bytes / 2) << "most pages written directly";
+  // One byte past an aligned address is unaligned unless any address will do.
+  if (alignment > 1) {
+    EXPECT_EQ(unaligned, 0u) << "an unaligned buffer goes through the page cache";
+  }
+
+  const auto a = io::ShardFile::open(dir.file("direct.h5"));
+  const auto b = io::ShardFile::open(dir.file("buffered.h5"));
+  EXPECT_EQ(fs::file_size(dir.file("direct.h5")), fs::file_size(dir.file("buffered.h5")));
+  std::vector<std::uint8_t> from_a(static_cast<std::size_t>(n) * tile_bytes);
+  std::vector<std::uint8_t> from_b(from_a.size());
+  a.read_images(0, n, from_a.data());
+  b.read_images(0, n, from_b.data());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto expected = tile_pixels(i, t);
+    const auto at = static_cast<std::ptrdiff_t>(i) * static_cast<std::ptrdiff_t>(tile_bytes);
+    ASSERT_TRUE(std::equal(expected.begin(), expected.end(), from_a.begin() + at)) << "direct, tile " << i;
+    ASSERT_TRUE(std::equal(expected.begin(), expected.end(), from_b.begin() + at)) << "buffered, tile " << i;
+  }
+  EXPECT_EQ(a.labels(), b.labels());
+  EXPECT_EQ(a.coords(), b.coords());
+  EXPECT_EQ(a.slide_indices(), b.slide_indices());
+}
+
+// One tile per write, as `shards.write_batch: 1` writes from an aligned ImageBuffer and a slide's rewrite without
+// its damaged tiles writes from a std::vector: where 3t² is not a multiple of the direct-write alignment, some blocks
+// can go directly and some cannot, in one shard. Every tile must read back as written (HDF5's data-sieve buffer
+// once wrote a window read before the direct writes back over them).
+TEST(ShardWriter, SingleTileWritesAlignedOrNotKeepEveryTile) {
+  TempDir dir;
+  constexpr std::int64_t n = 40;
+  for (const int t : {112, 100}) {
+    const std::size_t tile_bytes = static_cast<std::size_t>(t) * t * 3;
+    std::vector<std::uint8_t> all(static_cast<std::size_t>(n) * tile_bytes);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto pixels = tile_pixels(i, t);
+      std::copy(pixels.begin(), pixels.end(), all.begin() + static_cast<std::ptrdiff_t>(i * tile_bytes));
+    }
+    for (const std::string source : {"buffer", "vector", "both"}) {
+      const std::string path = dir.file(source + "-" + std::to_string(t) + ".h5");
+      {
+        io::ShardWriter writer(path, attributes(t), n, slide_ids);
+        io::ImageBuffer buffer;
+        buffer.resize(tile_bytes);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::uint8_t* tile = all.data() + static_cast<std::size_t>(i) * tile_bytes;
+          if (source == "buffer" || (source == "both" && i % 3 != 0)) {
+            std::copy(tile, tile + tile_bytes, buffer.data());
+            tile = buffer.data();
+          }
+          writer.write(i, {tile_record(i, slide_of(i))}, tile);
+        }
+        writer.finish();
+      }
+      const auto shard = io::ShardFile::open(path);
+      std::vector<std::uint8_t> back(all.size());
+      shard.read_images(0, n, back.data());
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto at = static_cast<std::ptrdiff_t>(i * tile_bytes);
+        ASSERT_TRUE(
+            std::equal(all.begin() + at, all.begin() + at + static_cast<std::ptrdiff_t>(tile_bytes), back.begin() + at))
+            << "tile " << i << " of " << path;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Broken files
 
@@ -753,7 +856,7 @@ io::Manifest sample_manifest() {
   m.attributes = attributes(256);
   m.shards = {{"shard-00000.h5", 1000, 700, 300, {"a", "b"}}, {"shard-00001.h5", 12, 12, 0, {"b"}}};
   m.slides = {{"a", "/data/a.svs", "tumor", "train", 600, 300, 300}, {"b", "/data/b b.tif", "", "", 412, 412, 0}};
-  m.slides[0].origin = "synthetic";  // slide b: a manifest from before origins were recorded
+  m.slides[0].origin = "synthetic";                   // slide b: a manifest from before origins were recorded
   m.slides[0].qc_dropped_tiles = {{"pen_green", 7}};  // slide b: none (QC off, or a manifest from before)
   m.slides[0].qc_kept_tiles = {{"fold", 3}, {"pen_red", 2}};
   m.failures = {{"c", "file '/data/c.svs': openslide: cannot read tile"}};

@@ -9,6 +9,7 @@
 
 #include <opencv2/imgproc.hpp>
 
+#include "core/error.h"
 #include "io/slide.h"
 #include "io/tiff_writer.h"
 #include "synth/synth.h"
@@ -91,6 +92,42 @@ cv::Mat1b two_sections() {
   const std::vector<cv::Point> pentagon = {{2900, 600}, {3700, 900}, {3600, 1900}, {2800, 2200}, {2500, 1300}};
   cv::fillPoly(shape, std::vector<std::vector<cv::Point>>{pentagon}, cv::Scalar(255));
   return shape;
+}
+
+// The mask's area average from a level an integer factor finer: OpenCV's INTER_AREA pixels exactly (its naive twin),
+// on odd sizes, random pixels (fixed seed), blocks of one value and blocks exactly halfway between two values,
+// written whole, into a view, or over its own source.
+TEST(Tissue, AreaAverageGivesOpenCvsPixels) {
+  cv::RNG rng(19);
+  for (const int factor : {3, 4, 5, 6, 8}) {
+    for (const cv::Size size : {cv::Size(1, 1), cv::Size(7, 13), cv::Size(31, 5)}) {
+      cv::Mat src(size.height * factor, size.width * factor, CV_8UC3);
+      rng.fill(src, cv::RNG::UNIFORM, 0, 256);
+      // The first row of blocks: half of each block's rows v, half v + 1, so that for an even factor each block's
+      // average is exactly v + ½ (rounded to even, as OpenCV does); the second row of blocks: one value each.
+      for (int r = 0; r < std::min(src.rows, factor); ++r) {
+        src.row(r).setTo(r < factor / 2 ? cv::Scalar(126, 127, 254) : cv::Scalar(127, 128, 255));
+      }
+      for (int r = factor; r < std::min(src.rows, 2 * factor); ++r) src.row(r).setTo(cv::Scalar(127, 128, 255));
+      cv::Mat expected;
+      cv::resize(src, expected, size, 0, 0, cv::INTER_AREA);
+      cv::Mat got;
+      area_average(src, got, factor);
+      ASSERT_EQ(got.size(), size);
+      EXPECT_EQ(cv::norm(got, expected, cv::NORM_INF), 0.0) << "factor " << factor << ", " << size;
+      cv::Mat canvas(size.height + 2, size.width, CV_8UC3, cv::Scalar::all(7));
+      cv::Mat view = canvas.rowRange(1, size.height + 1);
+      area_average(src, view, factor);
+      EXPECT_EQ(view.data, canvas.ptr(1)) << "written into the view";
+      EXPECT_EQ(cv::norm(view, expected, cv::NORM_INF), 0.0) << "factor " << factor << ", " << size;
+      cv::Mat same = src.clone();
+      area_average(same, same, factor);
+      EXPECT_EQ(cv::norm(same, expected, cv::NORM_INF), 0.0) << "over its source, factor " << factor << ", " << size;
+    }
+  }
+  cv::Mat out;
+  EXPECT_THROW(area_average(cv::Mat(9, 8, CV_8UC3), out, 4), core::InternalError) << "9 rows: not a multiple of 4";
+  EXPECT_THROW(area_average(cv::Mat(8, 8, CV_8UC3), out, 2), core::InternalError) << "a factor of 2 is OpenCV's";
 }
 
 TEST(Tissue, MaskCoversDrawnTissueAndNotGlass) {
