@@ -136,10 +136,10 @@ void write_atomic_stream(const std::string& path, const std::function<void(const
     std::uint64_t written = 0;
     const auto flush = [&] {
       std::uint64_t done = 0;
-      const int error = pwrite_all(fd.get(), gathered.data(), gathered.size(), written, done);
-      errno = error;
-      check_errno(error == 0,
-                  "cannot write '" + temporary + "' (" + std::to_string(written + done) + " bytes written)");
+      if (const int error = pwrite_all(fd.get(), gathered.data(), gathered.size(), written, done); error != 0) {
+        errno = error;
+        check_errno(false, "cannot write '" + temporary + "' (" + std::to_string(written + done) + " bytes written)");
+      }
       written += gathered.size();
       gathered.clear();
     };

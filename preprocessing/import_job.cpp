@@ -614,11 +614,6 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   // Per group only when some group has more than one patch: else (the patches name no group) each patch is fitted
   // alone, on the way tile and stain.fit: patch take, with no fit ahead of its shard.
   const bool per_group = config.get_string("stain.fit") == "group" && groups.size() < patches.size();
-  auto target = import_stain_target(config, patches, fit, threads);
-  attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
-
-  PatchStains stains(patches, fit, std::move(target), per_group, threads);
-
   const std::string hash = job_hash(config, patches);
   const fs::path state_path = out / ".tessera-import-state.json";
   const fs::path manifest_path = out / "manifest.json";
@@ -672,6 +667,11 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     return {.up_to_date = true, .patches_failed = up_to_date == 2, .patches = manifest.total_tiles()};
   }
   world.barrier();
+
+  // The stain target is fitted only for a job that has patches to write (a finished one returned above).
+  auto target = import_stain_target(config, patches, fit, threads);
+  attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
+  PatchStains stains(patches, fit, std::move(target), per_group, threads);
 
   const auto total = static_cast<std::int64_t>(patches.size());
   const std::int64_t tile_bytes = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size * 3;

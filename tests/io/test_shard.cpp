@@ -600,6 +600,12 @@ TEST(ShardWriter, DirectWritesGiveTheSameTiles) {
 // once wrote a window read before the direct writes back over them).
 TEST(ShardWriter, SingleTileWritesAlignedOrNotKeepEveryTile) {
   TempDir dir;
+  // Direct writes beside HDF5's own are what this checks; without them both runs write through HDF5 alike.
+  std::ofstream(dir.file("probe")).put('x');
+  if (io::direct_write_alignment(dir.file("probe")) == 0) {
+    GTEST_SKIP() << "no direct writes in " << dir.path()
+                 << " (needs Linux 6.1 or later and a file system stating its direct-I/O alignment, e.g. ext4, XFS)";
+  }
   constexpr std::int64_t n = 40;
   for (const int t : {112, 100}) {
     const std::size_t tile_bytes = static_cast<std::size_t>(t) * t * 3;
