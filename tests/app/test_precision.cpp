@@ -80,6 +80,13 @@ Predictions read_predictions(const fs::path& path) {
   return out;
 }
 
+// How many times `line` appears in `log`.
+int times_said(const std::string& log, const std::string& line) {
+  int times = 0;
+  for (auto at = log.find(line); at != std::string::npos; at = log.find(line, at + line.size())) ++times;
+  return times;
+}
+
 // The q-quantile (nearest rank) of the values.
 double quantile(std::vector<double> values, double q) {
   if (values.empty()) return 0.0;
@@ -215,9 +222,7 @@ TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string log = bf16.err + bf16.out;
   const std::string line =
       "precision bf16 needs AVX-512 BF16, and oneDNN's instruction set here is avx2: running in fp32";
-  const auto first = log.find(line);
-  ASSERT_NE(first, std::string::npos) << log;
-  EXPECT_EQ(log.find(line, first + 1), std::string::npos) << "said more than once:\n" << log;
+  ASSERT_EQ(times_said(log, line), 1) << log;
   EXPECT_FALSE(contains(fp32.err + fp32.out, "running in fp32"));
   EXPECT_EQ(read_json(dir_->file("avx2-bf16/predictions.json"))["precision"], "fp32");
   const std::string a = read_text(dir_->file("avx2-fp32/predictions.csv"));
@@ -233,9 +238,7 @@ TEST_F(Precision, WithoutTheInstructionsBf16RunsInFp32WithOneLogLine) {
   const std::string train_line =
       "training in bf16 needs AMX (measured slower than fp32 on AVX-512 BF16 without AMX), and oneDNN's instruction "
       "set here is avx2: training in fp32";
-  const auto at = train_log.find(train_line);
-  ASSERT_NE(at, std::string::npos) << train_log;
-  EXPECT_EQ(train_log.find(train_line, at + 1), std::string::npos) << "said more than once:\n" << train_log;
+  ASSERT_EQ(times_said(train_log, train_line), 1) << train_log;
   EXPECT_TRUE(
       contains(io::read_checkpoint_meta(dir_->file("train-avx2-bf16/checkpoint.h5")).config_yaml, "precision: fp32"));
   EXPECT_TRUE(contains(read_text(dir_->file("train-avx2-bf16/train.config.yaml")), "precision: fp32"));
@@ -340,9 +343,7 @@ TEST_F(Precision, Int8IsCalibratedByQuantizeAndKeepsAucAndHeatmap) {
   const std::string line =
       "precision int8 needs VNNI (AVX-512 or AVX2), and oneDNN's instruction set here is avx2: "
       "running in fp32";
-  const auto first = log.find(line);
-  ASSERT_NE(first, std::string::npos) << log;
-  EXPECT_EQ(log.find(line, first + 1), std::string::npos) << "said more than once:\n" << log;
+  ASSERT_EQ(times_said(log, line), 1) << log;
   EXPECT_EQ(read_json(dir_->file("int8/avx2-8/predictions.json"))["precision"], "fp32");
   const std::string a = read_text(dir_->file("int8/avx2-32/predictions.csv"));
   EXPECT_GT(a.size(), 100u);

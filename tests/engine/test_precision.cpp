@@ -43,14 +43,19 @@ T* find_first(Module& module) {
   return nullptr;
 }
 
-std::unique_ptr<Model> folded_model(const std::string& architecture, int size) {
+// The test models: 2 classes, a 64-wide classifier, seed 7; as trained, or with batch norm folded for inference.
+std::unique_ptr<Model> training_model(const std::string& architecture, int size) {
   ModelOptions o;
   o.architecture = architecture;
   o.input_size = size;
   o.num_classes = 2;
   o.classifier_width = 64;
   o.seed = 7;
-  auto model = make_model(o);
+  return make_model(o);
+}
+
+std::unique_ptr<Model> folded_model(const std::string& architecture, int size) {
+  auto model = training_model(architecture, size);
   model->fold_batchnorm();
   return model;
 }
@@ -302,16 +307,6 @@ INSTANTIATE_TEST_SUITE_P(Registry, Int8Models,
 bool amx_available() { return cpu_trains(Precision::bf16); }
 std::string no_amx() {
   return "this CPU (oneDNN ISA " + cpu_isa_name() + ") has no AMX: bf16 training is not run here";
-}
-
-std::unique_ptr<Model> training_model(const std::string& architecture, int size) {
-  ModelOptions o;
-  o.architecture = architecture;
-  o.input_size = size;
-  o.num_classes = 2;
-  o.classifier_width = 64;
-  o.seed = 7;
-  return make_model(o);
 }
 
 // One forward and backward of `x` (dropout masks from a fixed seed); every parameter's gradient, in order.
