@@ -15,15 +15,17 @@ namespace {
 
 constexpr ModelEntry models[] = {
     {"lenet5", "LeNet-5 with ReLU and max-pooling, classic at 32 px", &build_lenet5},
-    {"alexnet", "AlexNet (torchvision), 61 M parameters at 1000 classes, inputs from 63 px", &build_alexnet},
-    {"vgg11", "VGG-11 (torchvision), configuration A", &build_vgg11},
-    {"vgg11_bn", "VGG-11 with batch normalization", &build_vgg11_bn},
-    {"vgg16", "VGG-16 (torchvision), configuration D", &build_vgg16},
-    {"vgg16_bn", "VGG-16 with batch normalization", &build_vgg16_bn},
+    {"alexnet", "AlexNet (torchvision), 61 M parameters at 1000 classes, inputs from 63 px", &build_alexnet,
+     ModelSize::classifier_width},
+    {"vgg11", "VGG-11 (torchvision), configuration A", &build_vgg11, ModelSize::classifier_width},
+    {"vgg11_bn", "VGG-11 with batch normalization", &build_vgg11_bn, ModelSize::classifier_width},
+    {"vgg16", "VGG-16 (torchvision), configuration D", &build_vgg16, ModelSize::classifier_width},
+    {"vgg16_bn", "VGG-16 with batch normalization", &build_vgg16_bn, ModelSize::classifier_width},
     {"resnet18", "ResNet-18 (torchvision), basic blocks", &build_resnet18},
     {"resnet34", "ResNet-34 (torchvision), basic blocks", &build_resnet34},
     {"resnet50", "ResNet-50 (torchvision v1.5), bottleneck blocks", &build_resnet50},
-    {"compact", "Tessera's compact CNN for small tiles: 5 conv-BN-ReLU stages, 313 MFLOP at 96 px", &build_compact},
+    {"compact", "Tessera's compact CNN for small tiles: 5 conv-BN-ReLU stages, 313 MFLOP at 96 px", &build_compact,
+     ModelSize::width},
     {"tiny_cnn", "one conv, BN, global pool and linear layer, for tests and smoke runs", &build_tiny_cnn},
 };
 
@@ -37,18 +39,6 @@ void require(bool ok, const char* key, const std::string& message) {
   if (!ok) throw core::ConfigError(message, "", 0, key);
 }
 
-const ModelEntry& find_entry(const std::string& name) {
-  for (const auto& entry : models) {
-    if (name == entry.name) return entry;
-  }
-  const std::vector<std::string> names = model_names();
-  std::string message = "unknown model architecture '" + name + "' (known: " + join(names) + ")";
-  if (const std::string guess = core::closest_match(name, names); !guess.empty()) {
-    message += "; did you mean '" + guess + "'?";
-  }
-  throw core::ConfigError(message, "", 0, "model.architecture");
-}
-
 }  // namespace
 
 std::span<const ModelEntry> model_registry() { return models; }
@@ -59,8 +49,20 @@ std::vector<std::string> model_names() {
   return names;
 }
 
+const ModelEntry& model_entry(const std::string& architecture) {
+  for (const auto& entry : models) {
+    if (architecture == entry.name) return entry;
+  }
+  const std::vector<std::string> names = model_names();
+  std::string message = "unknown model architecture '" + architecture + "' (known: " + join(names) + ")";
+  if (const std::string guess = core::closest_match(architecture, names); !guess.empty()) {
+    message += "; did you mean '" + guess + "'?";
+  }
+  throw core::ConfigError(message, "", 0, "model.architecture");
+}
+
 std::unique_ptr<Model> make_model(const ModelOptions& options) {
-  const ModelEntry& entry = find_entry(options.architecture);
+  const ModelEntry& entry = model_entry(options.architecture);
   require(options.input_size >= 1, "model.input_size",
           "input size must be at least 1 px, got " + std::to_string(options.input_size));
   require(options.num_classes >= 1, "model.num_classes",

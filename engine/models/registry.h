@@ -23,14 +23,21 @@
 
 namespace tessera::engine {
 
+// Which size of ModelOptions an architecture is built with: compact's `width` (its stages' channels), AlexNet's and
+// VGG's `classifier_width` (hidden units); the others have fixed shapes and ignore both.
+enum class ModelSize { none, width, classifier_width };
+
 struct ModelEntry {
   const char* name;
   const char* doc;
   std::unique_ptr<Model> (*build)(const ModelOptions& options);
+  ModelSize size = ModelSize::none;
 };
 
 std::span<const ModelEntry> model_registry();
 std::vector<std::string> model_names();
+// The entry of `architecture`; an unknown name is a ConfigError on "model.architecture" listing the known ones.
+const ModelEntry& model_entry(const std::string& architecture);
 
 std::unique_ptr<Model> make_model(const ModelOptions& options);
 

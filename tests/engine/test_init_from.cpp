@@ -51,7 +51,7 @@ TEST(InitFrom, TakesEveryTensorOfTheSameModel) {
   const auto path = save(source, "compact", 2, dir.file("source.h5"));
   auto target = build("compact", 2, 8);
   ASSERT_NE(target.params[0]->value, source.params[0]->value);
-  const auto result = init_from_checkpoint(path, "compact", target.params, target.buffers);
+  const auto result = init_from_checkpoint(path, {.architecture = "compact"}, target.params, target.buffers);
   EXPECT_EQ(result.tensors, static_cast<int>(target.params.size() + target.buffers.size()));
   EXPECT_TRUE(result.replaced.empty());
   for (std::size_t i = 0; i < target.params.size(); ++i) EXPECT_EQ(target.params[i]->value, source.params[i]->value);
@@ -75,7 +75,7 @@ TEST(InitFrom, ReadsTheModelWithoutTheReplicaFiles) {
   io::write_checkpoint(dir.file("model.h5"), c);
   EXPECT_THROW(io::read_checkpoint(dir.file("model.h5")), core::InputError) << "the full read needs the files";
   auto target = build("tiny_cnn", 2, 8);
-  const auto result = init_from_checkpoint(dir.file("model.h5"), "tiny_cnn", target.params, target.buffers);
+  const auto result = init_from_checkpoint(dir.file("model.h5"), {.architecture = "tiny_cnn"}, target.params, target.buffers);
   EXPECT_EQ(result.tensors, static_cast<int>(target.params.size() + target.buffers.size()));
   EXPECT_EQ(target.params[0]->value, source.params[0]->value);
 }
@@ -87,7 +87,7 @@ TEST(InitFrom, AnotherClassCountReplacesOnlyTheHead) {
   auto target = build("resnet18", 2, 8);
   const std::vector<float> head_weight = target.params[target.params.size() - 2]->value;
   const std::vector<float> head_bias = target.params.back()->value;
-  const auto result = init_from_checkpoint(path, "resnet18", target.params, target.buffers);
+  const auto result = init_from_checkpoint(path, {.architecture = "resnet18"}, target.params, target.buffers);
   ASSERT_EQ(result.replaced.size(), 2u);
   EXPECT_EQ(result.replaced[0], "fc.weight [2, 512] (the checkpoint's [5, 512])");
   EXPECT_EQ(result.replaced[1], "fc.bias [2] (the checkpoint's [5])");
@@ -104,7 +104,7 @@ TEST(InitFrom, AnotherArchitectureOrABodyTensorIsRefusedNamingTheFile) {
   const auto path = save(source, "tiny_cnn", 2, dir.file("tiny.h5"));
   auto lenet = build("lenet5", 2, 8);
   try {
-    init_from_checkpoint(path, "lenet5", lenet.params, lenet.buffers);
+    init_from_checkpoint(path, {.architecture = "lenet5"}, lenet.params, lenet.buffers);
     FAIL() << "a tiny_cnn checkpoint was taken for a lenet5";
   } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
@@ -122,13 +122,56 @@ TEST(InitFrom, AnotherArchitectureOrABodyTensorIsRefusedNamingTheFile) {
   auto target = build("tiny_cnn", 2, 8);
   const std::vector<float> before = target.params[0]->value;
   try {
-    init_from_checkpoint(dir.file("bad.h5"), "tiny_cnn", target.params, target.buffers);
+    init_from_checkpoint(dir.file("bad.h5"), {.architecture = "tiny_cnn"}, target.params, target.buffers);
     FAIL() << "a first convolution of another shape was taken";
   } catch (const core::InputError& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 'conv1.weight'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("only the classifier head may differ"), std::string::npos) << e.what();
   }
   EXPECT_EQ(target.params[0]->value, before);
+}
+
+// A model of another size (model.width, model.classifier_width) is refused naming both sizes, before any tensor; a
+// file without the attribute (written before it was recorded) is the default size.
+TEST(InitFrom, AnotherWidthIsRefusedNamingBothWidths) {
+  tessera::testing::TempDir dir;
+  ModelOptions narrow{.architecture = "compact", .input_size = 32, .width = 8, .seed = 7};
+  auto source = make_model(narrow);
+  io::Checkpoint c;
+  describe_model(narrow, c.meta);
+  store_checkpoint_tensors(source->parameters(), source->buffers(), c);
+  const std::string path = dir.file("narrow.h5");
+  io::write_checkpoint(path, c);
+  auto target = build("compact", 2, 8);  // width 32
+  try {
+    init_from_checkpoint(path, {.architecture = "compact"}, target.params, target.buffers);
+    FAIL() << "a width 8 checkpoint was taken for a width 32 model";
+  } catch (const core::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find("holds a compact of width 8, and the job trains one of width 32 (model.width)"),
+              std::string::npos)
+        << e.what();
+  }
+  narrow.seed = 8;
+  auto same = make_model(narrow);
+  std::vector<Param*> params;
+  std::vector<Buffer*> buffers;
+  same->collect(params, buffers);
+  EXPECT_EQ(init_from_checkpoint(path, narrow, params, buffers).tensors,
+            static_cast<int>(params.size() + buffers.size()));
+  EXPECT_EQ(params[0]->value, source->parameters()[0]->value);
+
+  // Written before /meta recorded the width: the default, 32, which a width 8 job does not match.
+  c.meta.width.reset();
+  io::write_checkpoint(path, c);
+  try {
+    init_from_checkpoint(path, narrow, params, buffers);
+    FAIL() << "a checkpoint without a width was taken as width 8";
+  } catch (const core::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("a compact of width 32, and the job trains one of width 8"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -9,14 +9,17 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
+#include "engine/inference.h"
 #include "engine/models/adaptive_pool.h"
 #include "engine/models/init.h"
 #include "engine/models/model.h"
@@ -611,6 +614,45 @@ TEST(ModelCheckpoint, RoundTripGivesTheSameOutputs) {
   model->set_mode(Mode::eval);
   loaded->set_mode(Mode::eval);
   EXPECT_EQ(loaded->forward(x, 2, 40, 40).to_plain(), model->forward(x, 2, 40, 40).to_plain());
+}
+
+// The model's size travels in /meta (describe_model): inference's load_model rebuilds a compact of width 8 and a VGG
+// with a 48-unit classifier at their sizes, with the saved model's outputs (batch norm folded); a file without the
+// attribute (written before it was recorded) is the default size.
+TEST(ModelCheckpoint, TheModelsSizeTravelsWithIt) {
+  tessera::testing::TempDir dir;
+  const auto save = [&](const ModelOptions& o, bool record_size) {
+    auto model = make_model(o);
+    randomize_batchnorm(*model, 500);
+    io::Checkpoint checkpoint;
+    describe_model(o, checkpoint.meta);
+    if (!record_size) checkpoint.meta.width.reset();
+    store_checkpoint_tensors(model->parameters(), model->buffers(), checkpoint);
+    const std::string path = dir.file(o.architecture + std::to_string(o.width) + ".h5");
+    io::write_checkpoint(path, checkpoint);
+    return std::pair{std::move(model), path};
+  };
+  for (const auto& [architecture, size] : {std::pair{"compact", 24}, std::pair{"vgg11_bn", 32}}) {
+    SCOPED_TRACE(architecture);
+    ModelOptions o = options_for(architecture, size, 2);
+    o.width = 8;
+    o.classifier_width = 48;
+    auto [model, path] = save(o, true);
+    const io::CheckpointMeta meta = io::read_checkpoint_meta(path);
+    EXPECT_EQ(meta.width, architecture == std::string("compact") ? std::optional<std::int64_t>(8) : std::nullopt);
+    EXPECT_EQ(meta.classifier_width,
+              architecture == std::string("compact") ? std::nullopt : std::optional<std::int64_t>(48));
+    EXPECT_EQ(make_model(model_options(meta))->parameter_count(), model->parameter_count());
+    LoadedModel loaded = engine::load_model(path);
+    const std::vector<float> x = input_batch(2, 3, size, size, 16);
+    model->set_mode(Mode::eval);
+    EXPECT_TRUE(all_near(loaded.model->forward(x, 2, size, size).to_plain(),
+                         model->forward(x, 2, size, size).to_plain(), 1e-4));
+  }
+  ModelOptions old = options_for("compact", 24, 2);
+  auto [model, path] = save(old, false);
+  EXPECT_EQ(model_options(io::read_checkpoint_meta(path)).width, 32);
+  EXPECT_NO_THROW(engine::load_model(path));  // a width-32 model's tensors: a checked read
 }
 
 // ---------------------------------------------------------------------------------------------------------------
