@@ -6,11 +6,11 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <opencv2/imgcodecs.hpp>
 
 #include "engine/checkpoint_adapter.h"
 #include "engine/models/registry.h"
 #include "io/checkpoint.h"
-#include "tests/app/patch_shards.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
 
@@ -19,8 +19,25 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::contains;
-using testing::patch_shards;
 using testing::run;
+
+// 24 px patches of 8 patients (tumour patches darker), imported into shards: a training set made in a second.
+std::string patch_shards(const testing::TempDir& dir) {
+  std::ofstream csv(dir.file("labels.csv"));
+  csv << "path,label,group,split\n";
+  for (int i = 0; i < 64; ++i) {
+    const int label = i % 2;
+    cv::Mat bgr(24, 24, CV_8UC3, cv::Scalar(label ? 120 : 200, label ? 60 : 150, label ? 140 : 210));
+    for (int y = 0; y < 24; y += 3) bgr.row(y).setTo(cv::Scalar((i * 13) % 255, 90, 160));
+    const std::string name = "p" + std::to_string(i) + ".png";
+    cv::imwrite(dir.file(name), bgr);
+    csv << name << "," << label << ",patient" << i % 8 << "," << (i % 8 < 6 ? "train" : "val") << "\n";
+  }
+  csv.close();
+  const auto r = run("import --csv " + dir.file("labels.csv") + " --mpp 2 --out " + dir.file("shards"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  return dir.file("shards");
+}
 
 std::string job(const testing::TempDir& dir, const std::string& name, const std::string& init_from) {
   const std::string path = dir.file(name + ".yaml");
