@@ -4,10 +4,7 @@
 #include <map>
 #include <utility>
 
-#include <fmt/format.h>
-
 #include "core/error.h"
-#include "engine/models/registry.h"
 
 namespace tessera::engine {
 namespace {
@@ -47,46 +44,6 @@ const io::CheckpointTensor& find_tensor(const io::TensorMap& map, const char* gr
 }
 
 }  // namespace
-
-void describe_model(const ModelOptions& options, io::CheckpointMeta& meta) {
-  const ModelSize size = model_entry(options.architecture).size;
-  meta.architecture = options.architecture;
-  meta.input_size = options.input_size;
-  meta.num_classes = options.num_classes;
-  meta.width.reset();
-  meta.classifier_width.reset();
-  if (size == ModelSize::width) meta.width = options.width;
-  if (size == ModelSize::classifier_width) meta.classifier_width = options.classifier_width;
-}
-
-ModelOptions model_options(const io::CheckpointMeta& meta) {
-  ModelOptions o;
-  o.architecture = meta.architecture;
-  o.input_size = static_cast<int>(meta.input_size);
-  o.num_classes = static_cast<int>(meta.num_classes);
-  if (meta.width) o.width = static_cast<int>(*meta.width);
-  if (meta.classifier_width) o.classifier_width = static_cast<int>(*meta.classifier_width);
-  return o;
-}
-
-std::string other_model_size(const io::CheckpointMeta& meta, const ModelOptions& job) {
-  const ModelOptions saved = model_options(meta);
-  if (saved.architecture != job.architecture) return "";
-  switch (model_entry(job.architecture).size) {
-    case ModelSize::width:
-      if (saved.width == job.width) return "";
-      return fmt::format("a {} of width {}, and the job trains one of width {} (model.width)", job.architecture,
-                         saved.width, job.width);
-    case ModelSize::classifier_width:
-      if (saved.classifier_width == job.classifier_width) return "";
-      return fmt::format("a {} with a classifier of width {}, and the job trains one of width {} "
-                         "(model.classifier_width)",
-                         job.architecture, saved.classifier_width, job.classifier_width);
-    case ModelSize::none:
-      break;
-  }
-  return "";
-}
 
 io::CheckpointLayout checkpoint_layout(const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
   io::CheckpointLayout layout;

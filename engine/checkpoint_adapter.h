@@ -16,25 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/models/model.h"
 #include "engine/optim/optimizer.h"
 #include "engine/parameters.h"
 #include "io/checkpoint.h"
 
 namespace tessera::engine {
-
-// The model in /meta: architecture, input size, classes, and the size its architecture is built with (width for
-// compact, classifier_width for AlexNet and VGG, left unset for the others: models/registry.h ModelSize). ConfigError
-// on "model.architecture" for an architecture the registry does not have.
-void describe_model(const ModelOptions& options, io::CheckpointMeta& meta);
-// And back: the options the checkpoint's model is built with (seed, channels and dropout as ModelOptions' defaults).
-// A size /meta does not record (a file written before it was, or converted without it) is the default: width 32,
-// classifier_width 4096.
-ModelOptions model_options(const io::CheckpointMeta& meta);
-// How the checkpoint's model differs in size from the job's of the same architecture, for a message that goes on
-// from "holds " ("a compact of width 8, and the job trains one of width 32 (model.width)"); "" when it does not (or
-// the architectures differ, which the caller reports).
-std::string other_model_size(const io::CheckpointMeta& meta, const ModelOptions& job);
 
 // The names and shapes of the model's parameters and buffers in the model's order: what a checked read of a
 // checkpoint for this model expects (and the order in which it names the first bad tensor).

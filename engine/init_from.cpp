@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
+#include "engine/models/registry.h"
 #include "io/checkpoint.h"
 
 namespace tessera::engine {

@@ -4,11 +4,11 @@
 // The source is a Tessera checkpoint: one written by `tessera train`, or a PyTorch state dict converted by
 // `scripts/torch_checkpoint.py export --arch A --state-dict model.pt OUT.h5` (reading PyTorch's pickled files here
 // would need libtorch; the script uses Debian's python3-torch). Its architecture must be the job's, and so must its
-// size (/meta width, classifier_width against model.width, model.classifier_width; absent: the default). Every parameter
-// and buffer is taken by name and shape, except the classifier head — the model's last layer — when its shape differs
-// (another class count): it keeps the job's seeded initialisation, as fine-tuning replaces a head. Any other missing
-// or differently shaped tensor is a core::InputError naming the file and the tensor, and the model is left as it was.
-// Only weights are taken: the optimizer, the schedule and the step start afresh (resuming is `train.resume`).
+// size (/meta width, classifier_width against model.width, model.classifier_width; absent: the default). Every
+// parameter and buffer is taken by name and shape, except the classifier head — the model's last layer — when its shape
+// differs (another class count): it keeps the job's seeded initialisation, as fine-tuning replaces a head. Any other
+// missing or differently shaped tensor is a core::InputError naming the file and the tensor, and the model is left as
+// it was. Only weights are taken: the optimizer, the schedule and the step start afresh (resuming is `train.resume`).
 #pragma once
 
 #include <string>

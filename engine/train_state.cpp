@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "engine/checkpoint_adapter.h"
+#include "engine/models/registry.h"
 #include "engine/strategy.h"
 
 namespace tessera::engine {

@@ -23,7 +23,6 @@
 #include "core/random.h"
 #include "core/signals.h"
 #include "engine/batchnorm_recalibration.h"
-#include "engine/checkpoint_adapter.h"
 #include "engine/context.h"
 #include "engine/inference.h"
 #include "engine/init_from.h"

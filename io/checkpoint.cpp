@@ -672,7 +672,8 @@ class CheckpointReader {
       m.slurm = job;
     }
     // The model's size: absent for architectures without one, and in files written before it was recorded.
-    for (const auto& [name, size] : {std::pair{"width", &m.width}, std::pair{"classifier_width", &m.classifier_width}}) {
+    for (const auto& [name, size] :
+         {std::pair{"width", &m.width}, std::pair{"classifier_width", &m.classifier_width}}) {
       if (!has_attribute(name)) continue;
       const std::int64_t value = read_int(name);
       if (value <= 0 || value > std::numeric_limits<int>::max()) {

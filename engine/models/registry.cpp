@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "core/config.h"
 #include "core/error.h"
 #include "engine/models/alexnet.h"
@@ -79,6 +81,47 @@ std::unique_ptr<Model> make_model(const ModelOptions& options) {
   model->reseed(options.seed);
   model->set_propagate_down(false);
   return model;
+}
+
+void describe_model(const ModelOptions& options, io::CheckpointMeta& meta) {
+  const ModelSize size = model_entry(options.architecture).size;
+  meta.architecture = options.architecture;
+  meta.input_size = options.input_size;
+  meta.num_classes = options.num_classes;
+  meta.width.reset();
+  meta.classifier_width.reset();
+  if (size == ModelSize::width) meta.width = options.width;
+  if (size == ModelSize::classifier_width) meta.classifier_width = options.classifier_width;
+}
+
+ModelOptions model_options(const io::CheckpointMeta& meta) {
+  ModelOptions o;
+  o.architecture = meta.architecture;
+  o.input_size = static_cast<int>(meta.input_size);
+  o.num_classes = static_cast<int>(meta.num_classes);
+  if (meta.width) o.width = static_cast<int>(*meta.width);
+  if (meta.classifier_width) o.classifier_width = static_cast<int>(*meta.classifier_width);
+  return o;
+}
+
+std::string other_model_size(const io::CheckpointMeta& meta, const ModelOptions& job) {
+  const ModelOptions saved = model_options(meta);
+  if (saved.architecture != job.architecture) return "";
+  switch (model_entry(job.architecture).size) {
+    case ModelSize::width:
+      if (saved.width == job.width) return "";
+      return fmt::format("a {} of width {}, and the job trains one of width {} (model.width)", job.architecture,
+                         saved.width, job.width);
+    case ModelSize::classifier_width:
+      if (saved.classifier_width == job.classifier_width) return "";
+      return fmt::format(
+          "a {} with a classifier of width {}, and the job trains one of width {} "
+          "(model.classifier_width)",
+          job.architecture, saved.classifier_width, job.classifier_width);
+    case ModelSize::none:
+      break;
+  }
+  return "";
 }
 
 }  // namespace tessera::engine

@@ -75,7 +75,8 @@ TEST(InitFrom, ReadsTheModelWithoutTheReplicaFiles) {
   io::write_checkpoint(dir.file("model.h5"), c);
   EXPECT_THROW(io::read_checkpoint(dir.file("model.h5")), core::InputError) << "the full read needs the files";
   auto target = build("tiny_cnn", 2, 8);
-  const auto result = init_from_checkpoint(dir.file("model.h5"), {.architecture = "tiny_cnn"}, target.params, target.buffers);
+  const auto result =
+      init_from_checkpoint(dir.file("model.h5"), {.architecture = "tiny_cnn"}, target.params, target.buffers);
   EXPECT_EQ(result.tensors, static_cast<int>(target.params.size() + target.buffers.size()));
   EXPECT_EQ(target.params[0]->value, source.params[0]->value);
 }
@@ -148,8 +149,9 @@ TEST(InitFrom, AnotherWidthIsRefusedNamingBothWidths) {
     FAIL() << "a width 8 checkpoint was taken for a width 32 model";
   } catch (const core::InputError& e) {
     EXPECT_EQ(e.file(), path);
-    EXPECT_NE(std::string(e.what()).find("holds a compact of width 8, and the job trains one of width 32 (model.width)"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("holds a compact of width 8, and the job trains one of width 32 (model.width)"),
+        std::string::npos)
         << e.what();
   }
   narrow.seed = 8;
@@ -168,8 +170,7 @@ TEST(InitFrom, AnotherWidthIsRefusedNamingBothWidths) {
     init_from_checkpoint(path, narrow, params, buffers);
     FAIL() << "a checkpoint without a width was taken as width 8";
   } catch (const core::InputError& e) {
-    EXPECT_NE(std::string(e.what()).find("a compact of width 32, and the job trains one of width 8"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("a compact of width 32, and the job trains one of width 8"), std::string::npos)
         << e.what();
   }
 }

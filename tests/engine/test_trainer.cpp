@@ -56,16 +56,20 @@ std::string tiny_shards(const tessera::testing::TempDir& dir) {
   io::ManifestShard shard{"shard-00000.h5", total, 0, 0, slides};
   std::int64_t index = 0;
   for (std::uint32_t s = 0; s < slides.size(); ++s) {
-    io::ManifestSlide slide{.id = slides[s], .split = s < 2 ? "train" : "val", .tiles = kTilesPerSlide};
+    io::ManifestSlide slide;
+    slide.id = slides[s];
+    slide.split = s < 2 ? "train" : "val";
+    slide.tiles = kTilesPerSlide;
     for (int k = 0; k < kTilesPerSlide; ++k, ++index) {
       const int label = k % 2;
       cv::Mat rgb(kTile, kTile, CV_8UC3, label ? cv::Scalar(140, 60, 120) : cv::Scalar(210, 150, 200));
       for (int y = 0; y < kTile; y += 3) rgb.row(y).setTo(cv::Scalar(160, 90, (index * 13) % 255));
-      writer.write(index, io::ShardTileRecord{.label = static_cast<std::uint8_t>(label),
-                                              .tumor_fraction = static_cast<float>(label),
-                                              .x = k * kTile,
-                                              .slide_index = s},
-                   rgb);
+      io::ShardTileRecord record;
+      record.label = static_cast<std::uint8_t>(label);
+      record.tumor_fraction = static_cast<float>(label);
+      record.x = k * kTile;
+      record.slide_index = s;
+      writer.write(index, record, rgb);
       (label ? slide.tumour : slide.normal) += 1;
     }
     shard.normal += slide.normal;
