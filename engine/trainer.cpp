@@ -67,9 +67,10 @@ const core::Schema& train_schema() {
         .integer("model.classifier_width", model.classifier_width,
                  "alexnet and vgg* only: hidden units of the classifier's two hidden linear layers (torchvision: 4096)",
                  1, 65536)
-        .string("model.init_from", "",
-                "Start from this checkpoint's weights (same architecture; the classifier head is replaced when its "
-                "class count differs; a PyTorch state dict: convert it with scripts/torch_checkpoint.py export)")
+        .string(
+            "model.init_from", "",
+            "Start from this checkpoint's weights (same architecture and size; the classifier head is replaced when "
+            "its class count differs; a PyTorch state dict: convert it with scripts/torch_checkpoint.py export)")
         .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
         .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
         .integer("train.batch_size", 64, "Tiles per micro-batch on each rank", 1, 65536)
