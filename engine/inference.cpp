@@ -84,7 +84,7 @@ LoadedModel load_model(const std::string& checkpoint) {
   loaded.meta = io::read_checkpoint_meta(checkpoint);
   const auto& meta = loaded.meta;
   try {
-    loaded.model = make_model(model_options(meta));  // the size /meta records, or the default
+    loaded.model = make_model(checkpoint_model_options(meta));  // the size /meta records, or the default
   } catch (const core::Error& e) {
     // An unknown architecture or an impossible input size is the file's fault here, not the job's.
     if (e.kind() != core::ErrorKind::config) throw;

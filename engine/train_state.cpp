@@ -108,7 +108,7 @@ Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMet
     throw core::InputError(
         fmt::format("the checkpoint holds a {}, the job trains a {}", saved.architecture, job.architecture), path);
   }
-  if (const std::string other = other_model_size(saved, model_options(job)); !other.empty()) {
+  if (const std::string other = other_model_size(saved, checkpoint_model_options(job)); !other.empty()) {
     throw core::InputError(fmt::format("the checkpoint holds {}", other), path);
   }
   if (saved.input_size != job.input_size ||

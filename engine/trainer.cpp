@@ -63,10 +63,10 @@ const core::Schema& train_schema() {
         .integer("model.width", model.width,
                  "compact only: channels of its first stage (the five stages have 1, 2, 4, 8, 8 times as many); the "
                  "compute grows about as its square",
-                 1, 1024)
+                 1, kMaxModelWidth)
         .integer("model.classifier_width", model.classifier_width,
                  "alexnet and vgg* only: hidden units of the classifier's two hidden linear layers (torchvision: 4096)",
-                 1, 65536)
+                 1, kMaxClassifierWidth)
         .string(
             "model.init_from", "",
             "Start from this checkpoint's weights (same architecture and size; the classifier head is replaced when "

@@ -38,7 +38,7 @@ from torch import nn  # noqa: E402
 from torchvision.transforms import ColorJitter  # noqa: E402
 
 sys.path.insert(0, SCRIPTS)
-from torch_models import DEFAULT_SIZE, build_model  # noqa: E402
+from torch_models import DEFAULT_SIZE, SIZE_KEY, build_model  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -289,11 +289,13 @@ def main():
     scores = {name: predict(model, data[name][0], 256, args.tta) for name in ("val", "test")}
     threshold = balanced_threshold(scores["val"], data["val"][1])
     result = {"framework": "pytorch " + torch.__version__, "model": args.model, "definition": source,
-              "width": args.width, "classifier_width": args.classifier_width,
               "epochs": args.epochs, "batch": args.batch, "lr": lr, "weight_decay": args.weight_decay, "seed": args.seed, "threads": args.threads,
               "tta": args.tta,
               "train_tiles": int(len(y_train)), "seconds": time.time() - start, "train_seconds": train_seconds,
               "threshold": threshold, "threshold_from": "val", "per_split": {}}
+    if args.model in SIZE_KEY:  # the size the architecture is built with (width or classifier_width), as in /meta
+        key = SIZE_KEY[args.model]
+        result[key] = getattr(args, key)
     for name in ("val", "test"):
         labels = data[name][1]
         entry = {"tiles": int(len(labels)), "auc": roc_auc(scores[name], labels)}

@@ -180,6 +180,16 @@ class VGG(nn.Module):
         self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, width), nn.ReLU(True), nn.Dropout(dropout),
                                         nn.Linear(width, width), nn.ReLU(True), nn.Dropout(dropout),
                                         nn.Linear(width, num_classes))
+        for m in self.modules():  # torchvision's initialisation (engine/models/vgg.cpp's too)
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.01)
+                nn.init.zeros_(m.bias)
 
     def forward(self, x):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))

@@ -73,9 +73,10 @@ std::unique_ptr<Model> make_model(const ModelOptions& options) {
           "the number of input channels must be at least 1, got " + std::to_string(options.channels));
   require(std::isfinite(options.dropout) && options.dropout >= 0.0f && options.dropout < 1.0f, "model.dropout",
           "dropout must be in [0, 1), got " + std::to_string(options.dropout));
-  require(options.width >= 1, "model.width", "width must be at least 1, got " + std::to_string(options.width));
-  require(options.classifier_width >= 1, "model.classifier_width",
-          "classifier width must be at least 1, got " + std::to_string(options.classifier_width));
+  require(options.width >= 1 && options.width <= kMaxModelWidth, "model.width",
+          fmt::format("width must be in [1, {}], got {}", kMaxModelWidth, options.width));
+  require(options.classifier_width >= 1 && options.classifier_width <= kMaxClassifierWidth, "model.classifier_width",
+          fmt::format("classifier_width must be in [1, {}], got {}", kMaxClassifierWidth, options.classifier_width));
   std::unique_ptr<Model> model = entry.build(options);
   model->layers(options.input_size);  // throws, naming the layer, when the input is too small
   model->reseed(options.seed);
@@ -94,7 +95,7 @@ void describe_model(const ModelOptions& options, io::CheckpointMeta& meta) {
   if (size == ModelSize::classifier_width) meta.classifier_width = options.classifier_width;
 }
 
-ModelOptions model_options(const io::CheckpointMeta& meta) {
+ModelOptions checkpoint_model_options(const io::CheckpointMeta& meta) {
   ModelOptions o;
   o.architecture = meta.architecture;
   o.input_size = static_cast<int>(meta.input_size);
@@ -105,7 +106,7 @@ ModelOptions model_options(const io::CheckpointMeta& meta) {
 }
 
 std::string other_model_size(const io::CheckpointMeta& meta, const ModelOptions& job) {
-  const ModelOptions saved = model_options(meta);
+  const ModelOptions saved = checkpoint_model_options(meta);
   if (saved.architecture != job.architecture) return "";
   switch (model_entry(job.architecture).size) {
     case ModelSize::width:

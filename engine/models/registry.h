@@ -14,7 +14,7 @@
 // propagate_down false (nobody needs dL/d(image)).
 //
 // An architecture's entry also says which size of ModelOptions it is built with (ModelSize); describe_model and
-// model_options carry the options to and from a checkpoint's /meta, where that size is recorded.
+// checkpoint_model_options carry the options to and from a checkpoint's /meta, where that size is recorded.
 #pragma once
 
 #include <memory>
@@ -52,7 +52,7 @@ void describe_model(const ModelOptions& options, io::CheckpointMeta& meta);
 // And back: the options the checkpoint's model is built with (seed, channels and dropout as ModelOptions' defaults).
 // A size /meta does not record (a file written before it was, or converted without it) is the default: width 32,
 // classifier_width 4096.
-ModelOptions model_options(const io::CheckpointMeta& meta);
+ModelOptions checkpoint_model_options(const io::CheckpointMeta& meta);
 // How the checkpoint's model differs in size from the job's of the same architecture, for a message that goes on
 // from "holds " ("a compact of width 8, and the job trains one of width 32 (model.width)"); "" when it does not (or
 // the architectures differ, which the caller reports).

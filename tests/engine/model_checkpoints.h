@@ -25,7 +25,7 @@ inline std::vector<float> fixture_input(std::size_t count) {
 
 // Builds the checkpoint's architecture (and size) from its /meta and loads its tensors through the checkpoint adapter.
 inline std::unique_ptr<Model> load_model(const std::string& path) {
-  auto model = make_model(model_options(io::read_checkpoint_meta(path)));
+  auto model = make_model(checkpoint_model_options(io::read_checkpoint_meta(path)));
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
   model->collect(params, buffers);

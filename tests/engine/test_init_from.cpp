@@ -23,15 +23,19 @@ struct Built {
   std::vector<Buffer*> buffers;
 };
 
+Built build(const ModelOptions& o) {
+  Built b{make_model(o), {}, {}};
+  b.model->collect(b.params, b.buffers);
+  return b;
+}
+
 Built build(const std::string& architecture, int classes, std::uint64_t seed, int size = 32) {
   ModelOptions o;
   o.architecture = architecture;
   o.input_size = size;
   o.num_classes = classes;
   o.seed = seed;
-  Built b{make_model(o), {}, {}};
-  b.model->collect(b.params, b.buffers);
-  return b;
+  return build(o);
 }
 
 // Writes the model as a checkpoint (as `tessera train` would, without training state).
@@ -43,6 +47,15 @@ std::string save(Built& b, const std::string& architecture, int classes, const s
   store_checkpoint_tensors(b.params, b.buffers, c);
   io::write_checkpoint(path, c);
   return path;
+}
+
+// Writes the model of these options as a checkpoint whose /meta records them, size included (describe_model).
+io::Checkpoint save_described(Built& b, const ModelOptions& o, const std::string& path) {
+  io::Checkpoint c;
+  describe_model(o, c.meta);
+  store_checkpoint_tensors(b.params, b.buffers, c);
+  io::write_checkpoint(path, c);
+  return c;
 }
 
 TEST(InitFrom, TakesEveryTensorOfTheSameModel) {
@@ -137,12 +150,9 @@ TEST(InitFrom, AnotherArchitectureOrABodyTensorIsRefusedNamingTheFile) {
 TEST(InitFrom, AnotherWidthIsRefusedNamingBothWidths) {
   tessera::testing::TempDir dir;
   ModelOptions narrow{.architecture = "compact", .input_size = 32, .width = 8, .seed = 7};
-  auto source = make_model(narrow);
-  io::Checkpoint c;
-  describe_model(narrow, c.meta);
-  store_checkpoint_tensors(source->parameters(), source->buffers(), c);
+  auto source = build(narrow);
   const std::string path = dir.file("narrow.h5");
-  io::write_checkpoint(path, c);
+  io::Checkpoint c = save_described(source, narrow, path);
   auto target = build("compact", 2, 8);  // width 32
   try {
     init_from_checkpoint(path, {.architecture = "compact"}, target.params, target.buffers);
@@ -155,13 +165,12 @@ TEST(InitFrom, AnotherWidthIsRefusedNamingBothWidths) {
         << e.what();
   }
   narrow.seed = 8;
-  auto same = make_model(narrow);
-  std::vector<Param*> params;
-  std::vector<Buffer*> buffers;
-  same->collect(params, buffers);
+  auto same = build(narrow);
+  auto& params = same.params;
+  auto& buffers = same.buffers;
   EXPECT_EQ(init_from_checkpoint(path, narrow, params, buffers).tensors,
             static_cast<int>(params.size() + buffers.size()));
-  EXPECT_EQ(params[0]->value, source->parameters()[0]->value);
+  EXPECT_EQ(params[0]->value, source.params[0]->value);
 
   // Written before /meta recorded the width: the default, 32, which a width 8 job does not match.
   c.meta.width.reset();
@@ -173,6 +182,30 @@ TEST(InitFrom, AnotherWidthIsRefusedNamingBothWidths) {
     EXPECT_NE(std::string(e.what()).find("a compact of width 32, and the job trains one of width 8"), std::string::npos)
         << e.what();
   }
+}
+
+// AlexNet and VGG record their classifier's width instead, and another is refused the same way (an AlexNet at its
+// smallest input, 63 px, with 16- and 32-unit linears, to keep it cheap).
+TEST(InitFrom, AnotherClassifierWidthIsRefusedNamingBothWidths) {
+  tessera::testing::TempDir dir;
+  ModelOptions small{.architecture = "alexnet", .input_size = 63, .classifier_width = 16, .seed = 7};
+  auto alexnet = build(small);
+  const std::string path = dir.file("alexnet.h5");
+  save_described(alexnet, small, path);
+  small.classifier_width = 32;
+  auto wider = build(small);
+  const std::vector<float> before = wider.params[0]->value;
+  try {
+    init_from_checkpoint(path, small, wider.params, wider.buffers);
+    FAIL() << "a 16-unit classifier was taken for a 32-unit one";
+  } catch (const core::InputError& e) {
+    EXPECT_EQ(e.file(), path);
+    EXPECT_NE(std::string(e.what()).find("alexnet with a classifier of width 16, and the job trains one of width 32 "
+                                         "(model.classifier_width)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(wider.params[0]->value, before);
 }
 
 }  // namespace

@@ -650,9 +650,43 @@ TEST(ModelCheckpoint, TheModelsSizeTravelsWithIt) {
   describe_model(o, checkpoint.meta);
   EXPECT_FALSE(checkpoint.meta.width.has_value());
   EXPECT_EQ(checkpoint.meta.classifier_width, std::optional<std::int64_t>(48));
-  EXPECT_EQ(model_options(checkpoint.meta).classifier_width, 48);
+  EXPECT_EQ(checkpoint_model_options(checkpoint.meta).classifier_width, 48);
   describe_model(options_for("resnet18", 32, 2), checkpoint.meta);
   EXPECT_FALSE(checkpoint.meta.width.has_value() || checkpoint.meta.classifier_width.has_value());
+}
+
+// A corrupt size in /meta (here a width-8 compact's file that says otherwise) is refused by load_model naming the
+// file and the attribute, with the bounds of the train keys, before the model is built: 4096 would be a 39 GB
+// convolution, and 2^28 overflows the stages' channel counts.
+TEST(ModelCheckpoint, ASizeBeyondTheLimitsIsRefusedNamingTheFile) {
+  tessera::testing::TempDir dir;
+  ModelOptions o = options_for("compact", 16, 2);
+  o.width = 8;
+  auto model = make_model(o);
+  io::Checkpoint checkpoint;
+  describe_model(o, checkpoint.meta);
+  store_checkpoint_tensors(model->parameters(), model->buffers(), checkpoint);
+  const std::string path = dir.file("corrupt.h5");
+  auto refusal = [&](std::int64_t width, std::optional<std::int64_t> classifier_width) {
+    checkpoint.meta.width = width;
+    checkpoint.meta.classifier_width = classifier_width;
+    io::write_checkpoint(path, checkpoint);
+    try {
+      engine::load_model(path);
+    } catch (const core::InputError& e) {
+      EXPECT_EQ(e.file(), path);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal(kMaxModelWidth + 1, {}).find("cannot build: width must be in [1, 1024], got 1025"),
+            std::string::npos);
+  EXPECT_NE(refusal(4096, {}).find("cannot build: width must be in [1, 1024], got 4096"), std::string::npos);
+  EXPECT_NE(refusal(std::int64_t{1} << 28, {}).find("cannot build: width must be in [1, 1024], got 268435456"),
+            std::string::npos);
+  EXPECT_NE(refusal(8, kMaxClassifierWidth + 1).find("cannot build: classifier_width must be in [1, 65536], got 65537"),
+            std::string::npos);
+  EXPECT_EQ(refusal(8, {}), "no error");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 // refused where it does not fit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +36,8 @@ TEST(TrainSchema, PrintsEveryKeyWithItsDefault) {
     EXPECT_NE(yaml.find(leaf + ":"), std::string::npos) << key.path << " missing from\n" << yaml;
   }
   EXPECT_NE(yaml.find("architecture: compact"), std::string::npos) << yaml;
-  EXPECT_NE(yaml.find("width: 32"), std::string::npos) << yaml;
-  EXPECT_NE(yaml.find("classifier_width: 4096"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("\n  width: 32\n"), std::string::npos) << yaml;
+  EXPECT_NE(yaml.find("\n  classifier_width: 4096\n"), std::string::npos) << yaml;
   EXPECT_NE(yaml.find("milestones: []"), std::string::npos) << "an empty list prints as []\n" << yaml;
 }
 
