@@ -245,11 +245,7 @@ def readable_json(document):
 
 def command_export(args):
     size = args.input_size or DEFAULT_INPUT_SIZE[args.arch]
-    given = {key: value for key, value in (("width", args.width), ("classifier_width", args.classifier_width))
-             if value is not None}
-    for key in given:
-        if SIZE_KEY.get(args.arch) != key:
-            sys.exit("--%s: %s is not built with a %s" % (key.replace("_", "-"), args.arch, key))
+    given = torch_models.given_sizes(args.arch, args.width, args.classifier_width)
     if args.state_dict:
         state = load_state_dict_file(args.state_dict)
         sizes = torch_models.model_size(args.arch, state)

@@ -231,17 +231,25 @@ SIZE_KEY = {"compact": "width", "alexnet": "classifier_width", "vgg11": "classif
 DEFAULT_SIZE = {"width": 32, "classifier_width": 4096}
 
 
+def given_sizes(name, width=None, classifier_width=None):
+    """{key: value} of the sizes given (not None). A size the architecture is not built with stops the script unless it
+    is at its default, as `tessera train`'s model.width and model.classifier_width."""
+    given = {key: value for key, value in (("width", width), ("classifier_width", classifier_width))
+             if value is not None}
+    for key, value in given.items():
+        if SIZE_KEY.get(name) != key and value != DEFAULT_SIZE[key]:
+            raise SystemExit("%s is not built with a %s (%s only)"
+                             % (name, key, ", ".join(a for a, k in SIZE_KEY.items() if k == key)))
+    return given
+
+
 def build_model(name, num_classes, size=None, width=None, classifier_width=None):
     """The model and where its definition came from ("torchvision" or "torch_models.py"). `width` (compact) and
     `classifier_width` (alexnet, vgg*) are the sizes of engine/models/model.h's ModelOptions; None is the default, and a
     size the architecture is not built with stops the script. torchvision's AlexNet and VGG have no classifier width:
     another than 4096 takes the same definitions written out below."""
-    given = {key: value for key, value in (("width", width), ("classifier_width", classifier_width))
-             if value is not None and value != DEFAULT_SIZE[key]}
-    for key in given:
-        if SIZE_KEY.get(name) != key:
-            raise SystemExit("%s is not built with a %s (%s only)"
-                             % (name, key, ", ".join(a for a, k in SIZE_KEY.items() if k == key)))
+    given = {key: value for key, value in given_sizes(name, width, classifier_width).items()
+             if value != DEFAULT_SIZE[key]}
     hidden = given.get("classifier_width", DEFAULT_SIZE["classifier_width"])
     if name == "compact":
         return CompactCNN(num_classes, width=given.get("width", DEFAULT_SIZE["width"])), "torch_models.py"
