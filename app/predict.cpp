@@ -1,6 +1,6 @@
 // `tessera predict [job.yaml]`: P(tumour) for every tile of a shard folder with a trained checkpoint.
 //
-// The model comes from the checkpoint alone (/meta: architecture, input size, classes), in eval mode with batch
+// The model comes from the checkpoint alone (/meta: architecture, input size, classes, size), in eval mode with batch
 // norm folded; tiles go through the same input normalisation as the trainer's validation (engine/inference.h),
 // in shard order, without augmentation (or with predict.tta, the mean P over the flips or the 8 symmetries of each
 // tile, as infer's tta). Under mpirun each rank scores a contiguous part of the tile sequence and

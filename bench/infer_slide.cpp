@@ -158,9 +158,7 @@ void write_untrained_checkpoint(const InferSlideBenchOptions& o, const std::stri
   }
   const auto normalizer = prep::make_stain_normalizer(prep::parse_stain_method(o.stain));
   io::Checkpoint checkpoint;
-  checkpoint.meta.architecture = o.model;
-  checkpoint.meta.input_size = o.tile_size;
-  checkpoint.meta.num_classes = kClasses;
+  engine::describe_model(model_options, checkpoint.meta);
   checkpoint.meta.class_names = io::kLabelNames;
   checkpoint.meta.mpp = o.mpp;
   checkpoint.meta.stain_normalization = normalizer ? normalizer->describe() : "none";

@@ -83,12 +83,8 @@ LoadedModel load_model(const std::string& checkpoint) {
   LoadedModel loaded;
   loaded.meta = io::read_checkpoint_meta(checkpoint);
   const auto& meta = loaded.meta;
-  ModelOptions options;
-  options.architecture = meta.architecture;
-  options.input_size = static_cast<int>(meta.input_size);
-  options.num_classes = static_cast<int>(meta.num_classes);
   try {
-    loaded.model = make_model(options);
+    loaded.model = make_model(checkpoint_model_options(meta));  // the size /meta records, or the default
   } catch (const core::Error& e) {
     // An unknown architecture or an impossible input size is the file's fault here, not the job's.
     if (e.kind() != core::ErrorKind::config) throw;

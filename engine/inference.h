@@ -75,10 +75,12 @@ struct LoadedModel {
   ActivationRanges calibration;  // the checkpoint's /quantization (int8); empty when it has none
 };
 
-// Builds the model /meta names (architecture, input size, classes), reads the checkpoint against that model's
-// tensors and folds batch norm. InputError naming the file when it is missing, truncated or not a checkpoint,
-// when a tensor does not fit the architecture, when the classes have no tumour class (two classes: class 1
-// unless the names say otherwise), or when a /quantization range is not [min, max] of finite numbers.
+// Builds the model /meta names (architecture, input size, classes, width or classifier_width), reads the checkpoint
+// against that model's tensors and folds batch norm. InputError naming the file when it is missing, truncated or not a
+// checkpoint, when /meta describes a model make_model refuses (a size beyond kMaxModelWidth or kMaxClassifierWidth,
+// before anything is allocated), when a tensor does not fit the architecture, when the classes have no tumour class
+// (two classes: class 1 unless the names say otherwise), or when a /quantization range is not [min, max] of finite
+// numbers.
 LoadedModel load_model(const std::string& checkpoint);
 
 // use_precision (engine/precision.h) with the checkpoint's calibration. int8 asked of a checkpoint without

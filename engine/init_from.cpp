@@ -4,12 +4,14 @@
 
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
+#include "engine/models/registry.h"
 #include "io/checkpoint.h"
 
 namespace tessera::engine {
 
-InitFrom init_from_checkpoint(const std::string& path, const std::string& architecture,
-                              const std::vector<Param*>& params, const std::vector<Buffer*>& buffers) {
+InitFrom init_from_checkpoint(const std::string& path, const ModelOptions& job, const std::vector<Param*>& params,
+                              const std::vector<Buffer*>& buffers) {
+  const std::string& architecture = job.architecture;
   // The model alone: the replicas of an EASGD-type run (one per rank that wrote it) are not needed.
   const io::Checkpoint source = io::read_checkpoint(path, io::ReplicaRead::skip);
   if (source.meta.architecture != architecture) {
@@ -17,6 +19,10 @@ InitFrom init_from_checkpoint(const std::string& path, const std::string& archit
                                        "checkpoint of the same architecture to model.init_from",
                                        source.meta.architecture, architecture),
                            path);
+  }
+  if (const std::string other = other_model_size(source.meta, job); !other.empty()) {
+    throw core::InputError(
+        fmt::format("holds {}; give a checkpoint of the same size to model.init_from, or train its size", other), path);
   }
   // The head: the model's last layer, whose parameters come last in the model's order (weight, then bias).
   std::size_t head_begin = params.size();

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "engine/checkpoint_adapter.h"
+#include "engine/models/registry.h"
 #include "engine/strategy.h"
 
 namespace tessera::engine {
@@ -101,21 +102,24 @@ void write_train_checkpoint(const std::string& path, const io::CheckpointMeta& m
 
 Resumed resume_train_checkpoint(const std::string& path, const io::CheckpointMeta& job, const std::string& shards,
                                 const TrainState& state, const core::Comm& comm) {
+  // The job's description first: another model is named as such, not as the first tensor whose shape differs.
+  const io::CheckpointMeta saved = io::read_checkpoint_meta(path);
+  if (saved.architecture != job.architecture) {
+    throw core::InputError(
+        fmt::format("the checkpoint holds a {}, the job trains a {}", saved.architecture, job.architecture), path);
+  }
+  if (const std::string other = other_model_size(saved, checkpoint_model_options(job)); !other.empty()) {
+    throw core::InputError(fmt::format("the checkpoint holds {}", other), path);
+  }
+  if (saved.input_size != job.input_size ||
+      (job.mpp > 0 && saved.mpp > 0 && std::abs(saved.mpp - job.mpp) > 1e-6 * job.mpp)) {
+    throw core::InputError(fmt::format("the checkpoint was trained on {} px tiles at {} um/px, the shards in {} hold "
+                                       "{} px tiles at {} um/px",
+                                       saved.input_size, saved.mpp, shards, job.input_size, job.mpp),
+                           path);
+  }
   const io::CheckpointLayout layout = checkpoint_layout(state.params, state.buffers);
   const io::Checkpoint checkpoint = io::read_checkpoint(path, layout, io::ReplicaRead::skip);
-  if (checkpoint.meta.architecture != job.architecture) {
-    throw core::InputError(
-        fmt::format("the checkpoint holds a {}, the job trains a {}", checkpoint.meta.architecture, job.architecture),
-        path);
-  }
-  if (checkpoint.meta.input_size != job.input_size ||
-      (job.mpp > 0 && checkpoint.meta.mpp > 0 && std::abs(checkpoint.meta.mpp - job.mpp) > 1e-6 * job.mpp)) {
-    throw core::InputError(
-        fmt::format("the checkpoint was trained on {} px tiles at {} um/px, the shards in {} hold "
-                    "{} px tiles at {} um/px",
-                    checkpoint.meta.input_size, checkpoint.meta.mpp, shards, job.input_size, job.mpp),
-        path);
-  }
   load_checkpoint_tensors(checkpoint, state.params, state.buffers);
   if (!checkpoint.optimizer.empty()) {
     state.optimizer.load_state(from_checkpoint_state(checkpoint.optimizer), state.params, path);

@@ -47,6 +47,7 @@ using clock_type = std::chrono::steady_clock;
 const core::Schema& train_schema() {
   // One schema for the life of the process: a Config keeps a reference to the schema it was read against.
   static const core::Schema instance = [] {
+    const ModelOptions model;
     core::Schema schema;
     schema.string("output", "runs/train", "Folder for checkpoints, metrics.jsonl, metrics.csv and the effective config")
         .string("data.shards", "data/shards", "Folder with manifest.json and the shards (tessera tile's output)")
@@ -59,9 +60,17 @@ const core::Schema& train_schema() {
         .integer("data.shuffle_buffer", 2048, "Tiles in the shuffle buffer (memory: tiles x size^2 x 3 bytes)", 0,
                  10000000)
         .string("model.architecture", "compact", "Network (see tessera train --help for the list)")
-        .string("model.init_from", "",
-                "Start from this checkpoint's weights (same architecture; the classifier head is replaced when its "
-                "class count differs; a PyTorch state dict: convert it with scripts/torch_checkpoint.py export)")
+        .integer("model.width", model.width,
+                 "compact only: channels of its first stage (the five stages have 1, 2, 4, 8, 8 times as many); the "
+                 "compute grows about as its square",
+                 1, kMaxModelWidth)
+        .integer("model.classifier_width", model.classifier_width,
+                 "alexnet and vgg* only: hidden units of the classifier's two hidden linear layers (torchvision: 4096)",
+                 1, kMaxClassifierWidth)
+        .string(
+            "model.init_from", "",
+            "Start from this checkpoint's weights (same architecture and size; the classifier head is replaced when "
+            "its class count differs; a PyTorch state dict: convert it with scripts/torch_checkpoint.py export)")
         .integer("train.epochs", 10, "Passes over the training tiles", 1, 100000)
         .integer("train.max_steps", 0, "Stop after this many optimizer steps (0 = epochs decide)", 0, 1000000000)
         .integer("train.batch_size", 64, "Tiles per micro-batch on each rank", 1, 65536)
@@ -120,6 +129,35 @@ io::TrainingProvenance training_provenance(const io::Manifest& manifest, const s
     }
   }
   return p;
+}
+
+// The job's model: model.width and model.classifier_width go to the architectures built with them (models/registry.h
+// ModelSize). Either at a value other than its default for an architecture that is not built with it is a mistake
+// (a train.config.yaml a run saved holds both at their defaults, and is read again as it was).
+ModelOptions job_model(const core::Config& config, int input_size, std::uint64_t seed) {
+  ModelOptions o;
+  o.architecture = config.get_string("model.architecture");
+  o.input_size = input_size;
+  o.num_classes = kClasses;
+  o.seed = seed;
+  const ModelSize size = model_entry(o.architecture).size;
+  const auto take = [&](const char* key, ModelSize used_by, int& field) {
+    const std::int64_t value = config.get_int(key);
+    if (size == used_by) {
+      field = static_cast<int>(value);
+    } else if (value != field) {
+      std::vector<std::string> users;
+      for (const auto& entry : model_registry()) {
+        if (entry.size == used_by) users.emplace_back(entry.name);
+      }
+      throw core::ConfigError(fmt::format("{} is {}, but a {} is not built with it (only {}); leave it at {}", key,
+                                          value, o.architecture, fmt::join(users, ", "), field),
+                              config.source(), 0, key);
+    }
+  };
+  take("model.width", ModelSize::width, o.width);
+  take("model.classifier_width", ModelSize::classifier_width, o.classifier_width);
+  return o;
 }
 
 // Validation on this rank's share of the held-out tiles; the scores are gathered on every rank.
@@ -229,11 +267,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   if (!val_options.slides.empty()) val_data = std::make_unique<io::ShardDataset>(shards, val_options);
 
   // Model, loss, optimizer, schedule, strategy.
-  ModelOptions model_options;
-  model_options.architecture = config.get_string("model.architecture");
-  model_options.input_size = train_data.tile_size();
-  model_options.num_classes = kClasses;
-  model_options.seed = seed;
+  const ModelOptions model_options = job_model(config, train_data.tile_size(), seed);
   auto model = make_model(model_options);
   // The precision this run trains in is what its config records (train.config.yaml, every checkpoint).
   const Precision precision =
@@ -286,9 +320,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
   // What every checkpoint says of the job, beside its tensors: enough for inference to find tissue and make tiles
   // as the tiling did.
   io::CheckpointMeta meta;
-  meta.architecture = model_options.architecture;
-  meta.input_size = model_options.input_size;
-  meta.num_classes = kClasses;
+  describe_model(model_options, meta);
   meta.class_names = io::kLabelNames;
   meta.mpp = manifest.attributes.mpp;
   meta.stain_normalization = manifest.attributes.stain_normalization;
@@ -336,7 +368,7 @@ TrainResult train(const core::Config& config, const core::Comm& comm) {
     if (resumed) {
       if (comm.is_root()) spdlog::info("model.init_from ({}) is not used: the run resumes from {}", init_from, resume);
     } else {
-      const auto loaded = init_from_checkpoint(init_from, model_options.architecture, params, buffers);
+      const auto loaded = init_from_checkpoint(init_from, model_options, params, buffers);
       if (comm.is_root()) {
         spdlog::info("initial weights from {}: {} tensors{}", init_from, loaded.tensors,
                      loaded.replaced.empty() ? std::string()

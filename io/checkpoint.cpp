@@ -152,6 +152,9 @@ void validate_checkpoint(const WriteChecker& h5, const Checkpoint& c) {
   if (c.meta.tissue && (!(c.meta.tissue->mask_mpp > 0.0) || !std::isfinite(c.meta.tissue->mask_mpp))) {
     h5.fail("checkpoint meta: tissue mask_mpp must be a finite number > 0");
   }
+  if ((c.meta.width && *c.meta.width <= 0) || (c.meta.classifier_width && *c.meta.classifier_width <= 0)) {
+    h5.fail("checkpoint meta: width and classifier_width must be positive");
+  }
   if (c.meta.provenance && (c.meta.provenance->synthetic_slides < 0 || c.meta.provenance->real_slides < 0 ||
                             c.meta.provenance->unknown_slides < 0)) {
     h5.fail("checkpoint meta: training slide counts must not be negative");
@@ -284,6 +287,8 @@ class CheckpointWriter {
       write_int(g, "training_unknown_slides", p->unknown_slides);
       write_string(g, "training_shards", p->shards);
     }
+    if (meta.width) write_int(g, "width", *meta.width);
+    if (meta.classifier_width) write_int(g, "classifier_width", *meta.classifier_width);
     if (const auto& job = meta.slurm) {
       write_string(g, "slurm_job_id", job->job_id);
       write_string(g, "slurm_array_job_id", job->array_job_id);
@@ -665,6 +670,17 @@ class CheckpointReader {
       job.ntasks = read_int("slurm_ntasks");
       job.restarts = read_int("slurm_restarts");
       m.slurm = job;
+    }
+    // The model's size: absent for architectures without one, and in files written before it was recorded.
+    for (const auto& [name, size] :
+         {std::pair{"width", &m.width}, std::pair{"classifier_width", &m.classifier_width}}) {
+      if (!has_attribute(name)) continue;
+      const std::int64_t value = read_int(name);
+      if (value <= 0 || value > std::numeric_limits<int>::max()) {
+        fail("attribute '" + std::string(name) + "' in /meta must be an integer in [1, " +
+             std::to_string(std::numeric_limits<int>::max()) + "], got " + std::to_string(value));
+      }
+      *size = value;
     }
     return m;
   }

@@ -16,7 +16,11 @@
 //                                      written before provenance was recorded, or converted; "unknown");
 //                                      the Slurm job that wrote it (io/provenance.h SlurmJob): slurm_job_id,
 //                                      slurm_array_job_id, slurm_array_task_id, slurm_nodelist (strings),
-//                                      slurm_ntasks, slurm_restarts (int64): all six or none (outside Slurm)
+//                                      slurm_ntasks, slurm_restarts (int64): all six or none (outside Slurm);
+//                                      the model's size (int64 > 0), written only for the architectures built
+//                                      with one: width (compact), classifier_width (alexnet, vgg*); absent (other
+//                                      architectures, files written before it or converted without it): the
+//                                      default, 32 and 4096
 //   /optimizer/<state>/<name> float32  per-parameter optimizer state (e.g. momentum_buffer), shaped like the
 //                                      parameter; attributes name, step
 //   /easgd/center/<name>      float32  the EASGD centre variable, shaped like the parameter
@@ -124,6 +128,11 @@ struct CheckpointMeta {
   std::optional<TrainingProvenance> provenance;
   // The Slurm job that wrote the checkpoint (io/provenance.h); nullopt when it ran outside Slurm.
   std::optional<SlurmJob> slurm;
+  // The model's size where its architecture has one (engine/models/model.h ModelOptions): compact's `width`, AlexNet's
+  // and VGG's `classifier_width` (> 0). nullopt for the other architectures, and in checkpoints written before it was
+  // recorded or converted without it: the model is then built with the default (32, 4096).
+  std::optional<std::int64_t> width;
+  std::optional<std::int64_t> classifier_width;
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::string created;                               // ISO 8601 UTC; the writer fills in the current time when empty

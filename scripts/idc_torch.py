@@ -9,7 +9,8 @@ balanced accuracy, F1, sensitivity and specificity on each split; with --tta d8 
 mean P over its 8 symmetries, as `tessera predict --tta d8`. It prints one JSON object.
 
 Recipe, Tessera's job's knobs (with --config, read from the effective config a `tessera train` run wrote, so
-both sides train the same recipe; a knob PyTorch cannot mirror here stops the script): SGD with momentum and L2
+both sides train the same recipe and model, of the run's model.width or model.classifier_width; a knob PyTorch cannot
+mirror here stops the script, and so does a size the architecture is not built with): SGD with momentum and L2
 weight decay on conv and linear weights only (as optimizer.weight_decay), the peak rate lr × batch /
 reference_batch (Tessera's linear scaling), cosine decay to 0 over the run, cross-entropy with balanced class
 weights, inputs scaled to [0, 1] and normalised with the ImageNet mean and standard deviation; each training patch
@@ -18,7 +19,8 @@ torchvision's ColorJitter (brightness, contrast, saturation, hue).
 
 Usage (Debian's /usr/bin/python3 with python3-torch, python3-torchvision, python3-h5py and python3-yaml):
   scripts/idc_torch.py --shards data/idc/shards --config data/idc/train-seed1/train.config.yaml --seed 1
-  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --lr 0.1 --seed 1 [--model compact] [--threads 2] [--tta d8]
+  scripts/idc_torch.py --shards data/idc/shards --epochs 10 --lr 0.1 --seed 1 [--model compact] [--width 32]
+                       [--threads 2] [--tta d8]
 """
 import argparse
 import json
@@ -36,7 +38,7 @@ from torch import nn  # noqa: E402
 from torchvision.transforms import ColorJitter  # noqa: E402
 
 sys.path.insert(0, SCRIPTS)
-from torch_models import build_model  # noqa: E402
+from torch_models import DEFAULT_SIZE, SIZE_KEY, build_model  # noqa: E402
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -206,7 +208,12 @@ def recipe_from_config(path):
     if unsupported:
         raise SystemExit("%s: this script mirrors only %s" % (path, ", ".join(
             "%s: %s (not %s)" % (key, want, value) for key, value, want in unsupported)))
-    return {"model": c["model"]["architecture"], "epochs": c["train"]["epochs"], "batch": c["train"]["batch_size"],
+    # The model's size: model.width (compact) and model.classifier_width (alexnet, vgg*); absent in configs written
+    # before the keys, whose models had the defaults.
+    model = c["model"]
+    return {"model": model["architecture"], "width": model.get("width", DEFAULT_SIZE["width"]),
+            "classifier_width": model.get("classifier_width", DEFAULT_SIZE["classifier_width"]),
+            "epochs": c["train"]["epochs"], "batch": c["train"]["batch_size"],
             "lr": c["optimizer"]["lr"], "reference_batch": c["schedule"]["reference_batch"],
             "momentum": c["optimizer"]["momentum"], "weight_decay": c["optimizer"]["weight_decay"],
             "brightness": colour["brightness"], "contrast": colour["contrast"], "saturation": colour["saturation"],
@@ -218,6 +225,10 @@ def main():
     parser.add_argument("--shards", required=True)
     parser.add_argument("--config", help="a tessera train run's train.config.yaml: its recipe becomes the defaults")
     parser.add_argument("--model", default="compact")
+    parser.add_argument("--width", type=int, default=DEFAULT_SIZE["width"],
+                        help="compact: channels of the first stage, as model.width")
+    parser.add_argument("--classifier-width", type=int, default=DEFAULT_SIZE["classifier_width"],
+                        help="alexnet, vgg*: hidden units of the classifier, as model.classifier_width")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.1, help="peak rate at the reference batch (scaled linearly)")
@@ -249,7 +260,8 @@ def main():
         if name not in data:
             raise SystemExit("%s: no patient in split '%s'" % (args.shards, name))
     x_train, y_train = data["train"]
-    model, source = build_model(args.model, 2, x_train.shape[1])
+    model, source = build_model(args.model, 2, x_train.shape[1], width=args.width,
+                                classifier_width=args.classifier_width)
     counts = np.bincount(y_train, minlength=2).astype(np.float64)
     weights = torch.tensor(len(y_train) / (2.0 * counts), dtype=torch.float32)  # balanced
     loss_fn = nn.CrossEntropyLoss(weight=weights)
@@ -281,6 +293,9 @@ def main():
               "tta": args.tta,
               "train_tiles": int(len(y_train)), "seconds": time.time() - start, "train_seconds": train_seconds,
               "threshold": threshold, "threshold_from": "val", "per_split": {}}
+    if args.model in SIZE_KEY:  # the size the architecture is built with (width or classifier_width), as in /meta
+        key = SIZE_KEY[args.model]
+        result[key] = getattr(args, key)
     for name in ("val", "test"):
         labels = data[name][1]
         entry = {"tiles": int(len(labels)), "auc": roc_auc(scores[name], labels)}

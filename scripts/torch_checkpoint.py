@@ -13,7 +13,9 @@ A Tessera checkpoint (io/checkpoint.h, docs/ARCHITECTURE.md "Checkpoints") is on
                                     defaults) and what the model was trained on: training_data,
                                     training_synthetic_slides, training_real_slides, training_unknown_slides,
                                     training_shards (`export` writes none: the training data is then unknown,
-                                    and `tessera infer` claims nothing about it)
+                                    and `tessera infer` claims nothing about it), and the model's size: width
+                                    (compact) or classifier_width (alexnet, vgg*), int64, written for those
+                                    architectures only; a file without it is the default size (32, 4096)
 Training state for resuming (/optimizer, /easgd, /replicas/<rank>/..., /state) is ignored here: `import`
 converts /params and /buffers only.
 BatchNorm's `num_batches_tracked` is not stored (Tessera's batch norm uses a fixed momentum); `import` sets it
@@ -25,15 +27,19 @@ it is installed (Debian's python3-torchvision), with torchvision's parameter nam
 
 Usage (Debian's python3 has python3-torch and python3-h5py):
   scripts/torch_checkpoint.py export --arch ARCH [--state-dict model.pt] [--seed 0] [--num-classes 2]
-                                     [--input-size 224] [--class-names normal,tumor] [--mpp 0.5] OUT.h5
+                                     [--input-size 224] [--width 32] [--classifier-width 4096]
+                                     [--class-names normal,tumor] [--mpp 0.5] OUT.h5
       A state_dict from a .pt file (a bare state_dict, or a dict holding one under "state_dict"/"model";
-      DataParallel "module." prefixes are removed; its class count is its classifier's), or a seeded random
-      model with randomized batch-norm statistics when --state-dict is not given, written as a Tessera checkpoint
+      DataParallel "module." prefixes are removed; its class count is its classifier's, and its size, for compact
+      and alexnet/vgg*, its tensors' shapes: --width and --classifier-width, when given, must agree), or a seeded
+      random model with randomized batch-norm statistics when --state-dict is not given (of --width or
+      --classifier-width, default 32 and 4096), written as a Tessera checkpoint whose /meta records that size
       (the input size defaults to the architecture's: 8 tiny_cnn, 32 lenet5, 96 compact, 224 the others).
       `tessera train` starts from it with model.init_from (the classifier head is replaced when the class
       count differs).
   scripts/torch_checkpoint.py import CKPT.h5 OUT.pt
-      The checkpoint as a state_dict, loaded strictly into the architecture named in /meta, saved with torch.save.
+      The checkpoint as a state_dict, loaded strictly into the architecture and size named in /meta, saved with
+      torch.save.
   scripts/torch_checkpoint.py predict CKPT.h5 [--batch 2] [--size PX] [--json OUT.json]
       Eval-mode logits and softmax of the checkpoint's model for the fixed input below, printed as JSON.
   scripts/torch_checkpoint.py fixture OUT_DIR
@@ -58,7 +64,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_models  # noqa: E402  (beside this script)
-from torch_models import ARCHITECTURES, DEFAULT_INPUT_SIZE  # noqa: E402
+from torch_models import ARCHITECTURES, DEFAULT_INPUT_SIZE, SIZE_KEY  # noqa: E402
 
 FORMAT = "tessera-checkpoint"
 VERSION = 1
@@ -68,10 +74,16 @@ SKIPPED_BUFFERS = ("num_batches_tracked",)
 # ---------------------------------------------------------------------------------------------------------------
 # Models: Tessera's registry in PyTorch (scripts/torch_models.py).
 
-def build_model(arch, num_classes, size=None):
+def build_model(arch, num_classes, size=None, sizes=None):
+    """`sizes`: {"width": w} or {"classifier_width": w} (a checkpoint's /meta attributes), or None for the default."""
     if arch not in ARCHITECTURES:
         sys.exit("unknown architecture '%s' (known: %s)" % (arch, ", ".join(ARCHITECTURES)))
-    return torch_models.build_model(arch, num_classes, size)[0]
+    return torch_models.build_model(arch, num_classes, size, **(sizes or {}))[0]
+
+
+def meta_sizes(meta):
+    """The model's size a checkpoint's /meta records (none in files written before it: the default)."""
+    return {key: meta[key] for key in ("width", "classifier_width") if key in meta}
 
 
 def randomize_batchnorm(model, generator):
@@ -86,9 +98,9 @@ def randomize_batchnorm(model, generator):
                 m.running_var.copy_(0.5 + 1.5 * torch.rand(c, generator=generator))
 
 
-def seeded_model(arch, num_classes, seed, size=None):
+def seeded_model(arch, num_classes, seed, size=None, sizes=None):
     torch.manual_seed(seed)
-    model = build_model(arch, num_classes, size)
+    model = build_model(arch, num_classes, size, sizes)
     randomize_batchnorm(model, torch.Generator().manual_seed(seed + 1))
     return model.eval()
 
@@ -146,6 +158,8 @@ def write_checkpoint(path, params, buffers, meta):
             m.attrs["step"] = np.int64(meta.get("step", 0))
             m.attrs["epoch"] = np.int64(meta.get("epoch", 0))
             m.attrs["created"] = meta.get("created") or datetime.datetime.utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")
+            for key, value in meta_sizes(meta).items():
+                m.attrs[key] = np.int64(value)
             # Every dataset first, the data after: contiguous storage is allocated at the first write, so all
             # metadata precedes all data and a file cut short still names its tensors (as Tessera writes).
             pending = []
@@ -186,7 +200,7 @@ def read_checkpoint(path):
 
 def load_into_model(path):
     meta, params, buffers = read_checkpoint(path)
-    model = build_model(meta["architecture"], meta["num_classes"], meta.get("input_size"))
+    model = build_model(meta["architecture"], meta["num_classes"], meta.get("input_size"), meta_sizes(meta))
     missing, unexpected = model.load_state_dict({**params, **buffers}, strict=False)
     missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS]
     if missing or unexpected:
@@ -231,13 +245,19 @@ def readable_json(document):
 
 def command_export(args):
     size = args.input_size or DEFAULT_INPUT_SIZE[args.arch]
+    given = torch_models.given_sizes(args.arch, args.width, args.classifier_width)
     if args.state_dict:
         state = load_state_dict_file(args.state_dict)
-        head = torch_models.classifier_weight(build_model(args.arch, 2, size))
+        sizes = torch_models.model_size(args.arch, state)
+        for key, value in given.items():
+            if sizes.get(key, value) != value:
+                sys.exit("%s: its tensors make a %s of %s %d, not --%s %d" % (
+                    args.state_dict, args.arch, key.replace("_", " "), sizes[key], key.replace("_", "-"), value))
+        head = torch_models.classifier_weight(build_model(args.arch, 2, size, sizes))
         if head not in state:
             sys.exit("%s: not a %s state_dict: no classifier weight '%s'" % (args.state_dict, args.arch, head))
         num_classes = args.num_classes or int(state[head].shape[0])
-        model = build_model(args.arch, num_classes, size)
+        model = build_model(args.arch, num_classes, size, sizes)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if k.rsplit(".", 1)[-1] not in SKIPPED_BUFFERS]
         if missing or unexpected:
@@ -245,12 +265,16 @@ def command_export(args):
                                                                              unexpected))
     else:
         num_classes = args.num_classes or 2
-        model = seeded_model(args.arch, num_classes, args.seed, size)
+        sizes = given
+        model = seeded_model(args.arch, num_classes, args.seed, size, sizes)
     params, buffers = split_state(model)
     class_names = args.class_names.split(",") if args.class_names else []
     meta = {"architecture": args.arch, "input_size": size,
             "num_classes": num_classes, "class_names": class_names, "mpp": args.mpp,
             "config_yaml": "# exported by scripts/torch_checkpoint.py\n", "created": args.created}
+    if args.arch in SIZE_KEY:  # recorded as Tessera does: for the architectures built with a size
+        key = SIZE_KEY[args.arch]
+        meta[key] = sizes.get(key, torch_models.DEFAULT_SIZE[key])
     write_checkpoint(args.out, params, buffers, meta)
     print("wrote %s: %d params, %d buffers" % (args.out, len(params), len(buffers)))
 
@@ -308,12 +332,13 @@ def command_fixture(args):
 
 def command_selftest(_):
     with tempfile.TemporaryDirectory() as folder:
-        for arch in ARCHITECTURES:
+        cases = [(arch, {}) for arch in ARCHITECTURES] + [("compact", {"width": 8}), ("alexnet", {"classifier_width": 64})]
+        for arch, sizes in cases:
             size = DEFAULT_INPUT_SIZE[arch]
-            model = seeded_model(arch, 3, seed=11, size=size)
+            model = seeded_model(arch, 3, seed=11, size=size, sizes=sizes)
             params, buffers = split_state(model)
             path = os.path.join(folder, arch + ".h5")
-            write_checkpoint(path, params, buffers, {"architecture": arch, "input_size": size, "num_classes": 3})
+            write_checkpoint(path, params, buffers, {"architecture": arch, "input_size": size, "num_classes": 3, **sizes})
             _, loaded = load_into_model(path)
             original, restored = model.state_dict(), loaded.state_dict()
             for name, value in original.items():
@@ -326,7 +351,8 @@ def command_selftest(_):
             _, b, _ = predict(loaded, batch, size)
             if not torch.equal(a, b):
                 sys.exit("%s: outputs differ after export -> import" % arch)
-            print("%s: %d tensors bit-exact, outputs identical" % (arch, len(params) + len(buffers)))
+            print("%s%s: %d tensors bit-exact, outputs identical"
+                  % (arch, "".join(" %s %d" % item for item in sizes.items()), len(params) + len(buffers)))
 
 
 def main():
@@ -338,6 +364,9 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-classes", type=int)
     p.add_argument("--input-size", type=int)
+    p.add_argument("--width", type=int, help="compact: channels of the first stage (default 32, or the state_dict's)")
+    p.add_argument("--classifier-width", type=int,
+                   help="alexnet, vgg*: hidden units of the classifier (default 4096, or the state_dict's)")
     p.add_argument("--class-names")
     p.add_argument("--mpp", type=float, default=0.0)
     p.add_argument("--created", default="")

@@ -180,6 +180,16 @@ class VGG(nn.Module):
         self.classifier = nn.Sequential(nn.Linear(512 * 7 * 7, width), nn.ReLU(True), nn.Dropout(dropout),
                                         nn.Linear(width, width), nn.ReLU(True), nn.Dropout(dropout),
                                         nn.Linear(width, num_classes))
+        for m in self.modules():  # torchvision's initialisation (engine/models/vgg.cpp's too)
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.01)
+                nn.init.zeros_(m.bias)
 
     def forward(self, x):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -214,11 +224,35 @@ DEFAULT_INPUT_SIZE = {"tiny_cnn": 8, "lenet5": 32, "compact": 96, "alexnet": 224
                       "vgg16": 224, "vgg16_bn": 224, "resnet18": 224, "resnet34": 224, "resnet50": 224}
 ARCHITECTURES = tuple(DEFAULT_INPUT_SIZE)
 
+# The size an architecture is built with (engine/models/registry.h ModelSize; the job keys model.width and
+# model.classifier_width, the checkpoint's /meta attributes width and classifier_width) and its default.
+SIZE_KEY = {"compact": "width", "alexnet": "classifier_width", "vgg11": "classifier_width",
+            "vgg11_bn": "classifier_width", "vgg16": "classifier_width", "vgg16_bn": "classifier_width"}
+DEFAULT_SIZE = {"width": 32, "classifier_width": 4096}
 
-def build_model(name, num_classes, size=None):
-    """The model and where its definition came from ("torchvision" or "torch_models.py")."""
+
+def given_sizes(name, width=None, classifier_width=None):
+    """{key: value} of the sizes given (not None). A size the architecture is not built with stops the script unless it
+    is at its default, as `tessera train`'s model.width and model.classifier_width."""
+    given = {key: value for key, value in (("width", width), ("classifier_width", classifier_width))
+             if value is not None}
+    for key, value in given.items():
+        if SIZE_KEY.get(name) != key and value != DEFAULT_SIZE[key]:
+            raise SystemExit("%s is not built with a %s (%s only)"
+                             % (name, key, ", ".join(a for a, k in SIZE_KEY.items() if k == key)))
+    return given
+
+
+def build_model(name, num_classes, size=None, width=None, classifier_width=None):
+    """The model and where its definition came from ("torchvision" or "torch_models.py"). `width` (compact) and
+    `classifier_width` (alexnet, vgg*) are the sizes of engine/models/model.h's ModelOptions; None is the default, and a
+    size the architecture is not built with stops the script. torchvision's AlexNet and VGG have no classifier width:
+    another than 4096 takes the same definitions written out below."""
+    given = {key: value for key, value in given_sizes(name, width, classifier_width).items()
+             if value != DEFAULT_SIZE[key]}
+    hidden = given.get("classifier_width", DEFAULT_SIZE["classifier_width"])
     if name == "compact":
-        return CompactCNN(num_classes), "torch_models.py"
+        return CompactCNN(num_classes, width=given.get("width", DEFAULT_SIZE["width"])), "torch_models.py"
     if name == "lenet5":
         return LeNet5(num_classes, size=size or DEFAULT_INPUT_SIZE["lenet5"]), "torch_models.py"
     if name == "tiny_cnn":
@@ -226,15 +260,30 @@ def build_model(name, num_classes, size=None):
     if name not in TORCHVISION:
         raise SystemExit("unknown model '%s' (known: compact, lenet5, tiny_cnn, %s)"
                          % (name, ", ".join(TORCHVISION)))
-    if tv_models is not None:
+    if tv_models is not None and not given:
         return getattr(tv_models, name)(num_classes=num_classes), "torchvision"
     if name in RESNETS:
         block, blocks = RESNETS[name]
         return ResNet(block, blocks, num_classes), "torch_models.py"
     if name == "alexnet":
-        return AlexNet(num_classes), "torch_models.py"
+        return AlexNet(num_classes, width=hidden), "torch_models.py"
     base = name.replace("_bn", "")
-    return VGG(VGG_CONFIGS[base], name.endswith("_bn"), num_classes), "torch_models.py"
+    return VGG(VGG_CONFIGS[base], name.endswith("_bn"), num_classes, width=hidden), "torch_models.py"
+
+
+def model_size(name, state):
+    """{"width": w} or {"classifier_width": w} of a state_dict of `name`, read from its tensors' shapes (compact: the
+    first convolution's output channels; alexnet, vgg*: the first linear layer's outputs), or {} for an architecture
+    without a size or a state_dict without those tensors."""
+    key = SIZE_KEY.get(name)
+    if key == "width" and "features.0.weight" in state:
+        return {key: int(state["features.0.weight"].shape[0])}
+    if key == "classifier_width":
+        linear = sorted((int(k.split(".")[1]), k) for k, v in state.items()
+                        if k.startswith("classifier.") and k.endswith(".weight") and v.dim() == 2)
+        if linear:
+            return {key: int(state[linear[0][1]].shape[0])}
+    return {}
 
 
 def classifier_weight(model):

@@ -37,6 +37,11 @@ namespace tessera::engine {
 
 class BatchNorm2d;
 
+// The largest model sizes Tessera builds: the train keys, make_model and a checkpoint's /meta (through load_model) are
+// bounded by these, so a corrupt size is refused instead of allocating a model of terabytes.
+inline constexpr int kMaxModelWidth = 1024;        // model.width; the compact CNN's last stages have 8 times as many
+inline constexpr int kMaxClassifierWidth = 65536;  // model.classifier_width
+
 // What a model is built from. make_model (registry.h) reports a bad value as a ConfigError on "model.<field>".
 struct ModelOptions {
   std::string architecture = "resnet18";  // a name of the registry (registry.h)

@@ -15,7 +15,8 @@
 // Initialisation as torchvision: convs kaiming_normal_(fan_out, relu) with bias 0, BN weight 1 bias 0, linear
 // N(0, 0.01) with bias 0. Parameters at 1000 classes: vgg11 132,863,336; vgg11_bn 132,868,840; vgg16
 // 138,357,544; vgg16_bn 138,365,992. Forward at 224 px: 15.2 (vgg11) and 30.9 (vgg16) GFLOP per image.
-// `classifier_width` (ModelOptions) shrinks W for small tile classifiers; 4096 keeps checkpoints compatible.
+// `classifier_width` (ModelOptions; the train key model.classifier_width, recorded in a checkpoint's /meta) shrinks W
+// for small tile classifiers; 4096 is torchvision's.
 #pragma once
 
 #include <memory>

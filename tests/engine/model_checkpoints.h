@@ -23,14 +23,9 @@ inline std::vector<float> fixture_input(std::size_t count) {
   return x;
 }
 
-// Builds the checkpoint's architecture from its /meta and loads its tensors through the checkpoint adapter.
+// Builds the checkpoint's architecture (and size) from its /meta and loads its tensors through the checkpoint adapter.
 inline std::unique_ptr<Model> load_model(const std::string& path) {
-  const io::CheckpointMeta meta = io::read_checkpoint_meta(path);
-  ModelOptions o;
-  o.architecture = meta.architecture;
-  o.input_size = static_cast<int>(meta.input_size);
-  o.num_classes = static_cast<int>(meta.num_classes);
-  auto model = make_model(o);
+  auto model = make_model(checkpoint_model_options(io::read_checkpoint_meta(path)));
   std::vector<Param*> params;
   std::vector<Buffer*> buffers;
   model->collect(params, buffers);

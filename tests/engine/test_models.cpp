@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "engine/checkpoint_adapter.h"
+#include "engine/inference.h"
 #include "engine/models/adaptive_pool.h"
 #include "engine/models/init.h"
 #include "engine/models/model.h"
@@ -611,6 +613,80 @@ TEST(ModelCheckpoint, RoundTripGivesTheSameOutputs) {
   model->set_mode(Mode::eval);
   loaded->set_mode(Mode::eval);
   EXPECT_EQ(loaded->forward(x, 2, 40, 40).to_plain(), model->forward(x, 2, 40, 40).to_plain());
+}
+
+// The model's size travels in /meta (describe_model): inference's load_model rebuilds a compact of width 8 with the
+// saved model's outputs (batch norm folded); a file without the attribute (written before it was recorded) is the
+// default size. AlexNet and VGG record their classifier width instead, and the others neither.
+TEST(ModelCheckpoint, TheModelsSizeTravelsWithIt) {
+  tessera::testing::TempDir dir;
+  ModelOptions o = options_for("compact", 16, 2);
+  o.width = 8;
+  auto model = make_model(o);
+  randomize_batchnorm(*model, 500);
+  io::Checkpoint checkpoint;
+  describe_model(o, checkpoint.meta);
+  EXPECT_EQ(checkpoint.meta.width, std::optional<std::int64_t>(8));
+  EXPECT_FALSE(checkpoint.meta.classifier_width.has_value());
+  store_checkpoint_tensors(model->parameters(), model->buffers(), checkpoint);
+  io::write_checkpoint(dir.file("narrow.h5"), checkpoint);
+  LoadedModel loaded = engine::load_model(dir.file("narrow.h5"));
+  EXPECT_EQ(loaded.model->options().width, 8);
+  const std::vector<float> x = input_batch(2, 3, 16, 16, 16);
+  model->set_mode(Mode::eval);
+  EXPECT_TRUE(all_near(loaded.model->forward(x, 2, 16, 16).to_plain(), model->forward(x, 2, 16, 16).to_plain(), 1e-4));
+
+  // Written before /meta recorded the width: 32, the default.
+  o.width = 32;
+  model = make_model(o);
+  describe_model(o, checkpoint.meta);
+  checkpoint.meta.width.reset();
+  store_checkpoint_tensors(model->parameters(), model->buffers(), checkpoint);
+  io::write_checkpoint(dir.file("old.h5"), checkpoint);
+  EXPECT_EQ(engine::load_model(dir.file("old.h5")).model->options().width, 32);  // a checked read of its tensors
+
+  o = options_for("vgg11_bn", 32, 2);
+  o.classifier_width = 48;
+  describe_model(o, checkpoint.meta);
+  EXPECT_FALSE(checkpoint.meta.width.has_value());
+  EXPECT_EQ(checkpoint.meta.classifier_width, std::optional<std::int64_t>(48));
+  EXPECT_EQ(checkpoint_model_options(checkpoint.meta).classifier_width, 48);
+  describe_model(options_for("resnet18", 32, 2), checkpoint.meta);
+  EXPECT_FALSE(checkpoint.meta.width.has_value() || checkpoint.meta.classifier_width.has_value());
+}
+
+// A corrupt size in /meta (here a width-8 compact's file that says otherwise) is refused by load_model naming the
+// file and the attribute, with the bounds of the train keys, before the model is built: 4096 would be a 39 GB
+// convolution, and 2^28 overflows the stages' channel counts.
+TEST(ModelCheckpoint, ASizeBeyondTheLimitsIsRefusedNamingTheFile) {
+  tessera::testing::TempDir dir;
+  ModelOptions o = options_for("compact", 16, 2);
+  o.width = 8;
+  auto model = make_model(o);
+  io::Checkpoint checkpoint;
+  describe_model(o, checkpoint.meta);
+  store_checkpoint_tensors(model->parameters(), model->buffers(), checkpoint);
+  const std::string path = dir.file("corrupt.h5");
+  auto refusal = [&](std::int64_t width, std::optional<std::int64_t> classifier_width) {
+    checkpoint.meta.width = width;
+    checkpoint.meta.classifier_width = classifier_width;
+    io::write_checkpoint(path, checkpoint);
+    try {
+      engine::load_model(path);
+    } catch (const core::InputError& e) {
+      EXPECT_EQ(e.file(), path);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(refusal(kMaxModelWidth + 1, {}).find("cannot build: width must be in [1, 1024], got 1025"),
+            std::string::npos);
+  EXPECT_NE(refusal(4096, {}).find("cannot build: width must be in [1, 1024], got 4096"), std::string::npos);
+  EXPECT_NE(refusal(std::int64_t{1} << 28, {}).find("cannot build: width must be in [1, 1024], got 268435456"),
+            std::string::npos);
+  EXPECT_NE(refusal(8, kMaxClassifierWidth + 1).find("cannot build: classifier_width must be in [1, 65536], got 65537"),
+            std::string::npos);
+  EXPECT_EQ(refusal(8, {}), "no error");
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -600,6 +600,7 @@ TEST(CheckpointAtomic, ArgumentMistakesAreRefusedBeforeAnythingIsWritten) {
          c.meta.tissue = io::TissueSettings{0.5, 0.0, true};
        },
        "tissue mask_mpp must be a finite number > 0"},
+      {"width", [](io::Checkpoint& c) { c.meta.width = 0; }, "width and classifier_width must be positive"},
       {"optimizer",
        [](io::Checkpoint& c) {
          c.optimizer.slots["m"]["fc.bias"] = {{2}, {1.0f, 2.0f}};
@@ -1561,6 +1562,38 @@ TEST(CheckpointProvenance, TrainingDataAndCautionFollowFromTheCounts) {
   EXPECT_EQ(io::describe(io::TrainingProvenance{3, 1, 2, "/s"}),
             "slides of unknown origin (6 training slide(s): 3 made by tessera synth, 1 not, 2 of unknown origin; "
             "shards /s)");
+}
+
+// The model's size (/meta width, classifier_width) round-trips as an int64 attribute; a file without it (every file
+// written before it, the PyTorch fixture) reads as not recorded, and a size below 1 or beyond an int is refused.
+TEST(CheckpointModelSize, RoundTripsAndIsAbsentFromOlderFiles) {
+  TempDir dir;
+  const std::string path = dir.file("model.h5");
+  io::Checkpoint c = make_checkpoint(small_layout());
+  c.meta.width = 8;
+  io::write_checkpoint(path, c);
+  const io::CheckpointMeta meta = io::read_checkpoint_meta(path);
+  EXPECT_EQ(meta, c.meta);
+  EXPECT_EQ(meta.width, std::optional<std::int64_t>(8));
+  EXPECT_FALSE(meta.classifier_width.has_value());
+  {
+    H5Id file{H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose};
+    H5Id a{H5Aopen_by_name(file.id, "/meta", "width", H5P_DEFAULT, H5P_DEFAULT), H5Aclose};
+    std::int64_t width = 0;
+    ASSERT_GE(H5Aread(a.id, H5T_NATIVE_INT64, &width), 0);
+    EXPECT_EQ(width, 8);
+    EXPECT_EQ(H5Aexists_by_name(file.id, "meta", "classifier_width", H5P_DEFAULT), 0);
+  }
+
+  const io::CheckpointMeta old = io::read_checkpoint_meta((checkpoint_data() / "tiny_torch.h5").string());
+  EXPECT_FALSE(old.width.has_value());
+  EXPECT_FALSE(old.classifier_width.has_value());
+
+  apply_mutation(path, "set-int meta classifier_width 0");
+  EXPECT_EQ(input_error(path, [&] { io::read_checkpoint_meta(path); }),
+            "attribute 'classifier_width' in /meta must be an integer in [1, 2147483647], got 0");
+  apply_mutation(path, "set-int meta classifier_width 2147483648");
+  EXPECT_NE(input_error(path, [&] { io::read_checkpoint_meta(path); }).find("got 2147483648"), std::string::npos);
 }
 
 // Counts that contradict training_data, or a negative count, are refused naming the attribute; the writer refuses
