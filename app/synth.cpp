@@ -30,7 +30,6 @@
 #include "core/error.h"
 #include "core/output_dir.h"
 #include "core/progress.h"
-#include "core/random.h"
 #include "io/annotations.h"
 #include "io/dicom_writer.h"
 #include "io/image.h"
@@ -93,12 +92,6 @@ struct PlannedSlide {
   io::DicomWriterOptions dicom_options;
 };
 
-// A per-slide seed that does not depend on the rank count or on the standard library: the (index + 1)-th output
-// of a splitmix64 generator seeded with `seed`.
-std::uint64_t mix_seed(std::uint64_t seed, std::uint64_t index) {
-  return core::splitmix64_mix(seed + core::golden_gamma * (index + 1));
-}
-
 // Splits `n` slides of one class into train/val/test by the configured fractions (train first), so that
 // every split of a large enough set has both classes.
 std::vector<std::string> split_names(int n, double train, double val) {
@@ -138,7 +131,7 @@ std::vector<PlannedSlide> plan(const core::Config& config) {
     auto& o = s.options;
     o.width = config.get_int("slides.width");
     o.height = config.get_int("slides.height");
-    o.seed = mix_seed(seed, static_cast<std::uint64_t>(i));
+    o.seed = synth::slide_seed(seed, static_cast<std::uint64_t>(i));
     o.tumour = tumour;
     o.max_tumour_regions = static_cast<int>(config.get_int("tumour.max_regions"));
     o.exclusion_regions = config.get_bool("tumour.exclusion_regions");

@@ -1318,6 +1318,10 @@ cv::Mat make_macro(const cv::Mat& overview, const cv::Mat& label) {
 
 }  // namespace
 
+std::uint64_t slide_seed(std::uint64_t set_seed, std::uint64_t index) {
+  return splitmix64_mix(set_seed + golden_gamma * (index + 1));
+}
+
 SynthGroundTruth synthetic_ground_truth(const SynthSlideOptions& options) {
   validate(options);
   return make_plan(options).truth;

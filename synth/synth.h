@@ -72,4 +72,8 @@ SynthGroundTruth synthetic_ground_truth(const SynthSlideOptions& options);
 using SynthStripSink = std::function<void(std::int64_t y0, const cv::Mat& strip)>;
 SynthGroundTruth render_synthetic_slide(const SynthSlideOptions& options, const SynthStripSink& sink);
 
+// The seed of slide `index` (0-based) of a `tessera synth` set with seed `set_seed`: the (index + 1)-th output of a
+// splitmix64 generator seeded with `set_seed`, independent of the rank count and of the standard library.
+std::uint64_t slide_seed(std::uint64_t set_seed, std::uint64_t index);
+
 }  // namespace tessera::synth

@@ -8,6 +8,8 @@
 // nuclear feature: the fraction of tissue that lies in haematoxylin-rich blobs of at least nuclear size
 // (Ruifrok H concentration above kNuclearH, surviving a morphological opening with a disc of radius
 // kNuclearOpeningUm) — crowded, enlarged, hyperchromatic tumour nuclei survive, small lymphocytes do not.
+// DISABLED_CrossSlideColourReport measures, by hand, the cross-slide colour separability of slide sets made as the
+// demo makes them: a logistic regression on the tile's mean colour, fitted on half of the slides, scored on the rest.
 #include "synth/synth.h"
 
 #include <algorithm>
@@ -156,15 +158,15 @@ struct EvalTile {
   int slide = 0;
 };
 
-// Tiles on tissue (≥ 75 % tissue), labelled tumour (≥ 50 % tumour) or normal (0 %); others are skipped.
-void collect_tiles(const Downsampled& d, int slide, std::vector<EvalTile>& out) {
+// Tiles on tissue (≥ min_tissue of the tile), labelled tumour (≥ 50 % tumour) or normal (0 %); others are skipped.
+void collect_tiles(const Downsampled& d, int slide, std::vector<EvalTile>& out, double min_tissue = 0.75) {
   const NuclearMasks masks = nuclear_masks(d.image);
   const double area = kEvalTile * kEvalTile;
   for (int y = 0; y + kEvalTile <= d.image.rows; y += kEvalTile) {
     for (int x = 0; x + kEvalTile <= d.image.cols; x += kEvalTile) {
       const cv::Rect r(x, y, kEvalTile, kEvalTile);
       const int tissue = cv::countNonZero(masks.tissue(r));
-      if (tissue < 0.75 * area) continue;
+      if (tissue < min_tissue * area) continue;
       const double tumour = cv::countNonZero(d.tumour(r)) / area;
       if (tumour > 0.0 && tumour < 0.5) continue;
       const cv::Scalar mean = cv::mean(d.image(r));
@@ -240,6 +242,99 @@ EvalResult evaluate_slides(std::uint64_t first_seed, int slides, std::int64_t si
   r.nuclear_auc = roc_auc(positives[3], negatives[3]);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+// The cross-slide colour measure of the demo's slide sets: slide i of a `tessera synth` set with seed `set_seed`,
+// rendered as configs/synth-demo.yaml renders it (tumour on even i, up to 5 tumour regions, focus blur and pen
+// marks, 0.25 µm/px), tiled as configs/tile-demo.yaml tiles it (96 px at 1 µm/px, ≥ 50 % tissue, tumour ≥ 50 %,
+// tiles with less tumour but some dropped). A logistic regression on the tile's mean R, G, B (standardized, fitted
+// by Newton's method) is fitted on the tiles of slides 0, 1, 4, 5, 8, 9, ... and scored on those of slides
+// 2, 3, 6, 7, 10, 11, ...; both halves hold as many tumour as normal slides. The figure is max(AUC, 1 − AUC).
+SynthSlideOptions demo_options(std::uint64_t set_seed, int index, std::int64_t size) {
+  SynthSlideOptions o = small_options(slide_seed(set_seed, static_cast<std::uint64_t>(index)), index % 2 == 0, size);
+  o.max_tumour_regions = 5;
+  o.blur_patches = true;
+  o.pen_marks = true;
+  return o;
+}
+
+bool in_training_half(int slide) { return (slide / 2) % 2 == 0; }
+
+// Logistic regression of the tumour label on the standardized mean colour (and a constant), fitted on the tiles of
+// the slides with in_training_half; returns the fitted weights and the standardization.
+struct ColourModel {
+  cv::Vec3d mean, scale;
+  cv::Vec4d w;  // R, G, B, constant
+  double score(const cv::Vec3d& rgb) const {
+    double z = w[3];
+    for (int c = 0; c < 3; ++c) z += w[c] * (rgb[c] - mean[c]) / scale[c];
+    return z;
+  }
+};
+
+ColourModel fit_colour_model(const std::vector<EvalTile>& tiles) {
+  ColourModel m{};
+  std::vector<const EvalTile*> train;
+  for (const auto& t : tiles) {
+    if (in_training_half(t.slide)) train.push_back(&t);
+  }
+  const double n = static_cast<double>(train.size());
+  cv::Vec3d sq{};
+  for (const auto* t : train) {
+    m.mean += t->mean_rgb / n;
+    for (int c = 0; c < 3; ++c) sq[c] += t->mean_rgb[c] * t->mean_rgb[c] / n;
+  }
+  for (int c = 0; c < 3; ++c) m.scale[c] = std::sqrt(std::max(1e-9, sq[c] - m.mean[c] * m.mean[c]));
+  for (int iteration = 0; iteration < 50; ++iteration) {
+    cv::Matx44d hessian = cv::Matx44d::eye() * 1e-6;  // a whisker of ridge: separable data stay finite
+    cv::Vec4d gradient{};
+    for (const auto* t : train) {
+      cv::Vec4d x;
+      for (int c = 0; c < 3; ++c) x[c] = (t->mean_rgb[c] - m.mean[c]) / m.scale[c];
+      x[3] = 1.0;
+      const double p = 1.0 / (1.0 + std::exp(-m.w.dot(x)));
+      gradient += x * ((t->tumour ? 1.0 : 0.0) - p);
+      hessian += x * x.t() * (p * (1.0 - p));
+    }
+    const cv::Vec4d step = hessian.inv() * (gradient - m.w * 1e-6);
+    m.w += step;
+    if (cv::norm(step) < 1e-8) break;
+  }
+  return m;
+}
+
+double logistic_colour_auc(const std::vector<EvalTile>& tiles) {
+  const ColourModel model = fit_colour_model(tiles);
+  std::vector<double> positives, negatives;
+  for (const auto& t : tiles) {
+    if (!in_training_half(t.slide)) (t.tumour ? positives : negatives).push_back(model.score(t.mean_rgb));
+  }
+  const double a = roc_auc(positives, negatives);
+  return std::max(a, 1.0 - a);
+}
+
+struct SetResult {
+  int tumour_tiles = 0, normal_tiles = 0;
+  double colour_auc = 0.5;   // the logistic measure above
+  double nuclear_auc = 0.5;  // the nuclear feature, all tiles
+};
+
+SetResult evaluate_tiles(const std::vector<EvalTile>& tiles) {
+  SetResult r;
+  std::vector<double> positives, negatives;
+  for (const auto& t : tiles) {
+    (t.tumour ? r.tumour_tiles : r.normal_tiles)++;
+    (t.tumour ? positives : negatives).push_back(t.nuclear);
+  }
+  r.colour_auc = logistic_colour_auc(tiles);
+  r.nuclear_auc = roc_auc(positives, negatives);
+  return r;
+}
+
+std::vector<EvalTile> demo_set_tiles(std::uint64_t set_seed, int slides, std::int64_t size) {
+  std::vector<EvalTile> tiles;
+  for (int i = 0; i < slides; ++i) collect_tiles(render_downsampled(demo_options(set_seed, i, size)), i, tiles, 0.5);
+  return tiles;
 }
 
 void print(const EvalResult& r, int slides, std::int64_t size) {
@@ -620,6 +715,31 @@ TEST(SynthEvaluation, ColourAloneFailsWhereNuclearMorphologySucceeds) {
   EXPECT_GT(r.nuclear_auc, 0.85);
 }
 
+// The logistic measure learns on slides 0, 1, 4, 5, ... only and scores slides 2, 3, 6, 7, ...: a colour difference
+// it saw there is found again; one only the scored slides show is not.
+TEST(SynthEvaluation, LogisticColourMeasureLearnsOnOneHalfAndScoresTheOther) {
+  const auto tiles_with = [](cv::Vec3d train_shift, cv::Vec3d test_shift) {
+    std::vector<EvalTile> tiles;
+    for (int slide = 0; slide < 8; ++slide) {
+      for (int k = 0; k < 40; ++k) {
+        const bool tumour = k % 4 == 0;
+        // Spread within each class: a fixed pattern over k, the same for both classes.
+        const double u = std::sin(1.7 * k + slide), v = std::cos(2.3 * k - slide), w = std::sin(0.9 * k * slide);
+        cv::Vec3d rgb(150.0 + 10.0 * u, 120.0 + 10.0 * v, 180.0 + 10.0 * w);
+        if (tumour) rgb += in_training_half(slide) ? train_shift : test_shift;
+        tiles.push_back({rgb, 0.0, tumour, slide});
+      }
+    }
+    return tiles;
+  };
+  // Tumour redder on every slide: found on the scored half.
+  EXPECT_GT(logistic_colour_auc(tiles_with({40, 0, 0}, {40, 0, 0})), 0.99);
+  // Tumour bluer on the fitted half only: the model weighs blue, which tells nothing on the scored half; bluer on both
+  // halves, it is found.
+  EXPECT_LT(logistic_colour_auc(tiles_with({0, 0, 40}, {0, 0, 0})), 0.7);
+  EXPECT_GT(logistic_colour_auc(tiles_with({0, 0, 40}, {0, 0, 40})), 0.99);
+}
+
 // The figures for the report, on more and larger slides: run by hand with --gtest_also_run_disabled_tests.
 TEST(SynthEvaluation, DISABLED_Report) {
   constexpr int kSlides = 24;
@@ -628,6 +748,43 @@ TEST(SynthEvaluation, DISABLED_Report) {
   print(r, kSlides, kSize);
   EXPECT_LT(r.colour_auc, 0.8);
   EXPECT_GT(r.nuclear_auc, 0.9);
+}
+
+// The cross-slide colour measure on 5 fixed demo-like sets of 16 slides of 8192² (the demo's size), and on the two
+// sets issue figures were first taken on (the first 8 slides of seed 11; the demo's own 12 slides of seed 2026): run
+// by hand with --gtest_also_run_disabled_tests.
+TEST(SynthEvaluation, DISABLED_CrossSlideColourReport) {
+  constexpr std::int64_t kSize = 8192;
+  const auto report = [&](std::uint64_t seed, int slides, const std::vector<EvalTile>& tiles, double seconds) {
+    const SetResult r = evaluate_tiles(tiles);
+    std::printf(
+        "[ synth colour ] seed %llu, %d slides of %lld²: %d tumour / %d normal tiles; logistic colour AUC %.3f "
+        "(fitted on slides 0,1,4,5,..., scored on 2,3,6,7,...); nuclear AUC %.3f; %.0f s\n",
+        static_cast<unsigned long long>(seed), slides, static_cast<long long>(kSize), r.tumour_tiles, r.normal_tiles,
+        r.colour_auc, r.nuclear_auc, seconds);
+    std::fflush(stdout);
+    return r;
+  };
+  for (const std::uint64_t seed : {11, 21, 31, 41, 51}) {
+    constexpr int kSlides = 16;
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<EvalTile> tiles = demo_set_tiles(seed, kSlides, kSize);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (seed == 11) {
+      std::vector<EvalTile> first8;
+      std::copy_if(tiles.begin(), tiles.end(), std::back_inserter(first8),
+                   [](const EvalTile& t) { return t.slide < 8; });
+      report(seed, 8, first8, 0.0);
+    }
+    const SetResult r = report(seed, kSlides, tiles, seconds);
+    EXPECT_LE(r.colour_auc, 0.86) << "seed " << seed;
+    // Blurred and pen-marked tiles and tiles half on glass count here, so the nuclear feature is lower than in the
+    // other evaluations (0.825-0.887 on these sets, 2026-11-28).
+    EXPECT_GT(r.nuclear_auc, 0.8) << "seed " << seed;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<EvalTile> demo = demo_set_tiles(2026, 12, kSize);
+  report(2026, 12, demo, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 }  // namespace
