@@ -241,12 +241,13 @@ void assign_splits(std::vector<PatchInput>& patches, const core::Config& config)
   for (auto& p : patches) p.split = split_of.at(p.group);
 }
 
-// FNV-1a over the effective config and each patch's path, label, group, split, size and modification time.
+// FNV-1a over the effective config, the stain reference's bytes and each patch's path, label, group, split, size and
+// modification time.
 std::string job_hash(const core::Config& config, const std::vector<PatchInput>& patches) {
   // import.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
   core::Config hashed = config;
   hashed.set_value("import.threads", "0", "the job hash");
-  std::uint64_t hash = core::fnv1a(hashed.to_yaml());
+  std::uint64_t hash = core::fnv1a(hashed.to_yaml() + stain_reference_digest(config));
   for (const auto& p : patches) {
     struct stat st {};
     const bool ok = ::stat(p.path.c_str(), &st) == 0;
@@ -357,8 +358,16 @@ class PatchStains {
     return out;
   }
 
-  // The groups whose fit failed (group → why), of the shards this rank wrote: their patches keep their colours.
-  const std::map<std::string, std::string>& unfitted() const { return unfitted_; }
+  // The groups of the span whose fit failed (group → why), once of_span(span) has fitted them: their patches keep
+  // their colours.
+  std::map<std::string, std::string> unfitted_of(const ShardSpan& span) const {
+    std::map<std::string, std::string> out;
+    for (std::int64_t k = span.first; k < span.first + span.count; ++k) {
+      const std::string& group = patches_[static_cast<std::size_t>(k)].group;
+      if (const auto it = unfitted_.find(group); it != unfitted_.end()) out.insert(*it);
+    }
+    return out;
+  }
 
  private:
   // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, recorded in
@@ -679,6 +688,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       1, std::min(config.get_int("shards.tiles_per_shard"), (std::int64_t{512} << 20) / tile_bytes));
   const auto spans = assign_shards(total, world.size(), per_shard);
   std::map<std::string, std::string> failed;
+  std::map<std::string, std::string> stain_kept;  // group → why its stain could not be fitted, of this rank's shards
   {
     core::Progress progress(world, total, {.label = "import", .unit = "patches"});
     bool earlier_records_logged = false;  // a record of an earlier version of Tessera was logged
@@ -693,10 +703,19 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
         const std::uint8_t label = p.label;
         digest.add(&label, 1);
       }
-      if (const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged)) {
+      auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged);
+      if (record && !record->stain_kept) {
+        spdlog::info(
+            "{}: its record (of an earlier version of tessera) does not say which groups kept their stain: "
+            "importing it again",
+            shard_name(span.index));
+        record.reset();
+      }
+      if (record) {
         spdlog::info("{}: kept from an earlier run of this job ({} patches, pixels verified)", shard_name(span.index),
                      record->kept);
         failed.insert(record->failed.begin(), record->failed.end());
+        stain_kept.insert(record->stain_kept->begin(), record->stain_kept->end());
         progress.advance(span.count);
         continue;
       }
@@ -706,8 +725,10 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       const auto shard =
           write_shard(unchecked, patches, span, groups, group_index, attributes, fit, stains.of_span(span), threads);
       failed.insert(shard.failed.begin(), shard.failed.end());
-      write_shard_record(
-          out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum, shard.failed});
+      const auto kept_here = stains.unfitted_of(span);
+      stain_kept.insert(kept_here.begin(), kept_here.end());
+      write_shard_record(out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum,
+                               shard.failed, kept_here});
       // Fault point "import.shard-finished" (core/fault.h): after a shard and its record are complete.
       core::fault::at("import.shard-finished");
       progress.advance(span.count);
@@ -721,8 +742,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     if (fs::exists(unchecked)) fs::rename(unchecked, final_path);
   }
   gather_pairs(world, failed);
-  auto unfitted = stains.unfitted();
-  gather_pairs(world, unfitted);
+  gather_pairs(world, stain_kept);
 
   ImportJobResult result;
   result.patches_failed = !failed.empty();
@@ -785,9 +805,9 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       const auto& p = patches[k];
       table += fmt::format("{},{},{},{},{},{}\n", k, csv_field(p.path), csv_field(p.group), io::kLabelNames[p.label],
                            csv_field(p.split),
-                           failed.contains(p.path)      ? "failed"
-                           : unfitted.contains(p.group) ? "imported-stain-kept"
-                                                        : "imported");
+                           failed.contains(p.path)        ? "failed"
+                           : stain_kept.contains(p.group) ? "imported-stain-kept"
+                                                          : "imported");
     }
     core::write_file_atomic((out / "patches.csv").string(), table);
     io::write_manifest(manifest_path.string(), manifest);
@@ -809,14 +829,14 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
                    patches.size());
       for (const auto& [path, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
     }
-    if (!unfitted.empty()) {
+    if (!stain_kept.empty()) {
       std::string list;
-      for (const auto& [group, why] : unfitted)
+      for (const auto& [group, why] : stain_kept)
         list += fmt::format("{}'{}' ({})", list.empty() ? "" : "; ", group, why);
       spdlog::warn(
           "stain normalization could not be fitted on {} groups, whose patches keep their colours "
           "(imported-stain-kept in patches.csv): {}",
-          unfitted.size(), list);
+          stain_kept.size(), list);
     }
   }
   std::int64_t imported = result.patches;

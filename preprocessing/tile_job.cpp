@@ -86,13 +86,13 @@ std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::
   return inputs;
 }
 
-// FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
-// same hash may keep what is finished.
+// FNV-1a over the effective config, the stain reference's bytes and each slide's path, size and modification time: a
+// rerun with the same hash may keep what is finished.
 std::string job_hash(const core::Config& config, const std::vector<SlideInput>& inputs) {
   // tile.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
   core::Config hashed = config;
   hashed.set_value("tile.threads", "0", "the job hash");
-  std::string text = hashed.to_yaml();
+  std::string text = hashed.to_yaml() + stain_reference_digest(config);
   for (const auto& s : inputs) {
     struct stat st {};
     const bool ok = ::stat(s.path.c_str(), &st) == 0;
@@ -847,6 +847,21 @@ std::unique_ptr<StainNormalizer> stain_target(const core::Config& config) {
                            : make_stain_normalizer(method, io::read_rgb_image(reference), reference);
 }
 
+std::string stain_reference_digest(const core::Config& config) {
+  const auto& reference = config.get_string("stain.reference");
+  if (reference.empty() || parse_stain_method(config.get_string("stain.method")) == StainMethod::none) return "";
+  if (!fs::exists(reference)) throw core::FileNotFoundError(reference);
+  std::ifstream in(reference, std::ios::binary);
+  if (!in) throw core::InputError("cannot be read", reference);
+  std::uint64_t hash = core::kFnv1aOffset;
+  std::array<char, 1 << 16> block{};
+  while (in.read(block.data(), block.size()) || in.gcount() > 0) {
+    hash = core::fnv1a(block.data(), static_cast<std::size_t>(in.gcount()), hash);
+  }
+  if (in.bad()) throw core::InputError("cannot be read", reference);
+  return fmt::format("\nstain.reference bytes: {:016x}", hash);
+}
+
 std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks, std::int64_t per_shard) {
   std::vector<std::vector<ShardSpan>> spans(static_cast<std::size_t>(ranks));
   std::int64_t index = 0;
@@ -1075,7 +1090,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       fs::remove(shard_record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
-      ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}};
+      ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}, std::nullopt};
       const auto shard = extractor.write_shard(unchecked, tiles, extract_failed, progress);
       record.checksum = shard.checksum;
       record.kept = shard.tiles;

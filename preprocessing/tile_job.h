@@ -60,6 +60,12 @@ std::string shard_name(std::int64_t index);
 // (InputError naming it when it holds too little tissue); nullptr for stain.method: none.
 std::unique_ptr<StainNormalizer> stain_target(const core::Config& config);
 
+// What a job's hash covers of its stain reference beyond the config's path: the FNV-1a of the bytes of
+// stain.reference, so that a reference replaced at the same path makes another job (its shards are not kept); ""
+// without a reference or with stain.method: none (those hashes stay as they were). Reads the file, never decodes it.
+// core::FileNotFoundError or InputError naming the file when it cannot be read.
+std::string stain_reference_digest(const core::Config& config);
+
 // Every rank's shards: rank r's part of `total` tiles (core::part_begin) is cut into shards of at most `per_shard`
 // tiles, numbered rank by rank. Depends only on the counts.
 std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks, std::int64_t per_shard);

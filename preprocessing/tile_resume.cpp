@@ -46,10 +46,10 @@ fs::path shard_record_path(const fs::path& out, std::int64_t index) {
 }
 
 void write_shard_record(const fs::path& out, const ShardRecord& record) {
-  const json doc = {
-      {"job", record.job},           {"index", record.index},   {"first", record.first},
-      {"count", record.count},       {"tiles", record.tiles},   {"kept", record.kept},
-      {"checksum", record.checksum}, {"failed", record.failed}, {"checksum_algorithm", kChecksumAlgorithm}};
+  json doc = {{"job", record.job},           {"index", record.index},   {"first", record.first},
+              {"count", record.count},       {"tiles", record.tiles},   {"kept", record.kept},
+              {"checksum", record.checksum}, {"failed", record.failed}, {"checksum_algorithm", kChecksumAlgorithm}};
+  if (record.stain_kept) doc["stain_kept"] = *record.stain_kept;
   core::write_file_atomic(shard_record_path(out, record.index).string(), doc.dump() + "\n");
 }
 
@@ -60,11 +60,16 @@ std::optional<ShardRecord> read_shard_record(const fs::path& out, const std::str
   try {
     std::ifstream in(path);
     const json doc = json::parse(in);
-    ShardRecord record{
-        doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
-        doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
-        doc.at("tiles").get<std::string>(),    doc.at("kept").get<std::int64_t>(),
-        doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
+    ShardRecord record{doc.at("job").get<std::string>(),
+                       doc.at("index").get<std::int64_t>(),
+                       doc.at("first").get<std::int64_t>(),
+                       doc.at("count").get<std::int64_t>(),
+                       doc.at("tiles").get<std::string>(),
+                       doc.at("kept").get<std::int64_t>(),
+                       doc.at("checksum").get<std::string>(),
+                       doc.at("failed").get<std::map<std::string, std::string>>(),
+                       std::nullopt};
+    if (doc.contains("stain_kept")) record.stain_kept = doc.at("stain_kept").get<std::map<std::string, std::string>>();
     if (doc.value("checksum_algorithm", std::string()) != kChecksumAlgorithm) {
       if (earlier_logged == nullptr || !*earlier_logged) {
         spdlog::info("{}: resume record from an earlier version of tessera: extracting again{}", path.string(),

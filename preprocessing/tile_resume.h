@@ -54,6 +54,9 @@ struct ShardRecord {
   std::int64_t kept = 0;                      // tiles the shard holds (fewer than count when damaged ones were skipped)
   std::string checksum;                       // PixelChecksum of the extracted (unchecked) shard
   std::map<std::string, std::string> failed;  // slide id → error, for every slide of the span not read whole
+  // The import's: the groups of the span whose stain could not be fitted (group → why), whose patches the shard holds
+  // as they were (imported-stain-kept). Absent in tile's records and in the import's of earlier versions.
+  std::optional<std::map<std::string, std::string>> stain_kept;
 };
 
 std::filesystem::path shard_record_path(const std::filesystem::path& out, std::int64_t index);

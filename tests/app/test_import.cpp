@@ -260,6 +260,28 @@ double mean_colour_gap(const cv::Mat& a, const cv::Mat& b) {
   return (std::abs(ma[0] - mb[0]) + std::abs(ma[1] - mb[1]) + std::abs(ma[2] - mb[2])) / 3;
 }
 
+// Two patients, "even" with 4 H&E patches (split train) and "white" with 2 blank ones (too little tissue to fit its
+// stain; split val), as labels.csv under `root`; in job order even's are patches 0-3, white's 4-5.
+void write_even_and_white(const fs::path& root) {
+  fs::create_directories(root / "p");
+  std::ofstream csv(root / "labels.csv");
+  csv << "path,label,patient,split\n";
+  for (int k = 0; k < 4; ++k) {
+    cv::imwrite((root / ("p/even" + std::to_string(k) + ".png")).string(), he_patch(3 + 6 * k, 1.0, 1.0));
+    csv << "p/even" << k << ".png," << k % 2 << ",even,train\n";
+  }
+  for (int k = 0; k < 2; ++k) {
+    cv::imwrite((root / ("p/white" + std::to_string(k) + ".png")).string(),
+                cv::Mat(24, 24, CV_8UC3, cv::Scalar(255, 255, 255)));
+    csv << "p/white" << k << ".png,0,white,val\n";
+  }
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 // Three patients: two with the same 4 patches (more and more nuclei), "cast" stained darker in haematoxylin and
 // paler in eosin (split train), "even" not (val); and "white" with 2 blank patches (val). With stain.target_split:
 // train and stain.fit: group (the default), each patient's colours are fitted once on all of its patches, although
@@ -327,8 +349,7 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   }
   for (const std::int64_t k : {8, 9}) EXPECT_EQ(cv::norm(group.at(k), white, cv::NORM_INF), 0) << "patch " << k;
   EXPECT_TRUE(contains(r.err, "could not be fitted on 1 groups") && contains(r.err, "'white'")) << r.err;
-  std::ifstream table(dir.file("group/patches.csv"));
-  const std::string rows((std::istreambuf_iterator<char>(table)), std::istreambuf_iterator<char>());
+  const std::string rows = text_of(dir.file("group/patches.csv"));
   EXPECT_TRUE(contains(rows, "p/white0.png,white,normal,val,imported-stain-kept")) << rows;
   EXPECT_TRUE(contains(rows, "p/even0.png,even,normal,val,imported\n")) << rows;
 
@@ -343,6 +364,78 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   EXPECT_EQ(none.code, 2);
   EXPECT_TRUE(contains(none.err, "stain.target_split") && contains(none.err, "no patches are in split 'test'"))
       << none.err;
+}
+
+// The job's identity covers the stain reference's bytes, not only its path: a reference replaced at the same path
+// (its modification time put back) makes another job, imported again with the new target as a changed key is; a
+// missing reference is an error naming it, and leaves the folder as it was. (`tile` hashes the same digest,
+// StainReferenceDigest.*; an end-to-end tile run of it would cost seconds of synthetic slides.)
+TEST(Import, AStainReferenceReplacedAtTheSamePathIsAnotherJob) {
+  testing::TempDir dir;
+  write_even_and_white(dir.path());
+  const std::string reference = dir.file("reference.png");
+  cv::imwrite(reference, he_patch(12, 1.0, 1.0));
+  const std::string out = dir.file("shards");
+  const std::string args = "import --csv " + dir.file("labels.csv") +
+                           " --mpp 4 --set stain.method=reinhard --set stain.reference=" + reference + " --out " + out;
+  auto target = [&] {
+    cv::Mat rgb;
+    cv::cvtColor(cv::imread(reference), rgb, cv::COLOR_BGR2RGB);
+    return prep::make_stain_normalizer(prep::StainMethod::reinhard, rgb, reference)->describe() + prep::kPerGroupSuffix;
+  };
+  auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string first_target = target();
+  EXPECT_EQ(io::read_manifest(out + "/manifest.json").attributes.stain_normalization, first_target);
+  const auto first_tiles = testing::shard_tiles(out);
+  r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err + r.out, "up to date")) << r.err;
+
+  const auto time = fs::last_write_time(reference);
+  cv::imwrite(reference, he_patch(12, 1.5, 0.6));
+  fs::last_write_time(reference, time);
+  ASSERT_NE(target(), first_target);
+  r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err + r.out, "up to date")) << r.err;
+  EXPECT_EQ(io::read_manifest(out + "/manifest.json").attributes.stain_normalization, target());
+  EXPECT_EQ(io::ShardFile::open(out + "/shard-00000.h5").attributes().stain_normalization, target());
+  const auto second_tiles = testing::shard_tiles(out);
+  EXPECT_NE(second_tiles, first_tiles);
+
+  fs::remove(reference);
+  r = run(args);
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, reference) && contains(r.err, "file not found")) << r.err;
+  EXPECT_EQ(testing::shard_tiles(out), second_tiles) << "the folder is left as it was";
+}
+
+// An import killed after its last shard keeps every shard on the rerun, and its patches.csv still marks the patches
+// of the group whose stain could not be fitted (imported-stain-kept), as the uninterrupted run's does: the marks are
+// in the shards' records.
+TEST(Import, AResumedImportKeepsTheStainKeptMarks) {
+  testing::TempDir dir;
+  write_even_and_white(dir.path());
+  const std::string args = "import --csv " + dir.file("labels.csv") +
+                           " --mpp 4 --set stain.method=reinhard --set shards.tiles_per_shard=3 --out ";
+  const auto whole = run(args + dir.file("whole"));
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const std::string rows = text_of(dir.file("whole/patches.csv"));
+  EXPECT_TRUE(contains(rows, "p/white1.png,white,normal,val,imported-stain-kept\n")) << rows;
+  EXPECT_TRUE(contains(rows, "p/even3.png,even,tumor,train,imported\n")) << rows;
+  // Shards of 3: even's 0-2, then even's 3 with white's 4-5; killed after the second, the last.
+  const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=2 do=kill' \"$TESSERA\" " + args +
+                                          dir.file("resumed"));
+  EXPECT_NE(killed.code, 0);
+  EXPECT_FALSE(fs::exists(dir.file("resumed/patches.csv")));
+  const auto resumed = run(args + dir.file("resumed"));
+  ASSERT_EQ(resumed.code, 0) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00001.h5: kept from an earlier run")) << resumed.err;
+  EXPECT_TRUE(contains(resumed.err, "could not be fitted on 1 groups") && contains(resumed.err, "'white'"))
+      << resumed.err;
+  EXPECT_EQ(text_of(dir.file("resumed/patches.csv")), rows);
+  EXPECT_EQ(testing::shard_tiles(dir.file("whole")), testing::shard_tiles(dir.file("resumed")));
 }
 
 // `tessera bench import` on a few generated patches: both rows of Tessera's process, and Python's row or the reason

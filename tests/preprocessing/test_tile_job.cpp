@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -154,6 +155,35 @@ TEST(ResolveTileInputs, InputSplitsPicksRowsOfTheCsvWhichASingleCsvInInputSlides
 
 // ---- resume ---------------------------------------------------------------------------------------------------
 
+// The job hashes cover the stain reference's bytes: other bytes at the same path (also past the first block read) are
+// another digest, the same bytes the same one; nothing without a reference or with stain.method: none; a missing
+// reference is an error naming it.
+TEST(StainReferenceDigest, CoversTheReferencesBytesNotOnlyItsPath) {
+  testing::TempDir dir;
+  const std::string reference = (dir.path() / "reference.png").string();
+  const auto digest = [&](const std::string& method) {
+    return stain_reference_digest(job("stain:\n  method: " + method + "\n  reference: '" + reference + "'\n"));
+  };
+  const std::string bytes(200000, 'a');
+  std::ofstream(reference) << bytes;
+  const std::string first = digest("reinhard");
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(digest("macenko"), first);
+  EXPECT_EQ(digest("none"), "");
+  EXPECT_EQ(stain_reference_digest(job("stain:\n  method: reinhard\n")), "");
+  std::ofstream(reference) << bytes.substr(1) << 'b';
+  EXPECT_NE(digest("reinhard"), first);
+  std::ofstream(reference) << bytes;
+  EXPECT_EQ(digest("reinhard"), first);
+  fs::remove(reference);
+  try {
+    digest("reinhard");
+    ADD_FAILURE() << "a missing reference was hashed";
+  } catch (const core::FileNotFoundError& e) {
+    EXPECT_NE(std::string(e.what()).find(reference), std::string::npos) << e.what();
+  }
+}
+
 TEST(PixelChecksum, TheSameBytesGiveTheSameChecksumHoweverTheyAreSplit) {
   std::vector<std::uint8_t> bytes(203);
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 37 + 11);
@@ -200,7 +230,7 @@ struct ResumeFixture : ::testing::Test {
   testing::TempDir dir;
   fs::path out = dir.path();
   ShardSpan span{3, 40, 4};
-  ShardRecord record{"job-hash", 3, 40, 4, "tiles-digest", 4, "", {{"other", "a slide that failed"}}};
+  ShardRecord record{"job-hash", 3, 40, 4, "tiles-digest", 4, "", {{"other", "a slide that failed"}}, std::nullopt};
 };
 
 TEST_F(ResumeFixture, AShardExtractedByTheSameJobIsKeptWithItsRecord) {
@@ -208,7 +238,12 @@ TEST_F(ResumeFixture, AShardExtractedByTheSameJobIsKeptWithItsRecord) {
   ASSERT_TRUE(kept.has_value());
   EXPECT_EQ(kept->kept, 4);
   EXPECT_EQ(kept->checksum, record.checksum);
-  EXPECT_EQ(kept->failed, record.failed);  // the failures seen while writing it reach the manifest again
+  EXPECT_EQ(kept->failed, record.failed);      // the failures seen while writing it reach the manifest again
+  EXPECT_FALSE(kept->stain_kept.has_value());  // a tile record says nothing of groups
+  // An import's record: the groups whose stain was kept come back with it.
+  record.stain_kept = std::map<std::string, std::string>{{"white", "too little tissue"}};
+  write_shard_record(out, record);
+  EXPECT_EQ(finished_shard(out, "job-hash", span, "tiles-digest")->stain_kept, record.stain_kept);
 }
 
 TEST_F(ResumeFixture, AnotherJobSpanOrTileListExtractsItAgain) {
