@@ -11,9 +11,10 @@
 //    tiles; rank 0 writes manifest.json last. A damaged tile (its decode fails or warns) fails its slide like any
 //    unreadable region; with tile.on_corrupt_tile: skip it is left out of its shard instead, and the manifest counts
 //    per slide the planned tiles no shard holds (corrupt_tiles).
-// Resume (preprocessing/tile_resume.h): the job's hash (config + slide files) is kept in `.tessera-tile-state.json`
-// and a record per extracted shard in `.tessera-tile-shards/`; a rerun of the same job keeps every shard whose record
-// and file agree and extracts only the rest; a finished job is reported up to date; `force` starts over.
+// Resume (preprocessing/tile_resume.h): the job's hash (config + stain reference's bytes + slide files) is kept in
+// `.tessera-tile-state.json` and a record per extracted shard in `.tessera-tile-shards/`; a rerun of the same job
+// keeps every shard whose record and file agree and extracts only the rest; a finished job is reported up to date;
+// `force` starts over.
 #pragma once
 
 #include <cstdint>
