@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,6 +25,7 @@
 #include "core/fault.h"
 #include "core/hash.h"
 #include "core/output_dir.h"
+#include "core/partition.h"
 #include "core/progress.h"
 #include "core/random.h"
 #include "core/threads.h"
@@ -335,14 +337,25 @@ std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config,
                                fmt::format("split {}, {} patches", split, in_split.size()));
 }
 
+// A group's patches decoded for its stain fit are kept for its shard while all the patches kept stay under this many
+// bytes (64 MB: about 8,900 tiles of 50 px, 340 of 256 px); a group whose patches would pass it, or that was fitted
+// on a sample of its patches (kMaxFitPixels), is decoded again when its shard is written.
+constexpr std::size_t kMaxHeldBytes = std::size_t{64} << 20;
+
 // Stain normalization of the job: the target, and with stain.fit: group each group's normalizer (the target fitted
 // on the group's patches taken together), fitted when a shard first needs it. Null entries leave patches as they are.
-// A group's patches are decoded once for its fit and again when its shard is written.
+// The patches a group's fit decoded are kept for its shard when they fit in kMaxHeldBytes (take_decoded).
 class PatchStains {
  public:
+  // `mine`: the first and the end of this rank's patches (the only ones whose decoded tiles are kept).
   PatchStains(const std::vector<PatchInput>& patches, const FitSettings& fit, std::unique_ptr<StainNormalizer> target,
-              bool per_group, int threads)
-      : patches_(patches), fit_(fit), target_(std::move(target)), per_group_(per_group), threads_(threads) {}
+              bool per_group, int threads, std::pair<std::size_t, std::size_t> mine)
+      : patches_(patches),
+        fit_(fit),
+        target_(std::move(target)),
+        per_group_(per_group),
+        threads_(threads),
+        mine_(mine) {}
 
   // The normalizer of each patch of the span.
   std::vector<const StainNormalizer*> of_span(const ShardSpan& span) {
@@ -369,6 +382,20 @@ class PatchStains {
     return out;
   }
 
+  // The span's patches as their groups' fits decoded them (an empty Mat for one not kept: decode it); afterwards
+  // nothing of the span, or before it, is kept.
+  std::vector<cv::Mat> take_decoded(const ShardSpan& span) {
+    std::vector<cv::Mat> out(static_cast<std::size_t>(span.count));
+    const auto end = static_cast<std::size_t>(span.first + span.count);
+    for (auto it = held_.begin(); it != held_.end() && it->first < end; it = held_.erase(it)) {
+      held_bytes_ -= it->second.total() * it->second.elemSize();
+      if (it->first >= static_cast<std::size_t>(span.first)) {
+        out[it->first - static_cast<std::size_t>(span.first)] = std::move(it->second);
+      }
+    }
+    return out;
+  }
+
  private:
   // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, recorded in
   // unfitted_, when together they hold too little tissue (or, for Macenko, one stain only).
@@ -380,8 +407,20 @@ class PatchStains {
     std::vector<std::size_t> members(end - begin);
     for (std::size_t i = begin; i < end; ++i) members[i - begin] = i;
     std::string failure;
-    auto normalizer = target_->fitted_to(decode_sample(patches_, members, fit_, threads_), failure);
+    auto images = decode_sample(patches_, members, fit_, threads_);
+    auto normalizer = target_->fitted_to(images, failure);
     if (!normalizer) unfitted_.emplace(group, failure);
+    if (images.size() == members.size()) {  // every patch was decoded for the fit: keep them for the shard
+      std::size_t bytes = 0;
+      for (const auto& image : images) bytes += image.total() * image.elemSize();
+      if (held_bytes_ + bytes <= kMaxHeldBytes) {
+        for (std::size_t k = 0; k < members.size(); ++k) {
+          if (images[k].empty() || members[k] < mine_.first || members[k] >= mine_.second) continue;
+          held_bytes_ += images[k].total() * images[k].elemSize();
+          held_.emplace(members[k], std::move(images[k]));
+        }
+      }
+    }
     return normalizer;
   }
 
@@ -392,6 +431,9 @@ class PatchStains {
   int threads_;
   std::map<std::string, std::unique_ptr<StainNormalizer>> fitted_;
   std::map<std::string, std::string> unfitted_;
+  std::pair<std::size_t, std::size_t> mine_;
+  std::map<std::size_t, cv::Mat> held_;  // patch index → its decoded tile, for its shard
+  std::size_t held_bytes_ = 0;
 };
 
 // Every rank's `pairs` (key → text) merged into `pairs` on every rank.
@@ -414,11 +456,13 @@ struct ShardResult {
   std::map<std::string, std::string> failed;  // patch path → error
 };
 
-// Decodes the span's patches with `threads` threads, then writes the good ones in job order.
+// Decodes the span's patches with `threads` threads (those not in `decoded`, the span's patches decoded already or
+// empty), then writes the good ones in job order.
 ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& patches, const ShardSpan& span,
                         const std::vector<std::string>& groups, const std::map<std::string, std::uint32_t>& group_index,
                         const io::ShardAttributes& attributes, const FitSettings& fit,
-                        const std::vector<const StainNormalizer*>& normalizers, int threads) {
+                        const std::vector<const StainNormalizer*>& normalizers, std::vector<cv::Mat> decoded,
+                        int threads) {
   const auto count = static_cast<std::size_t>(span.count);
   const std::size_t tile_bytes = static_cast<std::size_t>(fit.tile_size) * fit.tile_size * 3;
   std::vector<std::uint8_t> pixels(count * tile_bytes);
@@ -428,7 +472,7 @@ ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& 
     for (std::size_t k = next++; k < count; k = next++) {
       const auto& p = patches[static_cast<std::size_t>(span.first) + k];
       try {
-        cv::Mat tile = decode_patch(p, fit);
+        cv::Mat tile = decoded[k].empty() ? decode_patch(p, fit) : std::move(decoded[k]);
         if (const auto* normalizer = normalizers[k]) normalizer->apply(tile);
         for (int y = 0; y < tile.rows; ++y) {
           std::memcpy(pixels.data() + k * tile_bytes + static_cast<std::size_t>(y) * tile.cols * 3, tile.ptr(y),
@@ -680,13 +724,16 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   // The stain target is fitted only for a job that has patches to write (a finished one returned above).
   auto target = import_stain_target(config, patches, fit, threads);
   attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
-  PatchStains stains(patches, fit, std::move(target), per_group, threads);
 
   const auto total = static_cast<std::int64_t>(patches.size());
   const std::int64_t tile_bytes = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size * 3;
   const std::int64_t per_shard = std::max<std::int64_t>(
       1, std::min(config.get_int("shards.tiles_per_shard"), (std::int64_t{512} << 20) / tile_bytes));
   const auto spans = assign_shards(total, world.size(), per_shard);
+  // This rank's patches, as assign_shards shares them out.
+  const auto mine = std::make_pair(static_cast<std::size_t>(core::part_begin(total, world.size(), world.rank())),
+                                   static_cast<std::size_t>(core::part_begin(total, world.size(), world.rank() + 1)));
+  PatchStains stains(patches, fit, std::move(target), per_group, threads, mine);
   std::map<std::string, std::string> failed;
   std::map<std::string, std::string> stain_kept;  // group → why its stain could not be fitted, of this rank's shards
   {
@@ -722,8 +769,9 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       fs::remove(shard_record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
-      const auto shard =
-          write_shard(unchecked, patches, span, groups, group_index, attributes, fit, stains.of_span(span), threads);
+      const auto normalizers = stains.of_span(span);
+      const auto shard = write_shard(unchecked, patches, span, groups, group_index, attributes, fit, normalizers,
+                                     stains.take_decoded(span), threads);
       failed.insert(shard.failed.begin(), shard.failed.end());
       const auto kept_here = stains.unfitted_of(span);
       stain_kept.insert(kept_here.begin(), kept_here.end());
