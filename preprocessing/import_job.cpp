@@ -245,11 +245,12 @@ void assign_splits(std::vector<PatchInput>& patches, const core::Config& config)
 
 // FNV-1a over the effective config, the stain reference's bytes and each patch's path, label, group, split, size and
 // modification time.
-std::string job_hash(const core::Config& config, const std::vector<PatchInput>& patches) {
+std::string job_hash(const core::Config& config, const StainReference& reference,
+                     const std::vector<PatchInput>& patches) {
   // import.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
   core::Config hashed = config;
   hashed.set_value("import.threads", "0", "the job hash");
-  std::uint64_t hash = core::fnv1a(hashed.to_yaml() + stain_reference_digest(config));
+  std::uint64_t hash = core::fnv1a(hashed.to_yaml() + stain_reference_digest(reference));
   for (const auto& p : patches) {
     struct stat st {};
     const bool ok = ::stat(p.path.c_str(), &st) == 0;
@@ -315,15 +316,13 @@ std::vector<cv::Mat> decode_sample(const std::vector<PatchInput>& patches, const
   return images;
 }
 
-// The job's stain target: stain_target()'s, or with stain.target_split fitted on that split's patches taken together.
-std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config, const std::vector<PatchInput>& patches,
-                                                     const FitSettings& fit, int threads) {
+// The job's stain target: stain_target()'s (from the reference's bytes the job's hash covers), or with
+// stain.target_split fitted on that split's patches taken together.
+std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config, const StainReference& reference,
+                                                     const std::vector<PatchInput>& patches, const FitSettings& fit,
+                                                     int threads) {
   const std::string& split = config.get_string("stain.target_split");
-  if (split.empty() || config.get_string("stain.method") == "none") return stain_target(config);
-  if (!config.get_string("stain.reference").empty()) {
-    throw core::ConfigError("give stain.reference or stain.target_split, not both", config.source(), 0,
-                            "stain.target_split");
-  }
+  if (split.empty() || config.get_string("stain.method") == "none") return stain_target(config, reference);
   std::vector<std::size_t> in_split;
   for (std::size_t i = 0; i < patches.size(); ++i) {
     if (patches[i].split == split) in_split.push_back(i);
@@ -667,7 +666,14 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   // Per group only when some group has more than one patch: else (the patches name no group) each patch is fitted
   // alone, on the way tile and stain.fit: patch take, with no fit ahead of its shard.
   const bool per_group = config.get_string("stain.fit") == "group" && groups.size() < patches.size();
-  const std::string hash = job_hash(config, patches);
+  if (!config.get_string("stain.target_split").empty() && !config.get_string("stain.reference").empty() &&
+      config.get_string("stain.method") != "none") {
+    throw core::ConfigError("give stain.reference or stain.target_split, not both", config.source(), 0,
+                            "stain.target_split");
+  }
+  // Read once: the job's hash and its stain target come from the same bytes.
+  const auto reference = read_stain_reference(config);
+  const std::string hash = job_hash(config, reference, patches);
   const fs::path state_path = out / ".tessera-import-state.json";
   const fs::path manifest_path = out / "manifest.json";
   int up_to_date = 0;
@@ -722,7 +728,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   world.barrier();
 
   // The stain target is fitted only for a job that has patches to write (a finished one returned above).
-  auto target = import_stain_target(config, patches, fit, threads);
+  auto target = import_stain_target(config, reference, patches, fit, threads);
   attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
 
   const auto total = static_cast<std::int64_t>(patches.size());
