@@ -356,6 +356,9 @@ class PatchStains {
         threads_(threads),
         mine_(mine) {}
 
+  // True when groups are fitted, the only way a group can keep its stain (so a shard's record must say which did).
+  bool fits_groups() const { return target_ && per_group_; }
+
   // The normalizer of each patch of the span.
   std::vector<const StainNormalizer*> of_span(const ShardSpan& span) {
     std::vector<const StainNormalizer*> out(static_cast<std::size_t>(span.count), per_group_ ? nullptr : target_.get());
@@ -756,19 +759,12 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
         const std::uint8_t label = p.label;
         digest.add(&label, 1);
       }
-      auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged);
-      if (record && !record->stain_kept) {
-        spdlog::info(
-            "{}: its record (of an earlier version of tessera) does not say which groups kept their stain: "
-            "importing it again",
-            shard_name(span.index));
-        record.reset();
-      }
+      const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged, stains.fits_groups());
       if (record) {
         spdlog::info("{}: kept from an earlier run of this job ({} patches, pixels verified)", shard_name(span.index),
                      record->kept);
         failed.insert(record->failed.begin(), record->failed.end());
-        stain_kept.insert(record->stain_kept->begin(), record->stain_kept->end());
+        if (record->stain_kept) stain_kept.insert(record->stain_kept->begin(), record->stain_kept->end());
         progress.advance(span.count);
         continue;
       }

@@ -275,10 +275,15 @@ TEST_F(ResumeFixture, AShardExtractedByTheSameJobIsKeptWithItsRecord) {
   EXPECT_EQ(kept->checksum, record.checksum);
   EXPECT_EQ(kept->failed, record.failed);      // the failures seen while writing it reach the manifest again
   EXPECT_FALSE(kept->stain_kept.has_value());  // a tile record says nothing of groups
+  // An import that fits groups needs to know which kept their stain: without stain_kept (an earlier version's
+  // record) the shard is imported again.
+  bool logged = false;
+  EXPECT_FALSE(finished_shard(out, "job-hash", span, "tiles-digest", &logged, true));
+  EXPECT_TRUE(logged);
   // An import's record: the groups whose stain was kept come back with it.
   record.stain_kept = std::map<std::string, std::string>{{"white", "too little tissue"}};
   write_shard_record(out, record);
-  EXPECT_EQ(finished_shard(out, "job-hash", span, "tiles-digest")->stain_kept, record.stain_kept);
+  EXPECT_EQ(finished_shard(out, "job-hash", span, "tiles-digest", &logged, true)->stain_kept, record.stain_kept);
 }
 
 TEST_F(ResumeFixture, AnotherJobSpanOrTileListExtractsItAgain) {
