@@ -196,11 +196,17 @@ cv::Mat read_jpeg_strict(const std::string& path, const std::vector<unsigned cha
 
 }  // namespace
 
-cv::Mat read_rgb_image(const std::string& path) {
+cv::Mat read_rgb_image(const std::string& path) { return decode_rgb_image(read_file_bytes(path), path); }
+
+std::vector<unsigned char> read_file_bytes(const std::string& path) {
   if (!std::filesystem::exists(path)) throw core::FileNotFoundError(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::InputError("cannot be read", path);
-  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+cv::Mat decode_rgb_image(const std::vector<unsigned char>& bytes, const std::string& path) {
   if (bytes.size() >= 3 && bytes[0] == 0xFF && bytes[1] == 0xD8 && bytes[2] == 0xFF)
     return read_jpeg_strict(path, bytes);
   // Other formats through OpenCV, whose PNG decoder already fails (empty image) on a truncated file or a bad CRC.

@@ -28,4 +28,10 @@ std::map<std::string, std::string> read_png_text(const std::string& path);
 // Reads a PNG/JPEG/TIFF image as RGB CV_8UC3; core::InputError naming the file when it cannot be decoded.
 cv::Mat read_rgb_image(const std::string& path);
 
+// The two halves of read_rgb_image, for a caller that also needs the file's bytes (e.g. to hash the very bytes it
+// decodes): the bytes of `path` (core::FileNotFoundError or InputError naming it), and those bytes decoded as
+// read_rgb_image does, with errors naming `path`.
+std::vector<unsigned char> read_file_bytes(const std::string& path);
+cv::Mat decode_rgb_image(const std::vector<unsigned char>& bytes, const std::string& path);
+
 }  // namespace tessera::io

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,6 +25,7 @@
 #include "core/fault.h"
 #include "core/hash.h"
 #include "core/output_dir.h"
+#include "core/partition.h"
 #include "core/progress.h"
 #include "core/random.h"
 #include "core/threads.h"
@@ -241,12 +243,14 @@ void assign_splits(std::vector<PatchInput>& patches, const core::Config& config)
   for (auto& p : patches) p.split = split_of.at(p.group);
 }
 
-// FNV-1a over the effective config and each patch's path, label, group, split, size and modification time.
-std::string job_hash(const core::Config& config, const std::vector<PatchInput>& patches) {
+// FNV-1a over the effective config, the stain reference's bytes and each patch's path, label, group, split, size and
+// modification time.
+std::string job_hash(const core::Config& config, const StainReference& reference,
+                     const std::vector<PatchInput>& patches) {
   // import.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
   core::Config hashed = config;
   hashed.set_value("import.threads", "0", "the job hash");
-  std::uint64_t hash = core::fnv1a(hashed.to_yaml());
+  std::uint64_t hash = core::fnv1a(hashed.to_yaml() + stain_reference_digest(reference));
   for (const auto& p : patches) {
     struct stat st {};
     const bool ok = ::stat(p.path.c_str(), &st) == 0;
@@ -312,15 +316,13 @@ std::vector<cv::Mat> decode_sample(const std::vector<PatchInput>& patches, const
   return images;
 }
 
-// The job's stain target: stain_target()'s, or with stain.target_split fitted on that split's patches taken together.
-std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config, const std::vector<PatchInput>& patches,
-                                                     const FitSettings& fit, int threads) {
+// The job's stain target: stain_target()'s (from the reference's bytes the job's hash covers), or with
+// stain.target_split fitted on that split's patches taken together.
+std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config, const StainReference& reference,
+                                                     const std::vector<PatchInput>& patches, const FitSettings& fit,
+                                                     int threads) {
   const std::string& split = config.get_string("stain.target_split");
-  if (split.empty() || config.get_string("stain.method") == "none") return stain_target(config);
-  if (!config.get_string("stain.reference").empty()) {
-    throw core::ConfigError("give stain.reference or stain.target_split, not both", config.source(), 0,
-                            "stain.target_split");
-  }
+  if (split.empty() || config.get_string("stain.method") == "none") return stain_target(config, reference);
   std::vector<std::size_t> in_split;
   for (std::size_t i = 0; i < patches.size(); ++i) {
     if (patches[i].split == split) in_split.push_back(i);
@@ -334,14 +336,28 @@ std::unique_ptr<StainNormalizer> import_stain_target(const core::Config& config,
                                fmt::format("split {}, {} patches", split, in_split.size()));
 }
 
+// A group's patches decoded for its stain fit are kept for its shard while all the patches kept stay under this many
+// bytes (64 MB: about 8,900 tiles of 50 px, 340 of 256 px); a group whose patches would pass it, or that was fitted
+// on a sample of its patches (kMaxFitPixels), is decoded again when its shard is written.
+constexpr std::size_t kMaxHeldBytes = std::size_t{64} << 20;
+
 // Stain normalization of the job: the target, and with stain.fit: group each group's normalizer (the target fitted
 // on the group's patches taken together), fitted when a shard first needs it. Null entries leave patches as they are.
-// A group's patches are decoded once for its fit and again when its shard is written.
+// The patches a group's fit decoded are kept for its shard when they fit in kMaxHeldBytes (take_decoded).
 class PatchStains {
  public:
+  // `mine`: the first and the end of this rank's patches (the only ones whose decoded tiles are kept).
   PatchStains(const std::vector<PatchInput>& patches, const FitSettings& fit, std::unique_ptr<StainNormalizer> target,
-              bool per_group, int threads)
-      : patches_(patches), fit_(fit), target_(std::move(target)), per_group_(per_group), threads_(threads) {}
+              bool per_group, int threads, std::pair<std::size_t, std::size_t> mine)
+      : patches_(patches),
+        fit_(fit),
+        target_(std::move(target)),
+        per_group_(per_group),
+        threads_(threads),
+        mine_(mine) {}
+
+  // True when groups are fitted, the only way a group can keep its stain (so a shard's record must say which did).
+  bool fits_groups() const { return target_ && per_group_; }
 
   // The normalizer of each patch of the span.
   std::vector<const StainNormalizer*> of_span(const ShardSpan& span) {
@@ -357,8 +373,30 @@ class PatchStains {
     return out;
   }
 
-  // The groups whose fit failed (group → why), of the shards this rank wrote: their patches keep their colours.
-  const std::map<std::string, std::string>& unfitted() const { return unfitted_; }
+  // The groups of the span whose fit failed (group → why), once of_span(span) has fitted them: their patches keep
+  // their colours.
+  std::map<std::string, std::string> unfitted_of(const ShardSpan& span) const {
+    std::map<std::string, std::string> out;
+    for (std::int64_t k = span.first; k < span.first + span.count; ++k) {
+      const std::string& group = patches_[static_cast<std::size_t>(k)].group;
+      if (const auto it = unfitted_.find(group); it != unfitted_.end()) out.insert(*it);
+    }
+    return out;
+  }
+
+  // The span's patches as their groups' fits decoded them (an empty Mat for one not kept: decode it); afterwards
+  // nothing of the span, or before it, is kept.
+  std::vector<cv::Mat> take_decoded(const ShardSpan& span) {
+    std::vector<cv::Mat> out(static_cast<std::size_t>(span.count));
+    const auto end = static_cast<std::size_t>(span.first + span.count);
+    for (auto it = held_.begin(); it != held_.end() && it->first < end; it = held_.erase(it)) {
+      held_bytes_ -= it->second.total() * it->second.elemSize();
+      if (it->first >= static_cast<std::size_t>(span.first)) {
+        out[it->first - static_cast<std::size_t>(span.first)] = std::move(it->second);
+      }
+    }
+    return out;
+  }
 
  private:
   // The target fitted on the group of patch `index` (its patches are consecutive in job order); null, recorded in
@@ -371,8 +409,20 @@ class PatchStains {
     std::vector<std::size_t> members(end - begin);
     for (std::size_t i = begin; i < end; ++i) members[i - begin] = i;
     std::string failure;
-    auto normalizer = target_->fitted_to(decode_sample(patches_, members, fit_, threads_), failure);
+    auto images = decode_sample(patches_, members, fit_, threads_);
+    auto normalizer = target_->fitted_to(images, failure);
     if (!normalizer) unfitted_.emplace(group, failure);
+    if (images.size() == members.size()) {  // every patch was decoded for the fit: keep them for the shard
+      std::size_t bytes = 0;
+      for (const auto& image : images) bytes += image.total() * image.elemSize();
+      if (held_bytes_ + bytes <= kMaxHeldBytes) {
+        for (std::size_t k = 0; k < members.size(); ++k) {
+          if (images[k].empty() || members[k] < mine_.first || members[k] >= mine_.second) continue;
+          held_bytes_ += images[k].total() * images[k].elemSize();
+          held_.emplace(members[k], std::move(images[k]));
+        }
+      }
+    }
     return normalizer;
   }
 
@@ -383,6 +433,9 @@ class PatchStains {
   int threads_;
   std::map<std::string, std::unique_ptr<StainNormalizer>> fitted_;
   std::map<std::string, std::string> unfitted_;
+  std::pair<std::size_t, std::size_t> mine_;
+  std::map<std::size_t, cv::Mat> held_;  // patch index → its decoded tile, for its shard
+  std::size_t held_bytes_ = 0;
 };
 
 // Every rank's `pairs` (key → text) merged into `pairs` on every rank.
@@ -405,11 +458,13 @@ struct ShardResult {
   std::map<std::string, std::string> failed;  // patch path → error
 };
 
-// Decodes the span's patches with `threads` threads, then writes the good ones in job order.
+// Decodes the span's patches with `threads` threads (those not in `decoded`, the span's patches decoded already or
+// empty), then writes the good ones in job order.
 ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& patches, const ShardSpan& span,
                         const std::vector<std::string>& groups, const std::map<std::string, std::uint32_t>& group_index,
                         const io::ShardAttributes& attributes, const FitSettings& fit,
-                        const std::vector<const StainNormalizer*>& normalizers, int threads) {
+                        const std::vector<const StainNormalizer*>& normalizers, std::vector<cv::Mat> decoded,
+                        int threads) {
   const auto count = static_cast<std::size_t>(span.count);
   const std::size_t tile_bytes = static_cast<std::size_t>(fit.tile_size) * fit.tile_size * 3;
   std::vector<std::uint8_t> pixels(count * tile_bytes);
@@ -419,7 +474,7 @@ ShardResult write_shard(const std::string& path, const std::vector<PatchInput>& 
     for (std::size_t k = next++; k < count; k = next++) {
       const auto& p = patches[static_cast<std::size_t>(span.first) + k];
       try {
-        cv::Mat tile = decode_patch(p, fit);
+        cv::Mat tile = decoded[k].empty() ? decode_patch(p, fit) : std::move(decoded[k]);
         if (const auto* normalizer = normalizers[k]) normalizer->apply(tile);
         for (int y = 0; y < tile.rows; ++y) {
           std::memcpy(pixels.data() + k * tile_bytes + static_cast<std::size_t>(y) * tile.cols * 3, tile.ptr(y),
@@ -614,7 +669,14 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   // Per group only when some group has more than one patch: else (the patches name no group) each patch is fitted
   // alone, on the way tile and stain.fit: patch take, with no fit ahead of its shard.
   const bool per_group = config.get_string("stain.fit") == "group" && groups.size() < patches.size();
-  const std::string hash = job_hash(config, patches);
+  if (!config.get_string("stain.target_split").empty() && !config.get_string("stain.reference").empty() &&
+      config.get_string("stain.method") != "none") {
+    throw core::ConfigError("give stain.reference or stain.target_split, not both", config.source(), 0,
+                            "stain.target_split");
+  }
+  // Read once: the job's hash and its stain target come from the same bytes.
+  const auto reference = read_stain_reference(config);
+  const std::string hash = job_hash(config, reference, patches);
   const fs::path state_path = out / ".tessera-import-state.json";
   const fs::path manifest_path = out / "manifest.json";
   int up_to_date = 0;
@@ -669,16 +731,20 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   world.barrier();
 
   // The stain target is fitted only for a job that has patches to write (a finished one returned above).
-  auto target = import_stain_target(config, patches, fit, threads);
+  auto target = import_stain_target(config, reference, patches, fit, threads);
   attributes.stain_normalization = target ? target->describe() + (per_group ? kPerGroupSuffix : "") : "none";
-  PatchStains stains(patches, fit, std::move(target), per_group, threads);
 
   const auto total = static_cast<std::int64_t>(patches.size());
   const std::int64_t tile_bytes = static_cast<std::int64_t>(fit.tile_size) * fit.tile_size * 3;
   const std::int64_t per_shard = std::max<std::int64_t>(
       1, std::min(config.get_int("shards.tiles_per_shard"), (std::int64_t{512} << 20) / tile_bytes));
   const auto spans = assign_shards(total, world.size(), per_shard);
+  // This rank's patches, as assign_shards shares them out.
+  const auto mine = std::make_pair(static_cast<std::size_t>(core::part_begin(total, world.size(), world.rank())),
+                                   static_cast<std::size_t>(core::part_begin(total, world.size(), world.rank() + 1)));
+  PatchStains stains(patches, fit, std::move(target), per_group, threads, mine);
   std::map<std::string, std::string> failed;
+  std::map<std::string, std::string> stain_kept;  // group → why its stain could not be fitted, of this rank's shards
   {
     core::Progress progress(world, total, {.label = "import", .unit = "patches"});
     bool earlier_records_logged = false;  // a record of an earlier version of Tessera was logged
@@ -693,21 +759,26 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
         const std::uint8_t label = p.label;
         digest.add(&label, 1);
       }
-      if (const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged)) {
+      const auto record = finished_shard(out, hash, span, digest.hex(), &earlier_records_logged, stains.fits_groups());
+      if (record) {
         spdlog::info("{}: kept from an earlier run of this job ({} patches, pixels verified)", shard_name(span.index),
                      record->kept);
         failed.insert(record->failed.begin(), record->failed.end());
+        if (record->stain_kept) stain_kept.insert(record->stain_kept->begin(), record->stain_kept->end());
         progress.advance(span.count);
         continue;
       }
       fs::remove(shard_record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
-      const auto shard =
-          write_shard(unchecked, patches, span, groups, group_index, attributes, fit, stains.of_span(span), threads);
+      const auto normalizers = stains.of_span(span);
+      const auto shard = write_shard(unchecked, patches, span, groups, group_index, attributes, fit, normalizers,
+                                     stains.take_decoded(span), threads);
       failed.insert(shard.failed.begin(), shard.failed.end());
-      write_shard_record(
-          out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum, shard.failed});
+      const auto kept_here = stains.unfitted_of(span);
+      stain_kept.insert(kept_here.begin(), kept_here.end());
+      write_shard_record(out, {hash, span.index, span.first, span.count, digest.hex(), shard.tiles, shard.checksum,
+                               shard.failed, kept_here});
       // Fault point "import.shard-finished" (core/fault.h): after a shard and its record are complete.
       core::fault::at("import.shard-finished");
       progress.advance(span.count);
@@ -721,8 +792,7 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
     if (fs::exists(unchecked)) fs::rename(unchecked, final_path);
   }
   gather_pairs(world, failed);
-  auto unfitted = stains.unfitted();
-  gather_pairs(world, unfitted);
+  gather_pairs(world, stain_kept);
 
   ImportJobResult result;
   result.patches_failed = !failed.empty();
@@ -785,9 +855,9 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
       const auto& p = patches[k];
       table += fmt::format("{},{},{},{},{},{}\n", k, csv_field(p.path), csv_field(p.group), io::kLabelNames[p.label],
                            csv_field(p.split),
-                           failed.contains(p.path)      ? "failed"
-                           : unfitted.contains(p.group) ? "imported-stain-kept"
-                                                        : "imported");
+                           failed.contains(p.path)        ? "failed"
+                           : stain_kept.contains(p.group) ? "imported-stain-kept"
+                                                          : "imported");
     }
     core::write_file_atomic((out / "patches.csv").string(), table);
     io::write_manifest(manifest_path.string(), manifest);
@@ -809,14 +879,14 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
                    patches.size());
       for (const auto& [path, error] : failed) std::fprintf(stderr, "  %s\n", error.c_str());
     }
-    if (!unfitted.empty()) {
+    if (!stain_kept.empty()) {
       std::string list;
-      for (const auto& [group, why] : unfitted)
+      for (const auto& [group, why] : stain_kept)
         list += fmt::format("{}'{}' ({})", list.empty() ? "" : "; ", group, why);
       spdlog::warn(
           "stain normalization could not be fitted on {} groups, whose patches keep their colours "
           "(imported-stain-kept in patches.csv): {}",
-          unfitted.size(), list);
+          stain_kept.size(), list);
     }
   }
   std::int64_t imported = result.patches;

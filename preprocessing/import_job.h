@@ -21,9 +21,10 @@
 //    JPEG is an error, never grey pixels) is left out and listed; the job ends with exit code 3 and the list.
 //    A patch has no place on a slide: its tile's x coordinate is its number in the job, and `patches.csv` (number,
 //    path, group, label, split, status) leads from a tile or a prediction back to the file.
-// 4. Rank 0 puts the shards in place and writes manifest.json last. Resume as tile: the job's hash (config and every
-//    patch file's size and time) is kept in `.tessera-import-state.json`; a rerun of the same job keeps the shards
-//    whose record and pixels agree and decodes only the rest; a finished job is reported up to date.
+// 4. Rank 0 puts the shards in place and writes manifest.json last. Resume as tile: the job's hash (config, the
+//    stain reference's bytes and every patch file's size and time) is kept in `.tessera-import-state.json`; a rerun
+//    of the same job keeps the shards whose record and pixels agree (the record also names the groups whose stain was
+//    kept, for patches.csv) and decodes only the rest; a finished job is reported up to date.
 #pragma once
 
 #include <cstdint>

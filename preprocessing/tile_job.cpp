@@ -86,13 +86,15 @@ std::vector<SlideInput> read_csv_inputs(const std::string& csv_path, const std::
   return inputs;
 }
 
-// FNV-1a over the effective config and each slide's path, size and modification time: a rerun with the
-// same hash may keep what is finished.
-std::string job_hash(const core::Config& config, const std::vector<SlideInput>& inputs) {
+}  // namespace
+
+// A rerun with the same hash may keep what is finished.
+std::string tile_job_hash(const core::Config& config, const StainReference& reference,
+                          const std::vector<SlideInput>& inputs) {
   // tile.threads changes how fast the job runs, never what it writes: a rerun with another count keeps what is done.
   core::Config hashed = config;
   hashed.set_value("tile.threads", "0", "the job hash");
-  std::string text = hashed.to_yaml();
+  std::string text = hashed.to_yaml() + stain_reference_digest(reference);
   for (const auto& s : inputs) {
     struct stat st {};
     const bool ok = ::stat(s.path.c_str(), &st) == 0;
@@ -104,6 +106,8 @@ std::string job_hash(const core::Config& config, const std::vector<SlideInput>& 
   }
   return fmt::format("{:016x}", core::fnv1a(text));
 }
+
+namespace {
 
 struct TileSettings {
   GridOptions grid;
@@ -839,12 +843,23 @@ std::vector<SlideInput> resolve_tile_inputs(const core::Config& config) {
 
 std::string shard_name(std::int64_t index) { return fmt::format("shard-{:05d}.h5", index); }
 
-std::unique_ptr<StainNormalizer> stain_target(const core::Config& config) {
+StainReference read_stain_reference(const core::Config& config) {
+  const auto& path = config.get_string("stain.reference");
+  if (path.empty() || parse_stain_method(config.get_string("stain.method")) == StainMethod::none) return {};
+  return {path, io::read_file_bytes(path)};
+}
+
+std::unique_ptr<StainNormalizer> stain_target(const core::Config& config, const StainReference& reference) {
   const auto method = parse_stain_method(config.get_string("stain.method"));
   if (method == StainMethod::none) return nullptr;
-  const auto& reference = config.get_string("stain.reference");
-  return reference.empty() ? make_stain_normalizer(method)
-                           : make_stain_normalizer(method, io::read_rgb_image(reference), reference);
+  return reference.path.empty()
+             ? make_stain_normalizer(method)
+             : make_stain_normalizer(method, io::decode_rgb_image(reference.bytes, reference.path), reference.path);
+}
+
+std::string stain_reference_digest(const StainReference& reference) {
+  if (reference.path.empty()) return "";
+  return fmt::format("\nstain.reference bytes: {:016x}", core::fnv1a(reference.bytes.data(), reference.bytes.size()));
 }
 
 std::vector<std::vector<ShardSpan>> assign_shards(std::int64_t total, int ranks, std::int64_t per_shard) {
@@ -892,11 +907,13 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
     threads = core::usable_cores();
   }
 
-  // Stain target: fitted once (every rank reads the reference and fits the same numbers from it).
-  const auto normalizer = stain_target(config);
+  // Stain target: fitted once (every rank reads the reference and fits the same numbers from it), from the very bytes
+  // the job's hash covers.
+  const auto reference = read_stain_reference(config);
+  const auto normalizer = stain_target(config, reference);
 
   // Resume: same hash → keep finished shards; otherwise (or --force) start over.
-  const std::string hash = job_hash(config, inputs);
+  const std::string hash = tile_job_hash(config, reference, inputs);
   const fs::path state_path = out / ".tessera-tile-state.json";
   const fs::path manifest_path = out / "manifest.json";
   int up_to_date = 0;
@@ -1075,7 +1092,7 @@ TileJobResult run_tile_job(const core::Config& config, const TileJobOptions& opt
       fs::remove(shard_record_path(out, span.index));
       fs::remove(final_path);
       fs::remove(unchecked);
-      ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}};
+      ShardRecord record{hash, span.index, span.first, span.count, digest.hex(), 0, {}, {}, std::nullopt};
       const auto shard = extractor.write_shard(unchecked, tiles, extract_failed, progress);
       record.checksum = shard.checksum;
       record.kept = shard.tiles;

@@ -11,9 +11,10 @@
 //    tiles; rank 0 writes manifest.json last. A damaged tile (its decode fails or warns) fails its slide like any
 //    unreadable region; with tile.on_corrupt_tile: skip it is left out of its shard instead, and the manifest counts
 //    per slide the planned tiles no shard holds (corrupt_tiles).
-// Resume (preprocessing/tile_resume.h): the job's hash (config + slide files) is kept in `.tessera-tile-state.json`
-// and a record per extracted shard in `.tessera-tile-shards/`; a rerun of the same job keeps every shard whose record
-// and file agree and extracts only the rest; a finished job is reported up to date; `force` starts over.
+// Resume (preprocessing/tile_resume.h): the job's hash (config + stain reference's bytes + slide files) is kept in
+// `.tessera-tile-state.json` and a record per extracted shard in `.tessera-tile-shards/`; a rerun of the same job
+// keeps every shard whose record and file agree and extracts only the rest; a finished job is reported up to date;
+// `force` starts over.
 #pragma once
 
 #include <cstdint>
@@ -56,9 +57,31 @@ struct ShardSpan {
 // "shard-00042.h5".
 std::string shard_name(std::int64_t index);
 
-// The stain target of a job's stain.method and stain.reference: the built-in one, or fitted on the reference image
-// (InputError naming it when it holds too little tissue); nullptr for stain.method: none.
-std::unique_ptr<StainNormalizer> stain_target(const core::Config& config);
+// A job's stain.reference as read once: the same bytes give the job's hash (stain_reference_digest) and its target
+// (stain_target), so a reference replaced while the job runs can never put shards of the old target under the new
+// bytes' hash. Empty path and bytes without a reference or with stain.method: none.
+struct StainReference {
+  std::string path;
+  std::vector<unsigned char> bytes;
+};
+
+// Reads the job's stain.reference (core::FileNotFoundError or InputError naming the file when it cannot be read).
+StainReference read_stain_reference(const core::Config& config);
+
+// The stain target of a job's stain.method and its reference: the built-in one, or fitted on the reference's bytes
+// decoded (InputError naming the file when they cannot be decoded or hold too little tissue); nullptr for
+// stain.method: none.
+std::unique_ptr<StainNormalizer> stain_target(const core::Config& config, const StainReference& reference);
+
+// What a job's hash covers of its stain reference beyond the config's path: the FNV-1a of its bytes, so that a
+// reference replaced at the same path makes another job (its shards are not kept); "" without a reference (those
+// hashes stay as they were).
+std::string stain_reference_digest(const StainReference& reference);
+
+// The tile job's hash, kept in `.tessera-tile-state.json`: FNV-1a over the effective config (but tile.threads), the
+// stain reference's digest and each slide's path, size and modification time.
+std::string tile_job_hash(const core::Config& config, const StainReference& reference,
+                          const std::vector<SlideInput>& inputs);
 
 // Every rank's shards: rank r's part of `total` tiles (core::part_begin) is cut into shards of at most `per_shard`
 // tiles, numbered rank by rank. Depends only on the counts.

@@ -46,28 +46,35 @@ fs::path shard_record_path(const fs::path& out, std::int64_t index) {
 }
 
 void write_shard_record(const fs::path& out, const ShardRecord& record) {
-  const json doc = {
-      {"job", record.job},           {"index", record.index},   {"first", record.first},
-      {"count", record.count},       {"tiles", record.tiles},   {"kept", record.kept},
-      {"checksum", record.checksum}, {"failed", record.failed}, {"checksum_algorithm", kChecksumAlgorithm}};
+  json doc = {{"job", record.job},           {"index", record.index},   {"first", record.first},
+              {"count", record.count},       {"tiles", record.tiles},   {"kept", record.kept},
+              {"checksum", record.checksum}, {"failed", record.failed}, {"checksum_algorithm", kChecksumAlgorithm}};
+  if (record.stain_kept) doc["stain_kept"] = *record.stain_kept;
   core::write_file_atomic(shard_record_path(out, record.index).string(), doc.dump() + "\n");
 }
 
 std::optional<ShardRecord> read_shard_record(const fs::path& out, const std::string& job, const ShardSpan& span,
-                                             const std::string& tiles, bool* earlier_logged) {
+                                             const std::string& tiles, bool* earlier_logged, bool needs_stain_kept) {
   const fs::path path = shard_record_path(out, span.index);
   if (!fs::exists(path)) return std::nullopt;
   try {
     std::ifstream in(path);
     const json doc = json::parse(in);
-    ShardRecord record{
-        doc.at("job").get<std::string>(),      doc.at("index").get<std::int64_t>(),
-        doc.at("first").get<std::int64_t>(),   doc.at("count").get<std::int64_t>(),
-        doc.at("tiles").get<std::string>(),    doc.at("kept").get<std::int64_t>(),
-        doc.at("checksum").get<std::string>(), doc.at("failed").get<std::map<std::string, std::string>>()};
-    if (doc.value("checksum_algorithm", std::string()) != kChecksumAlgorithm) {
+    ShardRecord record{doc.at("job").get<std::string>(),
+                       doc.at("index").get<std::int64_t>(),
+                       doc.at("first").get<std::int64_t>(),
+                       doc.at("count").get<std::int64_t>(),
+                       doc.at("tiles").get<std::string>(),
+                       doc.at("kept").get<std::int64_t>(),
+                       doc.at("checksum").get<std::string>(),
+                       doc.at("failed").get<std::map<std::string, std::string>>(),
+                       std::nullopt};
+    if (doc.contains("stain_kept")) record.stain_kept = doc.at("stain_kept").get<std::map<std::string, std::string>>();
+    const bool old_checksum = doc.value("checksum_algorithm", std::string()) != kChecksumAlgorithm;
+    if (old_checksum || (needs_stain_kept && !record.stain_kept)) {
       if (earlier_logged == nullptr || !*earlier_logged) {
-        spdlog::info("{}: resume record from an earlier version of tessera: extracting again{}", path.string(),
+        spdlog::info("{}: resume record from an earlier version of tessera{}: extracting again{}", path.string(),
+                     old_checksum ? "" : " (it does not say which groups kept their stain)",
                      earlier_logged == nullptr ? "" : " (the same for every such record of this job)");
         if (earlier_logged != nullptr) *earlier_logged = true;
       }
@@ -114,10 +121,10 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
 }
 
 std::optional<ShardRecord> finished_shard(const fs::path& out, const std::string& job, const ShardSpan& span,
-                                          const std::string& tiles, bool* earlier_logged) {
+                                          const std::string& tiles, bool* earlier_logged, bool needs_stain_kept) {
   const fs::path final_path = out / shard_name(span.index);
   const std::string unchecked = final_path.string() + ".unchecked";
-  auto record = read_shard_record(out, job, span, tiles, earlier_logged);
+  auto record = read_shard_record(out, job, span, tiles, earlier_logged, needs_stain_kept);
   if (record && !fs::exists(final_path) && fs::exists(unchecked) && shard_matches(unchecked, *record, true)) {
     return record;
   }

@@ -54,6 +54,9 @@ struct ShardRecord {
   std::int64_t kept = 0;                      // tiles the shard holds (fewer than count when damaged ones were skipped)
   std::string checksum;                       // PixelChecksum of the extracted (unchecked) shard
   std::map<std::string, std::string> failed;  // slide id → error, for every slide of the span not read whole
+  // The import's: the groups of the span whose stain could not be fitted (group → why), whose patches the shard holds
+  // as they were (imported-stain-kept). Absent in tile's records and in the import's of earlier versions.
+  std::optional<std::map<std::string, std::string>> stain_kept;
 };
 
 std::filesystem::path shard_record_path(const std::filesystem::path& out, std::int64_t index);
@@ -64,10 +67,11 @@ void write_shard_record(const std::filesystem::path& out, const ShardRecord& rec
 // The record of shard `span` of job `job`, when there is one that matches; nullopt otherwise (no record, another
 // job's, another span: the rank count changed, other tiles at the span's place: a slide failed planning in one run
 // and not in the other, an unreadable record: logged, a record of an earlier version of Tessera: logged once per
-// `earlier_logged` flag, which starts false for each job; every time without one).
+// `earlier_logged` flag, which starts false for each job; every time without one). With `needs_stain_kept` (an import
+// that fits groups), a record without stain_kept is one of an earlier version too.
 std::optional<ShardRecord> read_shard_record(const std::filesystem::path& out, const std::string& job,
                                              const ShardSpan& span, const std::string& tiles,
-                                             bool* earlier_logged = nullptr);
+                                             bool* earlier_logged = nullptr, bool needs_stain_kept = false);
 
 // True when the shard at `path` opens as a shard and, with `check_pixels`, holds the record's tile count and pixel
 // checksum. Says why not in the log.
@@ -77,9 +81,9 @@ bool shard_matches(const std::string& path, const ShardRecord& record, bool chec
 // it and it can be kept as it is; nullopt when it must be extracted again. Only an extracted (unchecked) shard is
 // kept: one already put in place (a run killed between that and its manifest) may have been rewritten without
 // slides that failed elsewhere in that run, which this run's failures need not match.
-// `earlier_logged`: as for read_shard_record().
+// `earlier_logged`, `needs_stain_kept`: as for read_shard_record() (decided before the shard's pixels are read).
 std::optional<ShardRecord> finished_shard(const std::filesystem::path& out, const std::string& job,
                                           const ShardSpan& span, const std::string& tiles,
-                                          bool* earlier_logged = nullptr);
+                                          bool* earlier_logged = nullptr, bool needs_stain_kept = false);
 
 }  // namespace tessera::prep

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "io/shard.h"
 #include "preprocessing/stain.h"
 #include "preprocessing/stain_norm.h"
+#include "preprocessing/tile_resume.h"
 #include "tests/app/run.h"
 #include "tests/testing/testing.h"
 
@@ -35,6 +37,12 @@ cv::Mat patch(int number, int w = 20, int h = 20) {
       bgr.at<cv::Vec3b>(y, x) = cv::Vec3b(number * 7 % 256, (x * 11 + number) % 256, y * 9 % 256);
   }
   return bgr;
+}
+
+// A file's whole text.
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // 10 patients × 3 patches (patient p's patches are tumour when p is odd), as PNG files and a labels.csv.
@@ -200,20 +208,53 @@ TEST(Import, MistakesNameTheFileAndLine) {
   EXPECT_TRUE(contains(r.err, "import.mpp")) << r.err;
 }
 
+// A killed import keeps its finished shards on the rerun and imports the rest, with the same shards and patches.csv as
+// an uninterrupted run: the imported-stain-kept marks of a kept shard come from its record, a group straddling a kept
+// shard and a written one is fitted again to the same numbers, and a record of an earlier version (no stain_kept) is
+// imported again.
 TEST(Import, AKilledImportResumesWithWhatIsLeft) {
   testing::TempDir dir;
   const PatchSet set(dir.path());
-  const std::string args = "import --csv " + dir.file("labels.csv") + " --mpp 4 --set shards.tiles_per_shard=8 --out ";
+  // And a patient "blank" of 2 white patches (too little tissue to fit its stain), first in the job: patches 0-1.
+  for (int k = 0; k < 2; ++k) {
+    cv::imwrite(dir.file("patches/blank" + std::to_string(k) + ".png"), cv::Mat(20, 20, CV_8UC3, cv::Scalar::all(255)));
+    std::ofstream(dir.file("labels.csv"), std::ios::app) << "patches/blank" << k << ".png,0,blank\n";
+  }
+  const std::string args = "import --csv " + dir.file("labels.csv") +
+                           " --mpp 4 --set stain.method=reinhard --set shards.tiles_per_shard=8 --out ";
   const auto whole = run(args + dir.file("whole"));
   ASSERT_EQ(whole.code, 0) << whole.err;
-  const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=2 do=kill' \"$TESSERA\" " + args +
+  const std::string rows = text_of(dir.file("whole/patches.csv"));
+  // Only blank's two patches kept their stain (the number patches of PatchSet are fitted).
+  std::size_t marked = 0;
+  for (std::size_t at = rows.find("stain-kept"); at != std::string::npos; at = rows.find("stain-kept", at + 1))
+    ++marked;
+  EXPECT_EQ(marked, 2u) << rows;
+  EXPECT_TRUE(contains(rows, "patches/blank0.png,blank,normal,") && contains(rows, "patches/blank1.png,blank,normal,"))
+      << rows;
+  // 32 patches in shards of 8; killed after the third. patient4's patches (14-16) straddle shards 1 and 2.
+  const auto killed = testing::run_script("TESSERA_FAULT='import.shard-finished after=3 do=kill' \"$TESSERA\" " + args +
                                           dir.file("resumed"));
   EXPECT_NE(killed.code, 0);
   EXPECT_FALSE(fs::exists(dir.file("resumed/manifest.json")));
+  // Shard 2's record as an earlier version wrote it, without stain_kept: imported again.
+  const fs::path record = dir.path() / "resumed" / prep::kTileRecordFolder / "shard-00002.h5.json";
+  auto doc = nlohmann::json::parse(text_of(record.string()));
+  ASSERT_EQ(doc.erase("stain_kept"), 1u) << doc.dump();
+  std::ofstream(record) << doc.dump() << "\n";
   const auto resumed = run(args + dir.file("resumed"));
   ASSERT_EQ(resumed.code, 0) << resumed.err;
-  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00000.h5: kept from an earlier run")) << resumed.err;
-  EXPECT_TRUE(contains(resumed.err + resumed.out, "shard-00001.h5: kept from an earlier run")) << resumed.err;
+  const std::string said = resumed.err + resumed.out;
+  EXPECT_TRUE(contains(said, "shard-00000.h5: kept from an earlier run")) << said;
+  EXPECT_TRUE(contains(said, "shard-00001.h5: kept from an earlier run")) << said;
+  EXPECT_TRUE(contains(said,
+                       "shard-00002.h5.json: resume record from an earlier version of tessera (it does not say "
+                       "which groups kept their stain)"))
+      << said;
+  EXPECT_FALSE(contains(said, "shard-00002.h5: kept from an earlier run")) << said;
+  // blank's mark comes from kept shard 0's record; patient4 is fitted afresh beside kept shard 1.
+  EXPECT_TRUE(contains(resumed.err, "could not be fitted on 1 groups") && contains(resumed.err, "'blank'")) << said;
+  EXPECT_EQ(text_of(dir.file("resumed/patches.csv")), rows);
   EXPECT_EQ(testing::shard_tiles(dir.file("whole")), testing::shard_tiles(dir.file("resumed")));
 }
 
@@ -258,6 +299,23 @@ double mean_abs_difference(const cv::Mat& a, const cv::Mat& b) {
 double mean_colour_gap(const cv::Mat& a, const cv::Mat& b) {
   const cv::Scalar ma = cv::mean(a), mb = cv::mean(b);
   return (std::abs(ma[0] - mb[0]) + std::abs(ma[1] - mb[1]) + std::abs(ma[2] - mb[2])) / 3;
+}
+
+// Two patients, "even" with 4 H&E patches (split train) and "white" with 2 blank ones (too little tissue to fit its
+// stain; split val), as labels.csv under `root`; in job order even's are patches 0-3, white's 4-5.
+void write_even_and_white(const fs::path& root) {
+  fs::create_directories(root / "p");
+  std::ofstream csv(root / "labels.csv");
+  csv << "path,label,patient,split\n";
+  for (int k = 0; k < 4; ++k) {
+    cv::imwrite((root / ("p/even" + std::to_string(k) + ".png")).string(), he_patch(3 + 6 * k, 1.0, 1.0));
+    csv << "p/even" << k << ".png," << k % 2 << ",even,train\n";
+  }
+  for (int k = 0; k < 2; ++k) {
+    cv::imwrite((root / ("p/white" + std::to_string(k) + ".png")).string(),
+                cv::Mat(24, 24, CV_8UC3, cv::Scalar(255, 255, 255)));
+    csv << "p/white" << k << ".png,0,white,val\n";
+  }
 }
 
 // Three patients: two with the same 4 patches (more and more nuclei), "cast" stained darker in haematoxylin and
@@ -327,8 +385,7 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   }
   for (const std::int64_t k : {8, 9}) EXPECT_EQ(cv::norm(group.at(k), white, cv::NORM_INF), 0) << "patch " << k;
   EXPECT_TRUE(contains(r.err, "could not be fitted on 1 groups") && contains(r.err, "'white'")) << r.err;
-  std::ifstream table(dir.file("group/patches.csv"));
-  const std::string rows((std::istreambuf_iterator<char>(table)), std::istreambuf_iterator<char>());
+  const std::string rows = text_of(dir.file("group/patches.csv"));
   EXPECT_TRUE(contains(rows, "p/white0.png,white,normal,val,imported-stain-kept")) << rows;
   EXPECT_TRUE(contains(rows, "p/even0.png,even,normal,val,imported\n")) << rows;
 
@@ -343,6 +400,44 @@ TEST(Import, StainNormalizationFitsEachPatientAsAWhole) {
   EXPECT_EQ(none.code, 2);
   EXPECT_TRUE(contains(none.err, "stain.target_split") && contains(none.err, "no patches are in split 'test'"))
       << none.err;
+}
+
+// The job's identity covers the stain reference's bytes, not only its path: a reference replaced at the same path, by
+// a BMP of the same size (so the same size and modification time, only the bytes differ), makes another job, imported
+// again with the new target as a changed key is. (`tile` hashes the same digest, TileJobHash.*; a missing reference
+// is the error naming it, StainReferenceDigest.*, thrown before the folder is touched.)
+TEST(Import, AStainReferenceReplacedAtTheSamePathIsAnotherJob) {
+  testing::TempDir dir;
+  write_even_and_white(dir.path());
+  const std::string reference = dir.file("reference.bmp");
+  cv::imwrite(reference, he_patch(12, 1.0, 1.0));
+  const std::string out = dir.file("shards");
+  const std::string args = "import --csv " + dir.file("labels.csv") +
+                           " --mpp 4 --set stain.method=reinhard --set stain.reference=" + reference + " --out " + out;
+  auto target = [&] {
+    cv::Mat rgb;
+    cv::cvtColor(cv::imread(reference), rgb, cv::COLOR_BGR2RGB);
+    return prep::make_stain_normalizer(prep::StainMethod::reinhard, rgb, reference)->describe() + prep::kPerGroupSuffix;
+  };
+  auto r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string first_target = target();
+  EXPECT_EQ(io::read_manifest(out + "/manifest.json").attributes.stain_normalization, first_target);
+  const auto first_tiles = testing::shard_tiles(out);
+
+  const auto size = fs::file_size(reference);
+  const auto time = fs::last_write_time(reference);
+  cv::imwrite(reference, he_patch(12, 1.5, 0.6));
+  fs::last_write_time(reference, time);
+  ASSERT_EQ(fs::file_size(reference), size);
+  ASSERT_EQ(fs::last_write_time(reference), time);
+  ASSERT_NE(target(), first_target);
+  r = run(args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(contains(r.err + r.out, "up to date")) << r.err;
+  EXPECT_EQ(io::read_manifest(out + "/manifest.json").attributes.stain_normalization, target());
+  EXPECT_EQ(io::ShardFile::open(out + "/shard-00000.h5").attributes().stain_normalization, target());
+  EXPECT_NE(testing::shard_tiles(out), first_tiles);
 }
 
 // `tessera bench import` on a few generated patches: both rows of Tessera's process, and Python's row or the reason

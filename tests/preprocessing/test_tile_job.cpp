@@ -5,16 +5,19 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/partition.h"
 #include "io/shard.h"
 #include "preprocessing/tile_resume.h"
@@ -154,6 +157,68 @@ TEST(ResolveTileInputs, InputSplitsPicksRowsOfTheCsvWhichASingleCsvInInputSlides
 
 // ---- resume ---------------------------------------------------------------------------------------------------
 
+// The job hashes cover the stain reference's bytes: other bytes at the same path and size are another digest, the same
+// bytes the same one; nothing without a reference or with stain.method: none; a missing reference is an error naming
+// it.
+TEST(StainReferenceDigest, CoversTheReferencesBytesNotOnlyItsPath) {
+  testing::TempDir dir;
+  const std::string reference = (dir.path() / "reference.png").string();
+  const auto digest = [&](const std::string& method) {
+    return stain_reference_digest(
+        read_stain_reference(job("stain:\n  method: " + method + "\n  reference: '" + reference + "'\n")));
+  };
+  const std::string bytes(200000, 'a');
+  std::ofstream(reference) << bytes;
+  const std::string first = digest("reinhard");
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(digest("macenko"), first);
+  EXPECT_EQ(digest("none"), "");
+  EXPECT_EQ(stain_reference_digest(read_stain_reference(job("stain:\n  method: reinhard\n"))), "");
+  std::ofstream(reference) << bytes.substr(1) << 'b';
+  EXPECT_NE(digest("reinhard"), first);
+  std::ofstream(reference) << bytes;
+  EXPECT_EQ(digest("reinhard"), first);
+  fs::remove(reference);
+  try {
+    digest("reinhard");
+    ADD_FAILURE() << "a missing reference was hashed";
+  } catch (const core::FileNotFoundError& e) {
+    EXPECT_NE(std::string(e.what()).find(reference), std::string::npos) << e.what();
+  }
+}
+
+// Tile's job hash takes the reference's digest in: other bytes of the same size at the same path are another job.
+// Without a reference (or with stain.method: none) it is the hash of the config and slides alone, as it was before
+// the reference's bytes were hashed, so finished jobs without one stay up to date.
+TEST(TileJobHash, CoversTheStainReferencesBytesAndIsUnchangedWithoutOne) {
+  testing::TempDir dir;
+  const std::string reference = (dir.path() / "reference.bmp").string();
+  const std::vector<SlideInput> inputs{{"a", (dir.path() / "a.svs").string(), "tumor", "", "", 0.25}};
+  // The hash without the digest term: the config (tile.threads set to 0) and each slide's path, size, time,
+  // annotation and mpp (a missing slide: size -1, time 0).
+  const auto without_digest = [&](const core::Config& config) {
+    core::Config hashed = config;
+    hashed.set_value("tile.threads", "0", "the job hash");
+    return fmt::format("{:016x}", core::fnv1a(hashed.to_yaml() + fmt::format("\n{}|-1|0||0.25", inputs[0].path)));
+  };
+  const auto hash = [&](const core::Config& config) {
+    return tile_job_hash(config, read_stain_reference(config), inputs);
+  };
+  const auto plain = job("tile:\n  threads: 2\n");
+  EXPECT_EQ(hash(plain), without_digest(plain));
+  const auto none = job("stain:\n  method: none\n  reference: '" + reference + "'\n");
+  EXPECT_EQ(hash(none), without_digest(none));
+
+  const auto with_reference = job("stain:\n  method: reinhard\n  reference: '" + reference + "'\n");
+  std::ofstream(reference) << std::string(1000, 'a');
+  const std::string first = hash(with_reference);
+  EXPECT_NE(first, without_digest(with_reference));
+  std::ofstream(reference) << std::string(999, 'a') << 'b';
+  EXPECT_NE(hash(with_reference), first);
+  std::ofstream(reference) << std::string(1000, 'a');
+  EXPECT_EQ(hash(with_reference), first);
+}
+
 TEST(PixelChecksum, TheSameBytesGiveTheSameChecksumHoweverTheyAreSplit) {
   std::vector<std::uint8_t> bytes(203);
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::uint8_t>(i * 37 + 11);
@@ -200,7 +265,7 @@ struct ResumeFixture : ::testing::Test {
   testing::TempDir dir;
   fs::path out = dir.path();
   ShardSpan span{3, 40, 4};
-  ShardRecord record{"job-hash", 3, 40, 4, "tiles-digest", 4, "", {{"other", "a slide that failed"}}};
+  ShardRecord record{"job-hash", 3, 40, 4, "tiles-digest", 4, "", {{"other", "a slide that failed"}}, std::nullopt};
 };
 
 TEST_F(ResumeFixture, AShardExtractedByTheSameJobIsKeptWithItsRecord) {
@@ -208,7 +273,17 @@ TEST_F(ResumeFixture, AShardExtractedByTheSameJobIsKeptWithItsRecord) {
   ASSERT_TRUE(kept.has_value());
   EXPECT_EQ(kept->kept, 4);
   EXPECT_EQ(kept->checksum, record.checksum);
-  EXPECT_EQ(kept->failed, record.failed);  // the failures seen while writing it reach the manifest again
+  EXPECT_EQ(kept->failed, record.failed);      // the failures seen while writing it reach the manifest again
+  EXPECT_FALSE(kept->stain_kept.has_value());  // a tile record says nothing of groups
+  // An import that fits groups needs to know which kept their stain: without stain_kept (an earlier version's
+  // record) the shard is imported again.
+  bool logged = false;
+  EXPECT_FALSE(finished_shard(out, "job-hash", span, "tiles-digest", &logged, true));
+  EXPECT_TRUE(logged);
+  // An import's record: the groups whose stain was kept come back with it.
+  record.stain_kept = std::map<std::string, std::string>{{"white", "too little tissue"}};
+  write_shard_record(out, record);
+  EXPECT_EQ(finished_shard(out, "job-hash", span, "tiles-digest", &logged, true)->stain_kept, record.stain_kept);
 }
 
 TEST_F(ResumeFixture, AnotherJobSpanOrTileListExtractsItAgain) {
