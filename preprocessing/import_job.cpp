@@ -25,7 +25,6 @@
 #include "core/fault.h"
 #include "core/hash.h"
 #include "core/output_dir.h"
-#include "core/partition.h"
 #include "core/progress.h"
 #include "core/random.h"
 #include "core/threads.h"
@@ -739,9 +738,12 @@ ImportJobResult run_import_job(const core::Config& config, bool force, const cor
   const std::int64_t per_shard = std::max<std::int64_t>(
       1, std::min(config.get_int("shards.tiles_per_shard"), (std::int64_t{512} << 20) / tile_bytes));
   const auto spans = assign_shards(total, world.size(), per_shard);
-  // This rank's patches, as assign_shards shares them out.
-  const auto mine = std::make_pair(static_cast<std::size_t>(core::part_begin(total, world.size(), world.rank())),
-                                   static_cast<std::size_t>(core::part_begin(total, world.size(), world.rank() + 1)));
+  // This rank's patches: the run its spans cover, as assign_shards shared them out.
+  const auto& my_spans = spans[static_cast<std::size_t>(world.rank())];
+  const auto mine = my_spans.empty() ? std::pair<std::size_t, std::size_t>{0, 0}
+                                     : std::pair<std::size_t, std::size_t>{
+                                           static_cast<std::size_t>(my_spans.front().first),
+                                           static_cast<std::size_t>(my_spans.back().first + my_spans.back().count)};
   PatchStains stains(patches, fit, std::move(target), per_group, threads, mine);
   std::map<std::string, std::string> failed;
   std::map<std::string, std::string> stain_kept;  // group → why its stain could not be fitted, of this rank's shards
