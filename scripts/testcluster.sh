@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A Slurm cluster on this machine, on the test hosts of scripts/testhosts.sh: Debian's slurm-wlm with munge, one
 # controller (slurmctld, root namespace, on the bridge address 198.18.0.1) and one slurmd per test host t1..tN (each
-# in its host's network namespace, with its own host name and a private /tmp), for the `slurm` tests and for trying
-# the job scripts of examples/slurm/ by hand.
+# in its host's network namespace, with its own host name, a private /tmp and a private /dev/shm), for the `slurm`
+# tests and for trying the job scripts of examples/slurm/ by hand.
 #
 #   scripts/testcluster.sh up N      start (again: stop what is there first, also what a crashed run left)
 #   scripts/testcluster.sh down      stop every daemon, remove the test hosts and the cluster's folder
@@ -17,7 +17,10 @@
 #
 # What makes slurmd run in a network namespace (Slurm 22.05): it is started with nsenter into the host's namespace
 # and `unshare --uts --mount`, not `ip netns exec`, which remounts /sys (slurmd then finds no cgroup file system and
-# stops); each node bind-mounts its own /tmp (PMIx's client folders of two nodes would collide: "File exists");
+# stops); each node bind-mounts its own /tmp (PMIx's client folders of two nodes would collide: "File exists") and
+# mounts its own /dev/shm, as every real node has: Open MPI's shared-memory segments are named by host and job, and the
+# job IDs of each new cluster start at 1 again, so with one /dev/shm for every cluster a job's ranks could meet the
+# segment file a killed rank of an earlier cluster's job of the same number left behind;
 # Slurm's state, spool, pid and log files are outside /tmp. proctrack/linuxproc and task/none: no cgroups needed.
 # The test cluster notices a dead node after SlurmdTimeout=10 s.
 set -euo pipefail
@@ -73,7 +76,8 @@ down() {
   done
   # The nodes' processes (slurmd, slurmstepd, tasks) are inside the test hosts' namespaces: testhosts.sh ends them.
   "$testhosts" down
-  # The nodes' /tmp are bind mounts inside their own mount namespaces, gone with their processes; the folder goes.
+  # The nodes' /tmp and /dev/shm are mounts inside their own mount namespaces, gone with their processes; the folder
+  # goes.
   rm -rf "$dir"
 }
 
@@ -160,7 +164,8 @@ up() {
     chmod 1777 "$dir/nodes/$node/tmp"
     # slurmd daemonizes; the namespaces it was started in stay its own and its tasks'.
     SLURM_CONF=$conf nsenter --net="/var/run/netns/tessera-$node" unshare --uts --mount --propagation private \
-      sh -c 'mount --bind "$1" /tmp && hostname "$2" && exec slurmd -N "$2"' sh "$dir/nodes/$node/tmp" "$node" ||
+      sh -c 'mount --bind "$1" /tmp && mount -t tmpfs -o mode=1777,nosuid,nodev "tessera-shm-$2" /dev/shm &&
+        hostname "$2" && exec slurmd -N "$2"' sh "$dir/nodes/$node/tmp" "$node" ||
       die "slurmd on $node did not start (see $dir/log/slurmd-$node.log)"
   done
   if ! wait_idle "$n" 60; then
