@@ -14,12 +14,14 @@ packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libpugixml-dev
   libtiff-dev libdeflate-dev libjpeg-dev libxxhash-dev
   libcpp-httplib-dev
-  libdcmtk-dev dcmtk libopenjp2-7-dev libgdcm-tools dicom3tools python3-pydicom
+  libdcmtk-dev dcmtk libopenjp2-7-dev libgdcm-tools dicom3tools python3-pydicom python3-numpy
   libsimgrid-dev
   ccache stress-ng iproute2 util-linux
   slurm-wlm slurm-client munge libpmix-dev jq
 )
 
+# python3-pydicom reads the DICOM tests' pixel data only with python3-numpy, which it merely recommends (and
+# recommended packages are not installed here).
 # `tessera view`'s page takes OpenSeadragon from the npm registry (viewer/web/package-lock.json), installed by
 # `npm ci` at the end. Node and npm: the machine's when it has them (a newer Node brings its own npm, which conflicts
 # with Debian's `npm` package), else Debian's nodejs + npm (Node 18).
