@@ -48,6 +48,7 @@ enum Salt : std::uint64_t {
   kSaltRedInk,
   kSaltBubble,
   kSaltExposure,
+  kSaltBluing,
 };
 
 std::uint64_t salted(std::uint64_t seed, Salt salt) {
@@ -178,6 +179,13 @@ inline float sample(const cv::Mat1f& field, double x, double y) {
 // lightest; the tumour's mean colour falls inside that range, within a slide as well as across slides (whose
 // stains, section thickness and scanner balance vary). What does tell tumour apart is morphology: nuclei twice
 // the lymphocytes' size, crowded, hyperchromatic, with pale cytoplasm between them.
+// That morphology leaves one trace in the mean colour: a tile of dark nuclei beside pale cytoplasm averages to more
+// light in red and green (which haematoxylin absorbs strongly) than a tile of even purple of the same stain, so
+// within a slide tumour tiles' OD has a larger blue share than normal tiles' (per-slide AUC of B / (R + G + B)
+// 0.6-0.96 on the report's seeds, 2026-11-28). Between slides, colour varied mostly in darkness (thickness, stain
+// intensity), little along that blue-against-red axis, so a slide set whose tumour slides happened to sit bluer
+// (seed 11) let a linear model find tumour by colour. Haematoxylin's hue varies between laboratories along exactly
+// that axis (kBluingAngle below), which makes the blue share a property of the slide more than of the tissue.
 
 // Background (non-nuclear) stain of one tissue type, and how strongly eosin fibres modulate it.
 struct TissueLook {
@@ -193,6 +201,11 @@ constexpr float kNucleusEosin = 0.10f;       // eosin left inside a nucleus
 constexpr float kTissueResidualOd = 0.025f;  // unstained section thickness, grey
 constexpr float kFoldGain = 0.9f;            // a fold doubles the section: OD × (1 + gain)
 constexpr float kGrainOd = 0.012f / 128.0f;  // per-pixel sensor noise, per hash unit
+// Haematoxylin's hue between laboratories (±, radians): how long and in what a section is blued turns it from
+// red-purple to blue. The two reference vectors most used for it, Ruifrok & Johnston's (0.65, 0.70, 0.29) and Macenko
+// et al.'s (0.56, 0.72, 0.41), are 0.147 rad apart along this very axis; ±0.12 spans most of that. (0.08 lowered the
+// cross-slide colour measure less: 0.847 against 0.786 on seed 11.)
+constexpr double kBluingAngle = 0.12;
 
 // One family of nuclei on a jittered grid.
 struct NucleusStyle {
@@ -403,6 +416,15 @@ void make_architecture(Plan& plan, const cv::Mat1f& distance) {
   plan.fibre_angle[0] = draws.uniform(0.0, M_PI);
   plan.fibre_angle[1] = plan.fibre_angle[0] + draws.uniform(0.9, 1.6);
   plan.stain = prep::perturb_stain(prep::ruifrok_he(), salted(plan.seed, kSaltStain));
+  {
+    // Haematoxylin's hue (kBluingAngle): a bluer haematoxylin absorbs more red and less blue light, so its OD
+    // vector tilts from blue towards red; the tilt is drawn uniformly up to kBluingAngle either way, on top of
+    // perturb_stain's random tilt, from its own stream (every other draw of the slide is as it was).
+    Draws hue(salted(plan.seed, kSaltBluing));
+    cv::Vec3d h = prep::tilt(plan.stain.vectors.h, cv::Vec3d(1.0, 0.0, -1.0), hue.uniform(-kBluingAngle, kBluingAngle));
+    for (int c = 0; c < 3; ++c) h[c] = std::max(h[c], 0.0);
+    plan.stain.vectors.h = prep::normalized(h);
+  }
   plan.thickness = static_cast<float>(draws.uniform(0.9, 1.1));
   // Glass, and the scanner's white balance, which shifts every pixel of the slide (glass included) per channel.
   const double glass = draws.uniform(0.025, 0.05);
