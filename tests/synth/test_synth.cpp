@@ -819,7 +819,7 @@ TEST(SynthEvaluation, DISABLED_CrossSlideColourReport) {
       summary.emplace_back(line);
       EXPECT_LE(r.colour_auc, 0.86) << "seed " << seed << ", " << variant;
       // Blurred and pen-marked tiles and tiles half on glass count here, so the nuclear feature is lower than in
-      // the other evaluations.
+      // the other evaluations (0.832-0.883 demo-like, 0.969-0.997 clean on these sets, 2026-11-28).
       EXPECT_GT(r.nuclear_auc, 0.8) << "seed " << seed << ", " << variant;
     }
   }
