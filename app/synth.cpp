@@ -58,6 +58,10 @@ const core::Schema& synth_schema() {
           .string("slides.compression", "jpeg", "Tile compression", {"jpeg", "deflate"})
           .integer("slides.jpeg_quality", 85, "JPEG quality of the tiles", 30, 100)
           .integer("slides.tile_size", 256, "TIFF tile size in pixels", 64, 1024)
+          .number("slides.hue_variation", 0.0,
+                  "Haematoxylin's hue between slides: +-radians of tilt from blue towards red, drawn per slide "
+                  "(0 = off, the default: QC's colour rules are fixed)",
+                  0, 0.3)
           .string("slides.format", "tiff", "File format: pyramidal TIFF, or a DICOM series per slide (a folder)",
                   {"tiff", "dicom"})
           .string("slides.dicom.transfer_syntax", "jpeg-baseline",
@@ -142,6 +146,7 @@ std::vector<PlannedSlide> plan(const core::Config& config) {
     o.bubbles = config.get_bool("artefacts.bubbles");
     o.exposure = config.get_bool("artefacts.exposure");
     o.mpp = config.get_number("slides.mpp");
+    o.hue_variation = config.get_number("slides.hue_variation");
     const bool aperio = flavour == "aperio" || (flavour == "mixed" && i % 2 == 0);
     o.tiff.flavor = aperio ? io::TiffFlavor::aperio : io::TiffFlavor::generic;
     o.tiff.compression =

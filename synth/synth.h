@@ -25,6 +25,7 @@
 #include "io/annotations.h"
 #include "io/tiff_writer.h"
 #include "preprocessing/qc.h"
+#include "preprocessing/stain.h"
 
 namespace tessera::synth {
 
@@ -42,6 +43,10 @@ struct SynthSlideOptions {
   bool bubbles = false;   // air bubbles under the coverslip: a dark grey rim, the tissue inside paler
   bool exposure = false;  // one over-exposed and one under-exposed camera field
   double mpp = 0.25;
+  // Haematoxylin's hue between slides (radians, 0 to 0.3): each slide's H vector is tilted along (1, 0, −1) by an
+  // angle drawn uniformly in ±hue_variation from its own stream. 0 (the default) draws and tilts nothing, so the
+  // slides are those of earlier versions; off by default because QC's colour rules are fixed (see synth.cpp).
+  double hue_variation = 0.0;
   io::TiffWriterOptions tiff;  // flavour, compression, quality (mpp is taken from above)
 };
 
@@ -68,6 +73,10 @@ SynthGroundTruth write_synthetic_slide(const std::string& path, const SynthSlide
 // The ground truth of the slide `options` describe, without rendering any pixel: only the 1/16-scale plan is
 // made, so this is fast whatever the slide size. Identical to what the renderers return.
 SynthGroundTruth synthetic_ground_truth(const SynthSlideOptions& options);
+
+// The stain vectors (and their per-slide perturbation) the slide `options` describe is drawn with: perturb_stain of
+// Ruifrok's H&E by the slide's seed, haematoxylin then tilted by up to ±options.hue_variation. Cheap (no plan).
+prep::SlideStain synthetic_stain(const SynthSlideOptions& options);
 
 using SynthStripSink = std::function<void(std::int64_t y0, const cv::Mat& strip)>;
 SynthGroundTruth render_synthetic_slide(const SynthSlideOptions& options, const SynthStripSink& sink);

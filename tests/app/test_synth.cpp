@@ -119,6 +119,44 @@ TEST(Synth, SameSeedGivesIdenticalFilesOnOneRankOrTwo) {
   EXPECT_NE(ta.at("dataset.csv"), tc.at("dataset.csv")) << "another seed gives another set";
 }
 
+TEST(Synth, HueVariationKeyIsOffByDefaultAndRangeChecked) {
+  // slides.hue_variation: shown with its comment, 0 (off) when absent, and a value outside 0..0.3 is a config error
+  // naming the key, before any slide is written.
+  const auto shown = run("synth --print-config");
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_TRUE(contains(shown.out, "hue_variation: 0")) << shown.out;
+  EXPECT_TRUE(contains(shown.out, "Haematoxylin's hue between slides")) << shown.out;
+  for (const std::string bad : {"0.31", "-0.1"}) {
+    testing::TempDir dir;
+    const auto r = run("synth --out " + dir.file("set") + " --slides 1 --size 1024 --set slides.hue_variation=" + bad);
+    EXPECT_NE(r.code, 0) << bad;
+    EXPECT_TRUE(contains(r.err, "slides.hue_variation")) << r.err;
+    EXPECT_TRUE(contains(r.err, "must be between 0 and 0.3")) << r.err;
+    EXPECT_FALSE(fs::exists(dir.file("set") + "/dataset.csv")) << bad;
+  }
+}
+
+TEST(Synth, HueVariationAtZeroWritesTheSameFilesAsWithoutTheKey) {
+  testing::TempDir dir;
+  const auto a = run("synth --out " + dir.file("a") + " --seed 5" + kSmall);
+  ASSERT_EQ(a.code, 0) << a.err;
+  const auto b = run("synth --out " + dir.file("b") + " --seed 5" + kSmall + " --set slides.hue_variation=0");
+  ASSERT_EQ(b.code, 0) << b.err;
+  const auto c = run("synth --out " + dir.file("c") + " --seed 5" + kSmall + " --set slides.hue_variation=0.12");
+  ASSERT_EQ(c.code, 0) << c.err;
+  const auto ta = tree(dir.file("a"));
+  const auto tb = tree(dir.file("b"));
+  const auto tc = tree(dir.file("c"));
+  ASSERT_EQ(ta.size(), tb.size());
+  int differing = 0;
+  for (const auto& [name, bytes] : ta) {
+    ASSERT_TRUE(tb.count(name)) << name;
+    EXPECT_TRUE(bytes == tb.at(name)) << name << " differs with slides.hue_variation=0";
+    if (name.ends_with(".tif") || name.ends_with(".svs")) differing += tc.count(name) && bytes != tc.at(name);
+  }
+  EXPECT_GT(differing, 0) << "slides.hue_variation=0.12 changes the slides";
+}
+
 TEST(Synth, UnwritableOutputIsOneClearError) {
   const auto r = run("synth --out /proc/tessera-cannot-write --slides 1 --size 1024");
   EXPECT_NE(r.code, 0);

@@ -16,9 +16,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -250,11 +252,15 @@ EvalResult evaluate_slides(std::uint64_t first_seed, int slides, std::int64_t si
 // tiles with less tumour but some dropped). A logistic regression on the tile's mean R, G, B (standardized, fitted
 // by Newton's method) is fitted on the tiles of slides 0, 1, 4, 5, 8, 9, ... and scored on those of slides
 // 2, 3, 6, 7, 10, 11, ...; both halves hold as many tumour as normal slides. The figure is max(AUC, 1 − AUC).
-SynthSlideOptions demo_options(std::uint64_t set_seed, int index, std::int64_t size) {
+// With `clean`, the same slides without focus blur and pen marks (no blur, no pen marks; synth's defaults draw blur):
+// no ink tiles dilute the measure. `hue_variation` is SynthSlideOptions::hue_variation (0, off, as in the demo).
+SynthSlideOptions demo_options(std::uint64_t set_seed, int index, std::int64_t size, bool clean = false,
+                               double hue_variation = 0.0) {
   SynthSlideOptions o = small_options(slide_seed(set_seed, static_cast<std::uint64_t>(index)), index % 2 == 0, size);
   o.max_tumour_regions = 5;
-  o.blur_patches = true;
-  o.pen_marks = true;
+  o.blur_patches = !clean;
+  o.pen_marks = !clean;
+  o.hue_variation = hue_variation;
   return o;
 }
 
@@ -331,9 +337,12 @@ SetResult evaluate_tiles(const std::vector<EvalTile>& tiles) {
   return r;
 }
 
-std::vector<EvalTile> demo_set_tiles(std::uint64_t set_seed, int slides, std::int64_t size) {
+std::vector<EvalTile> demo_set_tiles(std::uint64_t set_seed, int slides, std::int64_t size, bool clean = false,
+                                     double hue_variation = 0.0) {
   std::vector<EvalTile> tiles;
-  for (int i = 0; i < slides; ++i) collect_tiles(render_downsampled(demo_options(set_seed, i, size)), i, tiles, 0.5);
+  for (int i = 0; i < slides; ++i) {
+    collect_tiles(render_downsampled(demo_options(set_seed, i, size, clean, hue_variation)), i, tiles, 0.5);
+  }
   return tiles;
 }
 
@@ -701,6 +710,84 @@ TEST(SynthSlide, BadOptionsAreConfigErrors) {
   EXPECT_NO_THROW(render_synthetic_slide(small_options(1, false, 256), [](std::int64_t, const cv::Mat&) {}));
 }
 
+// slides.hue_variation (SynthSlideOptions::hue_variation): off by default, range-checked, and at 0 the slides of
+// earlier versions pixel for pixel.
+TEST(SynthSlide, HueVariationOutOfRangeIsAConfigErrorNamingTheOption) {
+  EXPECT_EQ(SynthSlideOptions{}.hue_variation, 0.0);
+  for (const double bad : {-0.01, 0.31, std::nan("")}) {
+    SynthSlideOptions o = small_options(1, true, 256);
+    o.hue_variation = bad;
+    try {
+      render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {});
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const core::ConfigError& e) {
+      EXPECT_EQ(e.key(), "hue_variation") << bad;
+    }
+  }
+  SynthSlideOptions o = small_options(1, true, 256);
+  o.hue_variation = 0.3;
+  EXPECT_NO_THROW(render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {}));
+}
+
+// FNV-1a over an image's bytes, row by row.
+std::uint64_t fnv1a(const cv::Mat& image) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (int r = 0; r < image.rows; ++r) {
+    const auto* p = image.ptr<unsigned char>(r);
+    for (std::size_t k = 0; k < image.cols * image.elemSize(); ++k) h = (h ^ p[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
+constexpr std::uint64_t kHueOffChecksum = 9712921334073055858ull;
+
+TEST(SynthSlide, HueVariationAtZeroLeavesThePixelsAsBefore) {
+  // The checksum of this 1024² tumour slide (seed 7, pen marks and folds on) was computed with hue_variation 0 by
+  // this test's first build, on the commit that added the option; that build's `tessera synth` (2 slides of 2048²,
+  // seed 11, pen marks and folds) wrote files cmp-identical to those of main's build (main at e586fee, before the
+  // option existed). At 0 nothing is drawn or tilted, so a change here means the default slides changed.
+  SynthSlideOptions o = small_options(7, true, 1024);
+  o.pen_marks = true;
+  o.folds = true;
+  const Rendered off = render_full(o);
+  EXPECT_EQ(fnv1a(off.image), kHueOffChecksum);
+  o.hue_variation = 0.12;
+  const Rendered on = render_full(o);
+  EXPECT_GT(cv::norm(off.image, on.image, cv::NORM_INF), 0.0);
+  // Only the stain changes: the ground truth is the same.
+  ASSERT_EQ(off.truth.tumour.size(), on.truth.tumour.size());
+  for (std::size_t k = 0; k < off.truth.tumour.size(); ++k) {
+    EXPECT_EQ(off.truth.tumour[k].outer, on.truth.tumour[k].outer);
+  }
+}
+
+TEST(SynthStain, HueVariationKeepsHaematoxylinUnitNonNegativeAndPerSlide) {
+  SynthSlideOptions o = small_options(21, true);
+  const prep::SlideStain plain = synthetic_stain(o);
+  o.hue_variation = 0.12;
+  const prep::SlideStain a = synthetic_stain(o);
+  const prep::SlideStain again = synthetic_stain(o);
+  EXPECT_EQ(a.vectors.h, again.vectors.h) << "deterministic for a seed";
+  EXPECT_EQ(a.vectors.e, plain.vectors.e) << "eosin is not touched";
+  std::vector<double> tilts;
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    o.seed = seed;
+    const cv::Vec3d h = synthetic_stain(o).vectors.h;
+    EXPECT_NEAR(cv::norm(h), 1.0, 1e-9) << seed;
+    for (int c = 0; c < 3; ++c) EXPECT_GE(h[c], 0.0) << seed;
+    o.hue_variation = 0.0;
+    const cv::Vec3d base = synthetic_stain(o).vectors.h;
+    o.hue_variation = 0.12;
+    // The tilt is at most 0.12 rad (the clamp at 0 can only shorten it).
+    const double tilt = std::acos(std::clamp(h.dot(base), -1.0, 1.0));
+    EXPECT_LE(tilt, 0.12 + 1e-9) << seed;
+    tilts.push_back(tilt);
+  }
+  // Seeds give different hues: the tilt from each slide's own perturb_stain vector differs between seeds.
+  EXPECT_GT(std::abs(tilts[0] - tilts[1]), 1e-4);
+  EXPECT_GT(*std::max_element(tilts.begin(), tilts.end()), 0.05);
+}
+
 // =============================================================================================================
 // The evaluation: colour alone must not find the tumour, nuclear morphology must.
 
@@ -750,41 +837,97 @@ TEST(SynthEvaluation, DISABLED_Report) {
   EXPECT_GT(r.nuclear_auc, 0.9);
 }
 
-// The cross-slide colour measure on 5 fixed demo-like sets of 16 slides of 8192² (the demo's size), and on the two
-// sets issue figures were first taken on (the first 8 slides of seed 11; the demo's own 12 slides of seed 2026): run
-// by hand with --gtest_also_run_disabled_tests.
+// The cross-slide colour measure on 5 fixed sets of 16 slides of 8192² (the demo's size), each made twice: demo-like
+// (focus blur and pen marks, as configs/synth-demo.yaml) and clean (no blur and no pen marks; ink tiles would
+// otherwise dilute the measure); and on the two sets issue figures were first taken on (the first 8 slides of seed
+// 11; the demo's own 12 slides of seed 2026, demo-like). Every set is made with haematoxylin's hue varying between
+// slides (hue_variation 0.12, kReportHue), which the ≤ 0.86 goal needs; synth's default (0) would not meet it on
+// seed 11 (0.874 clean). Run by hand with --gtest_also_run_disabled_tests.
+// For looking into a set: TESSERA_COLOUR_SEEDS="11 31" measures only those seeds (the checks still run on them),
+// TESSERA_COLOUR_VARIANT=clean (or demo-like) only that variant, and TESSERA_COLOUR_CSV=path writes every tile
+// (variant, seed, slide, tumour, mean R, G, B, nuclear feature) there; with either of the first two, no seed 2026.
+// An empty or unparsable seed list, or another variant name, is a failure rather than a run that measures nothing.
 TEST(SynthEvaluation, DISABLED_CrossSlideColourReport) {
   constexpr std::int64_t kSize = 8192;
-  const auto report = [&](std::uint64_t seed, int slides, const std::vector<EvalTile>& tiles, double seconds) {
+  constexpr double kReportHue = 0.12;
+  const auto report = [&](const char* variant, std::uint64_t seed, int slides, const std::vector<EvalTile>& tiles,
+                          double seconds) {
     const SetResult r = evaluate_tiles(tiles);
     std::printf(
-        "[ synth colour ] seed %llu, %d slides of %lld²: %d tumour / %d normal tiles; logistic colour AUC %.3f "
+        "[ synth colour ] %-9s seed %llu, %d slides of %lld²: %d tumour / %d normal tiles; logistic colour AUC %.3f "
         "(fitted on slides 0,1,4,5,..., scored on 2,3,6,7,...); nuclear AUC %.3f; %.0f s\n",
-        static_cast<unsigned long long>(seed), slides, static_cast<long long>(kSize), r.tumour_tiles, r.normal_tiles,
-        r.colour_auc, r.nuclear_auc, seconds);
+        variant, static_cast<unsigned long long>(seed), slides, static_cast<long long>(kSize), r.tumour_tiles,
+        r.normal_tiles, r.colour_auc, r.nuclear_auc, seconds);
     std::fflush(stdout);
     return r;
   };
-  for (const std::uint64_t seed : {11, 21, 31, 41, 51}) {
-    constexpr int kSlides = 16;
-    const auto start = std::chrono::steady_clock::now();
-    const std::vector<EvalTile> tiles = demo_set_tiles(seed, kSlides, kSize);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (seed == 11) {
-      std::vector<EvalTile> first8;
-      std::copy_if(tiles.begin(), tiles.end(), std::back_inserter(first8),
-                   [](const EvalTile& t) { return t.slide < 8; });
-      report(seed, 8, first8, 0.0);
+  const auto set = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0';
+  };
+  std::vector<std::uint64_t> seeds = {11, 21, 31, 41, 51};
+  if (const char* chosen = std::getenv("TESSERA_COLOUR_SEEDS"); chosen != nullptr) {
+    seeds.clear();
+    std::istringstream in(chosen);
+    for (std::uint64_t seed = 0; in >> seed;) seeds.push_back(seed);
+    if (seeds.empty() || !in.eof()) {
+      ADD_FAILURE() << "TESSERA_COLOUR_SEEDS=\"" << chosen << "\" is not a list of seeds";
+      return;
     }
-    const SetResult r = report(seed, kSlides, tiles, seconds);
-    EXPECT_LE(r.colour_auc, 0.86) << "seed " << seed;
-    // Blurred and pen-marked tiles and tiles half on glass count here, so the nuclear feature is lower than in the
-    // other evaluations (0.825-0.887 on these sets, 2026-11-28).
-    EXPECT_GT(r.nuclear_auc, 0.8) << "seed " << seed;
   }
-  const auto start = std::chrono::steady_clock::now();
-  const std::vector<EvalTile> demo = demo_set_tiles(2026, 12, kSize);
-  report(2026, 12, demo, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const std::string only = set("TESSERA_COLOUR_VARIANT") ? std::getenv("TESSERA_COLOUR_VARIANT") : "";
+  if (!only.empty() && only != "clean" && only != "demo-like") {
+    ADD_FAILURE() << "TESSERA_COLOUR_VARIANT=" << only << ": clean or demo-like";
+    return;
+  }
+  std::FILE* csv = nullptr;
+  if (set("TESSERA_COLOUR_CSV")) {
+    const char* path = std::getenv("TESSERA_COLOUR_CSV");
+    csv = std::fopen(path, "w");
+    ASSERT_NE(csv, nullptr) << path;
+    std::fprintf(csv, "variant,seed,slide,tumour,r,g,b,nuclear\n");
+  }
+  std::vector<std::string> summary;
+  for (const std::uint64_t seed : seeds) {
+    constexpr int kSlides = 16;
+    for (const bool clean : {false, true}) {
+      const char* variant = clean ? "clean" : "demo-like";
+      if (!only.empty() && only != variant) continue;
+      const auto start = std::chrono::steady_clock::now();
+      const std::vector<EvalTile> tiles = demo_set_tiles(seed, kSlides, kSize, clean, kReportHue);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (csv != nullptr) {
+        for (const auto& t : tiles) {
+          std::fprintf(csv, "%s,%llu,%d,%d,%.3f,%.3f,%.3f,%.5f\n", variant, static_cast<unsigned long long>(seed),
+                       t.slide, t.tumour ? 1 : 0, t.mean_rgb[0], t.mean_rgb[1], t.mean_rgb[2], t.nuclear);
+        }
+        std::fflush(csv);
+      }
+      if (seed == 11) {
+        std::vector<EvalTile> first8;
+        std::copy_if(tiles.begin(), tiles.end(), std::back_inserter(first8),
+                     [](const EvalTile& t) { return t.slide < 8; });
+        report(variant, seed, 8, first8, 0.0);
+      }
+      const SetResult r = report(variant, seed, kSlides, tiles, seconds);
+      char line[160];
+      std::snprintf(line, sizeof line, "seed %llu %-9s colour %.3f nuclear %.3f",
+                    static_cast<unsigned long long>(seed), variant, r.colour_auc, r.nuclear_auc);
+      summary.emplace_back(line);
+      EXPECT_LE(r.colour_auc, 0.86) << "seed " << seed << ", " << variant;
+      // Blurred and pen-marked tiles and tiles half on glass count here, so the nuclear feature is lower than in
+      // the other evaluations (0.832-0.883 demo-like, 0.969-0.997 clean on these sets, 2026-11-28).
+      EXPECT_GT(r.nuclear_auc, clean ? 0.9 : 0.8) << "seed " << seed << ", " << variant;
+    }
+  }
+  if (csv != nullptr) std::fclose(csv);
+  if (std::getenv("TESSERA_COLOUR_SEEDS") == nullptr && only.empty()) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<EvalTile> demo = demo_set_tiles(2026, 12, kSize, false, kReportHue);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report("demo-like", 2026, 12, demo, seconds);
+  }
+  for (const auto& line : summary) std::printf("[ synth colour ] %s\n", line.c_str());
 }
 
 }  // namespace
