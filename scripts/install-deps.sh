@@ -38,7 +38,7 @@ for option in "$@"; do
   case "$option" in
     --bench) packages+=(python3 python3-openslide python3-h5py python3-numpy python3-pil python3-torch python3-torchvision python3-yaml time) ;;
     --fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
-    --browser) packages+=(chromium chromium-driver python3-selenium) ;;
+    --browser) packages+=(chromium chromium-driver python3-selenium python3-pil) ;;
     *) echo "install-deps.sh: unknown option '$option' (--bench, --fuzz, --browser)" >&2; exit 2 ;;
   esac
 done
