@@ -729,28 +729,15 @@ TEST(SynthSlide, HueVariationOutOfRangeIsAConfigErrorNamingTheOption) {
   EXPECT_NO_THROW(render_synthetic_slide(o, [](std::int64_t, const cv::Mat&) {}));
 }
 
-// FNV-1a over an image's bytes, row by row.
-std::uint64_t fnv1a(const cv::Mat& image) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (int r = 0; r < image.rows; ++r) {
-    const auto* p = image.ptr<unsigned char>(r);
-    for (std::size_t k = 0; k < image.cols * image.elemSize(); ++k) h = (h ^ p[k]) * 1099511628211ull;
-  }
-  return h;
-}
-
-constexpr std::uint64_t kHueOffChecksum = 9712921334073055858ull;
-
-TEST(SynthSlide, HueVariationAtZeroLeavesThePixelsAsBefore) {
-  // The checksum of this 1024² tumour slide (seed 7, pen marks and folds on) was computed with hue_variation 0 by
-  // this test's first build, on the commit that added the option; that build's `tessera synth` (2 slides of 2048²,
-  // seed 11, pen marks and folds) wrote files cmp-identical to those of main's build (main at e586fee, before the
-  // option existed). At 0 nothing is drawn or tilted, so a change here means the default slides changed.
+TEST(SynthSlide, HueVariationChangesTheStainAndNothingElse) {
+  // At 0 (the default) synthetic_stain draws and tilts nothing; that the files are then those of a build without
+  // the option was checked with cmp against such a build when it was added (not as a stored checksum here: OpenCV's
+  // float filters may round differently on another CPU's SIMD path).
+  // Synth.HueVariationAtZeroWritesTheSameFilesAsWithoutTheKey checks the key at 0 against the key absent.
   SynthSlideOptions o = small_options(7, true, 1024);
   o.pen_marks = true;
   o.folds = true;
   const Rendered off = render_full(o);
-  EXPECT_EQ(fnv1a(off.image), kHueOffChecksum);
   o.hue_variation = 0.12;
   const Rendered on = render_full(o);
   EXPECT_GT(cv::norm(off.image, on.image, cv::NORM_INF), 0.0);
