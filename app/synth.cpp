@@ -61,7 +61,7 @@ const core::Schema& synth_schema() {
           .number("slides.hue_variation", 0.0,
                   "Haematoxylin's hue between slides: +-radians of tilt from blue towards red, drawn per slide "
                   "(0 = off, the default: QC's colour rules are fixed)",
-                  0, 0.3)
+                  0, synth::kMaxHueVariation)
           .string("slides.format", "tiff", "File format: pyramidal TIFF, or a DICOM series per slide (a folder)",
                   {"tiff", "dicom"})
           .string("slides.dicom.transfer_syntax", "jpeg-baseline",

@@ -209,8 +209,8 @@ constexpr float kGrainOd = 0.012f / 128.0f;  // per-pixel sensor noise, per hash
 // most used for it, Ruifrok & Johnston's (0.65, 0.70, 0.29) and Macenko et al.'s (0.56, 0.72, 0.41), are about
 // 0.147 rad apart, Macenko's on the purple side of Ruifrok's; the ±0.12 the cross-slide colour report used therefore
 // has a reference on one side only (none beyond Ruifrok's on the other). perturb_stain's own random tilt of up to
-// 0.10 rad comes on top. (0.08 lowered the report's colour measure less: 0.847 against 0.786 on seed 11.)
-constexpr double kMaxHueVariation = 0.3;
+// 0.10 rad comes on top. (0.08 lowered the report's colour measure less: 0.847 against 0.786 on seed 11.) The
+// largest value accepted is kMaxHueVariation (synth.h).
 
 // One family of nuclei on a jittered grid.
 struct NucleusStyle {

@@ -29,6 +29,10 @@
 
 namespace tessera::synth {
 
+// The largest SynthSlideOptions::hue_variation accepted (radians); `tessera synth`'s slides.hue_variation has the same
+// bound.
+inline constexpr double kMaxHueVariation = 0.3;
+
 struct SynthSlideOptions {
   std::int64_t width = 16384;
   std::int64_t height = 16384;

@@ -710,8 +710,8 @@ TEST(SynthSlide, BadOptionsAreConfigErrors) {
   EXPECT_NO_THROW(render_synthetic_slide(small_options(1, false, 256), [](std::int64_t, const cv::Mat&) {}));
 }
 
-// slides.hue_variation (SynthSlideOptions::hue_variation): off by default, range-checked, and at 0 the slides of
-// earlier versions pixel for pixel.
+// slides.hue_variation (SynthSlideOptions::hue_variation): off by default, range-checked, and changing only the
+// stain.
 TEST(SynthSlide, HueVariationOutOfRangeIsAConfigErrorNamingTheOption) {
   EXPECT_EQ(SynthSlideOptions{}.hue_variation, 0.0);
   for (const double bad : {-0.01, 0.31, std::nan("")}) {
